@@ -1,0 +1,171 @@
+#include "backends/gloo/gloo_communicator.h"
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "backends/reduce.h"
+
+namespace collserve::backends {
+namespace {
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  if (d < absl::Milliseconds(1)) d = absl::Milliseconds(1);
+  if (d > absl::Hours(24 * 365)) d = absl::Hours(24 * 365);
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// gloo::rendezvous::Store over a RendezvousStore. Gloo's Store interface reports errors
+// by throwing, so this adapter is the one place we throw into Gloo.
+class GlooStoreAdapter : public ::gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(RendezvousStore& store, std::string prefix, absl::Duration timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = store_.Set(Key(key), std::string(data.begin(), data.end()));
+    if (!s.ok()) throw ::gloo::IoException(s.ToString());
+  }
+  std::vector<char> get(const std::string& key) override {
+    // connectFullMesh calls get() without a wait first, so this must block.
+    absl::StatusOr<std::string> v = store_.Get(Key(key), timeout_);
+    if (!v.ok()) throw ::gloo::IoException(v.status().ToString());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, ToMillis(timeout_)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const std::string& k : keys) full.push_back(Key(k));
+    absl::Status s = store_.Wait(full, absl::Milliseconds(timeout.count()));
+    if (!s.ok()) throw ::gloo::IoException(s.ToString());
+  }
+
+ private:
+  std::string Key(const std::string& k) const { return absl::StrCat(prefix_, "/", k); }
+  RendezvousStore& store_;
+  std::string prefix_;
+  absl::Duration timeout_;
+};
+
+// Maps a Gloo exception to a status. Gloo reports timeouts as IoException with text only,
+// so a failure that took at least the timeout is classified as DEADLINE_EXCEEDED by time.
+absl::Status FromGlooException(const std::exception& e, absl::Time start, absl::Duration timeout,
+                               absl::string_view what) {
+  if (absl::Now() - start >= timeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, " across hosts timed out after ", absl::FormatDuration(timeout), ": ",
+                     e.what()));
+  }
+  return absl::UnavailableError(absl::StrCat(what, " across hosts failed: ", e.what()));
+}
+
+::gloo::AllreduceOptions::Func ReduceFunc(DataType dtype, ReduceOp op) {
+  return [dtype, op](void* out, const void* a, const void* b, size_t n) {
+    Reduce(dtype, op, out, a, b, n);
+  };
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  explicit GlooCommunicator(std::shared_ptr<::gloo::rendezvous::Context> context)
+      : context_(std::move(context)) {}
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                         absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (op == ReduceOp::kAvg) {
+      return absl::InvalidArgumentError("Communicator::AllReduce takes SUM, not AVG");
+    }
+    if (count == 0 || size() == 1) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    try {
+      ::gloo::AllreduceOptions opts(context_);
+      opts.setTimeout(ToMillis(timeout));
+      opts.setTag(next_tag_++);
+      opts.setReduceFunction(ReduceFunc(dtype, op));
+      switch (dtype) {
+        case DataType::kFloat32: opts.setOutput(static_cast<float*>(data), count); break;
+        case DataType::kFloat64: opts.setOutput(static_cast<double*>(data), count); break;
+        case DataType::kInt32: opts.setOutput(static_cast<int32_t*>(data), count); break;
+        case DataType::kInt64: opts.setOutput(static_cast<int64_t*>(data), count); break;
+      }
+      ::gloo::allreduce(opts);
+    } catch (const std::exception& e) {
+      failure_ = FromGlooException(e, start, timeout, "all_reduce");
+      return failure_;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGather(const void* in, void* out, size_t bytes, absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (size() == 1) {
+      std::memcpy(out, in, bytes);
+      return absl::OkStatus();
+    }
+    const absl::Time start = absl::Now();
+    try {
+      ::gloo::AllgatherOptions opts(context_);
+      opts.setTimeout(ToMillis(timeout));
+      opts.setTag(next_tag_++);
+      opts.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+      opts.setOutput(static_cast<char*>(out), bytes * size());
+      ::gloo::allgather(opts);
+    } catch (const std::exception& e) {
+      failure_ = FromGlooException(e, start, timeout, "argument exchange");
+      return failure_;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Aborted() const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the group's communicator was aborted by an earlier failure: ", failure_.message()));
+  }
+
+  std::shared_ptr<::gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 0;
+  absl::Status failure_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(RendezvousStore& store,
+                                                           const std::string& prefix, int rank,
+                                                           int size, const GlooOptions& options) {
+  if (size <= 0 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gloo rank ", rank, " is out of range for ", size, " hosts"));
+  }
+  const absl::Time start = absl::Now();
+  try {
+    ::gloo::transport::tcp::attr attr(options.hostname.c_str());
+    auto device = ::gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(ToMillis(options.connect_timeout));
+    GlooStoreAdapter adapter(store, prefix, options.connect_timeout);
+    context->connectFullMesh(adapter, device);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context)));
+  } catch (const std::exception& e) {
+    return FromGlooException(e, start, options.connect_timeout, "gloo connect");
+  }
+}
+
+}  // namespace collserve::backends

@@ -1,0 +1,187 @@
+// collserve C++ client SDK.
+//
+// Names follow torch.distributed (../shared/reference/torch_distributed_api_docs.md):
+// InitProcessGroup ~ init_process_group, ProcessGroup::AllReduce ~ all_reduce, Work ~
+// torch.distributed.Work, ReduceOp, GetRank/GetWorldSize, and StoreClient ~ TCPStore.
+//
+//   auto options = collserve::client::InitOptions::FromEnv();      // env:// variables
+//   auto pg = collserve::client::InitProcessGroup(*options);
+//   std::vector<float> grad(n);
+//   auto work = (*pg)->AllReduce(grad.data(), grad.size(), collserve::DataType::kFloat32,
+//                                collserve::ReduceOp::kSum);
+//   absl::Status s = work->Wait();
+//
+// A ProcessGroup talks to the collserve sidecar on its host (a unix socket, or host:port
+// for a sidecar elsewhere); the sidecar joins the group at the coordinator and moves the
+// bytes. Errors are absl::Status values with canonical codes (identical to gRPC's).
+#ifndef COLLSERVE_CLIENT_H_
+#define COLLSERVE_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/types.h"
+
+namespace collserve::client {
+
+// Default address of the sidecar on this host.
+inline constexpr absl::string_view kDefaultSidecarAddress = "unix:/tmp/collserve/sidecar.sock";
+
+struct InitOptions {
+  // The sidecar serving this process: "unix:/path" or "host:port". Default:
+  // kDefaultSidecarAddress. Env: COLLSERVE_SIDECAR.
+  std::string sidecar_address;
+  // The coordinator (for store()): "host:port". Env: MASTER_ADDR and MASTER_PORT.
+  // Empty = store() is unavailable.
+  std::string coordinator_address;
+  // Job namespace for keys and groups. Env: COLLSERVE_JOB. Default "default".
+  std::string job = "default";
+  // Name of the default group. Default "world".
+  std::string group = "world";
+  // This process's rank in [0, world_size). Env: RANK.
+  int rank = -1;
+  // Number of ranks in the group (> 0). Env: WORLD_SIZE.
+  int world_size = -1;
+  // Rank among the processes of this host; informational. Env: LOCAL_RANK (default -1).
+  int local_rank = -1;
+  // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
+  // is 30 minutes; ours is 300 s.
+  absl::Duration init_timeout = absl::Seconds(300);
+  // Default deadline of each collective, enforced by the sidecar (and by Work::Wait as a
+  // safety net). Env: COLLSERVE_OP_TIMEOUT_S. Default 300 s.
+  absl::Duration op_timeout = absl::Seconds(300);
+
+  // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
+  // COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S.
+  // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, or a timeout is
+  // not a positive number.
+  static absl::StatusOr<InitOptions> FromEnv();
+};
+
+// The handle of an asynchronous operation (torch.distributed.Work).
+// Thread-safe: any thread may Wait, poll or add callbacks.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation completes or `timeout` passes, then returns its result:
+  // OK; the operation's error; or DEADLINE_EXCEEDED if `timeout` passed first (the
+  // operation goes on; Wait may be called again). The operation's own deadline
+  // (InitOptions::op_timeout) bounds the wait even with an infinite timeout.
+  virtual absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration()) = 0;
+  // True once the operation has completed (successfully or not). Never blocks.
+  virtual bool IsCompleted() = 0;
+  // Runs `callback(status)` once the operation completes: immediately on the calling
+  // thread if it already has, else on the SDK's completion thread (so it must not block).
+  virtual void OnCompletion(std::function<void(const absl::Status&)> callback) = 0;
+};
+
+class StoreClient;
+
+// A process group (torch.distributed.ProcessGroup) backed by the sidecar.
+// Thread-safe; collectives issued from several threads are ordered by issue time, and
+// every rank must issue the group's collectives in the same order (as with torch).
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int GetRank() const = 0;
+  virtual int GetWorldSize() const = 0;
+  virtual const std::string& group_name() const = 0;
+  // Number of sidecars (hosts) serving the group, and ranks of the group on this host.
+  virtual int num_hosts() const = 0;
+  virtual int local_world_size() const = 0;
+
+  // all_reduce, in place: `data` holds `count` elements of `dtype` and receives the
+  // element-wise reduction over all ranks. Every rank must pass the same count, dtype and
+  // op. `data` must stay valid and untouched until the Work completes.
+  // The Work fails with:
+  //   INVALID_ARGUMENT  op undefined for dtype (BAND/BOR/BXOR on floats), count < 0, or
+  //                     ranks that disagree on count/dtype/op (the message names them)
+  //   DEADLINE_EXCEEDED a rank did not arrive within the op timeout (names the missing ranks)
+  //   UNAVAILABLE       the sidecar, a peer host or a rank went away
+  //   FAILED_PRECONDITION the group was aborted by an earlier failure
+  // Algorithm: local ranks are reduced in shared memory by the sidecar, then across hosts
+  // with Gloo's allreduce, then copied to every local rank (hierarchical, DESIGN.md).
+  virtual std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
+                                          ReduceOp op = ReduceOp::kSum) = 0;
+
+  // Typed convenience overload for float, double, int32_t and int64_t vectors.
+  template <typename T>
+  std::shared_ptr<Work> AllReduce(std::vector<T>& data, ReduceOp op = ReduceOp::kSum);
+
+  // The coordinator's store for this job (nullptr if no coordinator address was given).
+  virtual StoreClient* store() = 0;
+};
+
+// Connects to the sidecar, attaches as (group, rank) and blocks until every rank of the
+// group has joined and the backend is connected, or init_timeout passes.
+// Errors: INVALID_ARGUMENT (rank outside [0, world_size), world_size <= 0, empty group,
+// a world_size disagreeing with the group's), ALREADY_EXISTS (the rank is taken),
+// DEADLINE_EXCEEDED (rendezvous timed out; names the missing ranks), UNAVAILABLE (no
+// sidecar/coordinator at the address).
+absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options);
+
+struct StoreClientOptions {
+  std::string job = "default";                   // key namespace
+  absl::Duration timeout = absl::Seconds(300);   // torch's store timeout: Get/Wait default
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+// The coordinator's key-value store with torch.distributed Store semantics (set, get,
+// add, compare_set, check, wait, delete_key, num_keys, multi_get, multi_set, append).
+// Values are bytes. Thread-safe. Errors: INVALID_ARGUMENT (empty key, over the size
+// limits, Add on a non-integer), DEADLINE_EXCEEDED (a wait timed out; names the keys),
+// UNAVAILABLE (coordinator unreachable).
+class StoreClient {
+ public:
+  // Connects to "host:port" (waits up to connect_timeout for the channel).
+  static absl::StatusOr<std::unique_ptr<StoreClient>> Connect(const std::string& address,
+                                                              const StoreClientOptions& options);
+  virtual ~StoreClient() = default;
+
+  virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+  // Waits up to `timeout` (default: the store timeout) for the key.
+  virtual absl::StatusOr<std::string> Get(absl::string_view key) = 0;
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                                 absl::string_view desired) = 0;
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+  virtual absl::StatusOr<bool> DeleteKey(absl::string_view key) = 0;
+  // Keys in the job's namespace (torch's num_keys), or only those starting with `prefix`.
+  absl::StatusOr<int64_t> NumKeys() { return NumKeys(""); }
+  virtual absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                            absl::Duration timeout) = 0;
+  virtual absl::Status MultiSet(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& values) = 0;
+  virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
+};
+
+// ---- implementation details of the template above ----
+namespace internal {
+template <typename T> struct DataTypeOf;
+template <> struct DataTypeOf<float> { static constexpr DataType value = DataType::kFloat32; };
+template <> struct DataTypeOf<double> { static constexpr DataType value = DataType::kFloat64; };
+template <> struct DataTypeOf<int32_t> { static constexpr DataType value = DataType::kInt32; };
+template <> struct DataTypeOf<int64_t> { static constexpr DataType value = DataType::kInt64; };
+}  // namespace internal
+
+template <typename T>
+std::shared_ptr<Work> ProcessGroup::AllReduce(std::vector<T>& data, ReduceOp op) {
+  return AllReduce(data.data(), static_cast<int64_t>(data.size()),
+                   internal::DataTypeOf<T>::value, op);
+}
+
+}  // namespace collserve::client
+
+#endif  // COLLSERVE_CLIENT_H_

@@ -1,0 +1,98 @@
+// Element types and reduction ops shared by the SDK, the sidecar and the backends.
+// Names and semantics follow torch.distributed (torch.float32, ReduceOp.SUM, ...).
+#ifndef COLLSERVE_COMMON_TYPES_H_
+#define COLLSERVE_COMMON_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace collserve {
+
+// Values equal collserve.v1.DataType's so conversion is a cast.
+enum class DataType : int {
+  kFloat32 = 1,
+  kFloat64 = 2,
+  kInt32 = 3,
+  kInt64 = 4,
+};
+
+// Values equal collserve.v1.ReduceOp's so conversion is a cast.
+enum class ReduceOp : int {
+  kSum = 1,
+  kAvg = 2,      // sum / world_size; integers truncate toward zero (NCCL's ncclAvg)
+  kProduct = 3,
+  kMin = 4,
+  kMax = 5,
+  kBand = 6,     // integer types only
+  kBor = 7,      // integer types only
+  kBxor = 8,     // integer types only
+};
+
+// Bytes per element; 0 for an unknown value.
+inline size_t ElementSize(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return 4;
+    case DataType::kFloat64: return 8;
+    case DataType::kInt32: return 4;
+    case DataType::kInt64: return 8;
+  }
+  return 0;
+}
+
+inline bool IsValidDataType(int v) { return v >= 1 && v <= 4; }
+inline bool IsValidReduceOp(int v) { return v >= 1 && v <= 8; }
+inline bool IsFloatingPoint(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+}
+
+// torch-style names: "float32", "int64", ...
+inline absl::string_view DataTypeName(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return "float32";
+    case DataType::kFloat64: return "float64";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+  }
+  return "unknown_dtype";
+}
+
+// torch-style names: "SUM", "AVG", ...
+inline absl::string_view ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "SUM";
+    case ReduceOp::kAvg: return "AVG";
+    case ReduceOp::kProduct: return "PRODUCT";
+    case ReduceOp::kMin: return "MIN";
+    case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kBand: return "BAND";
+    case ReduceOp::kBor: return "BOR";
+    case ReduceOp::kBxor: return "BXOR";
+  }
+  return "unknown_op";
+}
+
+// OK if `op` is defined for `dtype`; INVALID_ARGUMENT otherwise (bitwise ops on floats,
+// unknown values).
+inline absl::Status ValidateReduce(DataType dtype, ReduceOp op) {
+  if (!IsValidDataType(static_cast<int>(dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  }
+  if (!IsValidReduceOp(static_cast<int>(op))) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduce op ", static_cast<int>(op)));
+  }
+  if ((op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) &&
+      IsFloatingPoint(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("ReduceOp.", ReduceOpName(op),
+                                                   " is defined for integer dtypes only, not ",
+                                                   DataTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace collserve
+
+#endif  // COLLSERVE_COMMON_TYPES_H_

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The README's test command: installs the Debian packages, builds (Release, -j2) and runs
+# every test suite with ctest. Each test bounds its own time (ctest TIMEOUT) and stops the
+# processes it starts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j2
+ctest --test-dir build --output-on-failure -j2 --timeout 300

@@ -1,0 +1,84 @@
+#include "server/coordinator/coordinator.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/exposer.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/daemon.h"
+#include "server/coordinator/services.h"
+
+namespace collserve::server {
+namespace {
+
+class CoordinatorImpl : public Coordinator {
+ public:
+  ~CoordinatorImpl() override { Shutdown(absl::Seconds(5)); }
+
+  absl::Status Init(const CoordinatorOptions& options) {
+    auto store = store::NewMemoryStore(options.store);
+    if (!store.ok()) return store.status();
+    store_ = std::move(*store);
+    registry_ = std::make_unique<GroupRegistry>();
+    metrics_registry_ = std::make_shared<prometheus::Registry>();
+    rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
+    store_service_ = std::make_unique<StoreService>(*store_, *rpc_metrics_);
+    registry_service_ = std::make_unique<RegistryService>(*registry_, *rpc_metrics_);
+
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
+    builder.SetMaxSendMessageSize(256 << 20);
+    builder.RegisterService(store_service_.get());
+    builder.RegisterService(registry_service_.get());
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+    }
+    server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Store", true);
+    server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Registry", true);
+    auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
+    if (!exposer.ok()) return exposer.status();
+    exposer_ = std::move(*exposer);
+    return absl::OkStatus();
+  }
+
+  int port() const override { return port_; }
+  int metrics_port() const override {
+    if (exposer_ == nullptr) return 0;
+    auto ports = exposer_->GetListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  }
+
+  void Shutdown(absl::Duration grace) override {
+    if (server_ == nullptr) return;
+    server_->GetHealthCheckService()->Shutdown();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    server_->Wait();
+    server_.reset();
+    exposer_.reset();
+    registry_.reset();  // fails joins still parked (none after Shutdown)
+  }
+
+ private:
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<GroupRegistry> registry_;
+  std::shared_ptr<prometheus::Registry> metrics_registry_;
+  std::unique_ptr<RpcMetrics> rpc_metrics_;
+  std::unique_ptr<StoreService> store_service_;
+  std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options) {
+  auto c = std::make_unique<CoordinatorImpl>();
+  if (absl::Status s = c->Init(options); !s.ok()) return s;
+  return std::unique_ptr<Coordinator>(std::move(c));
+}
+
+}  // namespace collserve::server

@@ -1,0 +1,41 @@
+// The coordinator: Store + Registry gRPC services, the health service and /metrics.
+// The coordinator is never on the data path (DESIGN.md).
+#ifndef COLLSERVE_SERVER_COORDINATOR_COORDINATOR_H_
+#define COLLSERVE_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "store/store.h"
+
+namespace collserve::server {
+
+struct CoordinatorOptions {
+  // host:port of the gRPC API; port 0 picks a free port (see Coordinator::port()).
+  std::string listen_address = "0.0.0.0:29400";
+  // host:port serving Prometheus /metrics; "" = none.
+  std::string metrics_address;
+  // Store limits and durability (data_dir "" = memory only).
+  store::StoreOptions store;
+};
+
+// Thread-safe.
+class Coordinator {
+ public:
+  // Opens the store (replaying data_dir) and starts serving. Errors: from NewMemoryStore,
+  // UNAVAILABLE if an address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  virtual ~Coordinator() = default;  // Shutdown() if still running
+  // The bound gRPC port.
+  virtual int port() const = 0;
+  // The bound /metrics port (0 if metrics are off).
+  virtual int metrics_port() const = 0;
+  // Stops accepting calls, fails parked waits with UNAVAILABLE/CANCELLED, waits up to
+  // `grace` for in-flight calls. Idempotent.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COORDINATOR_COORDINATOR_H_

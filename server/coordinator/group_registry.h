@@ -1,0 +1,107 @@
+// The coordinator's group registry: rendezvous of ranks into named groups. No gRPC.
+//
+// A group (job, name) has a world_size fixed by its first joiner. JoinAsync registers a
+// rank and completes once all world_size ranks have joined (every joiner gets the same
+// view and generation) or at the joiner's deadline. Generations count formations of a
+// name: 1, 2, ... A rank leaving a formed group marks it BROKEN; once every rank has left,
+// the next formation gets the next generation.
+//
+// Thread safety: all methods are thread-safe. Callbacks run outside the registry's lock,
+// on the thread whose call completed the group, on the registry's timer thread, or inline.
+#ifndef COLLSERVE_SERVER_COORDINATOR_GROUP_REGISTRY_H_
+#define COLLSERVE_SERVER_COORDINATOR_GROUP_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace collserve::server {
+
+struct MemberInfo {
+  int rank = -1;
+  std::string host_id;       // the serving sidecar's id
+  std::string host_address;  // informational
+};
+
+struct GroupView {
+  std::string group;
+  int world_size = 0;
+  int64_t generation = 0;
+  std::string state;                // "FORMING", "FORMED" or "BROKEN"
+  std::vector<MemberInfo> members;  // ordered by rank
+};
+
+class GroupRegistry {
+ public:
+  // Called once with the formed group's view, or with: INVALID_ARGUMENT (bad rank,
+  // world_size, names), ALREADY_EXISTS (rank taken in this generation),
+  // FAILED_PRECONDITION (the group is BROKEN and has not been fully left),
+  // DEADLINE_EXCEEDED (names the missing ranks), CANCELLED (CancelJoin, or the rank left),
+  // UNAVAILABLE (registry destroyed).
+  using JoinCallback = absl::AnyInvocable<void(absl::StatusOr<GroupView>) &&>;
+
+  GroupRegistry();
+  ~GroupRegistry();  // fails pending joins with UNAVAILABLE
+  GroupRegistry(const GroupRegistry&) = delete;
+  GroupRegistry& operator=(const GroupRegistry&) = delete;
+
+  // Registers `member` in (job, group) and arranges for `done` to be called (see
+  // JoinCallback). Never blocks. Returns an id for CancelJoin.
+  uint64_t JoinAsync(const std::string& job, const std::string& group, int world_size,
+                     const MemberInfo& member, absl::Time deadline, JoinCallback done);
+  // Withdraws a pending join (its rank leaves the forming group); `done` gets CANCELLED.
+  // No-op for unknown or completed ids.
+  void CancelJoin(uint64_t id);
+
+  // Removes `rank` from the group. NOT_FOUND if the group or the rank is unknown.
+  absl::Status Leave(const std::string& job, const std::string& group, int rank);
+  // NOT_FOUND if the group is unknown.
+  absl::StatusOr<GroupView> Describe(const std::string& job, const std::string& group);
+  std::vector<GroupView> List(const std::string& job);
+
+ private:
+  struct Waiter {
+    uint64_t id;
+    absl::Time deadline;
+    JoinCallback done;
+  };
+  struct Group {
+    std::string name;
+    int world_size = 0;
+    int64_t generation = 0;
+    std::string state = "FORMING";
+    absl::Time started;
+    std::map<int, MemberInfo> members;
+    std::map<int, Waiter> waiters;  // by rank, while FORMING
+    std::set<int> gave_up;          // joined, then timed out before the group formed
+  };
+  using Key = std::pair<std::string, std::string>;  // (job, group)
+  using Completion = std::pair<JoinCallback, absl::StatusOr<GroupView>>;
+
+  static GroupView ViewOf(const Group& g);
+  void TimerLoop();
+  // Removes a forming member (and its waiter) after a timeout/cancel; erases empty groups.
+  void RemoveForming(std::map<Key, Group>::iterator it, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added
+  std::thread timer_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COORDINATOR_GROUP_REGISTRY_H_

@@ -1,0 +1,58 @@
+// collserve-coordinator: the key-value store and group registry of a cluster or job.
+#include <glog/logging.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/common/daemon.h"
+#include "server/coordinator/coordinator.h"
+
+ABSL_FLAG(std::string, listen_address, "0.0.0.0:29400",
+          "host:port for the gRPC API (Store, Registry, health); port 0 picks a free port.");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
+          "host:port serving Prometheus /metrics; empty to disable.");
+ABSL_FLAG(std::string, data_dir, "",
+          "Directory for the store's write-ahead log and snapshots; empty keeps the store in "
+          "memory only (lost on restart).");
+ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the bound gRPC port is written to this file once serving (for tests and "
+          "launchers that use port 0).");
+ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
+
+int main(int argc, char** argv) {
+  collserve::server::BlockTerminationSignals();
+  absl::SetProgramUsageMessage("collserve coordinator: key-value store + group registry for rendezvous.");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 2;
+  }
+
+  collserve::server::CoordinatorOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+
+  auto coordinator = collserve::server::Coordinator::Start(options);
+  if (!coordinator.ok()) {
+    LOG(ERROR) << "coordinator failed to start: " << coordinator.status();
+    return 1;
+  }
+  LOG(INFO) << "collserve-coordinator serving on port " << (*coordinator)->port()
+            << (options.store.data_dir.empty() ? " (memory-only store)"
+                                               : " (store in " + options.store.data_dir + ")");
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->port()); !s.ok()) {
+      LOG(ERROR) << s;
+      return 1;
+    }
+  }
+  int sig = collserve::server::WaitForTerminationSignal();
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*coordinator)->Shutdown(absl::Seconds(5));
+  return 0;
+}

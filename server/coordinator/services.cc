@@ -1,0 +1,334 @@
+#include "server/coordinator/services.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "server/common/waiting_reactor.h"
+
+namespace collserve::server {
+namespace {
+
+namespace pb = ::collserve::v1;
+
+std::string JobOf(const std::string& job) { return job.empty() ? "default" : job; }
+
+// Keys of job J are stored as "J/<key>"; job names cannot contain '/', so namespaces never
+// overlap.
+std::string NsKey(const std::string& job, const std::string& key) {
+  return absl::StrCat(JobOf(job), "/", key);
+}
+
+std::vector<std::string> NsKeys(const std::string& job,
+                                const google::protobuf::RepeatedPtrField<std::string>& keys) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& k : keys) out.push_back(NsKey(job, k));
+  return out;
+}
+
+absl::Status CheckKey(const std::string& key) {
+  if (key.empty()) return absl::InvalidArgumentError("empty key");
+  return absl::OkStatus();
+}
+
+// Where a wait ends: the request's timeout (0 = default, < 0 = now), capped by the call's
+// own deadline.
+absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
+  absl::Time deadline;
+  if (timeout_ms == 0) deadline = absl::Now() + kDefaultWaitTimeout;
+  else if (timeout_ms < 0) deadline = absl::Now();
+  else deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  const absl::Time call_deadline = absl::FromChrono(ctx->deadline());
+  return std::min(deadline, call_deadline);
+}
+
+// Error messages from the store name namespaced keys; strip the "job/" prefix.
+absl::Status StripJob(const absl::Status& s, const std::string& job) {
+  if (s.ok()) return s;
+  std::string msg(s.message());
+  const std::string prefix = absl::StrCat("\"", JobOf(job), "/");
+  for (size_t pos; (pos = msg.find(prefix)) != std::string::npos;) msg.replace(pos, prefix.size(), "\"");
+  return absl::Status(s.code(), msg);
+}
+
+}  // namespace
+
+absl::Status ValidateJob(const std::string& job) {
+  if (job.size() > 128) return absl::InvalidArgumentError("job name longer than 128 characters");
+  for (char c : job) {
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job name \"", job, "\" may only hold letters, digits, '.', '_' and '-'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* StoreService::Done(grpc::CallbackServerContext* ctx, const char* method,
+                                             absl::Time start, const absl::Status& status) {
+  metrics_.Record(method, status, absl::Now() - start);
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreService::WaitThen(grpc::CallbackServerContext* ctx, const char* method,
+                                                 const std::string& job,
+                                                 const std::vector<std::string>& keys,
+                                                 int64_t timeout_ms,
+                                                 std::function<absl::Status()> then) {
+  const absl::Time start = absl::Now();
+  auto* reactor = new WaitingReactor();
+  store::WaitId id = store_.WaitAsync(
+      keys, WaitDeadline(ctx, timeout_ms),
+      [this, reactor, method, start, job, then = std::move(then)](absl::Status s) mutable {
+        if (s.ok()) s = then();
+        s = StripJob(s, job);
+        metrics_.Record(method, s, absl::Now() - start);
+        reactor->Finish(ToGrpcStatus(s));
+      });
+  store::Store* store = &store_;
+  reactor->SetCancel([store, id] { store->CancelWait(id); });
+  reactor->Started();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
+                                            pb::SetResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) s = store_.Set(NsKey(req->job(), req->key()), req->value());
+  return Done(ctx, "Set", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
+                                            pb::GetResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (!s.ok()) return Done(ctx, "Get", start, s);
+  const std::string key = NsKey(req->job(), req->key());
+  return WaitThen(ctx, "Get", req->job(), {key}, req->timeout_ms(), [this, key, resp] {
+    absl::StatusOr<std::string> v = store_.Get(key, absl::ZeroDuration());
+    if (!v.ok()) return v.status();
+    resp->set_value(std::move(*v));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
+                                            pb::AddResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) {
+    absl::StatusOr<int64_t> v = store_.Add(NsKey(req->job(), req->key()), req->delta());
+    if (v.ok()) resp->set_value(*v);
+    s = v.status();
+  }
+  return Done(ctx, "Add", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* ctx,
+                                                   const pb::CompareSetRequest* req,
+                                                   pb::CompareSetResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) {
+    absl::StatusOr<std::string> v =
+        store_.CompareSet(NsKey(req->job(), req->key()), req->expected(), req->desired());
+    if (v.ok()) resp->set_value(std::move(*v));
+    s = v.status();
+  }
+  return Done(ctx, "CompareSet", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx, const pb::CheckRequest* req,
+                                              pb::CheckResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) {
+    absl::StatusOr<bool> v = store_.Check(NsKeys(req->job(), req->keys()));
+    if (v.ok()) resp->set_ready(*v);
+    s = v.status();
+  }
+  return Done(ctx, "Check", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
+                                             pb::WaitResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  for (const auto& k : req->keys()) {
+    if (s.ok()) s = CheckKey(k);
+  }
+  if (!s.ok()) return Done(ctx, "Wait", start, s);
+  return WaitThen(ctx, "Wait", req->job(), NsKeys(req->job(), req->keys()), req->timeout_ms(),
+                  [] { return absl::OkStatus(); });
+}
+
+grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* ctx,
+                                                  const pb::DeleteKeyRequest* req,
+                                                  pb::DeleteKeyResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) {
+    absl::StatusOr<bool> v = store_.DeleteKey(NsKey(req->job(), req->key()));
+    if (v.ok()) resp->set_deleted(*v);
+    s = v.status();
+  }
+  return Done(ctx, "DeleteKey", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* ctx,
+                                                const pb::NumKeysRequest* req, pb::NumKeysResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) {
+    absl::StatusOr<int64_t> v = store_.NumKeys(absl::StrCat(JobOf(req->job()), "/", req->prefix()));
+    if (v.ok()) resp->set_count(*v);
+    s = v.status();
+  }
+  return Done(ctx, "NumKeys", start, s);
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* ctx,
+                                                 const pb::MultiGetRequest* req,
+                                                 pb::MultiGetResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  for (const auto& k : req->keys()) {
+    if (s.ok()) s = CheckKey(k);
+  }
+  if (!s.ok()) return Done(ctx, "MultiGet", start, s);
+  std::vector<std::string> keys = NsKeys(req->job(), req->keys());
+  return WaitThen(ctx, "MultiGet", req->job(), keys, req->timeout_ms(), [this, keys, resp] {
+    absl::StatusOr<std::vector<std::string>> v = store_.MultiGet(keys, absl::ZeroDuration());
+    if (!v.ok()) return v.status();
+    for (auto& value : *v) resp->add_values(std::move(value));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* ctx,
+                                                 const pb::MultiSetRequest* req, pb::MultiSetResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  for (const auto& k : req->keys()) {
+    if (s.ok()) s = CheckKey(k);
+  }
+  if (s.ok() && req->keys_size() != req->values_size()) {
+    s = absl::InvalidArgumentError(absl::StrCat("multi_set got ", req->keys_size(), " keys and ",
+                                                req->values_size(), " values"));
+  }
+  if (s.ok()) {
+    s = store_.MultiSet(NsKeys(req->job(), req->keys()),
+                        std::vector<std::string>(req->values().begin(), req->values().end()));
+  }
+  return Done(ctx, "MultiSet", start, StripJob(s, req->job()));
+}
+
+grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
+                                               const pb::AppendRequest* req, pb::AppendResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) s = store_.Append(NsKey(req->job(), req->key()), req->value());
+  return Done(ctx, "Append", start, StripJob(s, req->job()));
+}
+
+// ---- Registry ----
+
+namespace {
+
+void ToProto(const MemberInfo& m, pb::Member* out) {
+  out->set_rank(m.rank);
+  out->set_host_id(m.host_id);
+  out->set_host_address(m.host_address);
+}
+
+void ToProto(const GroupView& v, pb::GroupInfo* out) {
+  out->set_group(v.group);
+  out->set_world_size(v.world_size);
+  out->set_generation(v.generation);
+  out->set_state(v.state);
+  for (const auto& m : v.members) ToProto(m, out->add_members());
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx, const pb::JoinRequest* req,
+                                                pb::JoinResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (!s.ok()) {
+    metrics_.Record("Join", s, absl::Now() - start);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(ToGrpcStatus(s));
+    return r;
+  }
+  MemberInfo member;
+  member.rank = req->member().rank();
+  member.host_id = req->member().host_id();
+  member.host_address = req->member().host_address();
+  auto* reactor = new WaitingReactor();
+  uint64_t id = registry_.JoinAsync(
+      JobOf(req->job()), req->group(), req->world_size(), member, WaitDeadline(ctx, req->timeout_ms()),
+      [this, reactor, resp, start](absl::StatusOr<GroupView> view) {
+        absl::Status st = view.status();
+        if (view.ok()) {
+          resp->set_generation(view->generation);
+          for (const auto& m : view->members) ToProto(m, resp->add_members());
+        }
+        metrics_.Record("Join", st, absl::Now() - start);
+        reactor->Finish(ToGrpcStatus(st));
+      });
+  GroupRegistry* registry = &registry_;
+  reactor->SetCancel([registry, id] { registry->CancelJoin(id); });
+  reactor->Started();
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ctx, const pb::LeaveRequest* req,
+                                                 pb::LeaveResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank());
+  metrics_.Record("Leave", s, absl::Now() - start);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext* ctx,
+                                                    const pb::DescribeRequest* req,
+                                                    pb::DescribeResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) {
+    absl::StatusOr<GroupView> v = registry_.Describe(JobOf(req->job()), req->group());
+    if (v.ok()) ToProto(*v, resp->mutable_group());
+    s = v.status();
+  }
+  metrics_.Record("Describe", s, absl::Now() - start);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
+                                                pb::ListResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) {
+    for (const GroupView& v : registry_.List(JobOf(req->job()))) ToProto(v, resp->add_groups());
+  }
+  metrics_.Record("List", s, absl::Now() - start);
+  auto* r = ctx->DefaultReactor();
+  r->Finish(ToGrpcStatus(s));
+  return r;
+}
+
+}  // namespace collserve::server

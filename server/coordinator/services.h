@@ -1,0 +1,89 @@
+// The coordinator's gRPC services: a thin layer of request -> validate -> store/registry
+// -> status (STYLE.md §1). Waiting calls (Get, Wait, MultiGet, Join) use the callback
+// API and hold no server thread while parked.
+#ifndef COLLSERVE_SERVER_COORDINATOR_SERVICES_H_
+#define COLLSERVE_SERVER_COORDINATOR_SERVICES_H_
+
+#include <memory>
+
+#include "absl/time/time.h"
+#include "collserve/v1/registry.grpc.pb.h"
+#include "collserve/v1/store.grpc.pb.h"
+#include "server/common/metrics.h"
+#include "server/coordinator/group_registry.h"
+#include "store/store.h"
+
+namespace collserve::server {
+
+// Timeout used when a request's timeout_ms is 0 (as torch's default store timeout is 300 s).
+inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
+
+// Returns OK for a valid job name: 0 to 128 characters from [A-Za-z0-9._-] ("" = "default").
+absl::Status ValidateJob(const std::string& job);
+
+class StoreService final : public collserve::v1::Store::CallbackService {
+ public:
+  // `store` and `metrics` must outlive the service.
+  StoreService(store::Store& store, RpcMetrics& metrics) : store_(store), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const collserve::v1::SetRequest* req,
+                                collserve::v1::SetResponse* resp) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* ctx, const collserve::v1::GetRequest* req,
+                                collserve::v1::GetResponse* resp) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* ctx, const collserve::v1::AddRequest* req,
+                                collserve::v1::AddResponse* resp) override;
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext* ctx,
+                                       const collserve::v1::CompareSetRequest* req,
+                                       collserve::v1::CompareSetResponse* resp) override;
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* ctx, const collserve::v1::CheckRequest* req,
+                                  collserve::v1::CheckResponse* resp) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx, const collserve::v1::WaitRequest* req,
+                                 collserve::v1::WaitResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext* ctx,
+                                      const collserve::v1::DeleteKeyRequest* req,
+                                      collserve::v1::DeleteKeyResponse* resp) override;
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx, const collserve::v1::NumKeysRequest* req,
+                                    collserve::v1::NumKeysResponse* resp) override;
+  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
+                                     const collserve::v1::MultiGetRequest* req,
+                                     collserve::v1::MultiGetResponse* resp) override;
+  grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext* ctx,
+                                     const collserve::v1::MultiSetRequest* req,
+                                     collserve::v1::MultiSetResponse* resp) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext* ctx, const collserve::v1::AppendRequest* req,
+                                   collserve::v1::AppendResponse* resp) override;
+
+ private:
+  // Waits (without a thread) for `keys` of `job`, then runs `then` and finishes with its status.
+  grpc::ServerUnaryReactor* WaitThen(grpc::CallbackServerContext* ctx, const char* method,
+                                     const std::string& job, const std::vector<std::string>& keys,
+                                     int64_t timeout_ms, std::function<absl::Status()> then);
+  grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const char* method,
+                                 absl::Time start, const absl::Status& status);
+
+  store::Store& store_;
+  RpcMetrics& metrics_;
+};
+
+class RegistryService final : public collserve::v1::Registry::CallbackService {
+ public:
+  RegistryService(GroupRegistry& registry, RpcMetrics& metrics) : registry_(registry), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const collserve::v1::JoinRequest* req,
+                                 collserve::v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const collserve::v1::LeaveRequest* req,
+                                  collserve::v1::LeaveResponse* resp) override;
+  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
+                                     const collserve::v1::DescribeRequest* req,
+                                     collserve::v1::DescribeResponse* resp) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const collserve::v1::ListRequest* req,
+                                 collserve::v1::ListResponse* resp) override;
+
+ private:
+  GroupRegistry& registry_;
+  RpcMetrics& metrics_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COORDINATOR_SERVICES_H_

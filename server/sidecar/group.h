@@ -1,0 +1,133 @@
+// One group as seen by one sidecar: its local ranks' sessions, the membership learned
+// from the coordinator, the backend communicator among the group's hosts, and the
+// executor thread that runs the group's collectives in seq order.
+#ifndef COLLSERVE_SERVER_SIDECAR_GROUP_H_
+#define COLLSERVE_SERVER_SIDECAR_GROUP_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/communicator.h"
+#include "backends/rendezvous_store.h"
+#include "collserve/v1/collectives.pb.h"
+#include "collserve/v1/registry.pb.h"
+#include "common/shm.h"
+#include "server/sidecar/session.h"
+
+namespace collserve::server {
+
+// What a Group needs from its sidecar.
+struct GroupEnv {
+  std::string host_id;
+  std::string gloo_hostname;
+  // Store for backend rendezvous, in the group's job namespace.
+  std::function<std::unique_ptr<backends::RendezvousStore>(const std::string& job)> rendezvous;
+  // Tells the coordinator that `rank` left (fire and forget).
+  std::function<void(const std::string& job, const std::string& group, int rank)> leave;
+  // Called (once) when the group has no local ranks left; the sidecar drops it.
+  std::function<void(const std::string& job, const std::string& group)> on_empty;
+  prometheus::Family<prometheus::Counter>* collectives = nullptr;  // may be null
+};
+
+struct GroupParams {
+  std::string job;
+  std::string name;
+  int world_size = 0;
+  absl::Duration init_timeout;
+  absl::Duration op_timeout;
+};
+
+// Thread-safe. Created on the first attach of one of its ranks on this host.
+class Group {
+ public:
+  Group(GroupEnv env, GroupParams params);
+  ~Group();  // stops and joins the executor
+
+  const GroupParams& params() const { return params_; }
+
+  // Registers a local rank's session (before its join at the coordinator completes).
+  // INVALID_ARGUMENT (world_size differs from the group's), ALREADY_EXISTS (rank already
+  // attached here), FAILED_PRECONDITION (the group failed; re-attach after every local rank left),
+  // ABORTED (the group has just been emptied and is going away: create a new one).
+  absl::Status AddLocal(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory);
+
+  // The coordinator answered this rank's join. On error the rank's session is closed with it.
+  void OnJoined(int rank, const absl::StatusOr<collserve::v1::JoinResponse>& result);
+
+  // A collective from a local rank. Completes (possibly with an error) through the
+  // rank's session.
+  void Submit(int rank, collserve::v1::Collective collective);
+
+  // The rank's session ended (client closed it or died).
+  void OnSessionClosed(int rank);
+
+  // Sidecar shutdown: fails everything with UNAVAILABLE.
+  void Stop();
+
+ private:
+  struct Submission {
+    collserve::v1::Collective args;
+    char* data = nullptr;         // the tensor (in shared memory or in inline_buf)
+    std::shared_ptr<ShmSegment> segment;  // keeps the mapping alive while queued/running
+    std::string inline_buf;       // inline tensor bytes
+    bool inline_mode = false;
+    absl::Status error;           // invalid request: reported to every rank
+    absl::Time deadline;
+  };
+  struct LocalRank {
+    std::shared_ptr<Session> session;
+    bool shared_memory = false;
+    bool joined = false;
+    bool closed = false;
+    int64_t next_seq = 0;
+    std::deque<Submission> queue;
+    std::map<std::string, std::shared_ptr<ShmSegment>> segments;  // mapped by name
+  };
+  enum class State { kJoining, kConnecting, kReady, kFailed };
+
+  void ExecutorMain();
+  void RunCollective(int64_t seq, std::map<int, Submission>& subs);
+  // Fails the group: every queued submission and every later one gets `status`.
+  void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Complete(int rank, const Submission& sub, const absl::Status& status);
+  absl::Status ResolveBuffer(LocalRank& local, Submission& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordCollective(const absl::Status& status);
+
+  const GroupEnv env_;
+  const GroupParams params_;
+
+  absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool emptied_ ABSL_GUARDED_BY(mu_) = false;
+  // Membership (set by the first successful join).
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<collserve::v1::Member> members_ ABSL_GUARDED_BY(mu_);
+  std::set<int> expected_local_ ABSL_GUARDED_BY(mu_);
+  int host_index_ ABSL_GUARDED_BY(mu_) = 0;
+  int num_hosts_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_local_ ABSL_GUARDED_BY(mu_) = 0;  // most ranks any host of the group serves
+  std::map<std::string, std::vector<int>> host_ranks_ ABSL_GUARDED_BY(mu_);
+
+  std::unique_ptr<backends::Communicator> comm_;  // executor thread only
+  std::thread executor_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_GROUP_H_

@@ -1,0 +1,61 @@
+// collserve-sidecar: serves the training processes of one host and moves their tensors.
+#include <glog/logging.h>
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "server/common/daemon.h"
+#include "server/sidecar/sidecar.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400", "The coordinator's host:port.");
+ABSL_FLAG(std::string, unix_socket, "/tmp/collserve/sidecar.sock",
+          "Unix-domain socket for the training processes of this host; empty to disable.");
+ABSL_FLAG(std::string, listen_address, "",
+          "host:port for clients on other hosts (tensors then travel inline in messages); "
+          "empty to disable; port 0 picks a free port.");
+ABSL_FLAG(std::string, host_id, "",
+          "This sidecar's unique id in group memberships; default <hostname>/<pid>.");
+ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
+          "Address Gloo binds to and advertises to the other hosts of a group (the pod or "
+          "host IP in a cluster).");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9465",
+          "host:port serving Prometheus /metrics; empty to disable.");
+ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
+ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
+
+int main(int argc, char** argv) {
+  collserve::server::BlockTerminationSignals();
+  absl::SetProgramUsageMessage("collserve sidecar: runs the collectives of the training processes on this host.");
+  absl::ParseCommandLine(argc, argv);
+  if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 2;
+  }
+  collserve::server::SidecarOptions options;
+  options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  options.host_id = absl::GetFlag(FLAGS_host_id);
+  options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+
+  auto sidecar = collserve::server::Sidecar::Start(options);
+  if (!sidecar.ok()) {
+    LOG(ERROR) << "sidecar failed to start: " << sidecar.status();
+    return 1;
+  }
+  LOG(INFO) << "collserve-sidecar " << (*sidecar)->host_id() << " serving on " << options.unix_socket
+            << ((*sidecar)->port() != 0 ? " and port " + std::to_string((*sidecar)->port()) : "");
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    if (absl::Status s = collserve::server::WritePortFile(pf, (*sidecar)->port()); !s.ok()) {
+      LOG(ERROR) << s;
+      return 1;
+    }
+  }
+  int sig = collserve::server::WaitForTerminationSignal();
+  LOG(INFO) << "signal " << sig << ": shutting down";
+  (*sidecar)->Shutdown(absl::Seconds(5));
+  return 0;
+}

@@ -1,0 +1,56 @@
+// The sidecar: serves the training processes of one host (DESIGN.md "sidecar").
+//
+// Clients attach a Session stream per (group, rank). The sidecar joins the group at the
+// coordinator on each rank's behalf, learns which ranks live on which host, connects a
+// Gloo communicator among the group's sidecars (rendezvous through the coordinator's
+// store), and then runs each collective hierarchically: local ranks are reduced in shared
+// memory, the result is all-reduced across hosts, and copied back to every local rank.
+// Before any data moves, the hosts exchange every rank's arguments (op, dtype, count,
+// reduce op, root), so ranks that disagree get INVALID_ARGUMENT naming them instead of a
+// hang or silent corruption.
+#ifndef COLLSERVE_SERVER_SIDECAR_SIDECAR_H_
+#define COLLSERVE_SERVER_SIDECAR_SIDECAR_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace collserve::server {
+
+struct SidecarOptions {
+  // Unix-domain socket for clients on this host; "" = none.
+  std::string unix_socket = "/tmp/collserve/sidecar.sock";
+  // host:port for clients on other hosts (tensor bytes then travel inline); "" = none;
+  // port 0 picks a free port.
+  std::string listen_address;
+  // The coordinator, host:port. Required.
+  std::string coordinator_address;
+  // This sidecar's unique id in group memberships. "" = "<hostname>/<pid>".
+  std::string host_id;
+  // Address the Gloo pairs bind to and advertise to other hosts.
+  std::string gloo_hostname = "127.0.0.1";
+  // host:port serving Prometheus /metrics; "" = none.
+  std::string metrics_address;
+  // How long to wait for the coordinator at start.
+  absl::Duration coordinator_connect_timeout = absl::Seconds(30);
+};
+
+// Thread-safe.
+class Sidecar {
+ public:
+  // Connects to the coordinator and starts serving. Errors: INVALID_ARGUMENT (no
+  // coordinator), UNAVAILABLE (coordinator unreachable, cannot bind).
+  static absl::StatusOr<std::unique_ptr<Sidecar>> Start(const SidecarOptions& options);
+  virtual ~Sidecar() = default;
+  // The bound TCP port (0 if no listen_address).
+  virtual int port() const = 0;
+  virtual const std::string& host_id() const = 0;
+  // Fails every session with UNAVAILABLE and stops. Idempotent.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_SIDECAR_H_

@@ -1,0 +1,507 @@
+// MemoryStore: see memory_store.h.
+#include "store/memory_store.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "common/status_macros.h"
+
+namespace collserve::store {
+namespace {
+
+// Keys longer than this are shortened in error messages.
+constexpr size_t kMaxQuotedKeyBytes = 64;
+// A timeout message names at most this many missing keys.
+constexpr size_t kMaxListedKeys = 16;
+
+std::string QuoteKey(absl::string_view key) {
+  if (key.size() <= kMaxQuotedKeyBytes) return absl::StrCat("\"", absl::CHexEscape(key), "\"");
+  return absl::StrCat("\"", absl::CHexEscape(key.substr(0, kMaxQuotedKeyBytes)), "...\"");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> NewMemoryStore(const StoreOptions& options) {
+  COLLSERVE_ASSIGN_OR_RETURN(std::unique_ptr<MemoryStore> store, MemoryStore::Open(options));
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
+    const StoreOptions& options, const MemoryStoreTestOptions& test_options) {
+  if (options.max_key_bytes <= 0 || options.max_value_bytes < 0 || options.max_keys <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store limits must be positive: max_key_bytes=", options.max_key_bytes,
+                     " max_value_bytes=", options.max_value_bytes, " max_keys=", options.max_keys));
+  }
+  KeyValueMap data;
+  std::unique_ptr<Wal> wal;
+  if (!options.data_dir.empty()) {
+    Wal::Options wal_options;
+    wal_options.dir = options.data_dir;
+    wal_options.compact_bytes = test_options.wal_compact_bytes;
+    COLLSERVE_ASSIGN_OR_RETURN(wal, Wal::Open(wal_options, &data));
+  }
+  return std::unique_ptr<MemoryStore>(new MemoryStore(options, std::move(wal), std::move(data)));
+}
+
+MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data)
+    : options_(options), data_(std::move(data)), wal_(std::move(wal)) {
+  for (const auto& [key, value] : data_) {
+    live_bytes_ += static_cast<int64_t>(key.size() + value.size());
+  }
+  timer_thread_ = std::thread([this] { TimerLoop(); });
+}
+
+MemoryStore::~MemoryStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    timer_cv_.Signal();
+  }
+  timer_thread_.join();
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, waiter] : waiters_) {
+      ready.emplace_back(std::move(waiter.done), absl::UnavailableError("store is shutting down"));
+    }
+    waiters_.clear();
+    waiters_by_key_.clear();
+    deadlines_.clear();
+  }
+  RunReady(ready);
+}
+
+// ---- validation ----------------------------------------------------------------------
+
+absl::Status MemoryStore::ValidateKey(absl::string_view key) const {
+  if (key.empty()) return absl::InvalidArgumentError("key is empty");
+  if (static_cast<int64_t>(key.size()) > options_.max_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("key ", QuoteKey(key), " is ", key.size(),
+                                                   " bytes; the limit is ",
+                                                   options_.max_key_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::ValidateKeys(const std::vector<std::string>& keys) const {
+  for (const std::string& key : keys) COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::ValidateValue(absl::string_view key, size_t value_bytes) const {
+  if (value_bytes > static_cast<uint64_t>(options_.max_value_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("value for key ", QuoteKey(key), " is ",
+                                                   value_bytes, " bytes; the limit is ",
+                                                   options_.max_value_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::CheckRoomLocked(int64_t new_keys, absl::string_view key) const {
+  const int64_t held = static_cast<int64_t>(data_.size());
+  if (new_keys > 0 && held + new_keys > options_.max_keys) {
+    return absl::ResourceExhaustedError(
+        new_keys == 1 ? absl::StrCat("store holds ", held, " of at most ", options_.max_keys,
+                                     " keys; cannot create key ", QuoteKey(key))
+                      : absl::StrCat("store holds ", held, " of at most ", options_.max_keys,
+                                     " keys; cannot create ", new_keys, " more"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- mutation core -------------------------------------------------------------------
+
+absl::Status MemoryStore::ApplyLocked(const std::vector<WalOp>& ops, Ready* ready) {
+  if (ops.empty()) return absl::OkStatus();
+  if (wal_ != nullptr) COLLSERVE_RETURN_IF_ERROR(wal_->Append(ops));
+  for (const WalOp& op : ops) {
+    if (op.type == WalOp::kPut) {
+      auto [it, inserted] = data_.try_emplace(std::string(op.key));
+      if (inserted) {
+        live_bytes_ += static_cast<int64_t>(it->first.size());
+      } else {
+        live_bytes_ -= static_cast<int64_t>(it->second.size());
+      }
+      it->second.assign(op.value.data(), op.value.size());
+      live_bytes_ += static_cast<int64_t>(op.value.size());
+      WakeLocked(it->first, ready);
+    } else {
+      auto it = data_.find(op.key);
+      if (it == data_.end()) continue;
+      live_bytes_ -= static_cast<int64_t>(it->first.size() + it->second.size());
+      data_.erase(it);
+    }
+  }
+  if (wal_ != nullptr) {
+    // The mutation is durable and applied; a failed compaction only leaves a longer log
+    // (the Wal retries later), so it must not fail this call.
+    wal_->MaybeCompact(data_, live_bytes_).IgnoreError();
+  }
+  return absl::OkStatus();
+}
+
+void MemoryStore::WakeLocked(const std::string& key, Ready* ready) {
+  auto by_key = waiters_by_key_.find(key);
+  if (by_key == waiters_by_key_.end()) return;
+  const std::set<WaitId> ids = std::move(by_key->second);
+  waiters_by_key_.erase(by_key);
+  for (WaitId id : ids) {
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) continue;
+    Waiter& waiter = it->second;
+    waiter.missing.erase(key);
+    if (!waiter.missing.empty()) continue;
+    deadlines_.erase({waiter.deadline, id});
+    ready->emplace_back(std::move(waiter.done), absl::OkStatus());
+    waiters_.erase(it);
+  }
+}
+
+Store::WaitCallback MemoryStore::RemoveWaiterLocked(WaitId id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return nullptr;
+  Waiter& waiter = it->second;
+  for (const std::string& key : waiter.missing) {
+    auto by_key = waiters_by_key_.find(key);
+    if (by_key == waiters_by_key_.end()) continue;
+    by_key->second.erase(id);
+    if (by_key->second.empty()) waiters_by_key_.erase(by_key);
+  }
+  deadlines_.erase({waiter.deadline, id});
+  WaitCallback done = std::move(waiter.done);
+  waiters_.erase(it);
+  return done;
+}
+
+void MemoryStore::RunReady(Ready& ready) {
+  for (auto& [done, status] : ready) std::move(done)(std::move(status));
+  ready.clear();
+}
+
+// ---- waits ---------------------------------------------------------------------------
+
+namespace {
+
+absl::Status TimeoutStatus(const std::vector<std::string>& keys,
+                           const std::set<std::string>& missing, absl::Time start,
+                           absl::Time deadline) {
+  std::vector<std::string> listed;
+  for (const std::string& key : keys) {
+    if (missing.count(key) == 0) continue;
+    if (listed.size() == kMaxListedKeys) break;
+    listed.push_back(QuoteKey(key));
+  }
+  std::string list = absl::StrJoin(listed, ", ");
+  if (missing.size() > listed.size()) {
+    absl::StrAppend(&list, ", ... and ", missing.size() - listed.size(), " more");
+  }
+  const absl::Duration waited =
+      absl::Ceil(std::max(deadline - start, absl::ZeroDuration()), absl::Milliseconds(1));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "wait timed out after ", absl::FormatDuration(waited), "; missing keys: [", list, "]"));
+}
+
+}  // namespace
+
+WaitId MemoryStore::Register(const std::vector<std::string>& keys, absl::Time start,
+                             absl::Time deadline, WaitCallback done) {
+  absl::Status immediate = ValidateKeys(keys);
+  WaitId id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_wait_id_++;
+    if (immediate.ok()) {
+      Waiter waiter;
+      std::set<absl::string_view> seen;
+      for (const std::string& key : keys) {
+        if (!seen.insert(key).second) continue;
+        waiter.keys.push_back(key);
+        if (data_.find(key) == data_.end()) waiter.missing.insert(key);
+      }
+      if (stopping_) {
+        immediate = absl::UnavailableError("store is shutting down");
+      } else if (waiter.missing.empty()) {
+        immediate = absl::OkStatus();
+      } else if (deadline <= absl::Now()) {
+        immediate = TimeoutStatus(waiter.keys, waiter.missing, start, deadline);
+      } else {
+        for (const std::string& key : waiter.missing) waiters_by_key_[key].insert(id);
+        deadlines_.emplace(deadline, id);
+        waiter.start = start;
+        waiter.deadline = deadline;
+        waiter.done = std::move(done);
+        waiters_.emplace(id, std::move(waiter));
+        // The timer sleeps until the earliest deadline; wake it if that just moved.
+        if (deadlines_.begin()->second == id) timer_cv_.Signal();
+        return id;
+      }
+    }
+  }
+  std::move(done)(std::move(immediate));
+  return id;
+}
+
+WaitId MemoryStore::WaitAsync(const std::vector<std::string>& keys, absl::Time deadline,
+                              WaitCallback done) {
+  return Register(keys, absl::Now(), deadline, std::move(done));
+}
+
+void MemoryStore::CancelWait(WaitId id) {
+  WaitCallback done;
+  {
+    absl::MutexLock lock(&mu_);
+    done = RemoveWaiterLocked(id);
+  }
+  if (done) std::move(done)(absl::CancelledError(absl::StrCat("wait ", id, " was cancelled")));
+}
+
+absl::Status MemoryStore::BlockingWait(const std::vector<std::string>& keys, absl::Time start,
+                                       absl::Time deadline) {
+  absl::Notification finished;
+  absl::Status result;
+  Register(keys, start, deadline, [&](absl::Status status) {
+    result = std::move(status);
+    finished.Notify();
+  });
+  // Bounded: the timer thread fires the deadline, the destructor fires the rest.
+  finished.WaitForNotification();
+  return result;
+}
+
+void MemoryStore::TimerLoop() {
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    Ready ready;
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      const WaitId id = deadlines_.begin()->second;
+      const Waiter& waiter = waiters_.at(id);
+      absl::Status status =
+          TimeoutStatus(waiter.keys, waiter.missing, waiter.start, waiter.deadline);
+      ready.emplace_back(RemoveWaiterLocked(id), std::move(status));
+    }
+    if (!ready.empty()) {
+      mu_.Unlock();
+      RunReady(ready);
+      mu_.Lock();
+      continue;
+    }
+    const absl::Time next = deadlines_.empty() ? absl::InfiniteFuture() : deadlines_.begin()->first;
+    timer_cv_.WaitWithDeadline(&mu_, next);
+  }
+  mu_.Unlock();
+}
+
+int64_t MemoryStore::TEST_PendingWaits() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(waiters_.size());
+}
+
+int64_t MemoryStore::TEST_WalBytes() {
+  absl::MutexLock lock(&mu_);
+  return wal_ == nullptr ? 0 : wal_->log_bytes();
+}
+
+int64_t MemoryStore::TEST_WalCompactions() {
+  absl::MutexLock lock(&mu_);
+  return wal_ == nullptr ? 0 : wal_->compactions();
+}
+
+// ---- operations ----------------------------------------------------------------------
+
+absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, value.size()));
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (data_.find(key) == data_.end()) COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, value}}, &ready));
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key, absl::Duration timeout) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + std::max(timeout, absl::ZeroDuration());
+  const std::vector<std::string> keys = {std::string(key)};
+  for (;;) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = data_.find(key);
+      if (it != data_.end()) return it->second;
+    }
+    // Loops only if the key was deleted again between the wake-up and the read.
+    COLLSERVE_RETURN_IF_ERROR(BlockingWait(keys, start, deadline));
+  }
+}
+
+absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  Ready ready;
+  int64_t result = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    int64_t current = 0;
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
+    } else if (!absl::SimpleAtoi(it->second, &current)) {
+      return absl::InvalidArgumentError(absl::StrCat("value of key ", QuoteKey(key),
+                                                     " is not an integer: ", QuoteKey(it->second)));
+    }
+    if (__builtin_add_overflow(current, delta, &result)) {
+      return absl::InvalidArgumentError(absl::StrCat("adding ", delta, " to key ", QuoteKey(key),
+                                                     " (value ", current, ") overflows int64"));
+    }
+    const std::string text = absl::StrCat(result);
+    COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, text.size()));
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, text}}, &ready));
+  }
+  RunReady(ready);
+  return result;
+}
+
+absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
+                                                    absl::string_view expected,
+                                                    absl::string_view desired) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, desired.size()));
+  Ready ready;
+  std::string result;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = data_.find(key);
+    if (it == data_.end()) {
+      // torch's "lie": a missing key with a non-empty `expected` answers `expected`.
+      if (!expected.empty()) return std::string(expected);
+      COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
+    } else if (it->second != expected) {
+      return it->second;
+    }
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, desired}}, &ready));
+    result = std::string(desired);
+  }
+  RunReady(ready);
+  return result;
+}
+
+absl::StatusOr<bool> MemoryStore::Check(const std::vector<std::string>& keys) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKeys(keys));
+  absl::ReaderMutexLock lock(&mu_);
+  for (const std::string& key : keys) {
+    if (data_.find(key) == data_.end()) return false;
+  }
+  return true;
+}
+
+absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKeys(keys));
+  const absl::Time start = absl::Now();
+  return BlockingWait(keys, start, start + std::max(timeout, absl::ZeroDuration()));
+}
+
+absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  absl::MutexLock lock(&mu_);
+  if (data_.find(key) == data_.end()) return false;
+  Ready ready;  // deletes wake nobody
+  COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kDelete, key, {}}}, &ready));
+  return true;
+}
+
+absl::StatusOr<int64_t> MemoryStore::NumKeys(absl::string_view prefix) {
+  absl::ReaderMutexLock lock(&mu_);
+  if (prefix.empty()) return static_cast<int64_t>(data_.size());
+  int64_t count = 0;
+  for (auto it = data_.lower_bound(prefix);
+       it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    ++count;
+  }
+  return count;
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryStore::MultiGet(const std::vector<std::string>& keys,
+                                                               absl::Duration timeout) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKeys(keys));
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + std::max(timeout, absl::ZeroDuration());
+  for (;;) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      std::vector<std::string> values;
+      values.reserve(keys.size());
+      for (const std::string& key : keys) {
+        auto it = data_.find(key);
+        if (it == data_.end()) break;
+        values.push_back(it->second);
+      }
+      if (values.size() == keys.size()) return values;
+    }
+    // Loops only if a key was deleted again between the wake-up and the read.
+    COLLSERVE_RETURN_IF_ERROR(BlockingWait(keys, start, deadline));
+  }
+}
+
+absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
+                                   const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("multi_set got ", keys.size(), " keys and ", values.size(), " values"));
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    COLLSERVE_RETURN_IF_ERROR(ValidateKey(keys[i]));
+    COLLSERVE_RETURN_IF_ERROR(ValidateValue(keys[i], values[i].size()));
+  }
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<absl::string_view> new_keys;
+    for (const std::string& key : keys) {
+      if (data_.find(key) == data_.end()) new_keys.insert(key);
+    }
+    COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(static_cast<int64_t>(new_keys.size()),
+                                              new_keys.empty() ? "" : *new_keys.begin()));
+    std::vector<WalOp> ops;
+    ops.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) ops.push_back({WalOp::kPut, keys[i], values[i]});
+    // One log record: after a crash either all of the pairs are back or none are.
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value) {
+  COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
+  Ready ready;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = data_.find(key);
+    std::string result;
+    if (it == data_.end()) {
+      COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, value.size()));
+      COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
+      result = std::string(value);
+    } else {
+      COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, it->second.size() + value.size()));
+      result = absl::StrCat(it->second, value);
+    }
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, result}}, &ready));
+  }
+  RunReady(ready);
+  return absl::OkStatus();
+}
+
+}  // namespace collserve::store

@@ -1,0 +1,149 @@
+// MemoryStore: the Store held in process memory, optionally made durable by a write-ahead
+// log (store/wal.h) when StoreOptions::data_dir is set.
+//
+// Thread safety: every method may be called concurrently from any thread. One mutex guards
+// the map, the waiters and the log, so log order = apply order and a durable write holds the
+// mutex for its fdatasync. A log compaction (after 64 MiB of log) also runs under it and
+// stalls the store while it writes the snapshot (at most half the log's size).
+#ifndef COLLSERVE_STORE_MEMORY_STORE_H_
+#define COLLSERVE_STORE_MEMORY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "store/store.h"
+#include "store/wal.h"
+
+namespace collserve::store {
+
+// Knobs that production leaves at their defaults; tests lower them.
+struct MemoryStoreTestOptions {
+  // Compact the log into a snapshot once it exceeds this many bytes (and twice the live
+  // data). Default: Wal::kDefaultCompactBytes (64 MiB).
+  int64_t wal_compact_bytes = Wal::kDefaultCompactBytes;
+};
+
+// An ordered map of byte strings plus a registry of pending waits. Waits hold no thread:
+// WaitAsync() callbacks run on the thread whose write created the last missing key, on the
+// store's one timer thread (deadlines), inline in WaitAsync()/CancelWait(), or in the
+// destructor (UNAVAILABLE). Callbacks always run with no store lock held, so they may call
+// back into the store.
+//
+// Waiting counts creations, like torch's TCPStore: a wait on {a, b} completes once a and b
+// have each been written since the wait began (or existed then), even if a was deleted
+// again in between. Get()/MultiGet() re-check and keep waiting in that case.
+//
+// Beyond store.h: every key argument (including for Get/Check/Wait/WaitAsync) must be
+// non-empty and within max_key_bytes, or the call fails with INVALID_ARGUMENT (for
+// WaitAsync, the callback runs inline with it). With a data_dir, a mutation whose log
+// append fails returns UNAVAILABLE and is not applied.
+class MemoryStore final : public Store {
+ public:
+  // Opens a store. INVALID_ARGUMENT for non-positive limits; otherwise as NewMemoryStore()
+  // in store.h (replays the log in options.data_dir when set).
+  static absl::StatusOr<std::unique_ptr<MemoryStore>> Open(
+      const StoreOptions& options, const MemoryStoreTestOptions& test_options = {});
+
+  // Stops the timer thread, then runs every pending wait's callback with UNAVAILABLE (on
+  // the destroying thread). REQUIRES: no other thread is using the store.
+  ~MemoryStore() override;
+
+  MemoryStore(const MemoryStore&) = delete;
+  MemoryStore& operator=(const MemoryStore&) = delete;
+
+  absl::Status Set(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
+  absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                         absl::string_view desired) override;
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
+  absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
+  absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override;
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration timeout) override;
+  absl::Status MultiSet(const std::vector<std::string>& keys,
+                        const std::vector<std::string>& values) override;
+  absl::Status Append(absl::string_view key, absl::string_view value) override;
+  WaitId WaitAsync(const std::vector<std::string>& keys, absl::Time deadline,
+                   WaitCallback done) override;
+  void CancelWait(WaitId id) override;
+
+  // Test hooks.
+  // Waits registered and not yet finished.
+  int64_t TEST_PendingWaits() ABSL_LOCKS_EXCLUDED(mu_);
+  // Size of the log file (0 without a data_dir).
+  int64_t TEST_WalBytes() ABSL_LOCKS_EXCLUDED(mu_);
+  // Compactions completed since Open() (0 without a data_dir).
+  int64_t TEST_WalCompactions() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Waiter {
+    std::vector<std::string> keys;  // distinct, in request order (for the timeout message)
+    std::set<std::string> missing;
+    absl::Time start;
+    absl::Time deadline;
+    WaitCallback done;
+  };
+  // A callback taken out of the registry, to be run once the mutex is released.
+  using Ready = std::vector<std::pair<WaitCallback, absl::Status>>;
+
+  MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data);
+
+  // Registers a wait for `keys`; `start` only feeds the timeout message.
+  WaitId Register(const std::vector<std::string>& keys, absl::Time start, absl::Time deadline,
+                  WaitCallback done) ABSL_LOCKS_EXCLUDED(mu_);
+  // WaitAsync() plus blocking until the callback ran; returns its status.
+  absl::Status BlockingWait(const std::vector<std::string>& keys, absl::Time start,
+                            absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  static void RunReady(Ready& ready);
+
+  // Logs `ops` (when durable), then applies them to data_ and moves the callbacks of the
+  // waits they complete into `*ready`. Nothing is applied if logging fails.
+  absl::Status ApplyLocked(const std::vector<WalOp>& ops, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED if creating `new_keys` more keys would pass max_keys.
+  absl::Status CheckRoomLocked(int64_t new_keys, absl::string_view key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `key` as created for its waiters; completed ones go to `*ready`.
+  void WakeLocked(const std::string& key, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes waiter `id` from every index and returns its callback.
+  WaitCallback RemoveWaiterLocked(WaitId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Status ValidateKey(absl::string_view key) const;
+  absl::Status ValidateKeys(const std::vector<std::string>& keys) const;
+  absl::Status ValidateValue(absl::string_view key, size_t value_bytes) const;
+
+  const StoreOptions options_;
+
+  absl::Mutex mu_;
+  absl::CondVar timer_cv_;  // signalled when the earliest deadline moves or on shutdown
+  KeyValueMap data_ ABSL_GUARDED_BY(mu_);
+  int64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // sum of key and value sizes in data_
+  std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);  // null when memory-only
+  WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::set<WaitId>> waiters_by_key_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, WaitId>> deadlines_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::thread timer_thread_;  // runs TimerLoop(); started last in the constructor
+};
+
+}  // namespace collserve::store
+
+#endif  // COLLSERVE_STORE_MEMORY_STORE_H_

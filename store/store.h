@@ -1,0 +1,119 @@
+// The coordinator's key-value engine: torch.distributed TCPStore semantics, no gRPC.
+//
+// Semantics follow torch.distributed's Store/TCPStore (see
+// ../shared/reference/torch_distributed_api_docs.md, "Distributed Key-Value Store", and
+// ../shared/research/torch_interop.md §1.4):
+//   - values are raw bytes;
+//   - Add() keeps the counter as ASCII decimal text, so Get() of a counter returns e.g. "3";
+//   - CompareSet() on a missing key with a non-empty `expected` stores nothing and returns
+//     `expected` (torch's documented behaviour);
+//   - Get()/Wait()/MultiGet() block until the keys exist or the timeout passes.
+// Keys are opaque byte strings; namespacing (per job) is done by callers with a prefix,
+// and NumKeys(prefix) counts one namespace.
+//
+// Thread safety: every method may be called concurrently from any thread.
+#ifndef COLLSERVE_STORE_STORE_H_
+#define COLLSERVE_STORE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace collserve::store {
+
+struct StoreOptions {
+  // Largest key accepted, in bytes. Longer keys get INVALID_ARGUMENT.
+  int64_t max_key_bytes = 4096;
+  // Largest value accepted (after an Append, too), in bytes. Larger gets INVALID_ARGUMENT.
+  int64_t max_value_bytes = 64 << 20;
+  // Most keys held at once. A write that would create one more gets RESOURCE_EXHAUSTED.
+  int64_t max_keys = 1 << 20;
+  // Directory for the write-ahead log and snapshots. Empty = memory only (nothing survives
+  // a restart). When set, every mutation is appended to the log and fdatasync'ed before
+  // the call returns, so an acknowledged write survives a crash of the process or machine.
+  std::string data_dir;
+};
+
+// Identifies a pending WaitAsync() so it can be cancelled.
+using WaitId = uint64_t;
+
+class Store {
+ public:
+  // Called exactly once: OK when every key exists, DEADLINE_EXCEEDED (message lists the
+  // keys still missing) when the deadline passes first, CANCELLED after CancelWait(), or
+  // UNAVAILABLE when the store shuts down. It runs on the thread that set the last key,
+  // on the store's timer thread, or inline in WaitAsync() if the keys already exist; it
+  // must not block and must not call back into the store under its own locks.
+  using WaitCallback = absl::AnyInvocable<void(absl::Status) &&>;
+
+  virtual ~Store() = default;
+
+  // Stores `value` under `key`, replacing any old value; wakes waiters on `key`.
+  // INVALID_ARGUMENT: empty key, key or value over the limit. RESOURCE_EXHAUSTED: too many keys.
+  virtual absl::Status Set(absl::string_view key, absl::string_view value) = 0;
+
+  // Returns the value of `key`, waiting up to `timeout` for it to be created.
+  // timeout <= 0 means do not wait. DEADLINE_EXCEEDED if it still does not exist then.
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
+
+  // Adds `delta` to the integer stored under `key` (missing = 0) and returns the new value.
+  // The value is stored as ASCII decimal. INVALID_ARGUMENT if the existing value is not an
+  // integer, or on int64 overflow.
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
+
+  // torch's compare_set: if `key` is missing and `expected` is empty, stores `desired`;
+  // if `key` exists and equals `expected`, stores `desired`. Returns the value of `key`
+  // after the call, except that a missing key with non-empty `expected` returns `expected`
+  // (and stores nothing).
+  virtual absl::StatusOr<std::string> CompareSet(absl::string_view key, absl::string_view expected,
+                                                 absl::string_view desired) = 0;
+
+  // True if every key exists now. Never blocks. An empty list is true.
+  virtual absl::StatusOr<bool> Check(const std::vector<std::string>& keys) = 0;
+
+  // Blocks until every key exists. DEADLINE_EXCEEDED after `timeout`, naming missing keys.
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
+
+  // Deletes `key`. Returns true if it existed.
+  virtual absl::StatusOr<bool> DeleteKey(absl::string_view key) = 0;
+
+  // Number of keys that start with `prefix` ("" = all keys).
+  virtual absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) = 0;
+
+  // Values of `keys`, in order, waiting up to `timeout` for all of them to exist.
+  virtual absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                            absl::Duration timeout) = 0;
+
+  // Sets keys[i] = values[i] for all i, atomically with respect to readers and waiters.
+  // INVALID_ARGUMENT if the sizes differ.
+  virtual absl::Status MultiSet(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& values) = 0;
+
+  // Appends `value` to the value of `key` (creating it if missing); wakes waiters.
+  virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
+
+  // Non-blocking wait: arranges for `done` to be called once (see WaitCallback). Holds no
+  // thread while waiting. Returns an id for CancelWait().
+  virtual WaitId WaitAsync(const std::vector<std::string>& keys, absl::Time deadline,
+                           WaitCallback done) = 0;
+
+  // Cancels a pending WaitAsync(): its callback runs with CANCELLED (inline, before this
+  // returns) unless it already ran. Unknown or finished ids are ignored.
+  virtual void CancelWait(WaitId id) = 0;
+};
+
+// Creates the in-memory store (with its write-ahead log when options.data_dir is set,
+// replaying the log first). INTERNAL / UNAVAILABLE when the data dir cannot be read or written;
+// DATA_LOSS when the log is corrupt before its last record (a torn last record is dropped).
+absl::StatusOr<std::unique_ptr<Store>> NewMemoryStore(const StoreOptions& options);
+
+}  // namespace collserve::store
+
+#endif  // COLLSERVE_STORE_STORE_H_

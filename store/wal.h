@@ -1,0 +1,109 @@
+// Write-ahead log and snapshot files that make a MemoryStore survive restarts.
+//
+// The log records each mutation as its resulting state (PUT key=value, or DELETE key), so
+// replay needs no arithmetic and replaying a record twice is harmless. Not thread-safe: the
+// owner serialises every call (MemoryStore calls it under its mutex, so log order = apply
+// order).
+#ifndef COLLSERVE_STORE_WAL_H_
+#define COLLSERVE_STORE_WAL_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace collserve::store {
+
+// On-disk format (little-endian). Part of the persistent format: never renumber the op
+// types or change the framing without a version bump.
+//
+//   file    := record*
+//   record  := fixed32 length | fixed32 crc | payload[length]
+//   crc     := CRC-32 (zlib, IEEE polynomial) of the 4 length bytes followed by the payload
+//   payload := op+                       (all ops of one record are applied together)
+//   op      := uint8 type | varint64 key_len | key | (type == kPut: varint64 value_len | value)
+//
+// Files, inside the data directory:
+//   wal       the log, appended to; started afresh after each compaction
+//   snapshot  full state (one PUT per key); replaced atomically (write snapshot.tmp, fsync,
+//             rename, fsync the directory)
+// The store's contents: key -> value, ordered, with heterogeneous lookup by string_view.
+using KeyValueMap = std::map<std::string, std::string, std::less<>>;
+
+struct WalOp {
+  enum Type : uint8_t { kPut = 1, kDelete = 2 };
+  Type type;
+  absl::string_view key;
+  absl::string_view value;  // kPut only
+};
+
+class Wal {
+ public:
+  // Compaction threshold used unless a test overrides it: 64 MiB of log.
+  static constexpr int64_t kDefaultCompactBytes = int64_t{64} << 20;
+
+  struct Options {
+    // Directory holding `wal` and `snapshot`; created (one level, mode 0755) if missing.
+    std::string dir;
+    // The log is compacted into a snapshot once it is larger than this many bytes AND more
+    // than twice the live data. Default: kDefaultCompactBytes. Tests lower it.
+    int64_t compact_bytes = kDefaultCompactBytes;
+  };
+
+  // Opens the log in `options.dir`, replaying the snapshot and then the log into `*state`
+  // (which must be empty). Holds an flock on the log until destroyed, so a second Wal on
+  // the same directory fails. A torn last record (a crash mid-append) and a zero-filled
+  // tail are cut off the file and ignored. DATA_LOSS: a bad record anywhere else, or any
+  // bad record in the snapshot. UNAVAILABLE: a file or the directory cannot be created,
+  // read, written or locked. Limitation (as in LevelDB): a corrupt length field that
+  // points past the end of the file looks like a torn last record, so the records after
+  // it are dropped rather than reported.
+  static absl::StatusOr<std::unique_ptr<Wal>> Open(const Options& options, KeyValueMap* state);
+
+  ~Wal();
+  Wal(const Wal&) = delete;
+  Wal& operator=(const Wal&) = delete;
+
+  // Appends `ops` as one record and fdatasync()s the log before returning, so the caller
+  // may acknowledge the mutation once this returns OK. A failed write is cut back off the
+  // file and leaves the log usable; after a failed fdatasync() the log refuses every later
+  // append (the kernel may have dropped the dirty pages), so the store stops accepting
+  // writes until restarted. UNAVAILABLE on I/O errors; INVALID_ARGUMENT if the record
+  // would exceed 4 GiB. Blocks on the disk.
+  absl::Status Append(const std::vector<WalOp>& ops);
+
+  // Compacts when the log is over compact_bytes and over twice `live_bytes` (the sum of key
+  // and value sizes in `state`): writes `state` as the new snapshot and starts an empty log.
+  // Returns OK without doing anything otherwise. After a failed compaction the old files
+  // stay valid, and the next attempt waits until the log has grown by compact_bytes again.
+  absl::Status MaybeCompact(const KeyValueMap& state, int64_t live_bytes);
+
+  // Size of the log file in bytes.
+  int64_t log_bytes() const { return log_bytes_; }
+  // Number of compactions completed since Open().
+  int64_t compactions() const { return compactions_; }
+
+ private:
+  Wal(Options options, int log_fd, int64_t log_bytes);
+
+  absl::Status Compact(const KeyValueMap& state);
+
+  const Options options_;
+  int log_fd_;
+  int64_t log_bytes_;
+  // Do not try to compact again before the log reaches this size (set after a failure).
+  int64_t next_compact_attempt_bytes_ = 0;
+  int64_t compactions_ = 0;
+  // Set after a failed fdatasync(); every later Append() fails with it.
+  absl::Status broken_;
+};
+
+}  // namespace collserve::store
+
+#endif  // COLLSERVE_STORE_WAL_H_

@@ -1,0 +1,231 @@
+// collserve_test_rank: one rank of an integration test, run as its own process with the
+// env:// variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT, COLLSERVE_SIDECAR).
+//
+// Modes:
+//   sweep   all_reduce of every dtype x valid ReduceOp x --counts, each checked against a
+//           local reference computed from every rank's (deterministic) input. Exit 0 if all match.
+//   single  one all_reduce of --count elements; prints "status: <code>: <message>".
+//   loop    all_reduce --iters times (0 = until an error); prints progress and the error.
+//   init    only init_process_group; prints "init: <status>".
+// Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "collserve/client.h"
+
+ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init");
+ABSL_FLAG(std::string, counts, "0,1,7,1000,1048576", "element counts for sweep");
+ABSL_FLAG(int64_t, count, 1000, "element count for single/loop");
+ABSL_FLAG(std::string, dtype, "float32", "dtype for single/loop");
+ABSL_FLAG(std::string, op, "SUM", "reduce op for single/loop");
+ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
+ABSL_FLAG(std::string, group, "world", "group name");
+
+namespace {
+
+using collserve::DataType;
+using collserve::ReduceOp;
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+T Value(ReduceOp op, int rank, size_t i, int salt) {
+  const uint64_t h = Mix((static_cast<uint64_t>(rank) << 40) ^ (i * 7919) ^ (static_cast<uint64_t>(op) << 32) ^
+                         static_cast<uint64_t>(salt));
+  if constexpr (std::is_floating_point_v<T>) {
+    if (op == ReduceOp::kProduct) {
+      const T choices[] = {T(0.5), T(1), T(2), T(-1)};
+      return choices[h % 4];
+    }
+    // Multiples of 1/64 below 16 in magnitude: sums of a few are exact in float32.
+    return static_cast<T>(static_cast<int64_t>(h % 2001) - 1000) / T(64);
+  } else {
+    switch (op) {
+      case ReduceOp::kProduct: {
+        const T choices[] = {1, -1, 2, 3};
+        return choices[h % 4];
+      }
+      case ReduceOp::kBand:
+      case ReduceOp::kBor:
+      case ReduceOp::kBxor:
+        return static_cast<T>(h);
+      default:
+        return static_cast<T>(static_cast<int64_t>(h % 200001) - 100000);
+    }
+  }
+}
+
+template <typename T>
+T Combine(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return static_cast<T>(a + b);
+    case ReduceOp::kProduct: return static_cast<T>(a * b);
+    case ReduceOp::kMin: return std::min(a, b);
+    case ReduceOp::kMax: return std::max(a, b);
+    default: break;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (op == ReduceOp::kBand) return a & b;
+    if (op == ReduceOp::kBor) return a | b;
+    if (op == ReduceOp::kBxor) return a ^ b;
+  }
+  return a;
+}
+
+template <typename T>
+bool Close(T got, T want) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::fabs(static_cast<double>(got) - static_cast<double>(want)) <=
+           1e-5 * std::max(1.0, std::fabs(static_cast<double>(want)));
+  } else {
+    return got == want;
+  }
+}
+
+std::string StatusLine(const absl::Status& s) {
+  return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+}
+
+// Returns the number of wrong elements (printing the first), or -1 if the op failed.
+template <typename T>
+int64_t CheckOne(collserve::client::ProcessGroup& pg, DataType dtype, ReduceOp op, size_t count, int salt) {
+  const int rank = pg.GetRank(), world = pg.GetWorldSize();
+  std::vector<T> data(count);
+  for (size_t i = 0; i < count; ++i) data[i] = Value<T>(op, rank, i, salt);
+  absl::Status s = pg.AllReduce(data.data(), static_cast<int64_t>(count), dtype, op)->Wait();
+  if (!s.ok()) {
+    std::printf("rank %d: all_reduce(%s, %s, count=%zu) failed: %s\n", rank,
+                std::string(collserve::DataTypeName(dtype)).c_str(), std::string(collserve::ReduceOpName(op)).c_str(),
+                count, StatusLine(s).c_str());
+    return -1;
+  }
+  int64_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) {
+    T want = Value<T>(op, 0, i, salt);
+    for (int r = 1; r < world; ++r) want = Combine(op, want, Value<T>(op, r, i, salt));
+    if (op == ReduceOp::kAvg) want = static_cast<T>(want / static_cast<T>(world));
+    if (!Close(data[i], want)) {
+      if (wrong == 0) {
+        std::printf("rank %d: all_reduce(%s, %s, count=%zu) element %zu = %.17g, want %.17g\n", rank,
+                    std::string(collserve::DataTypeName(dtype)).c_str(),
+                    std::string(collserve::ReduceOpName(op)).c_str(), count, i, static_cast<double>(data[i]),
+                    static_cast<double>(want));
+      }
+      ++wrong;
+    }
+  }
+  return wrong;
+}
+
+int64_t CheckAny(collserve::client::ProcessGroup& pg, DataType dtype, ReduceOp op, size_t count, int salt) {
+  switch (dtype) {
+    case DataType::kFloat32: return CheckOne<float>(pg, dtype, op, count, salt);
+    case DataType::kFloat64: return CheckOne<double>(pg, dtype, op, count, salt);
+    case DataType::kInt32: return CheckOne<int32_t>(pg, dtype, op, count, salt);
+    case DataType::kInt64: return CheckOne<int64_t>(pg, dtype, op, count, salt);
+  }
+  return -1;
+}
+
+bool ParseDtype(const std::string& s, DataType* out) {
+  for (DataType d : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64}) {
+    if (s == collserve::DataTypeName(d)) return *out = d, true;
+  }
+  return false;
+}
+
+bool ParseOp(const std::string& s, ReduceOp* out) {
+  for (int v = 1; v <= 8; ++v) {
+    if (s == collserve::ReduceOpName(static_cast<ReduceOp>(v))) return *out = static_cast<ReduceOp>(v), true;
+  }
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  auto options = collserve::client::InitOptions::FromEnv();
+  if (!options.ok()) {
+    std::printf("init: %s\n", StatusLine(options.status()).c_str());
+    return 2;
+  }
+  options->group = absl::GetFlag(FLAGS_group);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  auto pg = collserve::client::InitProcessGroup(*options);
+  if (!pg.ok()) {
+    std::printf("init: %s\n", StatusLine(pg.status()).c_str());
+    return 3;
+  }
+  if (mode == "init") {
+    std::printf("init: OK: hosts=%d local=%d\n", (*pg)->num_hosts(), (*pg)->local_world_size());
+    return 0;
+  }
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  if (!ParseDtype(absl::GetFlag(FLAGS_dtype), &dtype) || !ParseOp(absl::GetFlag(FLAGS_op), &op)) {
+    std::printf("bad --dtype or --op\n");
+    return 2;
+  }
+  if (mode == "single") {
+    std::vector<char> buf(static_cast<size_t>(std::max<int64_t>(absl::GetFlag(FLAGS_count), 0)) *
+                          collserve::ElementSize(dtype) + 1);
+    absl::Status s = (*pg)->AllReduce(buf.data(), absl::GetFlag(FLAGS_count), dtype, op)->Wait();
+    std::printf("status: %s\n", StatusLine(s).c_str());
+    return s.ok() ? 0 : 3;
+  }
+  if (mode == "loop") {
+    const int64_t iters = absl::GetFlag(FLAGS_iters);
+    std::vector<char> buf(static_cast<size_t>(absl::GetFlag(FLAGS_count)) * collserve::ElementSize(dtype));
+    for (int64_t i = 0; iters == 0 || i < iters; ++i) {
+      const absl::Time start = absl::Now();
+      absl::Status s = (*pg)->AllReduce(buf.data(), absl::GetFlag(FLAGS_count), dtype, op)->Wait();
+      if (!s.ok()) {
+        std::printf("error after %lld ms at iter %lld: %s\n",
+                    static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)),
+                    static_cast<long long>(i), StatusLine(s).c_str());
+        return 3;
+      }
+      std::printf("iter %lld ok\n", static_cast<long long>(i));
+    }
+    return 0;
+  }
+  if (mode != "sweep") {
+    std::printf("unknown --mode\n");
+    return 2;
+  }
+  int64_t collectives = 0, wrong = 0;
+  int salt = 0;
+  for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_counts), ',')) {
+    size_t count;
+    if (!absl::SimpleAtoi(c, &count)) return 2;
+    for (DataType d : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64}) {
+      for (int v = 1; v <= 8; ++v) {
+        const ReduceOp o = static_cast<ReduceOp>(v);
+        if (!collserve::ValidateReduce(d, o).ok()) continue;
+        const int64_t w = CheckAny(**pg, d, o, count, ++salt);
+        if (w < 0) return 3;
+        wrong += w;
+        ++collectives;
+      }
+    }
+  }
+  std::printf("rank %d: sweep done: %lld collectives, %lld wrong elements\n", (*pg)->GetRank(),
+              static_cast<long long>(collectives), static_cast<long long>(wrong));
+  return wrong == 0 ? 0 : 1;
+}

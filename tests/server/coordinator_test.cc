@@ -1,0 +1,280 @@
+// The coordinator over gRPC, in process on an ephemeral port: the store conformance suite
+// through the SDK's StoreClient, the registry's rendezvous and error cases, and /metrics.
+#include <arpa/inet.h>
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "collserve/client.h"
+#include "collserve/v1/registry.grpc.pb.h"
+#include "server/coordinator/coordinator.h"
+#include "tests/testing/store_conformance.h"
+
+namespace collserve::testing {
+namespace {
+
+namespace pb = ::collserve::v1;
+using ::testing::HasSubstr;
+
+// One coordinator for the whole binary; every test uses its own job namespace or group.
+server::Coordinator& SharedCoordinator() {
+  static server::Coordinator* c = [] {
+    server::CoordinatorOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.metrics_address = "127.0.0.1:0";
+    auto started = server::Coordinator::Start(o);
+    CHECK(started.ok()) << started.status();
+    return started->release();
+  }();
+  return *c;
+}
+
+std::string Address() { return absl::StrCat("127.0.0.1:", SharedCoordinator().port()); }
+
+std::string UniqueName(absl::string_view base) {
+  static std::atomic<int> n{0};
+  return absl::StrCat(base, "-", n.fetch_add(1));
+}
+
+// store::Store over the SDK's StoreClient, so the conformance suite runs through gRPC.
+class RemoteStore : public store::Store {
+ public:
+  explicit RemoteStore(std::unique_ptr<client::StoreClient> c) : c_(std::move(c)) {}
+  absl::Status Set(absl::string_view k, absl::string_view v) override { return c_->Set(k, v); }
+  absl::StatusOr<std::string> Get(absl::string_view k, absl::Duration t) override { return c_->Get(k, t); }
+  absl::StatusOr<int64_t> Add(absl::string_view k, int64_t d) override { return c_->Add(k, d); }
+  absl::StatusOr<std::string> CompareSet(absl::string_view k, absl::string_view e, absl::string_view d) override {
+    return c_->CompareSet(k, e, d);
+  }
+  absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override { return c_->Check(keys); }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration t) override { return c_->Wait(keys, t); }
+  absl::StatusOr<bool> DeleteKey(absl::string_view k) override { return c_->DeleteKey(k); }
+  absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override { return c_->NumKeys(prefix); }
+  absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
+                                                    absl::Duration t) override {
+    return c_->MultiGet(keys, t);
+  }
+  absl::Status MultiSet(const std::vector<std::string>& k, const std::vector<std::string>& v) override {
+    return c_->MultiSet(k, v);
+  }
+  absl::Status Append(absl::string_view k, absl::string_view v) override { return c_->Append(k, v); }
+  // The suite uses only the synchronous API.
+  store::WaitId WaitAsync(const std::vector<std::string>&, absl::Time, WaitCallback done) override {
+    std::move(done)(absl::UnimplementedError("not used by the conformance suite"));
+    return 0;
+  }
+  void CancelWait(store::WaitId) override {}
+
+ private:
+  std::unique_ptr<client::StoreClient> c_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Grpc, StoreConformanceTest,
+                         ::testing::Values(StoreFactory{"grpc", [] {
+                           client::StoreClientOptions o;
+                           o.job = UniqueName("conformance");
+                           auto c = client::StoreClient::Connect(Address(), o);
+                           CHECK(c.ok()) << c.status();
+                           return std::unique_ptr<store::Store>(new RemoteStore(std::move(*c)));
+                         }}),
+                         StoreFactoryName);
+
+std::unique_ptr<client::StoreClient> Client(const std::string& job) {
+  client::StoreClientOptions o;
+  o.job = job;
+  auto c = client::StoreClient::Connect(Address(), o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+TEST(CoordinatorStoreTest, JobsAreSeparateNamespaces) {
+  auto a = Client(UniqueName("job-a"));
+  auto b = Client(UniqueName("job-b"));
+  ASSERT_TRUE(a->Set("k", "from a").ok());
+  EXPECT_THAT(b->Get("k", absl::Milliseconds(50)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(a->NumKeys(), IsOkAndHolds(1));
+  EXPECT_THAT(b->NumKeys(), IsOkAndHolds(0));
+}
+
+TEST(CoordinatorStoreTest, BadJobNameIsInvalidArgument) {
+  auto c = Client("bad/job");
+  EXPECT_THAT(c->Set("k", "v"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(CoordinatorStoreTest, ParkedWaitsHoldNoServerThread) {
+  // Far more parked Gets than gRPC's callback thread pool: they all park, then all wake.
+  const std::string job = UniqueName("parked");
+  constexpr int kWaiters = 64;
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  auto c = Client(job);
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&] {
+      if (c->Get("go", absl::Seconds(20)).ok()) ok.fetch_add(1);
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  // Still responsive while they wait.
+  EXPECT_THAT(c->Add("counter", 1), IsOkAndHolds(1));
+  ASSERT_TRUE(c->Set("go", "now").ok());
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kWaiters);
+}
+
+// ---- Registry ----
+
+struct JoinResult {
+  grpc::Status status;
+  pb::JoinResponse resp;
+};
+
+JoinResult Join(const std::string& group, int world, int rank, const std::string& host, int64_t timeout_ms = 10000) {
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms + 5000));
+  pb::JoinRequest req;
+  req.set_group(group);
+  req.set_world_size(world);
+  req.mutable_member()->set_rank(rank);
+  req.mutable_member()->set_host_id(host);
+  req.set_timeout_ms(timeout_ms);
+  JoinResult r;
+  r.status = stub->Join(&ctx, req, &r.resp);
+  return r;
+}
+
+TEST(CoordinatorRegistryTest, RendezvousOfSevenRanksGivesEveryoneTheSameMembership) {
+  const std::string group = UniqueName("seven");
+  constexpr int kWorld = 7;
+  std::vector<JoinResult> results(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = kWorld - 1; r >= 0; --r) {
+    threads.emplace_back([&, r] { results[r] = Join(group, kWorld, r, absl::StrCat("host", r % 3)); });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(results[r].status.ok()) << results[r].status.error_message();
+    EXPECT_EQ(results[r].resp.generation(), 1);
+    ASSERT_EQ(results[r].resp.members_size(), kWorld);
+    for (int m = 0; m < kWorld; ++m) {
+      EXPECT_EQ(results[r].resp.members(m).rank(), m);
+      EXPECT_EQ(results[r].resp.members(m).host_id(), absl::StrCat("host", m % 3));
+    }
+  }
+}
+
+TEST(CoordinatorRegistryTest, TimeoutNamesTheMissingRanks) {
+  const std::string group = UniqueName("partial");
+  std::vector<JoinResult> results(2);
+  std::thread t0([&] { results[0] = Join(group, 5, 0, "h", 500); });
+  std::thread t3([&] { results[1] = Join(group, 5, 3, "h", 500); });
+  t0.join();
+  t3.join();
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(r.status.error_message(), HasSubstr("missing ranks: [1, 2, 4]"));
+  }
+}
+
+TEST(CoordinatorRegistryTest, ErrorCases) {
+  const std::string group = UniqueName("errors");
+  EXPECT_EQ(Join(group, 4, 4, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Join(group, 0, 0, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Join("", 2, 0, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Rank 0 waits; a duplicate rank 0 and a disagreeing world_size are refused at once.
+  JoinResult first;
+  std::thread t([&] { first = Join(group, 2, 0, "h1", 3000); });
+  absl::SleepFor(absl::Milliseconds(200));
+  JoinResult dup = Join(group, 2, 0, "h2", 100);
+  EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_THAT(dup.status.error_message(), HasSubstr("rank 0 has already joined"));
+  JoinResult ws = Join(group, 3, 1, "h2", 100);
+  EXPECT_EQ(ws.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(ws.status.error_message(), HasSubstr("has world_size 2"));
+  JoinResult second = Join(group, 2, 1, "h2", 3000);
+  t.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_TRUE(second.status.ok()) << second.status.error_message();
+}
+
+TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
+  const std::string group = UniqueName("gen");
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  auto leave = [&](int rank) {
+    grpc::ClientContext ctx;
+    pb::LeaveRequest req;
+    req.set_group(group);
+    req.set_rank(rank);
+    pb::LeaveResponse resp;
+    return stub->Leave(&ctx, req, &resp);
+  };
+  auto describe = [&](pb::DescribeResponse* resp) {
+    grpc::ClientContext ctx;
+    pb::DescribeRequest req;
+    req.set_group(group);
+    return stub->Describe(&ctx, req, resp);
+  };
+  for (int gen = 1; gen <= 2; ++gen) {
+    JoinResult a, b;
+    std::thread t([&] { a = Join(group, 2, 0, "h"); });
+    b = Join(group, 2, 1, "h");
+    t.join();
+    ASSERT_TRUE(a.status.ok() && b.status.ok());
+    EXPECT_EQ(a.resp.generation(), gen);
+    pb::DescribeResponse d;
+    ASSERT_TRUE(describe(&d).ok());
+    EXPECT_EQ(d.group().state(), "FORMED");
+    {
+      grpc::ClientContext ctx;
+      pb::ListRequest req;
+      pb::ListResponse resp;
+      ASSERT_TRUE(stub->List(&ctx, req, &resp).ok());
+      bool found = false;
+      for (const auto& g : resp.groups()) found |= g.group() == group;
+      EXPECT_TRUE(found);
+    }
+    ASSERT_TRUE(leave(0).ok());
+    ASSERT_TRUE(describe(&d).ok());
+    EXPECT_EQ(d.group().state(), "BROKEN");
+    // A rank that left cannot rejoin a broken generation.
+    EXPECT_EQ(Join(group, 2, 0, "h", 100).status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(leave(0).error_code(), grpc::StatusCode::NOT_FOUND);
+    ASSERT_TRUE(leave(1).ok());
+    EXPECT_EQ(describe(&d).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST(CoordinatorMetricsTest, MetricsEndpointCountsRpcs) {
+  auto c = Client(UniqueName("metrics"));
+  ASSERT_TRUE(c->Set("k", "v").ok());
+  const int port = SharedCoordinator().metrics_port();
+  ASSERT_NE(port, 0);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  ASSERT_EQ(write(fd, req.data(), req.size()), static_cast<ssize_t>(req.size()));
+  std::string body;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, n);
+  close(fd);
+  EXPECT_THAT(body, HasSubstr("collserve_rpc_requests_total{code=\"OK\",method=\"Set\"}"));
+  EXPECT_THAT(body, HasSubstr("collserve_rpc_duration_seconds_bucket"));
+}
+
+}  // namespace
+}  // namespace collserve::testing

@@ -1,0 +1,197 @@
+#include "tests/testing/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+
+namespace collserve::testing {
+
+std::string CoordinatorBinary() { return COLLSERVE_COORDINATOR_BIN; }
+std::string SidecarBinary() { return COLLSERVE_SIDECAR_BIN; }
+std::string RankBinary() { return COLLSERVE_RANK_BIN; }
+
+absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
+                                                        const std::map<std::string, std::string>& env,
+                                                        const std::string& log_path) {
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    const std::string key = kv.substr(0, kv.find('='));
+    if (env.count(key) == 0) envs.push_back(kv);
+  }
+  for (const auto& [k, v] : env) envs.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> cargv, cenv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (const auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    // Child: own process group (so kills reach helpers it spawns), output to the log.
+    setpgid(0, 0);
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(cargv[0], cargv.data(), cenv.data());
+    _exit(127);
+  }
+  return std::unique_ptr<Process>(new Process(pid, log_path));
+}
+
+Process::~Process() {
+  if (reaped_) return;
+  Kill(SIGTERM);
+  if (!Wait(absl::Seconds(3)).ok()) {
+    Kill(SIGKILL);
+    (void)Wait(absl::Seconds(10));
+  }
+}
+
+void Process::Kill(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
+  if (reaped_) return exit_code_;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      reaped_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return exit_code_;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running after ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+std::string Process::Output() const {
+  std::ifstream in(log_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+namespace {
+
+absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    std::string s;
+    int port;
+    if (in >> s && absl::SimpleAtoi(s, &port) && port > 0) return port;
+    if (p.Wait(absl::ZeroDuration()).ok()) {
+      return absl::InternalError(absl::StrCat("process exited before serving: ", p.Output()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars) {
+  auto c = std::make_unique<Cluster>();
+  char tmpl[] = "/tmp/collserve-test.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  c->dir_ = tmpl;
+  auto coord = Process::Start({CoordinatorBinary(), "--listen_address=127.0.0.1:0",
+                               absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
+                               "--metrics_address=", "--log_level=warning"},
+                              {}, absl::StrCat(c->dir_, "/coordinator.log"));
+  if (!coord.ok()) return coord.status();
+  c->coordinator_ = std::move(*coord);
+  auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, absl::Seconds(20));
+  if (!port.ok()) return port.status();
+  c->coordinator_port_ = *port;
+  for (int i = 0; i < num_sidecars; ++i) {
+    auto sc = Process::Start(
+        {SidecarBinary(), absl::StrCat("--coordinator=", c->coordinator_address()),
+         absl::StrCat("--unix_socket=", c->dir_, "/sidecar", i, ".sock"), absl::StrCat("--host_id=host", i),
+         "--metrics_address=", "--log_level=warning", absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")},
+        {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
+    if (!sc.ok()) return sc.status();
+    c->sidecars_.push_back(std::move(*sc));
+  }
+  for (int i = 0; i < num_sidecars; ++i) {
+    // The port file is written once the sidecar serves (its TCP port is 0: unix only).
+    const std::string pf = absl::StrCat(c->dir_, "/sidecar", i, ".port");
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    struct stat st;
+    while (stat(pf.c_str(), &st) != 0) {
+      if (c->sidecars_[i]->Wait(absl::ZeroDuration()).ok()) {
+        return absl::InternalError(absl::StrCat("sidecar ", i, " exited: ", c->sidecars_[i]->Output()));
+      }
+      if (absl::Now() > deadline) return absl::DeadlineExceededError("sidecar did not start");
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  return c;
+}
+
+Cluster::~Cluster() {
+  sidecars_.clear();
+  coordinator_.reset();
+  if (!dir_.empty() && std::getenv("COLLSERVE_KEEP_TEST_DIRS") == nullptr) {
+    std::string cmd = absl::StrCat("rm -rf '", dir_, "'");
+    (void)std::system(cmd.c_str());
+  }
+}
+
+std::string Cluster::coordinator_address() const { return absl::StrCat("127.0.0.1:", coordinator_port_); }
+
+std::string Cluster::sidecar_address(int i) const { return absl::StrCat("unix:", dir_, "/sidecar", i, ".sock"); }
+
+absl::StatusOr<std::unique_ptr<Process>> Cluster::StartRank(int rank, int world_size, int sidecar,
+                                                            const std::vector<std::string>& args,
+                                                            const std::map<std::string, std::string>& extra_env) {
+  std::vector<std::string> argv = {RankBinary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::map<std::string, std::string> env = {
+      {"RANK", absl::StrCat(rank)},
+      {"WORLD_SIZE", absl::StrCat(world_size)},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", absl::StrCat(coordinator_port_)},
+      {"COLLSERVE_SIDECAR", sidecar_address(sidecar)},
+      {"COLLSERVE_INIT_TIMEOUT_S", "30"},
+      {"COLLSERVE_OP_TIMEOUT_S", "30"},
+  };
+  for (const auto& [k, v] : extra_env) env[k] = v;
+  return Process::Start(argv, env, absl::StrCat(dir_, "/rank", rank, "-", next_log_++, ".log"));
+}
+
+std::string Cluster::Logs() {
+  std::string out = absl::StrCat("--- coordinator ---\n", coordinator_->Output());
+  for (size_t i = 0; i < sidecars_.size(); ++i) {
+    absl::StrAppend(&out, "--- sidecar ", i, " ---\n", sidecars_[i]->Output());
+  }
+  return out;
+}
+
+}  // namespace collserve::testing
