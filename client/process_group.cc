@@ -155,7 +155,10 @@ class SessionProcessGroup : public ProcessGroup {
 
     // Probe whether the sidecar sees our shared memory.
     const std::string nonce = Nonce();
-    auto probe = ShmSegment::Create(4096);
+    absl::StatusOr<std::unique_ptr<ShmSegment>> probe =
+        options_.shared_memory ? ShmSegment::Create(4096)
+                               : absl::StatusOr<std::unique_ptr<ShmSegment>>(
+                                     absl::FailedPreconditionError("shared memory disabled"));
     pb::SessionRequest req;
     pb::Attach* attach = req.mutable_attach();
     attach->set_job(options_.job);
@@ -451,6 +454,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
     o.sidecar_address = s;
   }
   if (const char* j = std::getenv("COLLSERVE_JOB"); j != nullptr && *j != '\0') o.job = j;
+  if (const char* m = std::getenv("COLLSERVE_SHARED_MEMORY"); m != nullptr) {
+    o.shared_memory = !(std::string(m) == "0" || std::string(m) == "false");
+  }
   auto it = EnvSeconds("COLLSERVE_INIT_TIMEOUT_S", o.init_timeout);
   if (!it.ok()) return it.status();
   o.init_timeout = *it;

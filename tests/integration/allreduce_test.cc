@@ -2,6 +2,7 @@
 // and 1-5 rank processes, every dtype x ReduceOp x count checked against a reference.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -58,6 +59,36 @@ INSTANTIATE_TEST_SUITE_P(WorldSizesAndHosts, AllReduceSweepTest, ::testing::Valu
                          [](const ::testing::TestParamInfo<Config>& info) {
                            return absl::StrCat("world", info.param.world_size, "_hosts", info.param.sidecars);
                          });
+
+}  // namespace
+}  // namespace collserve::testing
+
+namespace collserve::testing {
+namespace {
+
+// Clients that do not share /dev/shm with their sidecar (another host, or shared memory
+// turned off) send tensors inline over the sidecar's TCP port; mixed with local clients.
+TEST(AllReduceRemoteClientTest, InlineClientsOverTcpMixWithSharedMemoryClients) {
+  auto cluster = Cluster::Start(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    std::map<std::string, std::string> env;
+    if (r % 2 == 1) {
+      env = {{"COLLSERVE_SIDECAR", (*cluster)->sidecar_tcp_address(r / 2)}, {"COLLSERVE_SHARED_MEMORY", "0"}};
+    }
+    auto p = (*cluster)->StartRank(r, 4, r / 2, {"--mode=sweep", "--counts=0,7,1048576"}, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[r]->Wait(absl::Seconds(120));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " hung: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 0) << ranks[r]->Output() << (*cluster)->Logs();
+    EXPECT_NE(ranks[r]->Output().find("sweep done: 78 collectives, 0 wrong elements"), std::string::npos)
+        << ranks[r]->Output();
+  }
+}
 
 }  // namespace
 }  // namespace collserve::testing

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -116,15 +117,17 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Dura
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars) {
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
+                                                        const std::vector<std::string>& coordinator_flags) {
   auto c = std::make_unique<Cluster>();
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   c->dir_ = tmpl;
-  auto coord = Process::Start({CoordinatorBinary(), "--listen_address=127.0.0.1:0",
-                               absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
-                               "--metrics_address=", "--log_level=warning"},
-                              {}, absl::StrCat(c->dir_, "/coordinator.log"));
+  std::vector<std::string> argv = {CoordinatorBinary(), "--listen_address=127.0.0.1:0",
+                                   absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
+                                   "--metrics_address=", "--log_level=warning"};
+  argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+  auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
   if (!coord.ok()) return coord.status();
   c->coordinator_ = std::move(*coord);
   auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, absl::Seconds(20));
@@ -134,23 +137,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars) {
     auto sc = Process::Start(
         {SidecarBinary(), absl::StrCat("--coordinator=", c->coordinator_address()),
          absl::StrCat("--unix_socket=", c->dir_, "/sidecar", i, ".sock"), absl::StrCat("--host_id=host", i),
-         "--metrics_address=", "--log_level=warning", absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")},
+         "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
+         absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")},
         {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
     if (!sc.ok()) return sc.status();
     c->sidecars_.push_back(std::move(*sc));
   }
   for (int i = 0; i < num_sidecars; ++i) {
-    // The port file is written once the sidecar serves (its TCP port is 0: unix only).
-    const std::string pf = absl::StrCat(c->dir_, "/sidecar", i, ".port");
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    struct stat st;
-    while (stat(pf.c_str(), &st) != 0) {
-      if (c->sidecars_[i]->Wait(absl::ZeroDuration()).ok()) {
-        return absl::InternalError(absl::StrCat("sidecar ", i, " exited: ", c->sidecars_[i]->Output()));
-      }
-      if (absl::Now() > deadline) return absl::DeadlineExceededError("sidecar did not start");
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    // The port file is written once the sidecar serves.
+    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->sidecars_[i], absl::Seconds(20));
+    if (!sp.ok()) return sp.status();
+    c->sidecar_ports_.push_back(*sp);
   }
   return c;
 }
@@ -165,6 +162,22 @@ Cluster::~Cluster() {
 }
 
 std::string Cluster::coordinator_address() const { return absl::StrCat("127.0.0.1:", coordinator_port_); }
+
+std::string Cluster::sidecar_tcp_address(int i) const { return absl::StrCat("127.0.0.1:", sidecar_ports_[i]); }
+
+absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_flags) {
+  coordinator_.reset();  // SIGTERM, reaped
+  const std::string pf = absl::StrCat(dir_, "/coordinator.port");
+  std::remove(pf.c_str());
+  std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", coordinator_port_),
+                                   absl::StrCat("--port_file=", pf), "--metrics_address=", "--log_level=warning"};
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  auto coord = Process::Start(argv, {}, absl::StrCat(dir_, "/coordinator-", next_log_++, ".log"));
+  if (!coord.ok()) return coord.status();
+  coordinator_ = std::move(*coord);
+  auto port = ReadPortFile(pf, *coordinator_, absl::Seconds(20));
+  return port.status();
+}
 
 std::string Cluster::sidecar_address(int i) const { return absl::StrCat("unix:", dir_, "/sidecar", i, ".sock"); }
 

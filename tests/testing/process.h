@@ -41,13 +41,18 @@ class Process {
 // A coordinator plus N sidecars on loopback, in a fresh temp dir, torn down on destruction.
 class Cluster {
  public:
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int num_sidecars);
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int num_sidecars,
+                                                      const std::vector<std::string>& coordinator_flags = {});
   ~Cluster();
   const std::string& dir() const { return dir_; }
   int coordinator_port() const { return coordinator_port_; }
   std::string coordinator_address() const;
   // "unix:<dir>/sidecar<i>.sock"
   std::string sidecar_address(int i) const;
+  // "127.0.0.1:<port>": the sidecar's TCP listener (for clients on other hosts).
+  std::string sidecar_tcp_address(int i) const;
+  // Restarts the coordinator with the same port and `extra_flags` (e.g. --data_dir).
+  absl::Status RestartCoordinator(const std::vector<std::string>& extra_flags);
   Process& sidecar(int i) { return *sidecars_[i]; }
   Process& coordinator() { return *coordinator_; }
   // Starts a rank process (the test rank binary with `args`) against sidecar `sidecar`.
@@ -61,6 +66,7 @@ class Cluster {
   int coordinator_port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> sidecars_;
+  std::vector<int> sidecar_ports_;
   int next_log_ = 0;
 };
 

@@ -51,6 +51,10 @@ struct InitOptions {
   int world_size = -1;
   // Rank among the processes of this host; informational. Env: LOCAL_RANK (default -1).
   int local_rank = -1;
+  // Move tensors through shared memory when the sidecar shares /dev/shm with this process
+  // (probed at attach). false = always inline in the messages (what a client on another
+  // host gets anyway). Env: COLLSERVE_SHARED_MEMORY=0 turns it off.
+  bool shared_memory = true;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);
@@ -59,7 +63,8 @@ struct InitOptions {
   absl::Duration op_timeout = absl::Seconds(300);
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
-  // COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S.
+  // COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
+  // COLLSERVE_SHARED_MEMORY.
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, or a timeout is
   // not a positive number.
   static absl::StatusOr<InitOptions> FromEnv();

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# A lower layer must never include a higher one (DESIGN.md "Dependency rules"):
+# proto <- common <- {store, backends, client} <- server/{coordinator,sidecar}.
+# (Not `! grep` under `set -e`: bash ignores -e for `!` pipelines.)
+cd "${1:-$(dirname "$0")/..}" || exit 2
+fail=0
+forbid() {  # forbid <dir> <regex of include prefixes>
+  if grep -rnE "#include [\"<]($2)" "$1" --include='*.h' --include='*.cc'; then
+    echo "layering violation in $1" >&2
+    fail=1
+  fi
+}
+forbid common/              'collserve/v1/|collserve/client|server/|client/|store/|backends/'
+forbid store/               'grpc|collserve/v1/|collserve/client|server/|client/|backends/|common/grpc_status'
+forbid backends/            'grpc|collserve/v1/|collserve/client|server/|client/|store/|common/grpc_status'
+forbid client/              'server/|store/|backends/'
+forbid server/coordinator/  'backends/|collserve/client|client/|gloo/|nccl|cuda'
+forbid server/sidecar/      'store/|server/coordinator/'
+# common/ may see gRPC only in grpc_status.*
+if grep -rlnE '#include [<"]grpc' common/ | grep -v 'common/grpc_status\.'; then
+  echo "layering violation: gRPC outside common/grpc_status" >&2
+  fail=1
+fi
+[ $fail -eq 0 ] && echo "layering OK"
+exit $fail
