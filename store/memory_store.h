@@ -52,8 +52,10 @@ struct MemoryStoreTestOptions {
 // append fails returns UNAVAILABLE and is not applied.
 class MemoryStore final : public Store {
  public:
-  // Opens a store. INVALID_ARGUMENT for non-positive limits; otherwise as NewMemoryStore()
-  // in store.h (replays the log in options.data_dir when set).
+  // Opens a store; NewMemoryStore() is Open(options). INVALID_ARGUMENT if max_key_bytes or
+  // max_keys is not positive or max_value_bytes is negative. With options.data_dir, replays
+  // the log first: UNAVAILABLE (I/O, or the dir is held by another open store) or DATA_LOSS
+  // as in store.h. `test_options` exists for tests only.
   static absl::StatusOr<std::unique_ptr<MemoryStore>> Open(
       const StoreOptions& options, const MemoryStoreTestOptions& test_options = {});
 

@@ -1,0 +1,195 @@
+#include "backends/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace collserve::backends {
+namespace {
+
+// ncclResult_t -> absl::Status at the backend boundary (STYLE.md §3.2).
+absl::Status FromNccl(ncclResult_t r, absl::string_view what) {
+  if (r == ncclSuccess) return absl::OkStatus();
+  std::string msg = absl::StrCat(what, ": ", ncclGetErrorString(r));
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage: return absl::InvalidArgumentError(msg);
+    case ncclSystemError:
+    case ncclRemoteError: return absl::UnavailableError(msg);
+    default: return absl::InternalError(msg);
+  }
+}
+
+absl::Status FromCuda(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+
+absl::StatusOr<ncclDataType_t> NcclType(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat64: return ncclFloat64;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+  }
+  return absl::InvalidArgumentError("unknown dtype");
+}
+
+absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kProduct: return ncclProd;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("NCCL has no ReduceOp.", ReduceOpName(op),
+                                                     " (bitwise ops run on the Gloo backend)"));
+  }
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
+      : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    if (!failure_.ok()) ncclCommAbort(comm_);
+    else ncclCommDestroy(comm_);
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op, absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    auto type = NcclType(dtype);
+    if (!type.ok()) return type.status();
+    auto nop = NcclOp(op);
+    if (!nop.ok()) return nop.status();
+    if (count == 0) return absl::OkStatus();
+    const size_t bytes = count * ElementSize(dtype);
+    return Run(data, bytes, data, bytes, timeout, [&](void* dev) {
+      return ncclAllReduce(dev, dev, count, *type, *nop, comm_, stream_);
+    });
+  }
+
+  absl::Status AllGather(const void* in, void* out, size_t bytes, absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (bytes == 0) return absl::OkStatus();
+    return Run(in, bytes, out, bytes * size_, timeout, [&](void* dev) {
+      // In place: this rank's block sits at offset rank * bytes of the output.
+      char* base = static_cast<char*>(dev);
+      return ncclAllGather(base + rank_ * bytes, base, bytes, ncclChar, comm_, stream_);
+    });
+  }
+
+ private:
+  // Stages `in` to the device, runs `op`, waits up to `timeout` (aborting the communicator
+  // on expiry, as torch's NCCL watchdog does), and copies `out_bytes` back to `out`.
+  template <typename Op>
+  absl::Status Run(const void* in, size_t in_bytes, void* out, size_t out_bytes, absl::Duration timeout, Op op) {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Status s = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
+    if (s.ok()) s = EnsureScratch(std::max(in_bytes, out_bytes));
+    char* dev = static_cast<char*>(scratch_);
+    const size_t in_offset = (in == out) ? 0 : static_cast<size_t>(rank_) * in_bytes;
+    if (s.ok()) s = FromCuda(cudaMemcpyAsync(dev + in_offset, in, in_bytes, cudaMemcpyHostToDevice, stream_), "H2D copy");
+    if (s.ok()) s = FromNccl(op(dev), "NCCL collective");
+    if (s.ok()) s = FromCuda(cudaMemcpyAsync(out, dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "D2H copy");
+    while (s.ok()) {
+      cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        s = FromCuda(q, "NCCL stream");
+        break;
+      }
+      ncclResult_t async_err;
+      ncclCommGetAsyncError(comm_, &async_err);
+      if (async_err != ncclSuccess) {
+        s = FromNccl(async_err, "NCCL async error");
+        break;
+      }
+      if (absl::Now() >= deadline) {
+        s = absl::DeadlineExceededError(absl::StrCat("NCCL collective across hosts timed out after ",
+                                                     absl::FormatDuration(timeout)));
+        break;
+      }
+      absl::SleepFor(absl::Microseconds(20));
+    }
+    if (!s.ok()) failure_ = s;
+    return s;
+  }
+
+  absl::Status EnsureScratch(size_t bytes) {
+    if (bytes <= scratch_bytes_) return absl::OkStatus();
+    if (scratch_ != nullptr) cudaFree(scratch_);
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+    absl::Status s = FromCuda(cudaMalloc(&scratch_, bytes), "cudaMalloc");
+    if (s.ok()) scratch_bytes_ = bytes;
+    return s;
+  }
+
+  absl::Status Aborted() const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the group's NCCL communicator was aborted by an earlier failure: ", failure_.message()));
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int device_, rank_, size_;
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  absl::Status failure_;
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> ConnectNccl(RendezvousStore& store, const std::string& prefix,
+                                                           int rank, int size, const NcclOptions& options) {
+  if (size <= 0 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat("nccl rank ", rank, " is out of range for ", size, " hosts"));
+  }
+  const int devices = CudaDeviceCount();
+  if (devices == 0) return absl::FailedPreconditionError("no CUDA device is visible");
+  if (options.device < 0 || options.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device ", options.device, " of ", devices));
+  }
+  const std::string key = absl::StrCat(prefix, "/nccl_id");
+  ncclUniqueId id;
+  if (rank == 0) {
+    if (absl::Status s = FromNccl(ncclGetUniqueId(&id), "ncclGetUniqueId"); !s.ok()) return s;
+    if (absl::Status s = store.Set(key, std::string(id.internal, sizeof(id.internal))); !s.ok()) return s;
+  } else {
+    auto v = store.Get(key, options.connect_timeout);
+    if (!v.ok()) return v.status();
+    if (v->size() != sizeof(id.internal)) return absl::InternalError("malformed NCCL unique id in the store");
+    std::memcpy(id.internal, v->data(), sizeof(id.internal));
+  }
+  if (absl::Status s = FromCuda(cudaSetDevice(options.device), "cudaSetDevice"); !s.ok()) return s;
+  cudaStream_t stream;
+  if (absl::Status s = FromCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"); !s.ok()) {
+    return s;
+  }
+  ncclComm_t comm;
+  if (absl::Status s = FromNccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank"); !s.ok()) {
+    cudaStreamDestroy(stream);
+    return s;
+  }
+  return std::unique_ptr<Communicator>(new NcclCommunicator(comm, stream, options.device, rank, size));
+}
+
+}  // namespace collserve::backends
