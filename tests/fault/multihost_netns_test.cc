@@ -1,0 +1,146 @@
+// Several hosts on one machine: network namespaces joined by a bridge (veth pairs), made
+// and removed by the test itself (needs root; skipped otherwise). The coordinator runs in
+// its own namespace, each sidecar in another with its own IP for Gloo, and ranks in their
+// sidecar's namespace. Checks all_reduce across the hosts, then cuts one host's link in
+// the middle of collectives: the other host's ranks must fail within the op timeout.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/testing/process.h"
+
+namespace collserve::testing {
+namespace {
+
+int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+
+class NetnsHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    prefix_ = absl::StrCat("cs", getpid() % 100000);
+    sw_ = prefix_ + "sw";
+    if (Sh("ip netns add " + sw_) != 0) GTEST_SKIP() << "ip netns is not available here";
+    made_.push_back(sw_);
+    ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link add br0 type bridge && ip -n ", sw_, " link set br0 up")), 0);
+    // Host i (1..3) gets 10.231.<pid-derived>.i; host 3 runs the coordinator.
+    subnet_ = absl::StrCat("10.231.", getpid() % 250, ".");
+    for (int i = 1; i <= 3; ++i) {
+      const std::string ns = Host(i);
+      ASSERT_EQ(Sh("ip netns add " + ns), 0);
+      made_.push_back(ns);
+      ASSERT_EQ(Sh(absl::StrCat("ip link add ", prefix_, "v", i, " type veth peer name ", prefix_, "p", i,
+                                " netns ", sw_)), 0);
+      ASSERT_EQ(Sh(absl::StrCat("ip link set ", prefix_, "v", i, " netns ", ns)), 0);
+      ASSERT_EQ(Sh(absl::StrCat("ip -n ", ns, " addr add ", Ip(i), "/24 dev ", prefix_, "v", i)), 0);
+      ASSERT_EQ(Sh(absl::StrCat("ip -n ", ns, " link set ", prefix_, "v", i, " up && ip -n ", ns, " link set lo up")), 0);
+      ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p", i, " master br0 && ip -n ", sw_,
+                                " link set ", prefix_, "p", i, " up")), 0);
+    }
+    char tmpl[] = "/tmp/collserve-netns.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+
+  void TearDown() override {
+    procs_.clear();  // kill before the namespaces go
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) Sh("ip netns del " + *it);
+    if (!dir_.empty()) Sh("rm -rf " + dir_);
+  }
+
+  std::string Host(int i) const { return absl::StrCat(prefix_, "h", i); }
+  std::string Ip(int i) const { return absl::StrCat(subnet_, i); }
+
+  Process& Run(int host, std::vector<std::string> argv, std::map<std::string, std::string> env, const std::string& log) {
+    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", Host(host)});
+    auto p = Process::Start(argv, env, absl::StrCat(dir_, "/", log));
+    EXPECT_TRUE(p.ok()) << p.status();
+    procs_.push_back(std::move(*p));
+    return *procs_.back();
+  }
+
+  // Coordinator on host 3, sidecars on hosts 1 and 2.
+  void StartService() {
+    Run(3, {CoordinatorBinary(), absl::StrCat("--listen_address=", Ip(3), ":29400"), "--metrics_address=",
+            "--log_level=warning", absl::StrCat("--port_file=", dir_, "/coord.port")},
+        {}, "coordinator.log");
+    WaitFile(dir_ + "/coord.port");
+    for (int h = 1; h <= 2; ++h) {
+      Run(h, {SidecarBinary(), absl::StrCat("--coordinator=", Ip(3), ":29400"),
+              absl::StrCat("--unix_socket=", dir_, "/s", h, ".sock"), absl::StrCat("--gloo_hostname=", Ip(h)),
+              absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=warning",
+              absl::StrCat("--port_file=", dir_, "/s", h, ".port")},
+          {}, absl::StrCat("sidecar", h, ".log"));
+      WaitFile(absl::StrCat(dir_, "/s", h, ".port"));
+    }
+  }
+
+  Process& Rank(int rank, int world, int host, std::vector<std::string> args, const std::string& op_timeout = "30") {
+    args.insert(args.begin(), RankBinary());
+    return Run(host, args,
+               {{"RANK", absl::StrCat(rank)},
+                {"WORLD_SIZE", absl::StrCat(world)},
+                {"MASTER_ADDR", Ip(3)},
+                {"MASTER_PORT", "29400"},
+                {"COLLSERVE_SIDECAR", absl::StrCat("unix:", dir_, "/s", host, ".sock")},
+                {"COLLSERVE_INIT_TIMEOUT_S", "30"},
+                {"COLLSERVE_OP_TIMEOUT_S", op_timeout}},
+               absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
+  }
+
+  void WaitFile(const std::string& path) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (access(path.c_str(), F_OK) != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    ASSERT_EQ(access(path.c_str(), F_OK), 0) << path << " never appeared";
+  }
+
+  std::string prefix_, sw_, subnet_, dir_;
+  std::vector<std::string> made_;
+  std::vector<std::unique_ptr<Process>> procs_;
+};
+
+TEST_F(NetnsHosts, AllReduceAcrossTwoHostsWithTwoRanksEach) {
+  StartService();
+  std::vector<Process*> ranks;
+  for (int r = 0; r < 4; ++r) ranks.push_back(&Rank(r, 4, 1 + r % 2, {"--mode=sweep", "--counts=0,7,1048576"}));
+  for (Process* p : ranks) {
+    auto code = p->Wait(absl::Seconds(120));
+    ASSERT_TRUE(code.ok()) << p->Output();
+    EXPECT_EQ(*code, 0) << p->Output();
+    EXPECT_NE(p->Output().find("sweep done: 78 collectives, 0 wrong elements"), std::string::npos) << p->Output();
+  }
+}
+
+TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
+  StartService();
+  std::vector<Process*> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(&Rank(r, 4, 1 + r % 2, {"--mode=loop", "--count=262144"}, /*op_timeout=*/"5"));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (Process* p : ranks) {
+    while (p->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_NE(p->Output().find("iter 2 ok"), std::string::npos) << p->Output();
+  }
+  // Host 2 drops off the network: no RST reaches host 1, only silence.
+  ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 down")), 0);
+  const absl::Time cut = absl::Now();
+  for (int r : {0, 2}) {  // the ranks on host 1
+    auto code = ranks[r]->Wait(absl::Seconds(5) + absl::Seconds(3));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within the op timeout: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 3) << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find("DEADLINE_EXCEEDED"), std::string::npos) << ranks[r]->Output();
+  }
+  EXPECT_LT(absl::Now() - cut, absl::Seconds(8));
+}
+
+}  // namespace
+}  // namespace collserve::testing
