@@ -240,6 +240,11 @@ class SessionProcessGroup : public ProcessGroup {
     }
     auto work = std::make_shared<WorkImpl>(absl::Now() + options_.op_timeout + kClientGrace);
     pending->work = work;
+    {
+      absl::MutexLock lock(&segments_mu_);
+      for (std::string& name : released_names_) c->add_released_segments(std::move(name));
+      released_names_.clear();
+    }
 
     absl::MutexLock lock(&write_mu_);
     if (closed_ || !broken_.ok()) {
@@ -314,9 +319,10 @@ class SessionProcessGroup : public ProcessGroup {
     absl::MutexLock lock(&segments_mu_);
     free_segments_.push_back(std::move(seg));
     if (free_segments_.size() > kMaxFreeSegments) {
-      // Drop the smallest.
+      // Drop the smallest; the next request tells the sidecar to unmap it.
       auto smallest = std::min_element(free_segments_.begin(), free_segments_.end(),
                                         [](const auto& a, const auto& b) { return a->size() < b->size(); });
+      released_names_.push_back((*smallest)->name());
       free_segments_.erase(smallest);
     }
   }
@@ -338,8 +344,6 @@ class SessionProcessGroup : public ProcessGroup {
       if (status.ok() && p->bytes > 0) {
         if (p->segment != nullptr) {
           std::memcpy(p->user_data, p->segment->data(), p->bytes);
-          // The sidecar has mapped it by now; the name is no longer needed.
-          p->segment->Unlink();
         } else if (c.inline_data().size() == p->bytes) {
           std::memcpy(p->user_data, c.inline_data().data(), p->bytes);
         } else {
@@ -397,6 +401,7 @@ class SessionProcessGroup : public ProcessGroup {
 
   absl::Mutex segments_mu_;
   std::vector<std::unique_ptr<ShmSegment>> free_segments_ ABSL_GUARDED_BY(segments_mu_);
+  std::vector<std::string> released_names_ ABSL_GUARDED_BY(segments_mu_);  // dropped, not yet reported
 
   absl::Mutex store_mu_;
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);

@@ -80,6 +80,10 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
   return std::unique_ptr<ShmSegment>(new ShmSegment(name, static_cast<char*>(p), bytes, false));
 }
 
+void ShmSegment::Remove(const std::string& name) {
+  if (!name.empty() && name[0] == '/' && name.find('/', 1) == std::string::npos) shm_unlink(name.c_str());
+}
+
 void ShmSegment::Unlink() {
   if (linked_) {
     shm_unlink(name_.c_str());

@@ -27,6 +27,10 @@ class ShmSegment {
   // is on another host).
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name, size_t bytes);
 
+  // Removes a segment's name (shm_unlink); mappings stay valid. Errors are ignored: the
+  // name may already be gone.
+  static void Remove(const std::string& name);
+
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;

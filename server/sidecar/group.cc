@@ -16,8 +16,9 @@ namespace {
 
 namespace pb = ::collserve::v1;
 
-// Evict mapped segments past this many per rank (the SDK keeps few).
-constexpr size_t kMaxMappedSegments = 16;
+// Segments one rank may have mapped at once: the SDK keeps a few free ones plus one per
+// collective in flight, and reports the ones it drops.
+constexpr size_t kMaxMappedSegments = 64;
 
 std::string OpName(int op) {
   switch (op) {
@@ -201,6 +202,7 @@ void Group::Submit(int rank, pb::Collective collective) {
     return;
   }
   ++local.next_seq;
+  for (const std::string& name : sub.args.released_segments()) local.segments.erase(name);
   sub.error = ResolveBuffer(local, sub);
   local.queue.push_back(std::move(sub));
 }
@@ -238,7 +240,13 @@ absl::Status Group::ResolveBuffer(LocalRank& local, Submission& sub) {
   if (seg == local.segments.end() || seg->second->size() < static_cast<size_t>(b.segment_bytes())) {
     auto opened = ShmSegment::Open(b.segment(), static_cast<size_t>(b.segment_bytes()));
     if (!opened.ok()) return opened.status();
-    if (local.segments.size() >= kMaxMappedSegments) local.segments.erase(local.segments.begin());
+    // Mapped: the name is no longer needed, and removing it now means a client that dies
+    // leaves nothing behind in /dev/shm. The client keeps naming it; we keep the mapping.
+    ShmSegment::Remove(b.segment());
+    if (local.segments.size() >= kMaxMappedSegments) {
+      return absl::ResourceExhaustedError(absl::StrCat("rank uses more than ", kMaxMappedSegments,
+                                                       " shared-memory segments at once"));
+    }
     seg = local.segments.insert_or_assign(b.segment(), std::shared_ptr<ShmSegment>(std::move(*opened))).first;
   }
   sub.segment = seg->second;

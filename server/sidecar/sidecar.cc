@@ -267,6 +267,7 @@ class SidecarImpl : public Sidecar {
     if (!attach.probe_segment().empty() && attach.probe_nonce().size() == 16) {
       auto probe = ShmSegment::Open(attach.probe_segment(), 16);
       shm = probe.ok() && std::memcmp((*probe)->data(), attach.probe_nonce().data(), 16) == 0;
+      if (shm) ShmSegment::Remove(attach.probe_segment());
     }
     GroupParams params;
     params.job = attach.job().empty() ? "default" : attach.job();

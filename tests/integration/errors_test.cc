@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -294,6 +295,30 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
     auto [code, out] = Finish(*p);
     EXPECT_EQ(code, 0) << out << cluster->Logs();
   }
+}
+
+TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto p = cluster->StartRank(r, 2, 0, {"--mode=loop", "--count=100000"}, {{"COLLSERVE_OP_TIMEOUT_S", "10"}});
+    ASSERT_TRUE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (ranks[1]->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const pid_t victim = ranks[1]->pid();
+  ranks[1]->Kill(SIGKILL);
+  ASSERT_TRUE(ranks[1]->Wait(absl::Seconds(5)).ok());
+  auto [code, out] = Finish(*ranks[0], absl::Seconds(10));
+  EXPECT_EQ(code, 3);
+  EXPECT_THAT(out, HasSubstr("UNAVAILABLE: rank 1 of group \"world\" disconnected"));
+  // The sidecar removed every segment name as soon as it had mapped it.
+  const std::string leaked = absl::StrCat("ls /dev/shm | grep -q '^collserve-", victim, "-'");
+  EXPECT_NE(std::system(leaked.c_str()), 0) << "shared memory of the killed rank is left in /dev/shm";
 }
 
 }  // namespace
