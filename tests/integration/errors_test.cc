@@ -297,6 +297,26 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
   }
 }
 
+TEST(WorkTest, WaitTimeoutIsCompletedAndCallbacks) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto r0 = cluster->StartRank(0, 2, 0, {"--mode=async"});
+  auto r1 = cluster->StartRank(1, 2, 1, {"--mode=async"});
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  auto [c1, out1] = Finish(**r1);
+  auto [c0, out0] = Finish(**r0);
+  EXPECT_EQ(c0, 0) << out0;
+  EXPECT_EQ(c1, 0) << out1;
+  EXPECT_THAT(out0, HasSubstr("early wait: DEADLINE_EXCEEDED: Work::Wait timed out after 100ms; the operation is "
+                              "still running; completed=0"));
+  for (const std::string& out : {out0, out1}) {
+    EXPECT_THAT(out, HasSubstr("wait: OK: ; completed=1; result=[3, 30]"));
+    EXPECT_THAT(out, HasSubstr("callbacks=1 status=OK"));
+    EXPECT_THAT(out, HasSubstr("late callback ran inline=1"));
+    EXPECT_THAT(out, HasSubstr("bxor on float: INVALID_ARGUMENT: ReduceOp.BXOR is defined for integer dtypes only"));
+  }
+}
+
 TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);

@@ -7,7 +7,9 @@
 //   single  one all_reduce of --count elements; prints "status: <code>: <message>".
 //   loop    all_reduce --iters times (0 = until an error); prints progress and the error.
 //   init    only init_process_group; prints "init: <status>".
+//   async   Work semantics (two ranks): Wait with a short timeout, IsCompleted, OnCompletion.
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
 
@@ -204,6 +207,40 @@ int main(int argc, char** argv) {
       std::printf("iter %lld ok\n", static_cast<long long>(i));
     }
     return 0;
+  }
+  if (mode == "async") {
+    // Rank 1 arrives late; rank 0 checks Work semantics while waiting for it.
+    const int rank = (*pg)->GetRank();
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(1500));
+    std::vector<int32_t> v = {rank + 1, 10 * (rank + 1)};
+    auto work = (*pg)->AllReduce(v, ReduceOp::kSum);
+    std::atomic<int> callbacks{0};
+    absl::Status seen = absl::UnknownError("callback never ran");
+    absl::Mutex mu;
+    work->OnCompletion([&](const absl::Status& s) {
+      absl::MutexLock lock(&mu);
+      seen = s;
+      callbacks.fetch_add(1);
+    });
+    if (rank == 0) {
+      absl::Status early = work->Wait(absl::Milliseconds(100));
+      std::printf("early wait: %s; completed=%d\n", StatusLine(early).c_str(), work->IsCompleted() ? 1 : 0);
+    }
+    absl::Status s = work->Wait();
+    std::printf("wait: %s; completed=%d; result=[%d, %d]\n", StatusLine(s).c_str(), work->IsCompleted() ? 1 : 0,
+                v[0], v[1]);
+    {
+      absl::MutexLock lock(&mu);
+      std::printf("callbacks=%d status=%s\n", callbacks.load(), StatusLine(seen).c_str());
+    }
+    // A callback added after completion runs at once, on this thread.
+    bool inline_ran = false;
+    work->OnCompletion([&](const absl::Status&) { inline_ran = true; });
+    std::printf("late callback ran inline=%d\n", inline_ran ? 1 : 0);
+    // An op undefined for the dtype fails without reaching the sidecar.
+    std::vector<float> f = {1.0f};
+    std::printf("bxor on float: %s\n", StatusLine((*pg)->AllReduce(f, ReduceOp::kBxor)->Wait()).c_str());
+    return s.ok() ? 0 : 3;
   }
   if (mode != "sweep") {
     std::printf("unknown --mode\n");

@@ -1,0 +1,77 @@
+// env:// parsing of the SDK (InitOptions::FromEnv), as torch.distributed's env:// reads it,
+// and the argument checks InitProcessGroup makes before any RPC.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "collserve/client.h"
+
+namespace collserve::client {
+namespace {
+
+class EnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_SIDECAR",
+                          "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
+                          "COLLSERVE_SHARED_MEMORY"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
+  setenv("RANK", "3", 1);
+  setenv("WORLD_SIZE", "8", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "coord.svc", 1);
+  setenv("MASTER_PORT", "29400", 1);
+  setenv("COLLSERVE_SIDECAR", "unix:/run/cs.sock", 1);
+  setenv("COLLSERVE_JOB", "train-7", 1);
+  setenv("COLLSERVE_OP_TIMEOUT_S", "2.5", 1);
+  setenv("COLLSERVE_SHARED_MEMORY", "0", 1);
+  auto o = InitOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->world_size, 8);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->coordinator_address, "coord.svc:29400");
+  EXPECT_EQ(o->sidecar_address, "unix:/run/cs.sock");
+  EXPECT_EQ(o->job, "train-7");
+  EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(o->init_timeout, absl::Seconds(300));
+  EXPECT_FALSE(o->shared_memory);
+}
+
+TEST_F(EnvTest, MissingOrMalformedVariablesAreInvalidArgument) {
+  EXPECT_EQ(InitOptions::FromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("RANK", "zero", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  auto o = InitOptions::FromEnv();
+  EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("RANK=\"zero\""), absl::string_view::npos) << o.status();
+  setenv("RANK", "0", 1);
+  setenv("COLLSERVE_INIT_TIMEOUT_S", "-1", 1);
+  EXPECT_EQ(InitOptions::FromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EnvTest, InitProcessGroupChecksArgumentsFirst) {
+  InitOptions o;
+  o.world_size = 0;
+  o.rank = 0;
+  EXPECT_EQ(InitProcessGroup(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.world_size = 2;
+  o.rank = 2;
+  EXPECT_EQ(InitProcessGroup(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.rank = 0;
+  o.group = "";
+  EXPECT_EQ(InitProcessGroup(o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Nobody listens there: UNAVAILABLE, not a hang.
+  o.group = "world";
+  o.sidecar_address = "unix:/nonexistent/collserve.sock";
+  o.init_timeout = absl::Seconds(1);
+  EXPECT_EQ(InitProcessGroup(o).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace collserve::client
