@@ -50,6 +50,15 @@ absl::Status StripJob(const absl::Status& s, const std::string& job) {
   return absl::Status(s.code(), msg);
 }
 
+// Finishes a unary call now, recording it.
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx, RpcMetrics& metrics, const char* method,
+                                    absl::Time start, const absl::Status& status) {
+  metrics.Record(method, status, absl::Now() - start);
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 }  // namespace
 
 absl::Status ValidateJob(const std::string& job) {
@@ -65,10 +74,7 @@ absl::Status ValidateJob(const std::string& job) {
 
 grpc::ServerUnaryReactor* StoreService::Done(grpc::CallbackServerContext* ctx, const char* method,
                                              absl::Time start, const absl::Status& status) {
-  metrics_.Record(method, status, absl::Now() - start);
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  return FinishNow(ctx, metrics_, method, start, status);
 }
 
 grpc::ServerUnaryReactor* StoreService::WaitThen(grpc::CallbackServerContext* ctx, const char* method,
@@ -263,12 +269,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
                                                 pb::JoinResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = ValidateJob(req->job());
-  if (!s.ok()) {
-    metrics_.Record("Join", s, absl::Now() - start);
-    auto* r = ctx->DefaultReactor();
-    r->Finish(ToGrpcStatus(s));
-    return r;
-  }
+  if (!s.ok()) return FinishNow(ctx, metrics_, "Join", start, s);
   MemberInfo member;
   member.rank = req->member().rank();
   member.host_id = req->member().host_id();
@@ -296,10 +297,7 @@ grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ct
   const absl::Time start = absl::Now();
   absl::Status s = ValidateJob(req->job());
   if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank());
-  metrics_.Record("Leave", s, absl::Now() - start);
-  auto* r = ctx->DefaultReactor();
-  r->Finish(ToGrpcStatus(s));
-  return r;
+  return FinishNow(ctx, metrics_, "Leave", start, s);
 }
 
 grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext* ctx,
@@ -312,10 +310,7 @@ grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext*
     if (v.ok()) ToProto(*v, resp->mutable_group());
     s = v.status();
   }
-  metrics_.Record("Describe", s, absl::Now() - start);
-  auto* r = ctx->DefaultReactor();
-  r->Finish(ToGrpcStatus(s));
-  return r;
+  return FinishNow(ctx, metrics_, "Describe", start, s);
 }
 
 grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
@@ -325,10 +320,7 @@ grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx
   if (s.ok()) {
     for (const GroupView& v : registry_.List(JobOf(req->job()))) ToProto(v, resp->add_groups());
   }
-  metrics_.Record("List", s, absl::Now() - start);
-  auto* r = ctx->DefaultReactor();
-  r->Finish(ToGrpcStatus(s));
-  return r;
+  return FinishNow(ctx, metrics_, "List", start, s);
 }
 
 }  // namespace collserve::server
