@@ -130,10 +130,17 @@ absl::Status Group::AddLocal(int rank, int world_size, std::shared_ptr<Session> 
   return absl::OkStatus();
 }
 
+void Group::SetJoinCanceller(int rank, std::function<void()> cancel) {
+  absl::MutexLock lock(&mu_);
+  auto it = locals_.find(rank);
+  if (it != locals_.end() && !it->second.joined) it->second.cancel_join = std::move(cancel);
+}
+
 void Group::OnJoined(int rank, const absl::StatusOr<pb::JoinResponse>& result) {
   absl::MutexLock lock(&mu_);
   auto it = locals_.find(rank);
   if (it == locals_.end()) return;  // session already gone
+  it->second.cancel_join = nullptr;
   if (!result.ok()) {
     it->second.session->Close(result.status());
     locals_.erase(it);
@@ -169,8 +176,18 @@ void Group::OnJoined(int rank, const absl::StatusOr<pb::JoinResponse>& result) {
   it->second.joined = true;
   if (state_ != State::kJoining) return;
   for (int r : expected_local_) {
-    auto l = locals_.find(r);
-    if (l == locals_.end() || !l->second.joined) return;
+    if (locals_.count(r) == 0) {
+      // The group formed with a rank of this host whose session ended while its join was
+      // in flight: the generation cannot run. Tell the coordinator it left.
+      FailLocked(absl::UnavailableError(absl::StrCat("rank ", r, " of group \"", params_.name,
+                                                     "\" disconnected from host ", env_.host_id,
+                                                     " during rendezvous")));
+      env_.leave(params_.job, params_.name, r);
+      return;
+    }
+  }
+  for (int r : expected_local_) {
+    if (!locals_[r].joined) return;
   }
   state_ = State::kConnecting;
   executor_ = std::thread([this] { ExecutorMain(); });
@@ -281,16 +298,35 @@ void Group::FailLocked(const absl::Status& status) {
   for (auto& [rank, local] : locals_) {
     for (const Submission& sub : local.queue) Complete(rank, sub, status);
     local.queue.clear();
+    // Sessions still waiting for Attached would otherwise wait for their init timeout.
+    if (!attached_) local.session->Close(status);
   }
 }
 
 void Group::OnSessionClosed(int rank) {
   bool was_member;
+  std::function<void()> cancel_join;
   {
     absl::MutexLock lock(&mu_);
     auto it = locals_.find(rank);
     if (it == locals_.end()) return;
     was_member = it->second.joined;
+    cancel_join = std::move(it->second.cancel_join);
+    if (!was_member) {
+      // Still in rendezvous: withdraw the join; the other ranks keep waiting for a
+      // replacement of this rank rather than failing.
+      locals_.erase(it);
+      MaybeEmptyLocked();
+    }
+  }
+  if (!was_member) {
+    if (cancel_join) cancel_join();
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) return;
     it->second.closed = true;
     if (state_ != State::kFailed) {
       FailLocked(absl::UnavailableError(absl::StrCat("rank ", rank, " of group \"", params_.name,
@@ -358,6 +394,7 @@ void Group::ExecutorMain() {
     }
     if (state_ == State::kFailed) return;
     state_ = State::kReady;
+    attached_ = true;
     for (auto& [rank, local] : locals_) {
       pb::SessionResponse resp;
       pb::Attached* a = resp.mutable_attached();

@@ -63,6 +63,10 @@ class Group {
   // ABORTED (the group has just been emptied and is going away: create a new one).
   absl::Status AddLocal(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory);
 
+  // Registers how to withdraw this rank's in-flight join (cancels the RPC, so the
+  // coordinator drops the rank from the forming group). Called once per attach.
+  void SetJoinCanceller(int rank, std::function<void()> cancel);
+
   // The coordinator answered this rank's join. On error the rank's session is closed with it.
   void OnJoined(int rank, const absl::StatusOr<collserve::v1::JoinResponse>& result);
 
@@ -91,6 +95,7 @@ class Group {
     bool shared_memory = false;
     bool joined = false;
     bool closed = false;
+    std::function<void()> cancel_join;  // until the join completes
     int64_t next_seq = 0;
     std::deque<Submission> queue;
     std::map<std::string, std::shared_ptr<ShmSegment>> segments;  // mapped by name
@@ -115,6 +120,7 @@ class Group {
   std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool emptied_ ABSL_GUARDED_BY(mu_) = false;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
   // Membership (set by the first successful join).
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<collserve::v1::Member> members_ ABSL_GUARDED_BY(mu_);

@@ -367,6 +367,7 @@ class SidecarImpl : public Sidecar {
     call->req.set_timeout_ms(absl::ToInt64Milliseconds(params.init_timeout));
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.init_timeout + absl::Seconds(5)));
     const std::string coordinator = options_.coordinator_address;
+    group->SetJoinCanceller(rank, [call] { call->ctx.TryCancel(); });
     registry_->async()->Join(&call->ctx, &call->req, &call->resp, [group, rank, call, coordinator](grpc::Status s) {
       if (s.ok()) {
         group->OnJoined(rank, call->resp);

@@ -317,6 +317,27 @@ TEST(WorkTest, WaitTimeoutIsCompletedAndCallbacks) {
   }
 }
 
+TEST(ErrorsTest, RankKilledDuringRendezvousCanBeReplaced) {
+  // A pod restarted while its group is still forming: the dead rank's join is withdrawn,
+  // so its replacement is not a duplicate and the group forms.
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  auto r0 = cluster->StartRank(0, 3, 0, {"--mode=sweep", "--counts=5"});
+  auto r1 = cluster->StartRank(1, 3, 1, {"--mode=sweep", "--counts=5"});
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  WaitJoined(*cluster, "world", 0);
+  WaitJoined(*cluster, "world", 1);
+  (*r1)->Kill(SIGKILL);
+  ASSERT_TRUE((*r1)->Wait(absl::Seconds(5)).ok());
+  auto again = cluster->StartRank(1, 3, 1, {"--mode=sweep", "--counts=5"});
+  auto r2 = cluster->StartRank(2, 3, 1, {"--mode=sweep", "--counts=5"});
+  ASSERT_TRUE(again.ok() && r2.ok());
+  for (Process* p : {r0->get(), again->get(), r2->get()}) {
+    auto [code, out] = Finish(*p);
+    EXPECT_EQ(code, 0) << out << cluster->Logs();
+  }
+}
+
 TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);

@@ -10,6 +10,7 @@
 //   async   Work semantics (two ranks): Wait with a short timeout, IsCompleted, OnCompletion.
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
 #include <atomic>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
 
@@ -214,13 +216,22 @@ int main(int argc, char** argv) {
     if (rank == 1) absl::SleepFor(absl::Milliseconds(1500));
     std::vector<int32_t> v = {rank + 1, 10 * (rank + 1)};
     auto work = (*pg)->AllReduce(v, ReduceOp::kSum);
-    std::atomic<int> callbacks{0};
-    absl::Status seen = absl::UnknownError("callback never ran");
-    absl::Mutex mu;
-    work->OnCompletion([&](const absl::Status& s) {
-      absl::MutexLock lock(&mu);
-      seen = s;
-      callbacks.fetch_add(1);
+    // Shared with the callback, which may run after Wait() returns (waiters are woken
+    // before callbacks run, as in c10::ivalue::Future::markCompleted).
+    struct Seen {
+      absl::Mutex mu;
+      int callbacks = 0;
+      absl::Status status = absl::UnknownError("callback never ran");
+      absl::Notification done;
+    };
+    auto seen = std::make_shared<Seen>();
+    work->OnCompletion([seen](const absl::Status& s) {
+      {
+        absl::MutexLock lock(&seen->mu);
+        seen->status = s;
+        ++seen->callbacks;
+      }
+      seen->done.Notify();
     });
     if (rank == 0) {
       absl::Status early = work->Wait(absl::Milliseconds(100));
@@ -229,9 +240,10 @@ int main(int argc, char** argv) {
     absl::Status s = work->Wait();
     std::printf("wait: %s; completed=%d; result=[%d, %d]\n", StatusLine(s).c_str(), work->IsCompleted() ? 1 : 0,
                 v[0], v[1]);
+    seen->done.WaitForNotificationWithTimeout(absl::Seconds(10));
     {
-      absl::MutexLock lock(&mu);
-      std::printf("callbacks=%d status=%s\n", callbacks.load(), StatusLine(seen).c_str());
+      absl::MutexLock lock(&seen->mu);
+      std::printf("callbacks=%d status=%s\n", seen->callbacks, StatusLine(seen->status).c_str());
     }
     // A callback added after completion runs at once, on this thread.
     bool inline_ran = false;

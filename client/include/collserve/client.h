@@ -84,6 +84,8 @@ class Work {
   virtual bool IsCompleted() = 0;
   // Runs `callback(status)` once the operation completes: immediately on the calling
   // thread if it already has, else on the SDK's completion thread (so it must not block).
+  // Waiters are woken before callbacks run (as c10::ivalue::Future does): a callback may
+  // still be running when Wait() returns, so it must own what it touches.
   virtual void OnCompletion(std::function<void(const absl::Status&)> callback) = 0;
 };
 
