@@ -34,6 +34,14 @@ int main() {
     std::fprintf(stderr, "rank %d: all_reduce failed: %s\n", rank, s.ToString().c_str());
     return 1;
   }
+  // Sum over ranks r of (r + 1) * (i + 1) = (i + 1) * world * (world + 1) / 2.
+  for (size_t i = 0; i < tensor.size(); ++i) {
+    const float want = static_cast<float>((i + 1) * world * (world + 1) / 2);
+    if (tensor[i] != want) {
+      std::fprintf(stderr, "rank %d: element %zu is %g, expected %g\n", rank, i, tensor[i], want);
+      return 1;
+    }
+  }
   std::vector<double> shown(tensor.begin(), tensor.end());
   std::printf("rank %d of %d (%d hosts, %d ranks on this host): all_reduce(SUM) = [%s]\n", rank, world,
               (*pg)->num_hosts(), (*pg)->local_world_size(), absl::StrJoin(shown, ", ").c_str());
@@ -44,5 +52,9 @@ int main() {
     return 1;
   }
   std::printf("rank %d: all_reduce(MAX) of ranks = %lld\n", rank, static_cast<long long>(ids[0]));
+  if (ids[0] != world - 1) {
+    std::fprintf(stderr, "rank %d: expected MAX %d\n", rank, world - 1);
+    return 1;
+  }
   return 0;
 }

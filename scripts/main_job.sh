@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
-cmake --build build -j2 --target collserve-coordinator collserve-sidecar allreduce_example
+cmake --build build -j2
 exec bash scripts/run_example.sh build

@@ -291,8 +291,16 @@ void Group::RecordCollective(const absl::Status& status) {
 
 void Group::FailLocked(const absl::Status& status) {
   if (state_ == State::kFailed) return;
-  LOG(WARNING) << "group \"" << params_.name << "\" (job " << params_.job << ") failed on host "
-               << env_.host_id << ": " << status;
+  size_t pending = 0;
+  for (const auto& [rank, local] : locals_) pending += local.queue.size();
+  // A rank leaving an idle, attached group is how every job ends: not worth a warning.
+  if (pending == 0 && attached_ && status.code() == absl::StatusCode::kUnavailable) {
+    LOG(INFO) << "group \"" << params_.name << "\" (job " << params_.job << ") ended on host "
+              << env_.host_id << ": " << status.message();
+  } else {
+    LOG(WARNING) << "group \"" << params_.name << "\" (job " << params_.job << ") failed on host "
+                 << env_.host_id << " with " << pending << " collectives pending: " << status;
+  }
   state_ = State::kFailed;
   failure_ = status;
   for (auto& [rank, local] : locals_) {
