@@ -1,6 +1,7 @@
 // collserve-sidecar: serves the training processes of one host and moves their tensors.
 #include <glog/logging.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -12,6 +13,9 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400", "The coordinator's host:port.");
 ABSL_FLAG(std::string, unix_socket, "/tmp/collserve/sidecar.sock",
           "Unix-domain socket for the training processes of this host; empty to disable.");
+ABSL_FLAG(std::string, unix_socket_mode, "",
+          "Octal permission bits for the unix socket, e.g. 0660 (the socket's group may connect) or "
+          "0666 (any local user); empty leaves what the umask gives (usually owner-only writes).");
 ABSL_FLAG(std::string, listen_address, "",
           "host:port for clients on other hosts (tensors then travel inline in messages); "
           "empty to disable; port 0 picks a free port.");
@@ -37,6 +41,15 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  if (const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode); !mode.empty()) {
+    char* end = nullptr;
+    const long bits = std::strtol(mode.c_str(), &end, 8);
+    if (*end != '\0' || bits < 0 || bits > 0777) {
+      std::cerr << "--unix_socket_mode=" << mode << ": use octal permission bits such as 0660\n";
+      return 2;
+    }
+    options.unix_socket_mode = static_cast<int>(bits);
+  }
   options.host_id = absl::GetFlag(FLAGS_host_id);
   options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);

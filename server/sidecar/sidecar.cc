@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -216,6 +217,10 @@ class SidecarImpl : public Sidecar {
     if (server_ == nullptr || (!options_.listen_address.empty() && port_ == 0)) {
       return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.unix_socket, " / ",
                                                  options_.listen_address));
+    }
+    if (!options_.unix_socket.empty() && options_.unix_socket_mode >= 0 &&
+        chmod(options_.unix_socket.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
+      return absl::UnavailableError(absl::StrCat("chmod ", options_.unix_socket, ": ", std::strerror(errno)));
     }
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Collectives", true);
     auto exposer = ServeMetrics(options_.metrics_address, metrics_);

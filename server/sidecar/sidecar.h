@@ -22,6 +22,10 @@ namespace collserve::server {
 struct SidecarOptions {
   // Unix-domain socket for clients on this host; "" = none.
   std::string unix_socket = "/tmp/collserve/sidecar.sock";
+  // Permission bits set on the unix socket after it is created (e.g. 0660 to admit the
+  // socket's group, 0666 for any local user); -1 = leave what the umask gives. A client
+  // needs write permission on the socket to connect.
+  int unix_socket_mode = -1;
   // host:port for clients on other hosts (tensor bytes then travel inline); "" = none;
   // port 0 picks a free port.
   std::string listen_address;

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <thread>
 
@@ -79,6 +80,27 @@ TEST(CoordinatorProcessTest, SigtermShutsDownCleanlyWithWaitersParked) {
   auto sc = c.sidecar(0).Wait(absl::Seconds(10));
   ASSERT_TRUE(sc.ok()) << "sidecar did not exit on SIGTERM";
   EXPECT_EQ(*sc, 0) << c.sidecar(0).Output();
+}
+
+TEST(SidecarProcessTest, UnixSocketModeFlagSetsPermissions) {
+  auto started = Cluster::Start(0);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& c = **started;
+  const std::string sock = c.dir() + "/open.sock";
+  auto sidecar = Process::Start({SidecarBinary(), "--coordinator=" + c.coordinator_address(), "--unix_socket=" + sock,
+                                 "--unix_socket_mode=0666", "--metrics_address=", "--port_file=" + c.dir() + "/open.port"},
+                                {}, c.dir() + "/open.log");
+  ASSERT_TRUE(sidecar.ok());
+  struct stat st;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (stat((c.dir() + "/open.port").c_str(), &st) != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_EQ(stat(sock.c_str(), &st), 0) << (*sidecar)->Output();
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  auto bad = Process::Start({SidecarBinary(), "--unix_socket_mode=999"}, {}, c.dir() + "/bad.log");
+  ASSERT_TRUE(bad.ok());
+  auto code = (*bad)->Wait(absl::Seconds(10));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 2);
 }
 
 }  // namespace
