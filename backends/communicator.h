@@ -32,6 +32,10 @@ class Communicator {
   virtual absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                                  absl::Duration timeout) = 0;
 
+  // Broadcast of `bytes` bytes at `data` from host `root` to every host (in place).
+  // Same errors as AllReduce; INVALID_ARGUMENT if root is out of range.
+  virtual absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) = 0;
+
   // All-gather of `bytes` bytes per host: out (size() * bytes) gets host i's input at
   // offset i * bytes. Same errors as AllReduce.
   virtual absl::Status AllGather(const void* in, void* out, size_t bytes,

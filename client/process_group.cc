@@ -204,6 +204,27 @@ class SessionProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
                                   ReduceOp op) override {
     if (absl::Status s = ValidateReduce(dtype, op); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(pb::ALL_REDUCE, data, count, dtype, op, 0);
+  }
+
+  std::shared_ptr<Work> Broadcast(void* data, int64_t count, DataType dtype, int root) override {
+    if (!IsValidDataType(static_cast<int>(dtype))) {
+      return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype))));
+    }
+    if (root < 0 || root >= options_.world_size) {
+      return WorkImpl::Failed(absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", root, " is out of range for world_size ", options_.world_size)));
+    }
+    return Issue(pb::BROADCAST, data, count, dtype, static_cast<ReduceOp>(0), root);
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    return Issue(pb::BARRIER, nullptr, 0, DataType::kFloat32, static_cast<ReduceOp>(0), 0);
+  }
+
+  // Sends one collective on the session; the Work completes with the sidecar's answer.
+  std::shared_ptr<Work> Issue(pb::CollectiveOp kind, void* data, int64_t count, DataType dtype, ReduceOp op,
+                              int root) {
     if (count < 0) {
       return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("count ", count, " < 0")));
     }
@@ -213,10 +234,11 @@ class SessionProcessGroup : public ProcessGroup {
     const size_t bytes = static_cast<size_t>(count) * ElementSize(dtype);
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
-    c->set_op(pb::ALL_REDUCE);
+    c->set_op(kind);
     c->set_dtype(static_cast<pb::DataType>(dtype));
     c->set_count(count);
     c->set_reduce_op(static_cast<pb::ReduceOp>(op));
+    c->set_root(root);
     c->set_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
 
     auto pending = std::make_unique<Pending>();

@@ -8,6 +8,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -108,6 +109,27 @@ class GlooCommunicator : public Communicator {
       ::gloo::allreduce(opts);
     } catch (const std::exception& e) {
       failure_ = FromGlooException(e, start, timeout, "all_reduce");
+      return failure_;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (root < 0 || root >= size()) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root, " of ", size()));
+    }
+    if (bytes == 0 || size() == 1) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    try {
+      ::gloo::BroadcastOptions opts(context_);
+      opts.setTimeout(ToMillis(timeout));
+      opts.setTag(next_tag_++);
+      opts.setRoot(root);
+      opts.setOutput(static_cast<char*>(data), bytes);
+      ::gloo::broadcast(opts);
+    } catch (const std::exception& e) {
+      failure_ = FromGlooException(e, start, timeout, "broadcast");
       return failure_;
     }
     return absl::OkStatus();

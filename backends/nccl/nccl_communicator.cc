@@ -80,6 +80,15 @@ class NcclCommunicator : public Communicator {
     });
   }
 
+  absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root));
+    if (bytes == 0) return absl::OkStatus();
+    return Run(data, bytes, data, bytes, timeout, [&](void* dev) {
+      return ncclBroadcast(dev, dev, bytes, ncclChar, root, comm_, stream_);
+    });
+  }
+
   absl::Status AllGather(const void* in, void* out, size_t bytes, absl::Duration timeout) override {
     if (!failure_.ok()) return Aborted();
     if (bytes == 0) return absl::OkStatus();

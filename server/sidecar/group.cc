@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/gloo/gloo_communicator.h"
 #include "backends/reduce.h"
+#include "common/status_macros.h"
 #include "common/types.h"
 
 namespace collserve::server {
@@ -23,6 +24,8 @@ constexpr size_t kMaxMappedSegments = 64;
 std::string OpName(int op) {
   switch (op) {
     case pb::ALL_REDUCE: return "all_reduce";
+    case pb::BROADCAST: return "broadcast";
+    case pb::BARRIER: return "barrier";
     default: return absl::StrCat("op#", op);
   }
 }
@@ -80,7 +83,8 @@ std::string Disagreement(const std::vector<RankArgs>& all) {
   const Field fields[] = {{"op", &RankArgs::op},
                           {"dtype", &RankArgs::dtype},
                           {"count", &RankArgs::count},
-                          {"reduce_op", &RankArgs::reduce_op}};
+                          {"reduce_op", &RankArgs::reduce_op},
+                          {"root", &RankArgs::root}};
   for (const Field& f : fields) {
     std::map<int64_t, std::vector<int64_t>> by_value;
     for (const RankArgs& a : all) {
@@ -163,6 +167,10 @@ void Group::OnJoined(int rank, const absl::StatusOr<pb::JoinResponse>& result) {
       if (m.host_id() == env_.host_id) expected_local_.insert(m.rank());
     }
     num_hosts_ = static_cast<int>(host_order.size());
+    for (const pb::Member& m : members_) {
+      rank_host_[m.rank()] = static_cast<int>(std::find(host_order.begin(), host_order.end(), m.host_id()) -
+                                              host_order.begin());
+    }
     host_index_ = static_cast<int>(std::find(host_order.begin(), host_order.end(), env_.host_id) -
                                    host_order.begin());
     for (const auto& [host, ranks] : host_ranks_) {
@@ -222,16 +230,30 @@ void Group::Submit(int rank, pb::Collective collective) {
   for (const std::string& name : sub.args.released_segments()) local.segments.erase(name);
   sub.error = ResolveBuffer(local, sub);
   local.queue.push_back(std::move(sub));
+  ++submissions_;
 }
 
 absl::Status Group::ResolveBuffer(LocalRank& local, Submission& sub) {
   const pb::Collective& c = sub.args;
-  if (c.op() != pb::ALL_REDUCE) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported collective op ", c.op()));
-  }
-  if (absl::Status s = ValidateReduce(static_cast<DataType>(c.dtype()), static_cast<ReduceOp>(c.reduce_op()));
-      !s.ok()) {
-    return s;
+  switch (c.op()) {
+    case pb::ALL_REDUCE:
+      if (absl::Status s = ValidateReduce(static_cast<DataType>(c.dtype()), static_cast<ReduceOp>(c.reduce_op()));
+          !s.ok()) {
+        return s;
+      }
+      break;
+    case pb::BROADCAST:
+      if (!IsValidDataType(c.dtype())) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", c.dtype()));
+      if (c.root() < 0 || c.root() >= params_.world_size) {
+        return absl::InvalidArgumentError(absl::StrCat("broadcast root ", c.root(), " is out of range for world_size ",
+                                                       params_.world_size));
+      }
+      break;
+    case pb::BARRIER:
+      if (c.count() != 0) return absl::InvalidArgumentError("barrier takes no tensor");
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unknown collective op ", c.op()));
   }
   if (c.count() < 0) return absl::InvalidArgumentError(absl::StrCat("count ", c.count(), " < 0"));
   const size_t bytes = static_cast<size_t>(c.count()) * ElementSize(static_cast<DataType>(c.dtype()));
@@ -435,7 +457,10 @@ void Group::ExecutorMain() {
           if (!local.queue.empty()) deadline = std::min(deadline, local.queue.front().deadline);
         }
         if (absl::Now() >= deadline) break;
-        mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+        // Wake when ready, at the deadline, or when a submission may have moved it earlier.
+        const uint64_t seen = submissions_;
+        auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready() || submissions_ != seen; };
+        mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
       }
       if (stop_ || state_ == State::kFailed) break;
       if (!ready()) {
@@ -505,30 +530,64 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs) {
     return;  // nothing moved: the group stays usable
   }
 
-  // 2. Data: reduce local ranks into the first one's buffer, across hosts, then copy out.
+  absl::Status status;
+  switch (args.op()) {
+    case pb::BARRIER:
+      break;  // every rank's arguments arrived on every host: that is the barrier
+    case pb::BROADCAST:
+      status = RunBroadcast(args, subs, num_hosts, timeout);
+      break;
+    default:
+      status = RunAllReduce(args, subs, num_hosts, timeout);
+      break;
+  }
+  if (!status.ok()) {
+    status = absl::Status(status.code(), absl::StrCat(OpName(args.op()), " #", seq, " of group \"", params_.name,
+                                                      "\": ", status.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [rank, sub] : subs) Complete(rank, sub, status);
+  if (!status.ok()) FailLocked(status);
+}
+
+absl::Status Group::RunBroadcast(const pb::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+                                 absl::Duration timeout) {
+  const size_t bytes = static_cast<size_t>(args.count()) * ElementSize(static_cast<DataType>(args.dtype()));
+  if (bytes == 0) return absl::OkStatus();
+  const int root = args.root();
+  auto local_root = subs.find(root);
+  char* buf = local_root != subs.end() ? local_root->second.data : subs.begin()->second.data;
+  if (num_hosts > 1) {
+    int root_host;
+    {
+      absl::MutexLock lock(&mu_);
+      root_host = rank_host_.at(root);
+    }
+    COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(buf, bytes, root_host, timeout));
+  }
+  for (auto& [rank, sub] : subs) {
+    if (sub.data != buf) std::memcpy(sub.data, buf, bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Group::RunAllReduce(const pb::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+                                  absl::Duration timeout) {
+  // Reduce local ranks into the first one's buffer, across hosts, then copy out.
   const DataType dtype = static_cast<DataType>(args.dtype());
   const ReduceOp op = static_cast<ReduceOp>(args.reduce_op());
   const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   const size_t count = static_cast<size_t>(args.count());
   const size_t bytes = count * ElementSize(dtype);
-  absl::Status status;
-  if (count > 0) {
-    char* acc = subs.begin()->second.data;
-    for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
-      backends::Reduce(dtype, wire_op, acc, acc, it->second.data, count);
-    }
-    if (num_hosts > 1) status = comm_->AllReduce(acc, count, dtype, wire_op, timeout);
-    if (status.ok()) {
-      if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
-      for (auto it = std::next(subs.begin()); it != subs.end(); ++it) std::memcpy(it->second.data, acc, bytes);
-    } else {
-      status = absl::Status(status.code(), absl::StrCat(OpName(args.op()), " #", seq, " of group \"",
-                                                        params_.name, "\": ", status.message()));
-    }
+  if (count == 0) return absl::OkStatus();
+  char* acc = subs.begin()->second.data;
+  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
+    backends::Reduce(dtype, wire_op, acc, acc, it->second.data, count);
   }
-  absl::MutexLock lock(&mu_);
-  for (const auto& [rank, sub] : subs) Complete(rank, sub, status);
-  if (!status.ok()) FailLocked(status);
+  if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
+  if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
+  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) std::memcpy(it->second.data, acc, bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace collserve::server

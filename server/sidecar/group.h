@@ -104,6 +104,11 @@ class Group {
 
   void ExecutorMain();
   void RunCollective(int64_t seq, std::map<int, Submission>& subs);
+  // The data step of each op, after the arguments agreed. Executor thread only.
+  absl::Status RunAllReduce(const collserve::v1::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+                            absl::Duration timeout);
+  absl::Status RunBroadcast(const collserve::v1::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+                            absl::Duration timeout);
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Complete(int rank, const Submission& sub, const absl::Status& status);
@@ -120,7 +125,8 @@ class Group {
   std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool emptied_ ABSL_GUARDED_BY(mu_) = false;
-  bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the executor to recompute its deadline  // Attached was sent to the local sessions
   // Membership (set by the first successful join).
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<collserve::v1::Member> members_ ABSL_GUARDED_BY(mu_);
@@ -129,6 +135,7 @@ class Group {
   int num_hosts_ ABSL_GUARDED_BY(mu_) = 0;
   int max_local_ ABSL_GUARDED_BY(mu_) = 0;  // most ranks any host of the group serves
   std::map<std::string, std::vector<int>> host_ranks_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int> rank_host_ ABSL_GUARDED_BY(mu_);  // rank -> host index in the communicator
 
   std::unique_ptr<backends::Communicator> comm_;  // executor thread only
   std::thread executor_;

@@ -55,6 +55,32 @@ std::vector<Config> AllConfigs() {
   return out;
 }
 
+class BroadcastBarrierTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(BroadcastBarrierTest, EveryDtypeRootAndCountThenBarriers) {
+  const Config cfg = GetParam();
+  auto cluster = Cluster::Start(cfg.sidecars);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < cfg.world_size; ++r) {
+    auto p = (*cluster)->StartRank(r, cfg.world_size, r % cfg.sidecars, {"--mode=surface"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (int r = 0; r < cfg.world_size; ++r) {
+    auto code = ranks[r]->Wait(absl::Seconds(150));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " hung: " << ranks[r]->Output() << (*cluster)->Logs();
+    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << ranks[r]->Output() << (*cluster)->Logs();
+    // 4 dtypes x 5 counts broadcasts + 3 barriers.
+    EXPECT_NE(ranks[r]->Output().find("surface done: 23 checked, 0 wrong"), std::string::npos) << ranks[r]->Output();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizesAndHosts, BroadcastBarrierTest, ::testing::ValuesIn(AllConfigs()),
+                         [](const ::testing::TestParamInfo<Config>& info) {
+                           return absl::StrCat("world", info.param.world_size, "_hosts", info.param.sidecars);
+                         });
+
 INSTANTIATE_TEST_SUITE_P(WorldSizesAndHosts, AllReduceSweepTest, ::testing::ValuesIn(AllConfigs()),
                          [](const ::testing::TestParamInfo<Config>& info) {
                            return absl::StrCat("world", info.param.world_size, "_hosts", info.param.sidecars);

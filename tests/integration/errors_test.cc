@@ -92,6 +92,37 @@ TEST(ErrorsTest, CountMismatchAcrossHostsNamesTheRanksOnEveryRank) {
   }
 }
 
+TEST(ErrorsTest, BroadcastRootMismatchAcrossHostsNamesTheRanks) {
+  auto cluster = StartCluster(2);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    auto p = cluster->StartRank(r, 3, r % 2, {"--mode=bcast_root", absl::StrCat("--iters=", r == 2 ? 1 : 0)});
+    ASSERT_TRUE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  for (auto& p : ranks) {
+    auto [code, out] = Finish(*p);
+    EXPECT_EQ(code, 3) << out;
+    EXPECT_THAT(out, HasSubstr("status: INVALID_ARGUMENT: broadcast #0 of group \"world\": ranks disagree: "
+                               "root=0 on ranks [0, 1] but root=1 on ranks [2]"));
+  }
+}
+
+TEST(ErrorsTest, BarrierWithAMissingRankTimesOutNamingIt) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "1"}};
+  // Rank 0 arrives 3 s late; rank 1's barrier must fail after its 1 s op timeout.
+  auto r0 = cluster->StartRank(0, 2, 0, {"--mode=barrier", "--iters=3"}, env);
+  auto r1 = cluster->StartRank(1, 2, 0, {"--mode=barrier", "--iters=3"}, env);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  auto [code, out] = Finish(**r1, absl::Seconds(10));
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_THAT(out, HasSubstr("status: DEADLINE_EXCEEDED: collective #0 of group \"world\" timed out on host host0: "
+                             "local ranks [0] did not call it"));
+}
+
 TEST(ErrorsTest, GroupStaysUsableAfterAMismatch) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);

@@ -7,6 +7,9 @@
 //   single  one all_reduce of --count elements; prints "status: <code>: <message>".
 //   loop    all_reduce --iters times (0 = until an error); prints progress and the error.
 //   init    only init_process_group; prints "init: <status>".
+//   surface broadcast of every dtype x --counts with cycling roots, then barriers
+//           checked through the store.
+//   bcast_root / barrier  one broadcast with root --iters / one barrier (rank 0 late by --iters s).
 //   async   Work semantics (two ranks): Wait with a short timeout, IsCompleted, OnCompletion.
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
 #include <atomic>
@@ -253,6 +256,80 @@ int main(int argc, char** argv) {
     std::vector<float> f = {1.0f};
     std::printf("bxor on float: %s\n", StatusLine((*pg)->AllReduce(f, ReduceOp::kBxor)->Wait()).c_str());
     return s.ok() ? 0 : 3;
+  }
+  if (mode == "surface") {
+    // broadcast of every dtype with roots cycling over the ranks, then barriers.
+    const int rank = (*pg)->GetRank(), world = (*pg)->GetWorldSize();
+    int64_t checked = 0, wrong = 0;
+    int salt = 1000;
+    for (absl::string_view c : absl::StrSplit(absl::GetFlag(FLAGS_counts), ',')) {
+      size_t count;
+      if (!absl::SimpleAtoi(c, &count)) return 2;
+      for (DataType d : {DataType::kFloat32, DataType::kFloat64, DataType::kInt32, DataType::kInt64}) {
+        const int root = salt++ % world;
+        const size_t esz = collserve::ElementSize(d);
+        std::vector<char> buf(count * esz + 1, static_cast<char>(0x5a + rank));
+        std::vector<char> want(count * esz + 1, 0);
+        for (size_t i = 0; i < count; ++i) {
+          const uint64_t v = Mix((static_cast<uint64_t>(root) << 40) ^ (i * 7919) ^ static_cast<uint64_t>(salt));
+          std::memcpy(want.data() + i * esz, &v, esz);
+        }
+        if (rank == root) std::memcpy(buf.data(), want.data(), count * esz);
+        absl::Status st = (*pg)->Broadcast(buf.data(), static_cast<int64_t>(count), d, root)->Wait();
+        if (!st.ok()) {
+          std::printf("rank %d: broadcast(count=%zu, root=%d) failed: %s\n", rank, count, root, StatusLine(st).c_str());
+          return 3;
+        }
+        if (std::memcmp(buf.data(), want.data(), count * esz) != 0) {
+          std::printf("rank %d: broadcast(%s, count=%zu, root=%d) differs from the root's tensor\n", rank,
+                      std::string(collserve::DataTypeName(d)).c_str(), count, root);
+          ++wrong;
+        }
+        ++checked;
+      }
+    }
+    // barrier: nobody leaves before everybody arrived (seen through the store).
+    auto* store = (*pg)->store();
+    if (store == nullptr) {
+      std::printf("no store\n");
+      return 3;
+    }
+    for (int round = 0; round < 3; ++round) {
+      if (rank == round % world) absl::SleepFor(absl::Milliseconds(200));  // a straggler
+      if (!store->Set(absl::StrCat("arrived/", round, "/", rank), "1").ok()) return 3;
+      absl::Status st = (*pg)->Barrier()->Wait();
+      if (!st.ok()) {
+        std::printf("rank %d: barrier failed: %s\n", rank, StatusLine(st).c_str());
+        return 3;
+      }
+      std::vector<std::string> keys;
+      for (int r = 0; r < world; ++r) keys.push_back(absl::StrCat("arrived/", round, "/", r));
+      auto all = store->Check(keys);
+      if (!all.ok() || !*all) {
+        std::printf("rank %d: left barrier %d before every rank arrived\n", rank, round);
+        ++wrong;
+      }
+      ++checked;
+    }
+    std::printf("rank %d: surface done: %lld checked, %lld wrong\n", rank, static_cast<long long>(checked),
+                static_cast<long long>(wrong));
+    return wrong == 0 ? 0 : 1;
+  }
+  if (mode == "bcast_root") {
+    // broadcast whose root is --count's rank-dependent value: to provoke a root mismatch.
+    std::vector<float> v(4, 1.0f);
+    const int root = static_cast<int>(absl::GetFlag(FLAGS_iters));
+    absl::Status st = (*pg)->Broadcast(v.data(), 4, DataType::kFloat32, root)->Wait();
+    std::printf("status: %s\n", StatusLine(st).c_str());
+    return st.ok() ? 0 : 3;
+  }
+  if (mode == "barrier") {
+    if ((*pg)->GetRank() == 0 && absl::GetFlag(FLAGS_iters) > 0) {
+      absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_iters)));  // arrive late (or never, before the timeout)
+    }
+    absl::Status st = (*pg)->Barrier()->Wait();
+    std::printf("status: %s\n", StatusLine(st).c_str());
+    return st.ok() ? 0 : 3;
   }
   if (mode != "sweep") {
     std::printf("unknown --mode\n");

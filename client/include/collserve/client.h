@@ -119,9 +119,22 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
                                           ReduceOp op = ReduceOp::kSum) = 0;
 
+  // broadcast (torch.distributed.broadcast): `data` of rank `root` is copied, in place,
+  // into `data` of every rank. Every rank passes the same count, dtype and root.
+  // Errors as AllReduce; INVALID_ARGUMENT for a root outside [0, world_size) or ranks that
+  // disagree on it. Algorithm: the root's host sends with Gloo's broadcast; each host
+  // copies the result to its local ranks.
+  virtual std::shared_ptr<Work> Broadcast(void* data, int64_t count, DataType dtype, int root) = 0;
+
+  // barrier (torch.distributed.barrier): completes once every rank of the group has called
+  // it. DEADLINE_EXCEEDED names the local ranks that did not arrive in time.
+  virtual std::shared_ptr<Work> Barrier() = 0;
+
   // Typed convenience overload for float, double, int32_t and int64_t vectors.
   template <typename T>
   std::shared_ptr<Work> AllReduce(std::vector<T>& data, ReduceOp op = ReduceOp::kSum);
+  template <typename T>
+  std::shared_ptr<Work> Broadcast(std::vector<T>& data, int root);
 
   // The coordinator's store for this job (nullptr if no coordinator address was given).
   virtual StoreClient* store() = 0;
@@ -187,6 +200,11 @@ template <typename T>
 std::shared_ptr<Work> ProcessGroup::AllReduce(std::vector<T>& data, ReduceOp op) {
   return AllReduce(data.data(), static_cast<int64_t>(data.size()),
                    internal::DataTypeOf<T>::value, op);
+}
+
+template <typename T>
+std::shared_ptr<Work> ProcessGroup::Broadcast(std::vector<T>& data, int root) {
+  return Broadcast(data.data(), static_cast<int64_t>(data.size()), internal::DataTypeOf<T>::value, root);
 }
 
 }  // namespace collserve::client
