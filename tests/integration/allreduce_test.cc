@@ -22,16 +22,14 @@ void PrintTo(const Config& c, std::ostream* os) {
   *os << "world_size=" << c.world_size << " sidecars=" << c.sidecars;
 }
 
-class AllReduceSweepTest : public ::testing::TestWithParam<Config> {};
-
-TEST_P(AllReduceSweepTest, EveryDtypeOpAndCountMatchesReference) {
-  const Config cfg = GetParam();
+// Runs one rank process per rank (round-robin over the sidecars, so a host's ranks are
+// not contiguous) with `args`, and expects every rank to exit 0 printing `expect`.
+void RunRanksAndExpect(const Config& cfg, const std::vector<std::string>& args, const std::string& expect) {
   auto cluster = Cluster::Start(cfg.sidecars);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < cfg.world_size; ++r) {
-    // Round-robin placement: a host's ranks are not contiguous.
-    auto p = (*cluster)->StartRank(r, cfg.world_size, r % cfg.sidecars, {"--mode=sweep"});
+    auto p = (*cluster)->StartRank(r, cfg.world_size, r % cfg.sidecars, args);
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
@@ -39,10 +37,15 @@ TEST_P(AllReduceSweepTest, EveryDtypeOpAndCountMatchesReference) {
     auto code = ranks[r]->Wait(absl::Seconds(150));
     ASSERT_TRUE(code.ok()) << "rank " << r << " hung: " << ranks[r]->Output() << (*cluster)->Logs();
     EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << ranks[r]->Output() << (*cluster)->Logs();
-    // 26 dtype x op pairs x 5 counts, all checked.
-    EXPECT_NE(ranks[r]->Output().find("sweep done: 130 collectives, 0 wrong elements"), std::string::npos)
-        << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find(expect), std::string::npos) << ranks[r]->Output();
   }
+}
+
+class AllReduceSweepTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(AllReduceSweepTest, EveryDtypeOpAndCountMatchesReference) {
+  // 26 dtype x op pairs x 5 counts, all checked.
+  RunRanksAndExpect(GetParam(), {"--mode=sweep"}, "sweep done: 130 collectives, 0 wrong elements");
 }
 
 std::vector<Config> AllConfigs() {
@@ -58,22 +61,8 @@ std::vector<Config> AllConfigs() {
 class BroadcastBarrierTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(BroadcastBarrierTest, EveryDtypeRootAndCountThenBarriers) {
-  const Config cfg = GetParam();
-  auto cluster = Cluster::Start(cfg.sidecars);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  std::vector<std::unique_ptr<Process>> ranks;
-  for (int r = 0; r < cfg.world_size; ++r) {
-    auto p = (*cluster)->StartRank(r, cfg.world_size, r % cfg.sidecars, {"--mode=surface"});
-    ASSERT_TRUE(p.ok()) << p.status();
-    ranks.push_back(std::move(*p));
-  }
-  for (int r = 0; r < cfg.world_size; ++r) {
-    auto code = ranks[r]->Wait(absl::Seconds(150));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " hung: " << ranks[r]->Output() << (*cluster)->Logs();
-    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << ranks[r]->Output() << (*cluster)->Logs();
-    // 4 dtypes x 5 counts broadcasts + 3 barriers.
-    EXPECT_NE(ranks[r]->Output().find("surface done: 23 checked, 0 wrong"), std::string::npos) << ranks[r]->Output();
-  }
+  // 4 dtypes x 5 counts broadcasts + 3 barriers.
+  RunRanksAndExpect(GetParam(), {"--mode=surface"}, "surface done: 23 checked, 0 wrong");
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizesAndHosts, BroadcastBarrierTest, ::testing::ValuesIn(AllConfigs()),
