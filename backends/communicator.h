@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -40,6 +41,34 @@ class Communicator {
   // offset i * bytes. Same errors as AllReduce.
   virtual absl::Status AllGather(const void* in, void* out, size_t bytes,
                                  absl::Duration timeout) = 0;
+
+  // All-gather with a size per host (MPI_Allgatherv): host i contributes bytes[i] bytes
+  // (this host's are at `in`); `out` (sum(bytes)) gets them concatenated in host order.
+  // Every host passes the same `bytes` (size() entries). Same errors as AllReduce, plus
+  // INVALID_ARGUMENT when bytes.size() != size(). Gloo: gloo::allgatherv.
+  virtual absl::Status AllGatherV(const void* in, void* out, const std::vector<size_t>& bytes,
+                                  absl::Duration timeout) = 0;
+
+  // Point-to-point between hosts, on numbered slots (0 <= slot < 2^24) separate from the
+  // collectives' (so it may run on other threads while collectives run; Send, Recv and
+  // AbortRecv are thread-safe). Send: `bytes` at `data` to host `peer`; returns once the
+  // bytes are handed to the transport, which waits for the peer to post a matching Recv.
+  // Recv: `bytes` into `data` from any host in `peers` (on the same slot); *from gets
+  // the sender. Errors: as AllReduce; CANCELLED if AbortRecv was called (then the Recv's
+  // buffer must stay valid until the communicator is destroyed). Messages on one slot
+  // from one host arrive in the order sent. Backends without tagged any-source receives
+  // (NCCL) return UNIMPLEMENTED.
+  virtual absl::Status Send(const void* data, size_t bytes, int peer, uint32_t slot, absl::Duration timeout) {
+    (void)data, (void)bytes, (void)peer, (void)slot, (void)timeout;
+    return absl::UnimplementedError("this backend has no point-to-point between hosts");
+  }
+  virtual absl::Status Recv(void* data, size_t bytes, const std::vector<int>& peers, uint32_t slot, int* from,
+                            absl::Duration timeout) {
+    (void)data, (void)bytes, (void)peers, (void)slot, (void)from, (void)timeout;
+    return absl::UnimplementedError("this backend has no point-to-point between hosts");
+  }
+  // Makes a blocked (or the next) Recv return CANCELLED. For shutting down a receive loop.
+  virtual void AbortRecv() {}
 };
 
 }  // namespace collserve::backends

@@ -22,6 +22,7 @@
 #include "collserve/client.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/shm.h"
 
 namespace collserve::client {
@@ -69,6 +70,15 @@ class WorkImpl : public Work {
     return done_;
   }
 
+  int SourceRank() override {
+    absl::MutexLock lock(&mu_);
+    return done_ && status_.ok() ? source_ : -1;
+  }
+  void SetSourceRank(int source) {
+    absl::MutexLock lock(&mu_);
+    source_ = source;
+  }
+
   void OnCompletion(std::function<void(const absl::Status&)> callback) override {
     {
       absl::MutexLock lock(&mu_);
@@ -96,6 +106,7 @@ class WorkImpl : public Work {
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_;  // written once before done_ is set
+  int source_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<std::function<void(const absl::Status&)>> callbacks_ ABSL_GUARDED_BY(mu_);
   const absl::Time deadline_;
 };
@@ -118,7 +129,9 @@ grpc::ChannelArguments ChannelArgs() {
 
 class SessionProcessGroup : public ProcessGroup {
  public:
-  explicit SessionProcessGroup(InitOptions options) : options_(std::move(options)) {}
+  explicit SessionProcessGroup(InitOptions options) : options_(std::move(options)) {
+    for (int r = 0; r < options_.world_size; ++r) ranks_.push_back(r);
+  }
 
   ~SessionProcessGroup() override {
     if (!reader_.joinable()) {
@@ -201,66 +214,355 @@ class SessionProcessGroup : public ProcessGroup {
   int num_hosts() const override { return num_hosts_; }
   int local_world_size() const override { return local_world_size_; }
 
-  std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
-                                  ReduceOp op) override {
-    if (absl::Status s = ValidateReduce(dtype, op); !s.ok()) return WorkImpl::Failed(s);
-    return Issue(pb::ALL_REDUCE, data, count, dtype, op, 0);
+  std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype, ReduceOpArg op) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::ALL_REDUCE, dtype);
+    r.reduce = op;
+    r.InPlace(data, count);
+    return Issue(std::move(r));
   }
 
   std::shared_ptr<Work> Broadcast(void* data, int64_t count, DataType dtype, int root) override {
-    if (!IsValidDataType(static_cast<int>(dtype))) {
-      return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype))));
+    if (absl::Status s = CheckRoot("broadcast", root); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::BROADCAST, dtype);
+    r.root = root;
+    r.InPlace(data, count);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Reduce(void* data, int64_t count, DataType dtype, ReduceOpArg op, int dst) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    if (absl::Status s = CheckRoot("reduce", dst); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::REDUCE, dtype);
+    r.reduce = op;
+    r.root = dst;
+    r.InPlace(data, count);
+    if (dst != options_.rank) r.outputs.clear();  // only the destination's tensor changes
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Barrier() override { return Issue(Request(pb::BARRIER, DataType::kFloat32)); }
+
+  std::shared_ptr<Work> MonitoredBarrier(absl::Duration timeout, bool wait_all_ranks) override {
+    if (timeout <= absl::ZeroDuration()) {
+      return WorkImpl::Failed(absl::InvalidArgumentError("monitored_barrier timeout must be > 0"));
     }
+    Request r(pb::MONITORED_BARRIER, DataType::kFloat32);
+    r.timeout = timeout;
+    r.wait_all_ranks = wait_all_ranks;
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> AllGather(const std::vector<void*>& outputs, const std::vector<int64_t>& counts,
+                                  const void* input, int64_t count, DataType dtype) override {
+    Request r(pb::ALL_GATHER, dtype);
+    if (absl::Status s = r.Input(input, count); !s.ok()) return WorkImpl::Failed(s);
+    if (absl::Status s = r.OutputList(outputs, counts, options_.world_size, "outputs"); !s.ok()) return WorkImpl::Failed(s);
+    r.output_splits = counts;
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> AllGatherIntoTensor(void* output, const void* input, int64_t count, DataType dtype) override {
+    Request r(pb::ALL_GATHER, dtype);
+    if (absl::Status s = r.Input(input, count); !s.ok()) return WorkImpl::Failed(s);
+    r.output_splits.assign(options_.world_size, count);
+    if (absl::Status s = r.Output(output, count * options_.world_size); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Gather(const void* input, int64_t count, const std::vector<void*>& outputs,
+                               const std::vector<int64_t>& counts, DataType dtype, int dst) override {
+    if (absl::Status s = CheckRoot("gather", dst); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::GATHER, dtype);
+    r.root = dst;
+    if (absl::Status s = r.Input(input, count); !s.ok()) return WorkImpl::Failed(s);
+    if (dst == options_.rank) {
+      if (absl::Status s = r.OutputList(outputs, counts, options_.world_size, "gather outputs"); !s.ok()) {
+        return WorkImpl::Failed(s);
+      }
+      r.output_splits = counts;
+    } else if (!outputs.empty() || !counts.empty()) {
+      return WorkImpl::Failed(absl::InvalidArgumentError("gather: only the destination rank passes outputs"));
+    }
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Scatter(void* output, int64_t count, const std::vector<const void*>& inputs,
+                                const std::vector<int64_t>& counts, DataType dtype, int src) override {
+    if (absl::Status s = CheckRoot("scatter", src); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::SCATTER, dtype);
+    r.root = src;
+    if (src == options_.rank) {
+      if (absl::Status s = r.InputList(inputs, counts, options_.world_size, "scatter inputs"); !s.ok()) {
+        return WorkImpl::Failed(s);
+      }
+      r.input_splits = counts;
+    } else if (!inputs.empty() || !counts.empty()) {
+      return WorkImpl::Failed(absl::InvalidArgumentError("scatter: only the source rank passes inputs"));
+    }
+    if (absl::Status s = r.Output(output, count); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> ReduceScatter(void* output, int64_t count, const std::vector<const void*>& inputs,
+                                      const std::vector<int64_t>& counts, DataType dtype, ReduceOpArg op) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::REDUCE_SCATTER, dtype);
+    r.reduce = op;
+    if (absl::Status s = r.InputList(inputs, counts, options_.world_size, "reduce_scatter inputs"); !s.ok()) {
+      return WorkImpl::Failed(s);
+    }
+    r.input_splits = counts;
+    if (absl::Status s = r.Output(output, count); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> ReduceScatterTensor(void* output, const void* input, int64_t count, DataType dtype,
+                                            ReduceOpArg op) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::REDUCE_SCATTER, dtype);
+    r.reduce = op;
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("count ", count, " < 0")));
+    if (absl::Status s = r.Input(input, count * options_.world_size); !s.ok()) return WorkImpl::Failed(s);
+    r.input_splits.assign(options_.world_size, count);
+    if (absl::Status s = r.Output(output, count); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> AllToAll(const std::vector<void*>& outputs, const std::vector<int64_t>& output_counts,
+                                 const std::vector<const void*>& inputs, const std::vector<int64_t>& input_counts,
+                                 DataType dtype) override {
+    Request r(pb::ALL_TO_ALL, dtype);
+    if (absl::Status s = r.InputList(inputs, input_counts, options_.world_size, "all_to_all inputs"); !s.ok()) {
+      return WorkImpl::Failed(s);
+    }
+    if (absl::Status s = r.OutputList(outputs, output_counts, options_.world_size, "all_to_all outputs"); !s.ok()) {
+      return WorkImpl::Failed(s);
+    }
+    r.input_splits = input_counts;
+    r.output_splits = output_counts;
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> AllToAllSingle(void* output, int64_t output_count, const void* input, int64_t count,
+                                       const std::vector<int64_t>& output_splits,
+                                       const std::vector<int64_t>& input_splits, DataType dtype) override {
+    const int world = options_.world_size;
+    auto even = [world](int64_t n, const char* what) -> absl::StatusOr<std::vector<int64_t>> {
+      if (n < 0 || n % world != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all_single without ", what, ": ", n,
+                                                       " elements do not split evenly over ", world, " ranks"));
+      }
+      return std::vector<int64_t>(world, n / world);
+    };
+    Request r(pb::ALL_TO_ALL, dtype);
+    auto in = input_splits.empty() ? even(count, "input_split_sizes") : absl::StatusOr<std::vector<int64_t>>(input_splits);
+    auto out = output_splits.empty() ? even(output_count, "output_split_sizes")
+                                     : absl::StatusOr<std::vector<int64_t>>(output_splits);
+    if (!in.ok()) return WorkImpl::Failed(in.status());
+    if (!out.ok()) return WorkImpl::Failed(out.status());
+    if (absl::Status s = r.Input(input, count); !s.ok()) return WorkImpl::Failed(s);
+    if (absl::Status s = r.Output(output, output_count); !s.ok()) return WorkImpl::Failed(s);
+    r.input_splits = std::move(*in);
+    r.output_splits = std::move(*out);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Send(const void* data, int64_t count, DataType dtype, int dst, int64_t tag) override {
+    if (absl::Status s = CheckPeer("send", dst, false); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::SEND, dtype);
+    r.peer = dst;
+    r.tag = tag;
+    if (absl::Status s = r.Input(data, count); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  std::shared_ptr<Work> Recv(void* data, int64_t count, DataType dtype, int src, int64_t tag) override {
+    if (absl::Status s = CheckPeer("recv", src, true); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::RECV, dtype);
+    r.peer = src;
+    r.tag = tag;
+    if (absl::Status s = r.Output(data, count); !s.ok()) return WorkImpl::Failed(s);
+    return Issue(std::move(r));
+  }
+
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks) override {
+    int64_t index;
+    {
+      absl::MutexLock lock(&write_mu_);
+      index = next_subgroup_++;
+    }
+    if (ranks.empty()) return absl::InvalidArgumentError("new_group needs at least one rank");
+    std::vector<int> sorted = ranks;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] < 0 || sorted[i] >= options_.world_size) {
+        return absl::InvalidArgumentError(absl::StrCat("new_group: rank ", sorted[i],
+                                                       " is out of range for world_size ", options_.world_size));
+      }
+      if (i > 0 && sorted[i] == sorted[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat("new_group: rank ", sorted[i], " is listed twice"));
+      }
+    }
+    auto me = std::find(ranks.begin(), ranks.end(), options_.rank);
+    if (me == ranks.end()) return std::unique_ptr<ProcessGroup>();
+    InitOptions sub = options_;
+    sub.group = absl::StrCat(options_.group, "/", index);
+    sub.rank = static_cast<int>(me - ranks.begin());
+    sub.world_size = static_cast<int>(ranks.size());
+    auto pg = std::make_unique<SessionProcessGroup>(sub);
+    pg->ranks_ = std::move(ranks);
+    if (absl::Status s = pg->Init(); !s.ok()) return s;
+    return std::unique_ptr<ProcessGroup>(std::move(pg));
+  }
+
+  const std::vector<int>& GetProcessGroupRanks() const override { return ranks_; }
+
+ private:
+  // One request, built by the public calls: inputs are concatenated into the input region
+  // of a segment (or the inline bytes); outputs are filled, in order, from the output
+  // region (in-place ops: the input region) when the sidecar answers.
+  struct Request {
+    Request(pb::CollectiveOp op, DataType dtype) : op(op), dtype(dtype) {}
+    pb::CollectiveOp op;
+    DataType dtype;
+    ReduceOpArg reduce = static_cast<ReduceOp>(0);
+    int root = 0;
+    int peer = 0;
+    int64_t tag = 0;
+    bool wait_all_ranks = false;
+    absl::Duration timeout = absl::ZeroDuration();  // 0 = the op timeout
+    bool in_place = false;
+    int64_t count = 0;         // input elements
+    int64_t output_count = 0;  // output elements (out-of-place)
+    std::vector<std::pair<const void*, size_t>> inputs;
+    std::vector<std::pair<void*, size_t>> outputs;
+    std::vector<int64_t> input_splits, output_splits;
+
+    size_t Bytes(int64_t n) const { return static_cast<size_t>(n) * ElementSize(dtype); }
+    absl::Status Check(const void* p, int64_t n) const {
+      if (!IsValidDataType(static_cast<int>(dtype))) {
+        return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+      }
+      if (n < 0) return absl::InvalidArgumentError(absl::StrCat("count ", n, " < 0"));
+      if (n > 0 && p == nullptr) return absl::InvalidArgumentError("null data with a non-zero count");
+      return absl::OkStatus();
+    }
+    void InPlace(void* data, int64_t n) {
+      in_place = true;
+      count = n;
+      inputs.emplace_back(data, Bytes(std::max<int64_t>(n, 0)));
+      outputs.emplace_back(data, Bytes(std::max<int64_t>(n, 0)));
+    }
+    absl::Status Input(const void* data, int64_t n) {
+      COLLSERVE_RETURN_IF_ERROR(Check(data, n));
+      count += n;
+      inputs.emplace_back(data, Bytes(n));
+      return absl::OkStatus();
+    }
+    absl::Status Output(void* data, int64_t n) {
+      COLLSERVE_RETURN_IF_ERROR(Check(data, n));
+      output_count += n;
+      outputs.emplace_back(data, Bytes(n));
+      return absl::OkStatus();
+    }
+    absl::Status InputList(const std::vector<const void*>& ptrs, const std::vector<int64_t>& counts, int world,
+                           const char* what) {
+      if (ptrs.size() != static_cast<size_t>(world) || counts.size() != static_cast<size_t>(world)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", ptrs.size(), " tensors and ", counts.size(),
+                                                       " counts, but world_size is ", world));
+      }
+      for (int i = 0; i < world; ++i) COLLSERVE_RETURN_IF_ERROR(Input(ptrs[i], counts[i]));
+      return absl::OkStatus();
+    }
+    absl::Status OutputList(const std::vector<void*>& ptrs, const std::vector<int64_t>& counts, int world,
+                            const char* what) {
+      if (ptrs.size() != static_cast<size_t>(world) || counts.size() != static_cast<size_t>(world)) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", ptrs.size(), " tensors and ", counts.size(),
+                                                       " counts, but world_size is ", world));
+      }
+      for (int i = 0; i < world; ++i) COLLSERVE_RETURN_IF_ERROR(Output(ptrs[i], counts[i]));
+      return absl::OkStatus();
+    }
+  };
+
+  absl::Status CheckRoot(const char* op, int root) const {
     if (root < 0 || root >= options_.world_size) {
-      return WorkImpl::Failed(absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", root, " is out of range for world_size ", options_.world_size)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, " root ", root, " is out of range for world_size ", options_.world_size));
     }
-    return Issue(pb::BROADCAST, data, count, dtype, static_cast<ReduceOp>(0), root);
+    return absl::OkStatus();
+  }
+  absl::Status CheckPeer(const char* op, int peer, bool any_ok) const {
+    if (any_ok && peer == -1) return absl::OkStatus();
+    if (peer < 0 || peer >= options_.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, " peer rank ", peer, " is out of range for world_size ", options_.world_size));
+    }
+    if (peer == options_.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(op, " with itself (rank ", peer, ") would never complete"));
+    }
+    return absl::OkStatus();
   }
 
-  std::shared_ptr<Work> Barrier() override {
-    return Issue(pb::BARRIER, nullptr, 0, DataType::kFloat32, static_cast<ReduceOp>(0), 0);
-  }
+  // Sends one request on the session; the Work completes with the sidecar's answer.
+  std::shared_ptr<Work> Issue(Request r) {
+    if (absl::Status s = r.Check(nullptr, 0); !s.ok()) return WorkImpl::Failed(s);
+    size_t in_bytes = 0, out_bytes = 0;
+    for (const auto& [p, b] : r.inputs) in_bytes += b;
+    for (const auto& [p, b] : r.outputs) out_bytes += b;
+    // In-place: the result comes back in the input region.
+    const size_t out_region = r.in_place ? 0 : r.Bytes(r.output_count);
+    constexpr size_t kAlign = 64;
+    const size_t out_offset = r.in_place ? 0 : (in_bytes + kAlign - 1) / kAlign * kAlign;
+    const size_t total = out_offset + out_region + (r.in_place ? in_bytes : 0);
 
-  // Sends one collective on the session; the Work completes with the sidecar's answer.
-  std::shared_ptr<Work> Issue(pb::CollectiveOp kind, void* data, int64_t count, DataType dtype, ReduceOp op,
-                              int root) {
-    if (count < 0) {
-      return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("count ", count, " < 0")));
-    }
-    if (count > 0 && data == nullptr) {
-      return WorkImpl::Failed(absl::InvalidArgumentError("null data with a non-zero count"));
-    }
-    const size_t bytes = static_cast<size_t>(count) * ElementSize(dtype);
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
-    c->set_op(kind);
-    c->set_dtype(static_cast<pb::DataType>(dtype));
-    c->set_count(count);
-    c->set_reduce_op(static_cast<pb::ReduceOp>(op));
-    c->set_root(root);
-    c->set_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
+    c->set_op(r.op);
+    c->set_dtype(static_cast<pb::DataType>(r.dtype));
+    c->set_count(r.count);
+    c->set_output_count(r.in_place ? 0 : r.output_count);
+    c->set_reduce_op(static_cast<pb::ReduceOp>(r.reduce.op));
+    c->set_premul_factor(r.reduce.premul_factor);
+    c->set_root(r.root);
+    c->set_peer(r.peer);
+    c->set_tag(r.tag);
+    c->set_wait_all_ranks(r.wait_all_ranks);
+    for (int64_t v : r.input_splits) c->add_input_splits(v);
+    for (int64_t v : r.output_splits) c->add_output_splits(v);
+    c->set_timeout_ms(absl::ToInt64Milliseconds(r.timeout > absl::ZeroDuration() ? r.timeout : options_.op_timeout));
 
     auto pending = std::make_unique<Pending>();
-    pending->user_data = static_cast<char*>(data);
-    pending->bytes = bytes;
-    if (bytes > 0 && shared_memory_) {
-      auto seg = AcquireSegment(bytes);
+    pending->outputs = std::move(r.outputs);
+    pending->out_offset = out_offset;
+    pending->out_bytes = r.in_place ? in_bytes : out_region;
+    if (total > 0 && shared_memory_) {
+      auto seg = AcquireSegment(total);
       if (!seg.ok()) return WorkImpl::Failed(seg.status());
       pending->segment = std::move(*seg);
-      std::memcpy(pending->segment->data(), data, bytes);
+      size_t off = 0;
+      for (const auto& [p, b] : r.inputs) {
+        if (b > 0) std::memcpy(pending->segment->data() + off, p, b);
+        off += b;
+      }
       c->mutable_buffer()->set_segment(pending->segment->name());
       c->mutable_buffer()->set_segment_bytes(static_cast<int64_t>(pending->segment->size()));
       c->mutable_buffer()->set_offset(0);
-    } else if (bytes > 0) {
-      if (bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
+      c->mutable_output()->set_segment(pending->segment->name());
+      c->mutable_output()->set_segment_bytes(static_cast<int64_t>(pending->segment->size()));
+      c->mutable_output()->set_offset(static_cast<int64_t>(out_offset));
+    } else if (total > 0) {
+      if (in_bytes + out_bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
         return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat(
-            "tensor of ", bytes, " bytes exceeds the ", kMaxMessageBytes,
+            "tensors of ", in_bytes + out_bytes, " bytes exceed the ", kMaxMessageBytes,
             "-byte message limit of a remote (non-shared-memory) session")));
       }
-      c->mutable_buffer()->set_inline_data(data, bytes);
+      std::string* data = c->mutable_buffer()->mutable_inline_data();
+      data->reserve(in_bytes);
+      for (const auto& [p, b] : r.inputs) data->append(static_cast<const char*>(p), b);
     }
-    auto work = std::make_shared<WorkImpl>(absl::Now() + options_.op_timeout + kClientGrace);
+    auto work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
     pending->work = work;
     {
       absl::MutexLock lock(&segments_mu_);
@@ -305,8 +607,9 @@ class SessionProcessGroup : public ProcessGroup {
  private:
   struct Pending {
     std::shared_ptr<WorkImpl> work;
-    char* user_data = nullptr;
-    size_t bytes = 0;
+    std::vector<std::pair<void*, size_t>> outputs;  // filled in order from the result
+    size_t out_offset = 0;  // of the result in the segment
+    size_t out_bytes = 0;   // of the result
     std::unique_ptr<ShmSegment> segment;
   };
 
@@ -363,17 +666,25 @@ class SessionProcessGroup : public ProcessGroup {
         pending_.erase(it);
       }
       absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
-      if (status.ok() && p->bytes > 0) {
+      if (status.ok() && p->out_bytes > 0) {
+        const char* result = nullptr;
         if (p->segment != nullptr) {
-          std::memcpy(p->user_data, p->segment->data(), p->bytes);
-        } else if (c.inline_data().size() == p->bytes) {
-          std::memcpy(p->user_data, c.inline_data().data(), p->bytes);
+          result = p->segment->data() + p->out_offset;
+        } else if (c.inline_data().size() == p->out_bytes) {
+          result = c.inline_data().data();
         } else {
           status = absl::InternalError(absl::StrCat("the sidecar returned ", c.inline_data().size(),
-                                                    " bytes for a ", p->bytes, "-byte tensor"));
+                                                    " bytes for a ", p->out_bytes, "-byte result"));
+        }
+        size_t off = 0;
+        for (const auto& [ptr, b] : p->outputs) {
+          if (result == nullptr || off + b > p->out_bytes) break;
+          if (b > 0) std::memcpy(ptr, result + off, b);
+          off += b;
         }
       }
       ReleaseSegment(std::move(p->segment));
+      if (status.ok()) p->work->SetSourceRank(c.source());
       p->work->Complete(std::move(status));
     }
     grpc::Status final_status = stream_->Finish();
@@ -415,6 +726,8 @@ class SessionProcessGroup : public ProcessGroup {
 
   absl::Mutex write_mu_;  // orders seq assignment with stream writes
   int64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
+  int64_t next_subgroup_ ABSL_GUARDED_BY(write_mu_) = 0;
+  std::vector<int> ranks_;  // GetProcessGroupRanks
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(write_mu_);
 
@@ -460,6 +773,35 @@ absl::StatusOr<absl::Duration> EnvSeconds(const char* name, absl::Duration fallb
 }
 
 }  // namespace
+
+std::vector<std::shared_ptr<Work>> ProcessGroup::BatchIsendIrecv(const std::vector<P2POp>& ops) {
+  std::vector<std::shared_ptr<Work>> works;
+  works.reserve(ops.size());
+  for (const P2POp& op : ops) {
+    works.push_back(op.kind == P2POp::Kind::kSend ? Send(op.data, op.count, op.dtype, op.peer, op.tag)
+                                                  : Recv(op.data, op.count, op.dtype, op.peer, op.tag));
+  }
+  return works;
+}
+
+absl::StatusOr<int> ProcessGroup::GetGlobalRank(int group_rank) const {
+  const std::vector<int>& ranks = GetProcessGroupRanks();
+  if (group_rank < 0 || group_rank >= static_cast<int>(ranks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("group rank ", group_rank, " is not in group \"", group_name(),
+                                                   "\" of ", ranks.size(), " ranks"));
+  }
+  return ranks[group_rank];
+}
+
+absl::StatusOr<int> ProcessGroup::GetGroupRank(int global_rank) const {
+  const std::vector<int>& ranks = GetProcessGroupRanks();
+  auto it = std::find(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", global_rank, " is not a member of group \"",
+                                                   group_name(), "\""));
+  }
+  return static_cast<int>(it - ranks.begin());
+}
 
 absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   InitOptions o;

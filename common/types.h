@@ -18,6 +18,11 @@ enum class DataType : int {
   kFloat64 = 2,
   kInt32 = 3,
   kInt64 = 4,
+  kFloat16 = 5,   // IEEE-754 binary16
+  kBFloat16 = 6,  // bfloat16: the upper 16 bits of a binary32
+  kInt8 = 7,
+  kUInt8 = 8,
+  kBool = 9,      // one byte, 0 or 1 (any non-zero byte reads as true)
 };
 
 // Values equal collserve.v1.ReduceOp's so conversion is a cast.
@@ -30,6 +35,9 @@ enum class ReduceOp : int {
   kBand = 6,     // integer types only
   kBor = 7,      // integer types only
   kBxor = 8,     // integer types only
+  // Each rank's tensor is multiplied by its own scalar factor, then summed (NCCL's
+  // ncclRedOpCreatePreMulSum, torch's _make_nccl_premul_sum). Floating-point dtypes only.
+  kPremulSum = 9,
 };
 
 // Bytes per element; 0 for an unknown value.
@@ -39,14 +47,20 @@ inline size_t ElementSize(DataType dtype) {
     case DataType::kFloat64: return 8;
     case DataType::kInt32: return 4;
     case DataType::kInt64: return 8;
+    case DataType::kFloat16: return 2;
+    case DataType::kBFloat16: return 2;
+    case DataType::kInt8: return 1;
+    case DataType::kUInt8: return 1;
+    case DataType::kBool: return 1;
   }
   return 0;
 }
 
-inline bool IsValidDataType(int v) { return v >= 1 && v <= 4; }
-inline bool IsValidReduceOp(int v) { return v >= 1 && v <= 8; }
+inline bool IsValidDataType(int v) { return v >= 1 && v <= 9; }
+inline bool IsValidReduceOp(int v) { return v >= 1 && v <= 9; }
 inline bool IsFloatingPoint(DataType dtype) {
-  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64 || dtype == DataType::kFloat16 ||
+         dtype == DataType::kBFloat16;
 }
 
 // torch-style names: "float32", "int64", ...
@@ -56,6 +70,11 @@ inline absl::string_view DataTypeName(DataType dtype) {
     case DataType::kFloat64: return "float64";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
+    case DataType::kFloat16: return "float16";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kInt8: return "int8";
+    case DataType::kUInt8: return "uint8";
+    case DataType::kBool: return "bool";
   }
   return "unknown_dtype";
 }
@@ -71,12 +90,15 @@ inline absl::string_view ReduceOpName(ReduceOp op) {
     case ReduceOp::kBand: return "BAND";
     case ReduceOp::kBor: return "BOR";
     case ReduceOp::kBxor: return "BXOR";
+    case ReduceOp::kPremulSum: return "PREMUL_SUM";
   }
   return "unknown_op";
 }
 
-// OK if `op` is defined for `dtype`; INVALID_ARGUMENT otherwise (bitwise ops on floats,
-// unknown values).
+// OK if `op` is defined for `dtype`; INVALID_ARGUMENT otherwise: bitwise ops on
+// floating-point dtypes, PREMUL_SUM on non-floating dtypes, AVG on bool, unknown values.
+// bool follows torch's ProcessGroupNCCL (getNcclReduceOp): SUM and MAX are logical or,
+// PRODUCT and MIN logical and.
 inline absl::Status ValidateReduce(DataType dtype, ReduceOp op) {
   if (!IsValidDataType(static_cast<int>(dtype))) {
     return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
@@ -89,6 +111,13 @@ inline absl::Status ValidateReduce(DataType dtype, ReduceOp op) {
     return absl::InvalidArgumentError(absl::StrCat("ReduceOp.", ReduceOpName(op),
                                                    " is defined for integer dtypes only, not ",
                                                    DataTypeName(dtype)));
+  }
+  if (op == ReduceOp::kPremulSum && !IsFloatingPoint(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReduceOp.PREMUL_SUM is defined for floating-point dtypes only, not ", DataTypeName(dtype)));
+  }
+  if (op == ReduceOp::kAvg && dtype == DataType::kBool) {
+    return absl::InvalidArgumentError("ReduceOp.AVG is not defined for bool");
   }
   return absl::OkStatus();
 }

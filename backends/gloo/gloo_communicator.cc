@@ -7,8 +7,11 @@
 #include <vector>
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
@@ -16,6 +19,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "backends/reduce.h"
 
@@ -73,6 +77,14 @@ absl::Status FromGlooException(const std::exception& e, absl::Time start, absl::
   return absl::UnavailableError(absl::StrCat(what, " across hosts failed: ", e.what()));
 }
 
+// Opaque elements of 1 and 2 bytes: Gloo only needs their size; ReduceFunc knows the type.
+struct Bytes1 {
+  uint8_t v;
+};
+struct Bytes2 {
+  uint16_t v;
+};
+
 ::gloo::AllreduceOptions::Func ReduceFunc(DataType dtype, ReduceOp op) {
   return [dtype, op](void* out, const void* a, const void* b, size_t n) {
     Reduce(dtype, op, out, a, b, n);
@@ -89,9 +101,9 @@ class GlooCommunicator : public Communicator {
 
   absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
                          absl::Duration timeout) override {
-    if (!failure_.ok()) return Aborted();
-    if (op == ReduceOp::kAvg) {
-      return absl::InvalidArgumentError("Communicator::AllReduce takes SUM, not AVG");
+    if (absl::Status s = Failure(); !s.ok()) return s;
+    if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
+      return absl::InvalidArgumentError("Communicator::AllReduce takes SUM, not AVG or PREMUL_SUM");
     }
     if (count == 0 || size() == 1) return absl::OkStatus();
     const absl::Time start = absl::Now();
@@ -105,17 +117,21 @@ class GlooCommunicator : public Communicator {
         case DataType::kFloat64: opts.setOutput(static_cast<double*>(data), count); break;
         case DataType::kInt32: opts.setOutput(static_cast<int32_t*>(data), count); break;
         case DataType::kInt64: opts.setOutput(static_cast<int64_t*>(data), count); break;
+        case DataType::kFloat16:
+        case DataType::kBFloat16: opts.setOutput(static_cast<Bytes2*>(data), count); break;
+        case DataType::kInt8:
+        case DataType::kUInt8:
+        case DataType::kBool: opts.setOutput(static_cast<Bytes1*>(data), count); break;
       }
       ::gloo::allreduce(opts);
     } catch (const std::exception& e) {
-      failure_ = FromGlooException(e, start, timeout, "all_reduce");
-      return failure_;
+      return SetFailure(FromGlooException(e, start, timeout, "all_reduce"));
     }
     return absl::OkStatus();
   }
 
   absl::Status Broadcast(void* data, size_t bytes, int root, absl::Duration timeout) override {
-    if (!failure_.ok()) return Aborted();
+    if (absl::Status s = Failure(); !s.ok()) return s;
     if (root < 0 || root >= size()) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root, " of ", size()));
     }
@@ -129,14 +145,13 @@ class GlooCommunicator : public Communicator {
       opts.setOutput(static_cast<char*>(data), bytes);
       ::gloo::broadcast(opts);
     } catch (const std::exception& e) {
-      failure_ = FromGlooException(e, start, timeout, "broadcast");
-      return failure_;
+      return SetFailure(FromGlooException(e, start, timeout, "broadcast"));
     }
     return absl::OkStatus();
   }
 
   absl::Status AllGather(const void* in, void* out, size_t bytes, absl::Duration timeout) override {
-    if (!failure_.ok()) return Aborted();
+    if (absl::Status s = Failure(); !s.ok()) return s;
     if (size() == 1) {
       std::memcpy(out, in, bytes);
       return absl::OkStatus();
@@ -150,21 +165,119 @@ class GlooCommunicator : public Communicator {
       opts.setOutput(static_cast<char*>(out), bytes * size());
       ::gloo::allgather(opts);
     } catch (const std::exception& e) {
-      failure_ = FromGlooException(e, start, timeout, "argument exchange");
-      return failure_;
+      return SetFailure(FromGlooException(e, start, timeout, "argument exchange"));
     }
     return absl::OkStatus();
   }
 
+  absl::Status AllGatherV(const void* in, void* out, const std::vector<size_t>& bytes,
+                          absl::Duration timeout) override {
+    if (absl::Status s = Failure(); !s.ok()) return s;
+    if (bytes.size() != static_cast<size_t>(size())) {
+      return absl::InvalidArgumentError(absl::StrCat("AllGatherV needs ", size(), " sizes, got ", bytes.size()));
+    }
+    size_t total = 0;
+    for (size_t b : bytes) total += b;
+    if (size() == 1 || total == 0) {
+      if (bytes[rank()] > 0) std::memcpy(out, in, bytes[rank()]);
+      return absl::OkStatus();
+    }
+    const absl::Time start = absl::Now();
+    try {
+      ::gloo::AllgathervOptions opts(context_);
+      opts.setTimeout(ToMillis(timeout));
+      opts.setTag(next_tag_++);
+      opts.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes[rank()]);
+      opts.setOutput(static_cast<char*>(out), std::vector<size_t>(bytes.begin(), bytes.end()));
+      ::gloo::allgatherv(opts);
+    } catch (const std::exception& e) {
+      return SetFailure(FromGlooException(e, start, timeout, "all_gather"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Send(const void* data, size_t bytes, int peer, uint32_t slot, absl::Duration timeout) override {
+    if (absl::Status s = Failure(); !s.ok()) return s;
+    if (peer < 0 || peer >= size() || peer == rank()) {
+      return absl::InvalidArgumentError(absl::StrCat("send to host ", peer, " of ", size()));
+    }
+    const absl::Time start = absl::Now();
+    try {
+      auto buf = context_->createUnboundBuffer(const_cast<void*>(data), bytes);
+      buf->send(peer, ::gloo::Slot::build(kP2PSlotPrefix, slot), 0, bytes);
+      buf->waitSend(ToMillis(timeout));
+    } catch (const std::exception& e) {
+      return SetFailure(FromGlooException(e, start, timeout, "send"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Recv(void* data, size_t bytes, const std::vector<int>& peers, uint32_t slot, int* from,
+                    absl::Duration timeout) override {
+    if (absl::Status s = Failure(); !s.ok()) return s;
+    const absl::Time start = absl::Now();
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    bool completed = false;
+    try {
+      buf = context_->createUnboundBuffer(data, bytes);
+      {
+        absl::MutexLock lock(&mu_);
+        if (recv_aborted_) return absl::CancelledError("receive aborted");
+        current_recv_ = buf.get();
+      }
+      buf->recv(peers, ::gloo::Slot::build(kP2PSlotPrefix, slot), 0, bytes);
+      completed = buf->waitRecv(from, ToMillis(timeout));
+    } catch (const std::exception& e) {
+      absl::MutexLock lock(&mu_);
+      current_recv_ = nullptr;
+      abandoned_.push_back(std::move(buf));
+      return SetFailureLocked(FromGlooException(e, start, timeout, "recv"));
+    }
+    absl::MutexLock lock(&mu_);
+    current_recv_ = nullptr;
+    if (!completed) {
+      // The recv may still be posted: keep its buffer object alive with the context.
+      abandoned_.push_back(std::move(buf));
+      return absl::CancelledError("receive aborted");
+    }
+    return absl::OkStatus();
+  }
+
+  void AbortRecv() override {
+    absl::MutexLock lock(&mu_);
+    recv_aborted_ = true;
+    if (current_recv_ != nullptr) current_recv_->abortWaitRecv();
+  }
+
  private:
-  absl::Status Aborted() const {
+  static constexpr uint8_t kP2PSlotPrefix = 0x7c;
+
+  absl::Status Failure() {
+    absl::MutexLock lock(&mu_);
+    return failure_.ok() ? absl::OkStatus() : Aborted();
+  }
+  absl::Status SetFailure(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    return SetFailureLocked(std::move(s));
+  }
+  absl::Status SetFailureLocked(absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (failure_.ok()) failure_ = s;
+    return s;
+  }
+
+  absl::Status Aborted() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the group's communicator was aborted by an earlier failure: ", failure_.message()));
   }
 
   std::shared_ptr<::gloo::rendezvous::Context> context_;
-  uint32_t next_tag_ = 0;
-  absl::Status failure_;
+  uint32_t next_tag_ = 0;  // collectives: the executor thread only
+  mutable absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool recv_aborted_ ABSL_GUARDED_BY(mu_) = false;
+  ::gloo::transport::UnboundBuffer* current_recv_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Receives given up on while possibly still posted: destroyed before context_.
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> abandoned_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "backends/nccl/nccl_communicator.h"
 
+#include <vector>
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -36,11 +38,25 @@ absl::StatusOr<ncclDataType_t> NcclType(DataType dtype) {
     case DataType::kFloat64: return ncclFloat64;
     case DataType::kInt32: return ncclInt32;
     case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case DataType::kBFloat16: return ncclBfloat16;
+#else
+    case DataType::kBFloat16: return absl::InvalidArgumentError("bfloat16 needs NCCL 2.10 or later");
+#endif
+    case DataType::kInt8: return ncclInt8;
+    case DataType::kUInt8: return ncclUint8;
+    case DataType::kBool: return ncclUint8;  // 0/1 bytes; ops mapped by NcclOp
   }
   return absl::InvalidArgumentError("unknown dtype");
 }
 
-absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op) {
+// bool follows torch's ProcessGroupNCCL: SUM/MAX -> max (or), PRODUCT/MIN -> min (and).
+absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op, DataType dtype) {
+  if (dtype == DataType::kBool) {
+    if (op == ReduceOp::kSum || op == ReduceOp::kMax) return ncclMax;
+    if (op == ReduceOp::kProduct || op == ReduceOp::kMin) return ncclMin;
+  }
   switch (op) {
     case ReduceOp::kSum: return ncclSum;
     case ReduceOp::kProduct: return ncclProd;
@@ -71,11 +87,11 @@ class NcclCommunicator : public Communicator {
     if (!failure_.ok()) return Aborted();
     auto type = NcclType(dtype);
     if (!type.ok()) return type.status();
-    auto nop = NcclOp(op);
+    auto nop = NcclOp(op, dtype);
     if (!nop.ok()) return nop.status();
     if (count == 0) return absl::OkStatus();
     const size_t bytes = count * ElementSize(dtype);
-    return Run(data, bytes, data, bytes, timeout, [&](void* dev) {
+    return Run(data, bytes, 0, data, bytes, timeout, [&](void* dev) {
       return ncclAllReduce(dev, dev, count, *type, *nop, comm_, stream_);
     });
   }
@@ -84,7 +100,7 @@ class NcclCommunicator : public Communicator {
     if (!failure_.ok()) return Aborted();
     if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root));
     if (bytes == 0) return absl::OkStatus();
-    return Run(data, bytes, data, bytes, timeout, [&](void* dev) {
+    return Run(data, bytes, 0, data, bytes, timeout, [&](void* dev) {
       return ncclBroadcast(dev, dev, bytes, ncclChar, root, comm_, stream_);
     });
   }
@@ -92,10 +108,33 @@ class NcclCommunicator : public Communicator {
   absl::Status AllGather(const void* in, void* out, size_t bytes, absl::Duration timeout) override {
     if (!failure_.ok()) return Aborted();
     if (bytes == 0) return absl::OkStatus();
-    return Run(in, bytes, out, bytes * size_, timeout, [&](void* dev) {
+    return Run(in, bytes, static_cast<size_t>(rank_) * bytes, out, bytes * size_, timeout, [&](void* dev) {
       // In place: this rank's block sits at offset rank * bytes of the output.
       char* base = static_cast<char*>(dev);
       return ncclAllGather(base + rank_ * bytes, base, bytes, ncclChar, comm_, stream_);
+    });
+  }
+
+  absl::Status AllGatherV(const void* in, void* out, const std::vector<size_t>& bytes,
+                          absl::Duration timeout) override {
+    if (!failure_.ok()) return Aborted();
+    if (bytes.size() != static_cast<size_t>(size_)) {
+      return absl::InvalidArgumentError(absl::StrCat("AllGatherV needs ", size_, " sizes, got ", bytes.size()));
+    }
+    std::vector<size_t> offsets(bytes.size() + 1, 0);
+    for (size_t i = 0; i < bytes.size(); ++i) offsets[i + 1] = offsets[i] + bytes[i];
+    if (offsets.back() == 0) return absl::OkStatus();
+    // One broadcast per host in a group call (what torch's ProcessGroupNCCL does for
+    // uneven all_gather).
+    return Run(in, bytes[rank_], offsets[rank_], out, offsets.back(), timeout, [&](void* dev) {
+      char* base = static_cast<char*>(dev);
+      ncclResult_t r = ncclGroupStart();
+      for (int i = 0; r == ncclSuccess && i < size_; ++i) {
+        if (bytes[i] == 0) continue;
+        r = ncclBroadcast(base + offsets[i], base + offsets[i], bytes[i], ncclChar, i, comm_, stream_);
+      }
+      ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
     });
   }
 
@@ -103,13 +142,13 @@ class NcclCommunicator : public Communicator {
   // Stages `in` to the device, runs `op`, waits up to `timeout` (aborting the communicator
   // on expiry, as torch's NCCL watchdog does), and copies `out_bytes` back to `out`.
   template <typename Op>
-  absl::Status Run(const void* in, size_t in_bytes, void* out, size_t out_bytes, absl::Duration timeout, Op op) {
+  absl::Status Run(const void* in, size_t in_bytes, size_t in_offset, void* out, size_t out_bytes,
+                   absl::Duration timeout, Op op) {
     const absl::Time deadline = absl::Now() + timeout;
     absl::Status s = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
     if (s.ok()) s = EnsureScratch(std::max(in_bytes, out_bytes));
     char* dev = static_cast<char*>(scratch_);
-    const size_t in_offset = (in == out) ? 0 : static_cast<size_t>(rank_) * in_bytes;
-    if (s.ok()) s = FromCuda(cudaMemcpyAsync(dev + in_offset, in, in_bytes, cudaMemcpyHostToDevice, stream_), "H2D copy");
+    if (s.ok() && in_bytes > 0) s = FromCuda(cudaMemcpyAsync(dev + in_offset, in, in_bytes, cudaMemcpyHostToDevice, stream_), "H2D copy");
     if (s.ok()) s = FromNccl(op(dev), "NCCL collective");
     if (s.ok()) s = FromCuda(cudaMemcpyAsync(out, dev, out_bytes, cudaMemcpyDeviceToHost, stream_), "D2H copy");
     while (s.ok()) {

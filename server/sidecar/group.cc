@@ -21,86 +21,6 @@ namespace pb = ::collserve::v1;
 // collective in flight, and reports the ones it drops.
 constexpr size_t kMaxMappedSegments = 64;
 
-std::string OpName(int op) {
-  switch (op) {
-    case pb::ALL_REDUCE: return "all_reduce";
-    case pb::BROADCAST: return "broadcast";
-    case pb::BARRIER: return "barrier";
-    default: return absl::StrCat("op#", op);
-  }
-}
-
-// One rank's arguments as exchanged between hosts before data moves. Fixed layout, all
-// int64 so it is the same on every host (hosts are one architecture: x86-64 or arm64).
-struct RankArgs {
-  int64_t rank = -1;  // -1 = padding
-  int64_t valid = 0;  // 0 = the rank's request was invalid
-  int64_t op = 0;
-  int64_t dtype = 0;
-  int64_t count = 0;
-  int64_t reduce_op = 0;
-  int64_t root = 0;
-};
-static_assert(sizeof(RankArgs) == 56, "RankArgs is exchanged as raw bytes");
-
-RankArgs ArgsOf(int rank, const pb::Collective& c, bool valid) {
-  RankArgs a;
-  a.rank = rank;
-  a.valid = valid ? 1 : 0;
-  a.op = c.op();
-  a.dtype = c.dtype();
-  a.count = c.count();
-  a.reduce_op = c.reduce_op();
-  a.root = c.root();
-  return a;
-}
-
-std::string DescribeValue(const char* field, int64_t v) {
-  if (std::strcmp(field, "dtype") == 0 && IsValidDataType(static_cast<int>(v))) {
-    return std::string(DataTypeName(static_cast<DataType>(v)));
-  }
-  if (std::strcmp(field, "reduce_op") == 0 && IsValidReduceOp(static_cast<int>(v))) {
-    return std::string(ReduceOpName(static_cast<ReduceOp>(v)));
-  }
-  if (std::strcmp(field, "op") == 0) return OpName(static_cast<int>(v));
-  return absl::StrCat(v);
-}
-
-// Returns "" if all ranks agree, else a message naming who called what.
-std::string Disagreement(const std::vector<RankArgs>& all) {
-  std::vector<std::string> parts;
-  std::vector<int64_t> invalid;
-  for (const RankArgs& a : all) {
-    if (!a.valid) invalid.push_back(a.rank);
-  }
-  if (!invalid.empty()) {
-    parts.push_back(absl::StrCat("ranks [", absl::StrJoin(invalid, ", "), "] sent invalid requests"));
-  }
-  struct Field {
-    const char* name;
-    int64_t RankArgs::*member;
-  };
-  const Field fields[] = {{"op", &RankArgs::op},
-                          {"dtype", &RankArgs::dtype},
-                          {"count", &RankArgs::count},
-                          {"reduce_op", &RankArgs::reduce_op},
-                          {"root", &RankArgs::root}};
-  for (const Field& f : fields) {
-    std::map<int64_t, std::vector<int64_t>> by_value;
-    for (const RankArgs& a : all) {
-      if (a.valid) by_value[a.*(f.member)].push_back(a.rank);
-    }
-    if (by_value.size() <= 1) continue;
-    std::vector<std::string> groups;
-    for (const auto& [value, ranks] : by_value) {
-      groups.push_back(absl::StrCat(f.name, "=", DescribeValue(f.name, value), " on ranks [",
-                                    absl::StrJoin(ranks, ", "), "]"));
-    }
-    parts.push_back(absl::StrJoin(groups, " but "));
-  }
-  return absl::StrJoin(parts, "; ");
-}
-
 }  // namespace
 
 Group::Group(GroupEnv env, GroupParams params) : env_(std::move(env)), params_(std::move(params)) {}
@@ -176,6 +96,9 @@ void Group::OnJoined(int rank, const absl::StatusOr<pb::JoinResponse>& result) {
     for (const auto& [host, ranks] : host_ranks_) {
       max_local_ = std::max(max_local_, static_cast<int>(ranks.size()));
     }
+    ranks_by_host_.assign(num_hosts_, {});
+    for (const pb::Member& m : members_) ranks_by_host_[rank_host_[m.rank()]].push_back(m.rank());
+    for (auto& ranks : ranks_by_host_) std::sort(ranks.begin(), ranks.end());
   } else if (result->generation() != generation_) {
     FailLocked(absl::InternalError(absl::StrCat("rank ", rank, " joined generation ", result->generation(),
                                                 " but this host's ranks joined generation ", generation_)));
@@ -228,47 +151,21 @@ void Group::Submit(int rank, pb::Collective collective) {
   }
   ++local.next_seq;
   for (const std::string& name : sub.args.released_segments()) local.segments.erase(name);
-  sub.error = ResolveBuffer(local, sub);
+  sub.error = ValidateRequest(sub.args, rank, params_.world_size);
+  if (sub.error.ok()) sub.error = ResolveBuffers(local, sub);
+  if (sub.args.op() == pb::SEND || sub.args.op() == pb::RECV) {
+    if (!sub.error.ok()) {
+      Complete(rank, sub, sub.error);
+      return;
+    }
+    SubmitP2PLocked(rank, std::move(sub));
+    return;
+  }
   local.queue.push_back(std::move(sub));
   ++submissions_;
 }
 
-absl::Status Group::ResolveBuffer(LocalRank& local, Submission& sub) {
-  const pb::Collective& c = sub.args;
-  switch (c.op()) {
-    case pb::ALL_REDUCE:
-      if (absl::Status s = ValidateReduce(static_cast<DataType>(c.dtype()), static_cast<ReduceOp>(c.reduce_op()));
-          !s.ok()) {
-        return s;
-      }
-      break;
-    case pb::BROADCAST:
-      if (!IsValidDataType(c.dtype())) return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", c.dtype()));
-      if (c.root() < 0 || c.root() >= params_.world_size) {
-        return absl::InvalidArgumentError(absl::StrCat("broadcast root ", c.root(), " is out of range for world_size ",
-                                                       params_.world_size));
-      }
-      break;
-    case pb::BARRIER:
-      if (c.count() != 0) return absl::InvalidArgumentError("barrier takes no tensor");
-      return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown collective op ", c.op()));
-  }
-  if (c.count() < 0) return absl::InvalidArgumentError(absl::StrCat("count ", c.count(), " < 0"));
-  const size_t bytes = static_cast<size_t>(c.count()) * ElementSize(static_cast<DataType>(c.dtype()));
-  if (bytes == 0) return absl::OkStatus();
-  const pb::Buffer& b = c.buffer();
-  if (b.segment().empty()) {
-    if (b.inline_data().size() != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat("inline tensor holds ", b.inline_data().size(),
-                                                     " bytes, but count and dtype need ", bytes));
-    }
-    sub.inline_mode = true;
-    sub.inline_buf = std::move(*sub.args.mutable_buffer()->mutable_inline_data());
-    sub.data = sub.inline_buf.data();
-    return absl::OkStatus();
-  }
+absl::Status Group::MapBuffer(LocalRank& local, Submission& sub, const pb::Buffer& b, size_t bytes, char** ptr) {
   if (b.offset() < 0 || b.segment_bytes() <= 0 ||
       static_cast<uint64_t>(b.offset()) + bytes > static_cast<uint64_t>(b.segment_bytes())) {
     return absl::InvalidArgumentError(absl::StrCat("tensor of ", bytes, " bytes at offset ", b.offset(),
@@ -288,8 +185,35 @@ absl::Status Group::ResolveBuffer(LocalRank& local, Submission& sub) {
     }
     seg = local.segments.insert_or_assign(b.segment(), std::shared_ptr<ShmSegment>(std::move(*opened))).first;
   }
-  sub.segment = seg->second;
-  sub.data = seg->second->data() + b.offset();
+  sub.segments.push_back(seg->second);
+  *ptr = seg->second->data() + b.offset();
+  return absl::OkStatus();
+}
+
+absl::Status Group::ResolveBuffers(LocalRank& local, Submission& sub) {
+  const pb::Collective& c = sub.args;
+  const int op = c.op();
+  if (op == pb::BARRIER || op == pb::MONITORED_BARRIER) return absl::OkStatus();
+  const size_t es = ElementSize(static_cast<DataType>(c.dtype()));
+  // RECV's tensor is its output; SEND's its input.
+  const bool in_place = IsInPlace(op);
+  sub.in_bytes = op == pb::RECV ? 0 : static_cast<size_t>(c.count()) * es;
+  sub.out_bytes = in_place ? 0 : static_cast<size_t>(op == pb::RECV ? c.count() : c.output_count()) * es;
+  if (c.buffer().segment().empty()) {
+    // Inline: the input arrives in the request, the result goes back in the completion.
+    if (c.buffer().inline_data().size() != sub.in_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("inline tensor holds ", c.buffer().inline_data().size(),
+                                                     " bytes, but count and dtype need ", sub.in_bytes));
+    }
+    sub.inline_mode = true;
+    sub.inline_in = std::move(*sub.args.mutable_buffer()->mutable_inline_data());
+    sub.in = sub.inline_in.data();
+    sub.inline_out.resize(sub.out_bytes);
+    sub.out = sub.inline_out.data();
+    return absl::OkStatus();
+  }
+  if (sub.in_bytes > 0) COLLSERVE_RETURN_IF_ERROR(MapBuffer(local, sub, c.buffer(), sub.in_bytes, &sub.in));
+  if (sub.out_bytes > 0) COLLSERVE_RETURN_IF_ERROR(MapBuffer(local, sub, c.output(), sub.out_bytes, &sub.out));
   return absl::OkStatus();
 }
 
@@ -301,14 +225,15 @@ void Group::Complete(int rank, const Submission& sub, const absl::Status& status
   c->set_seq(sub.args.seq());
   c->set_code(static_cast<int>(status.code()));
   c->set_message(std::string(status.message()));
-  if (status.ok() && sub.inline_mode) c->set_inline_data(sub.inline_buf);
+  c->set_source(sub.source);
+  if (status.ok() && sub.inline_mode) c->set_inline_data(IsInPlace(sub.args.op()) ? sub.inline_in : sub.inline_out);
   it->second.session->Send(std::move(resp));
-  RecordCollective(status);
+  RecordCollective(sub.args.op(), status);
 }
 
-void Group::RecordCollective(const absl::Status& status) {
+void Group::RecordCollective(int op, const absl::Status& status) {
   if (env_.collectives == nullptr) return;
-  env_.collectives->Add({{"op", "all_reduce"}, {"code", absl::StatusCodeToString(status.code())}}).Increment();
+  env_.collectives->Add({{"op", OpName(op)}, {"code", absl::StatusCodeToString(status.code())}}).Increment();
 }
 
 void Group::FailLocked(const absl::Status& status) {
@@ -325,6 +250,14 @@ void Group::FailLocked(const absl::Status& status) {
   }
   state_ = State::kFailed;
   failure_ = status;
+  for (PendingSend& p : p2p_sends_) Complete(p.src, p.sub, status);
+  for (PendingSend& p : p2p_outgoing_) Complete(p.src, p.sub, status);
+  for (PendingRecv& p : p2p_recvs_) Complete(p.dst, p.sub, status);
+  p2p_sends_.clear();
+  p2p_outgoing_.clear();
+  p2p_recvs_.clear();
+  p2p_staged_.clear();
+  ++p2p_changes_;
   for (auto& [rank, local] : locals_) {
     for (const Submission& sub : local.queue) Complete(rank, sub, status);
     local.queue.clear();
@@ -388,13 +321,12 @@ void Group::Stop() {
 
 void Group::ExecutorMain() {
   // 1. Connect the backend among the group's hosts.
-  int host_index, num_hosts, max_local;
+  int host_index, num_hosts;
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     host_index = host_index_;
     num_hosts = num_hosts_;
-    max_local = max_local_;
     generation = generation_;
   }
   absl::Status connected = absl::OkStatus();
@@ -438,10 +370,16 @@ void Group::ExecutorMain() {
   }
   LOG(INFO) << "group \"" << params_.name << "\" generation " << generation << " ready: host "
             << host_index << " of " << num_hosts;
+  p2p_timer_ = std::thread([this] { P2PTimerMain(); });
+  if (num_hosts > 1) {
+    p2p_sender_ = std::thread([this] { P2PSendMain(); });
+    p2p_receiver_ = std::thread([this] { P2PRecvMain(); });
+  }
 
   // 2. Run collectives in seq order.
   for (int64_t seq = 0;; ++seq) {
     std::map<int, Submission> subs;
+    std::vector<int> absent;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -465,60 +403,176 @@ void Group::ExecutorMain() {
       if (stop_ || state_ == State::kFailed) break;
       if (!ready()) {
         std::vector<int> missing;
+        bool monitored = true;
         for (const auto& [rank, local] : locals_) {
-          if (local.queue.empty()) missing.push_back(rank);
+          if (local.queue.empty()) {
+            missing.push_back(rank);
+          } else if (local.queue.front().args.op() != pb::MONITORED_BARRIER) {
+            monitored = false;
+          }
         }
-        FailLocked(absl::DeadlineExceededError(absl::StrCat(
-            "collective #", seq, " of group \"", params_.name, "\" timed out on host ", env_.host_id,
-            ": local ranks [", absl::StrJoin(missing, ", "), "] did not call it")));
-        break;
+        if (!monitored) {
+          FailLocked(absl::DeadlineExceededError(absl::StrCat(
+              "collective #", seq, " of group \"", params_.name, "\" timed out on host ", env_.host_id,
+              ": local ranks [", absl::StrJoin(missing, ", "), "] did not call it")));
+          break;
+        }
+        // A monitored_barrier goes on without them, so that every host learns who is missing.
+        absent = std::move(missing);
       }
       for (auto& [rank, local] : locals_) {
+        if (local.queue.empty()) continue;
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
     }
-    (void)max_local;
-    RunCollective(seq, subs);
+    RunCollective(seq, subs, absent);
     absl::MutexLock lock(&mu_);
     if (state_ == State::kFailed) break;
   }
+  StopP2P();
   comm_.reset();  // closes the pairs so peer hosts fail fast
 }
 
-void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs) {
+void Group::StopP2P() {
+  {
+    absl::MutexLock lock(&mu_);
+    p2p_stop_ = true;
+    ++p2p_changes_;
+  }
+  if (comm_ != nullptr) comm_->AbortRecv();
+  if (p2p_timer_.joinable()) p2p_timer_.join();
+  if (p2p_sender_.joinable()) p2p_sender_.join();
+  if (p2p_receiver_.joinable()) p2p_receiver_.join();
+}
+
+absl::StatusOr<std::vector<RankSplits>> Group::ExchangeSplits(const std::map<int, Submission>& subs,
+                                                              int num_hosts, absl::Duration timeout) {
+  const int world = params_.world_size;
+  std::vector<RankSplits> splits(world);
+  auto fill = [world](const pb::Collective& c, RankSplits& out) {
+    out.input.assign(c.input_splits().begin(), c.input_splits().end());
+    out.output.assign(c.output_splits().begin(), c.output_splits().end());
+    if (!out.input.empty()) out.input.resize(world);
+    if (!out.output.empty()) out.output.resize(world);
+  };
+  for (const auto& [rank, sub] : subs) fill(sub.args, splits[rank]);
+  if (num_hosts == 1) return splits;
+  int max_local;
+  {
+    absl::MutexLock lock(&mu_);
+    max_local = max_local_;
+  }
+  // Per rank: rank, has_input, has_output, then world input and world output splits.
+  const size_t per_rank = 3 + 2 * static_cast<size_t>(world);
+  std::vector<int64_t> mine(per_rank * max_local, -1);
+  size_t i = 0;
+  for (const auto& [rank, sub] : subs) {
+    int64_t* rec = &mine[per_rank * i++];
+    rec[0] = rank;
+    rec[1] = splits[rank].input.empty() ? 0 : 1;
+    rec[2] = splits[rank].output.empty() ? 0 : 1;
+    for (int w = 0; w < world; ++w) {
+      rec[3 + w] = rec[1] ? splits[rank].input[w] : 0;
+      rec[3 + world + w] = rec[2] ? splits[rank].output[w] : 0;
+    }
+  }
+  std::vector<int64_t> all(mine.size() * num_hosts);
+  COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(mine.data(), all.data(), mine.size() * sizeof(int64_t), timeout));
+  for (size_t r = 0; r < all.size() / per_rank; ++r) {
+    const int64_t* rec = &all[per_rank * r];
+    if (rec[0] < 0 || rec[0] >= world) continue;
+    RankSplits& out = splits[rec[0]];
+    out.input.clear();
+    out.output.clear();
+    if (rec[1]) out.input.assign(rec + 3, rec + 3 + world);
+    if (rec[2]) out.output.assign(rec + 3 + world, rec + 3 + 2 * world);
+  }
+  return splits;
+}
+
+void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent) {
   absl::Time deadline = absl::InfiniteFuture();
   for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
-  const absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  const pb::Collective& args = subs.begin()->second.args;
+  const bool monitored = args.op() == pb::MONITORED_BARRIER;
+  if (monitored) {
+    // Hosts whose ranks are all present start the exchange early; those missing a rank
+    // join at their deadline. Give them one more barrier timeout to arrive.
+    timeout += absl::Milliseconds(args.timeout_ms() > 0 ? args.timeout_ms() : absl::ToInt64Milliseconds(params_.op_timeout));
+  }
   int num_hosts, max_local;
+  std::vector<int> remote_ranks;
   {
     absl::MutexLock lock(&mu_);
     num_hosts = num_hosts_;
     max_local = max_local_;
+    for (const auto& [rank, host] : rank_host_) {
+      if (host != host_index_) remote_ranks.push_back(rank);
+    }
   }
+  auto fail_all = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, sub] : subs) Complete(rank, sub, s);
+    FailLocked(s);
+  };
 
   // 1. Every rank's arguments, from every host, before any data moves.
   std::vector<RankArgs> all;
   for (const auto& [rank, sub] : subs) all.push_back(ArgsOf(rank, sub.args, sub.error.ok()));
+  for (int rank : absent) {
+    RankArgs a = ArgsOf(rank, args, true);
+    a.arrived = 0;
+    all.push_back(a);
+  }
   if (num_hosts > 1) {
     std::vector<RankArgs> mine(max_local);
     std::copy(all.begin(), all.end(), mine.begin());
     std::vector<RankArgs> gathered(static_cast<size_t>(max_local) * num_hosts);
     absl::Status s = comm_->AllGather(mine.data(), gathered.data(), sizeof(RankArgs) * max_local, timeout);
     if (!s.ok()) {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [rank, sub] : subs) Complete(rank, sub, s);
-      FailLocked(s);
+      if (monitored && s.code() == absl::StatusCode::kDeadlineExceeded) {
+        s = absl::DeadlineExceededError(absl::StrCat(
+            "monitored_barrier #", seq, " of group \"", params_.name, "\": ranks [", absl::StrJoin(remote_ranks, ", "),
+            "] on other hosts did not report within ", absl::FormatDuration(timeout),
+            " (a whole host's ranks missing, or a host down): ", s.message()));
+      }
+      fail_all(s);
       return;
     }
     all.clear();
     for (const RankArgs& a : gathered) {
       if (a.rank >= 0) all.push_back(a);
     }
-    std::sort(all.begin(), all.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank < b.rank; });
   }
-  const std::string disagreement = Disagreement(all);
-  const pb::Collective& args = subs.begin()->second.args;
+  std::sort(all.begin(), all.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank < b.rank; });
+  std::string disagreement = Disagreement(all);
+  if (disagreement.empty() && monitored) {
+    std::vector<int64_t> missing;
+    for (const RankArgs& a : all) {
+      if (!a.arrived) missing.push_back(a.rank);
+    }
+    if (!missing.empty()) {
+      if (!args.wait_all_ranks()) missing.resize(1);
+      absl::Status s = absl::DeadlineExceededError(absl::StrCat(
+          "monitored_barrier #", seq, " of group \"", params_.name, "\": rank", missing.size() > 1 ? "s " : " ",
+          absl::StrJoin(missing, ", "), " failed to pass monitored_barrier within ",
+          absl::FormatDuration(absl::Milliseconds(args.timeout_ms()))));
+      fail_all(s);
+      return;
+    }
+  }
+  std::vector<RankSplits> splits;
+  if (disagreement.empty() && NeedsSplits(args.op())) {
+    auto exchanged = ExchangeSplits(subs, num_hosts, timeout);
+    if (!exchanged.ok()) {
+      fail_all(exchanged.status());
+      return;
+    }
+    splits = std::move(*exchanged);
+    disagreement = SizeDisagreement(all, splits);
+  }
   if (!disagreement.empty()) {
     absl::MutexLock lock(&mu_);
     for (const auto& [rank, sub] : subs) {
@@ -533,12 +587,28 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs) {
   absl::Status status;
   switch (args.op()) {
     case pb::BARRIER:
+    case pb::MONITORED_BARRIER:
       break;  // every rank's arguments arrived on every host: that is the barrier
     case pb::BROADCAST:
-      status = RunBroadcast(args, subs, num_hosts, timeout);
+      status = RunBroadcast(all, subs, num_hosts, timeout);
+      break;
+    case pb::ALL_REDUCE:
+    case pb::REDUCE:
+      status = RunReduce(all, subs, num_hosts, timeout);
+      break;
+    case pb::ALL_GATHER:
+    case pb::GATHER:
+    case pb::ALL_TO_ALL:
+      status = RunGatherLike(all, splits, subs, num_hosts, timeout);
+      break;
+    case pb::SCATTER:
+      status = RunScatter(all, splits, subs, num_hosts, timeout);
+      break;
+    case pb::REDUCE_SCATTER:
+      status = RunReduceScatter(all, splits, subs, num_hosts, timeout);
       break;
     default:
-      status = RunAllReduce(args, subs, num_hosts, timeout);
+      status = absl::InternalError(absl::StrCat("no runner for ", OpName(args.op())));
       break;
   }
   if (!status.ok()) {
@@ -550,13 +620,29 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs) {
   if (!status.ok()) FailLocked(status);
 }
 
-absl::Status Group::RunBroadcast(const pb::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+namespace {
+
+size_t Bytes(const RankArgs& a, int64_t elements) {
+  return static_cast<size_t>(elements) * ElementSize(static_cast<DataType>(a.dtype));
+}
+
+// Exclusive prefix sums of `v` (size n + 1).
+std::vector<int64_t> Offsets(const std::vector<int64_t>& v) {
+  std::vector<int64_t> out(v.size() + 1, 0);
+  for (size_t i = 0; i < v.size(); ++i) out[i + 1] = out[i] + v[i];
+  return out;
+}
+
+}  // namespace
+
+absl::Status Group::RunBroadcast(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
                                  absl::Duration timeout) {
-  const size_t bytes = static_cast<size_t>(args.count()) * ElementSize(static_cast<DataType>(args.dtype()));
+  const RankArgs& a = all[0];
+  const size_t bytes = Bytes(a, a.count);
   if (bytes == 0) return absl::OkStatus();
-  const int root = args.root();
+  const int root = static_cast<int>(a.root);
   auto local_root = subs.find(root);
-  char* buf = local_root != subs.end() ? local_root->second.data : subs.begin()->second.data;
+  char* buf = local_root != subs.end() ? local_root->second.in : subs.begin()->second.in;
   if (num_hosts > 1) {
     int root_host;
     {
@@ -566,28 +652,378 @@ absl::Status Group::RunBroadcast(const pb::Collective& args, std::map<int, Submi
     COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(buf, bytes, root_host, timeout));
   }
   for (auto& [rank, sub] : subs) {
-    if (sub.data != buf) std::memcpy(sub.data, buf, bytes);
+    if (sub.in != buf) std::memcpy(sub.in, buf, bytes);
   }
   return absl::OkStatus();
 }
 
-absl::Status Group::RunAllReduce(const pb::Collective& args, std::map<int, Submission>& subs, int num_hosts,
-                                  absl::Duration timeout) {
-  // Reduce local ranks into the first one's buffer, across hosts, then copy out.
-  const DataType dtype = static_cast<DataType>(args.dtype());
-  const ReduceOp op = static_cast<ReduceOp>(args.reduce_op());
-  const ReduceOp wire_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
-  const size_t count = static_cast<size_t>(args.count());
-  const size_t bytes = count * ElementSize(dtype);
+// ALL_REDUCE and REDUCE: scale (PREMUL_SUM), reduce local ranks into the first one's
+// buffer, reduce across hosts, divide (AVG), copy out (to every local rank, or to the root).
+absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
+                              absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const DataType dtype = static_cast<DataType>(a.dtype);
+  const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+  const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+  const size_t count = static_cast<size_t>(a.count);
+  const size_t bytes = Bytes(a, a.count);
   if (count == 0) return absl::OkStatus();
-  char* acc = subs.begin()->second.data;
+  if (op == ReduceOp::kPremulSum) {
+    for (auto& [rank, sub] : subs) backends::ScaleInPlace(dtype, sub.in, count, sub.args.premul_factor());
+  }
+  char* acc = subs.begin()->second.in;
   for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
-    backends::Reduce(dtype, wire_op, acc, acc, it->second.data, count);
+    backends::Reduce(dtype, wire_op, acc, acc, it->second.in, count);
   }
   if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
   if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
-  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) std::memcpy(it->second.data, acc, bytes);
+  if (a.op == pb::REDUCE) {
+    // Only the root's buffer carries the result (the SDK does not copy the others back).
+    auto root = subs.find(static_cast<int>(a.root));
+    if (root != subs.end() && root->second.in != acc) std::memcpy(root->second.in, acc, bytes);
+    return absl::OkStatus();
+  }
+  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) std::memcpy(it->second.in, acc, bytes);
   return absl::OkStatus();
+}
+
+// ALL_GATHER, GATHER and ALL_TO_ALL: make every rank's input readable on this host (local
+// ones in place; remote ones by an all-gather of each host's concatenated local inputs),
+// then copy each local rank's pieces into its output.
+absl::Status Group::RunGatherLike(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                  std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout) {
+  const int world = params_.world_size;
+  const RankArgs& a = all[0];
+  std::vector<const char*> src(world, nullptr);
+  for (const auto& [rank, sub] : subs) src[rank] = sub.in;
+  if (num_hosts > 1) {
+    std::vector<std::vector<int>> by_host;
+    int me;
+    {
+      absl::MutexLock lock(&mu_);
+      by_host = ranks_by_host_;
+      me = host_index_;
+    }
+    std::vector<size_t> host_bytes(num_hosts, 0);
+    for (int h = 0; h < num_hosts; ++h) {
+      for (int r : by_host[h]) host_bytes[h] += Bytes(a, all[r].count);
+    }
+    size_t total = 0;
+    for (size_t b : host_bytes) total += b;
+    scratch_a_.resize(std::max<size_t>(host_bytes[me], 1));
+    scratch_b_.resize(std::max<size_t>(total, 1));
+    size_t off = 0;
+    for (int r : by_host[me]) {
+      const size_t b = Bytes(a, all[r].count);
+      if (b > 0) std::memcpy(scratch_a_.data() + off, subs.at(r).in, b);
+      off += b;
+    }
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllGatherV(scratch_a_.data(), scratch_b_.data(), host_bytes, timeout));
+    off = 0;
+    for (int h = 0; h < num_hosts; ++h) {
+      for (int r : by_host[h]) {
+        if (h != me) src[r] = scratch_b_.data() + off;
+        off += Bytes(a, all[r].count);
+      }
+    }
+  }
+  for (auto& [rank, sub] : subs) {
+    if (a.op == pb::GATHER && rank != a.root) continue;
+    char* out = sub.out;
+    if (a.op == pb::ALL_TO_ALL) {
+      const std::vector<int64_t>& mine = splits[rank].output;
+      const std::vector<int64_t> out_off = Offsets(mine);
+      for (int r = 0; r < world; ++r) {
+        const std::vector<int64_t> in_off = Offsets(splits[r].input);
+        const size_t b = Bytes(a, splits[r].input[rank]);
+        if (b > 0) std::memcpy(out + Bytes(a, out_off[r]), src[r] + Bytes(a, in_off[rank]), b);
+      }
+      continue;
+    }
+    size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      const size_t b = Bytes(a, all[r].count);
+      if (b > 0) std::memcpy(out + off, src[r], b);
+      off += b;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// SCATTER: the root's host broadcasts the root's input to the other hosts; each local
+// rank copies its piece.
+absl::Status Group::RunScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                               std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const int root = static_cast<int>(a.root);
+  const size_t bytes = Bytes(a, all[root].count);
+  const char* buf = nullptr;
+  auto local_root = subs.find(root);
+  if (local_root != subs.end()) buf = local_root->second.in;
+  if (num_hosts > 1 && bytes > 0) {
+    int root_host;
+    {
+      absl::MutexLock lock(&mu_);
+      root_host = rank_host_.at(root);
+    }
+    char* data = local_root != subs.end() ? local_root->second.in : nullptr;
+    if (data == nullptr) {
+      scratch_a_.resize(bytes);
+      data = scratch_a_.data();
+    }
+    COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(data, bytes, root_host, timeout));
+    buf = data;
+  }
+  const std::vector<int64_t> off = Offsets(splits[root].input);
+  for (auto& [rank, sub] : subs) {
+    const size_t b = Bytes(a, splits[root].input[rank]);
+    if (b > 0) std::memcpy(sub.out, buf + Bytes(a, off[rank]), b);
+  }
+  return absl::OkStatus();
+}
+
+// REDUCE_SCATTER: reduce the whole input (as all_reduce), then each local rank copies its
+// piece. The inputs are the SDK's copies, so they may serve as the accumulator.
+absl::Status Group::RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                     std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const DataType dtype = static_cast<DataType>(a.dtype);
+  const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+  const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+  const size_t count = static_cast<size_t>(a.count);
+  if (count == 0) return absl::OkStatus();
+  if (op == ReduceOp::kPremulSum) {
+    for (auto& [rank, sub] : subs) backends::ScaleInPlace(dtype, sub.in, count, sub.args.premul_factor());
+  }
+  char* acc = subs.begin()->second.in;
+  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
+    backends::Reduce(dtype, wire_op, acc, acc, it->second.in, count);
+  }
+  if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
+  if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
+  const std::vector<int64_t>& pieces = splits[subs.begin()->first].input;
+  const std::vector<int64_t> off = Offsets(pieces);
+  for (auto& [rank, sub] : subs) {
+    const size_t b = Bytes(a, pieces[rank]);
+    if (b > 0) std::memcpy(sub.out, acc + Bytes(a, off[rank]), b);
+  }
+  return absl::OkStatus();
+}
+
+// ---- point-to-point ----
+
+namespace {
+
+// Slots of the inter-host point-to-point protocol (Communicator::Send/Recv). A message to a
+// rank on another host is a header on kHeaderSlot followed, if it has bytes, by the
+// payload on kPayloadSlot, both from the sender's host; each host's sender thread sends
+// one message at a time, so payloads follow their headers in order.
+constexpr uint32_t kHeaderSlot = 1;
+constexpr uint32_t kPayloadSlot = 2;
+constexpr int64_t kHeaderMagic = 0x636f6c6c70327031;  // "collp2p1"
+struct P2PHeader {
+  int64_t magic;
+  int64_t src;
+  int64_t dst;
+  int64_t tag;
+  int64_t dtype;
+  int64_t count;
+};
+static_assert(sizeof(P2PHeader) <= 64, "fits the header buffer");
+
+std::string Source(int peer) { return peer < 0 ? std::string("any source") : absl::StrCat("rank ", peer); }
+
+}  // namespace
+
+void Group::SubmitP2PLocked(int rank, Submission sub) {
+  const int peer = sub.args.peer();
+  const int64_t tag = sub.args.tag();
+  ++p2p_changes_;
+  if (sub.args.op() == pb::SEND) {
+    if (rank_host_.at(peer) != host_index_) {
+      p2p_outgoing_.push_back(PendingSend{rank, p2p_order_++, std::move(sub)});
+      return;
+    }
+    for (auto it = p2p_recvs_.begin(); it != p2p_recvs_.end(); ++it) {
+      const int from = it->sub.args.peer();
+      if (it->dst == peer && (from == -1 || from == rank) && it->sub.args.tag() == tag) {
+        PendingSend send{rank, p2p_order_++, std::move(sub)};
+        PendingRecv recv = std::move(*it);
+        p2p_recvs_.erase(it);
+        DeliverLocked(recv, rank, send.sub.args.dtype(), send.sub.args.count(), send.sub.in, &send);
+        return;
+      }
+    }
+    p2p_sends_.push_back(PendingSend{rank, p2p_order_++, std::move(sub)});
+    return;
+  }
+  // RECV: the earliest message for this rank from the source with the tag.
+  PendingRecv recv{rank, std::move(sub)};
+  auto matches = [&](int src, int dst, int64_t t) { return dst == rank && (peer == -1 || peer == src) && t == tag; };
+  auto send = p2p_sends_.end();
+  for (auto it = p2p_sends_.begin(); it != p2p_sends_.end(); ++it) {
+    if (matches(it->src, it->sub.args.peer(), it->sub.args.tag())) {
+      send = it;
+      break;
+    }
+  }
+  auto staged = p2p_staged_.end();
+  for (auto it = p2p_staged_.begin(); it != p2p_staged_.end(); ++it) {
+    if (matches(it->src, it->dst, it->tag)) {
+      staged = it;
+      break;
+    }
+  }
+  if (send != p2p_sends_.end() && (staged == p2p_staged_.end() || send->order < staged->order)) {
+    PendingSend s = std::move(*send);
+    p2p_sends_.erase(send);
+    DeliverLocked(recv, s.src, s.sub.args.dtype(), s.sub.args.count(), s.sub.in, &s);
+  } else if (staged != p2p_staged_.end()) {
+    StagedMessage m = std::move(*staged);
+    p2p_staged_.erase(staged);
+    DeliverLocked(recv, m.src, m.dtype, m.count, m.bytes.data(), nullptr);
+  } else {
+    p2p_recvs_.push_back(std::move(recv));
+  }
+}
+
+void Group::DeliverLocked(PendingRecv& recv, int src, int64_t dtype, int64_t count, const char* bytes,
+                          PendingSend* send) {
+  absl::Status status;
+  const pb::Collective& r = recv.sub.args;
+  if (dtype != r.dtype() || count != r.count()) {
+    const auto name = [](int64_t d) {
+      return IsValidDataType(static_cast<int>(d)) ? std::string(DataTypeName(static_cast<DataType>(d)))
+                                                  : absl::StrCat("dtype#", d);
+    };
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "rank ", src, " sent ", count, " ", name(dtype), " elements (tag ", r.tag(), ") but rank ", recv.dst,
+        " receives ", r.count(), " ", name(r.dtype()), " elements"));
+  } else {
+    if (recv.sub.out_bytes > 0) std::memcpy(recv.sub.out, bytes, recv.sub.out_bytes);
+    recv.sub.source = src;
+  }
+  Complete(recv.dst, recv.sub, status);
+  if (send != nullptr) Complete(send->src, send->sub, status);
+}
+
+void Group::P2PTimerMain() {
+  absl::MutexLock lock(&mu_);
+  while (!p2p_stop_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto it = p2p_sends_.begin(); it != p2p_sends_.end();) {
+      if (it->sub.deadline <= now) {
+        Complete(it->src, it->sub,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "send from rank ", it->src, " to rank ", it->sub.args.peer(), " (tag ", it->sub.args.tag(),
+                     ") timed out: rank ", it->sub.args.peer(), " did not post a matching recv in time")));
+        it = p2p_sends_.erase(it);
+      } else {
+        next = std::min(next, it->sub.deadline);
+        ++it;
+      }
+    }
+    for (auto it = p2p_recvs_.begin(); it != p2p_recvs_.end();) {
+      if (it->sub.deadline <= now) {
+        Complete(it->dst, it->sub,
+                 absl::DeadlineExceededError(absl::StrCat("recv on rank ", it->dst, " from ",
+                                                          Source(it->sub.args.peer()), " (tag ", it->sub.args.tag(),
+                                                          ") timed out: no matching send arrived in time")));
+        it = p2p_recvs_.erase(it);
+      } else {
+        next = std::min(next, it->sub.deadline);
+        ++it;
+      }
+    }
+    const uint64_t seen = p2p_changes_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_stop_ || p2p_changes_ != seen; };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+  }
+}
+
+void Group::P2PSendMain() {
+  for (;;) {
+    PendingSend send;
+    int dst_host;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return p2p_stop_ || !p2p_outgoing_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (p2p_stop_) return;
+      send = std::move(p2p_outgoing_.front());
+      p2p_outgoing_.pop_front();
+      dst_host = rank_host_.at(send.sub.args.peer());
+    }
+    const pb::Collective& c = send.sub.args;
+    P2PHeader header{kHeaderMagic, send.src, c.peer(), c.tag(), c.dtype(), c.count()};
+    const absl::Duration timeout = std::max(send.sub.deadline - absl::Now(), absl::Milliseconds(1));
+    absl::Status s = comm_->Send(&header, sizeof header, dst_host, kHeaderSlot, timeout);
+    if (s.ok() && send.sub.in_bytes > 0) s = comm_->Send(send.sub.in, send.sub.in_bytes, dst_host, kPayloadSlot, timeout);
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat("send from rank ", send.src, " to rank ", c.peer(), " (tag ", c.tag(),
+                                              ") across hosts failed: ", s.message()));
+      Complete(send.src, send.sub, s);
+      FailLocked(s);
+      return;
+    }
+    Complete(send.src, send.sub, absl::OkStatus());
+  }
+}
+
+void Group::P2PRecvMain() {
+  std::vector<int> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int h = 0; h < num_hosts_; ++h) {
+      if (h != host_index_) peers.push_back(h);
+    }
+  }
+  for (;;) {
+    int from = -1;
+    absl::Status s = comm_->Recv(p2p_header_, sizeof(P2PHeader), peers, kHeaderSlot, &from, absl::InfiniteDuration());
+    if (s.code() == absl::StatusCode::kCancelled) return;
+    P2PHeader h;
+    std::memcpy(&h, p2p_header_, sizeof h);
+    std::string bytes;
+    if (s.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (h.magic != kHeaderMagic || !IsValidDataType(static_cast<int>(h.dtype)) || h.count < 0 ||
+          h.count > (int64_t{1} << 40) || locals_.count(static_cast<int>(h.dst)) == 0) {
+        s = absl::InternalError(absl::StrCat("malformed point-to-point header from host ", from));
+      }
+    }
+    if (s.ok() && h.count > 0) {
+      bytes.resize(static_cast<size_t>(h.count) * ElementSize(static_cast<DataType>(h.dtype)));
+      int payload_from = -1;
+      s = comm_->Recv(bytes.data(), bytes.size(), {from}, kPayloadSlot, &payload_from, params_.op_timeout);
+      if (s.code() == absl::StatusCode::kCancelled) return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok()) {
+      if (!p2p_stop_) FailLocked(absl::Status(s.code(), absl::StrCat("point-to-point receive across hosts failed: ",
+                                                                     s.message())));
+      return;
+    }
+    ++p2p_changes_;
+    const int src = static_cast<int>(h.src);
+    const int dst = static_cast<int>(h.dst);
+    bool delivered = false;
+    for (auto it = p2p_recvs_.begin(); it != p2p_recvs_.end(); ++it) {
+      const int want = it->sub.args.peer();
+      if (it->dst == dst && (want == -1 || want == src) && it->sub.args.tag() == h.tag) {
+        PendingRecv recv = std::move(*it);
+        p2p_recvs_.erase(it);
+        DeliverLocked(recv, src, h.dtype, h.count, bytes.data(), nullptr);
+        delivered = true;
+        break;
+      }
+    }
+    if (!delivered) {
+      p2p_staged_.push_back(StagedMessage{src, dst, h.tag, h.dtype, h.count, p2p_order_++, std::move(bytes)});
+    }
+  }
 }
 
 }  // namespace collserve::server

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/communicator.h"
@@ -24,6 +25,7 @@
 #include "collserve/v1/collectives.pb.h"
 #include "collserve/v1/registry.pb.h"
 #include "common/shm.h"
+#include "server/sidecar/collective_args.h"
 #include "server/sidecar/session.h"
 
 namespace collserve::server {
@@ -83,12 +85,17 @@ class Group {
  private:
   struct Submission {
     collserve::v1::Collective args;
-    char* data = nullptr;         // the tensor (in shared memory or in inline_buf)
-    std::shared_ptr<ShmSegment> segment;  // keeps the mapping alive while queued/running
-    std::string inline_buf;       // inline tensor bytes
+    char* in = nullptr;   // the input (in-place ops: input and result)
+    size_t in_bytes = 0;
+    char* out = nullptr;  // out-of-place ops: the output
+    size_t out_bytes = 0;
+    std::vector<std::shared_ptr<ShmSegment>> segments;  // keep the mappings alive while queued/running
+    std::string inline_in;   // inline input bytes
+    std::string inline_out;  // inline output bytes (out-of-place ops)
     bool inline_mode = false;
-    absl::Status error;           // invalid request: reported to every rank
+    absl::Status error;      // invalid request: reported to every rank
     absl::Time deadline;
+    int source = -1;         // RECV: the rank the message came from
   };
   struct LocalRank {
     std::shared_ptr<Session> session;
@@ -97,24 +104,72 @@ class Group {
     bool closed = false;
     std::function<void()> cancel_join;  // until the join completes
     int64_t next_seq = 0;
-    std::deque<Submission> queue;
+    std::deque<Submission> queue;  // collectives, in issue order
     std::map<std::string, std::shared_ptr<ShmSegment>> segments;  // mapped by name
   };
   enum class State { kJoining, kConnecting, kReady, kFailed };
 
+  // Point-to-point. A send and a recv match when the recv's source is the sender (or any,
+  // -1) and the tags are equal; among candidates the earliest to arrive wins, so
+  // messages from one sender with one tag are received in the order sent (MPI's
+  // non-overtaking rule, which torch's send/recv follow).
+  struct PendingSend {  // a local rank's send to a local rank, not yet received
+    int src = 0;
+    uint64_t order = 0;
+    Submission sub;
+  };
+  struct StagedMessage {  // a remote rank's message for a local rank, not yet received
+    int src = 0;
+    int dst = 0;
+    int64_t tag = 0;
+    int64_t dtype = 0;
+    int64_t count = 0;
+    uint64_t order = 0;
+    std::string bytes;
+  };
+  struct PendingRecv {
+    int dst = 0;
+    Submission sub;
+  };
+
   void ExecutorMain();
-  void RunCollective(int64_t seq, std::map<int, Submission>& subs);
-  // The data step of each op, after the arguments agreed. Executor thread only.
-  absl::Status RunAllReduce(const collserve::v1::Collective& args, std::map<int, Submission>& subs, int num_hosts,
+  // Runs the collectives at position `seq` of every local rank (absent: local ranks that
+  // did not call a MONITORED_BARRIER in time).
+  void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent);
+  // The data step of each op, after the arguments agreed. Executor thread only. `all`
+  // and `splits` hold every rank's arguments, indexed by rank.
+  absl::Status RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
+                         absl::Duration timeout);
+  absl::Status RunBroadcast(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
                             absl::Duration timeout);
-  absl::Status RunBroadcast(const collserve::v1::Collective& args, std::map<int, Submission>& subs, int num_hosts,
-                            absl::Duration timeout);
+  absl::Status RunGatherLike(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                             std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
+  absl::Status RunScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                          std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
+  absl::Status RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
+  // Exchanges the splits of every rank across hosts (ops with NeedsSplits).
+  absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs, int num_hosts,
+                                                         absl::Duration timeout);
+
+  void SubmitP2PLocked(int rank, Submission sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Delivers a message to local rank `dst`'s recv; completes the recv (and `send`, if the
+  // message is a local send).
+  void DeliverLocked(PendingRecv& recv, int src, int64_t dtype, int64_t count, const char* bytes,
+                     PendingSend* send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void P2PTimerMain();
+  void P2PSendMain();
+  void P2PRecvMain();
+  void StopP2P();
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Complete(int rank, const Submission& sub, const absl::Status& status);
-  absl::Status ResolveBuffer(LocalRank& local, Submission& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps the request's buffers (or takes its inline bytes); sets in/out of `sub`.
+  absl::Status ResolveBuffers(LocalRank& local, Submission& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MapBuffer(LocalRank& local, Submission& sub, const collserve::v1::Buffer& b, size_t bytes,
+                         char** ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordCollective(const absl::Status& status);
+  void RecordCollective(int op, const absl::Status& status);
 
   const GroupEnv env_;
   const GroupParams params_;
@@ -137,8 +192,24 @@ class Group {
   std::map<std::string, std::vector<int>> host_ranks_ ABSL_GUARDED_BY(mu_);
   std::map<int, int> rank_host_ ABSL_GUARDED_BY(mu_);  // rank -> host index in the communicator
 
-  std::unique_ptr<backends::Communicator> comm_;  // executor thread only
+  std::vector<std::vector<int>> ranks_by_host_ ABSL_GUARDED_BY(mu_);  // host index -> its ranks, ascending
+
+  // Point-to-point state.
+  uint64_t p2p_order_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<PendingSend> p2p_sends_ ABSL_GUARDED_BY(mu_);
+  std::deque<StagedMessage> p2p_staged_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingRecv> p2p_recvs_ ABSL_GUARDED_BY(mu_);
+  std::deque<PendingSend> p2p_outgoing_ ABSL_GUARDED_BY(mu_);  // to ranks on other hosts
+  bool p2p_stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t p2p_changes_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the timer thread
+  char p2p_header_[64] = {};  // the recv thread's header buffer; outlives comm_
+
+  // Reused scratch memory of the executor (no allocation per collective of a repeated size).
+  std::vector<char> scratch_a_, scratch_b_;
+
+  std::unique_ptr<backends::Communicator> comm_;  // executor and p2p threads; reset after they stop
   std::thread executor_;
+  std::thread p2p_timer_, p2p_sender_, p2p_receiver_;
 };
 
 }  // namespace collserve::server

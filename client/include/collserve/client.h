@@ -87,6 +87,34 @@ class Work {
   // Waiters are woken before callbacks run (as c10::ivalue::Future does): a callback may
   // still be running when Wait() returns, so it must own what it touches.
   virtual void OnCompletion(std::function<void(const absl::Status&)> callback) = 0;
+  // Recv: the rank (in the group) the message came from, once completed successfully
+  // (torch's recv return value / Work.source_rank()); -1 otherwise and for other ops.
+  virtual int SourceRank() = 0;
+};
+
+// A reduction: a ReduceOp, or PREMUL_SUM with this rank's factor (torch's
+// _make_nccl_premul_sum(factor)). Converts implicitly from ReduceOp.
+struct ReduceOpArg {
+  ReduceOpArg(ReduceOp op) : op(op) {}  // NOLINT: implicit on purpose, like torch's ReduceOp
+  ReduceOp op;
+  double premul_factor = 1.0;  // used by kPremulSum only
+};
+// PREMUL_SUM: every rank's tensor times its own `factor`, summed. Floating-point dtypes.
+inline ReduceOpArg MakePremulSum(double factor) {
+  ReduceOpArg r(ReduceOp::kPremulSum);
+  r.premul_factor = factor;
+  return r;
+}
+
+// One operation of BatchIsendIrecv (torch.distributed.P2POp).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind;
+  void* data;       // kSend: read only
+  int64_t count;
+  DataType dtype;
+  int peer;         // group rank; kRecv: -1 = any source
+  int64_t tag = 0;
 };
 
 class StoreClient;
@@ -117,7 +145,7 @@ class ProcessGroup {
   // Algorithm: local ranks are reduced in shared memory by the sidecar, then across hosts
   // with Gloo's allreduce, then copied to every local rank (hierarchical, DESIGN.md).
   virtual std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
-                                          ReduceOp op = ReduceOp::kSum) = 0;
+                                          ReduceOpArg op = ReduceOp::kSum) = 0;
 
   // broadcast (torch.distributed.broadcast): `data` of rank `root` is copied, in place,
   // into `data` of every rank. Every rank passes the same count, dtype and root.
@@ -130,9 +158,97 @@ class ProcessGroup {
   // it. DEADLINE_EXCEEDED names the local ranks that did not arrive in time.
   virtual std::shared_ptr<Work> Barrier() = 0;
 
+  // reduce (torch.distributed.reduce): like AllReduce, but only rank `dst` receives the
+  // result; the other ranks' `data` is left unchanged. Errors as AllReduce and Broadcast.
+  virtual std::shared_ptr<Work> Reduce(void* data, int64_t count, DataType dtype, ReduceOpArg op, int dst) = 0;
+
+  // ---- Out-of-place collectives. Inputs are read when the call is made (they may be reused
+  // at once); outputs must stay valid until the Work completes and are written only on
+  // success. Sizes are elements of `dtype`. Ranks are ranks in this group. Besides the
+  // errors listed for AllReduce, sizes that do not fit together across ranks give every
+  // rank INVALID_ARGUMENT naming the ranks and sizes. Across hosts the sidecars exchange
+  // each host's inputs with Gloo's allgatherv (gather-like ops) or broadcast (scatter). ----
+
+  // all_gather, list form: outputs[r] (counts[r] elements) receives rank r's `input`
+  // (`count` elements; counts[GetRank()] == count; uneven sizes allowed). outputs and
+  // counts have GetWorldSize() entries, identical on every rank.
+  virtual std::shared_ptr<Work> AllGather(const std::vector<void*>& outputs, const std::vector<int64_t>& counts,
+                                          const void* input, int64_t count, DataType dtype) = 0;
+  // all_gather_into_tensor: `output` (world_size * count elements) receives every rank's
+  // `input` (count elements, equal on every rank) in rank order.
+  virtual std::shared_ptr<Work> AllGatherIntoTensor(void* output, const void* input, int64_t count,
+                                                    DataType dtype) = 0;
+  // gather: rank `dst`'s outputs[r] (counts[r]) receives rank r's input (count). Other ranks
+  // pass empty outputs and counts.
+  virtual std::shared_ptr<Work> Gather(const void* input, int64_t count, const std::vector<void*>& outputs,
+                                       const std::vector<int64_t>& counts, DataType dtype, int dst) = 0;
+  // scatter: rank r's `output` (count elements) receives rank `src`'s inputs[r]
+  // (counts[r] == rank r's count). Other ranks pass empty inputs and counts.
+  virtual std::shared_ptr<Work> Scatter(void* output, int64_t count, const std::vector<const void*>& inputs,
+                                        const std::vector<int64_t>& counts, DataType dtype, int src) = 0;
+  // reduce_scatter, list form: `output` (count == counts[GetRank()] elements) receives the
+  // reduction over ranks of their inputs[GetRank()]. inputs/counts: GetWorldSize() entries,
+  // counts identical on every rank.
+  virtual std::shared_ptr<Work> ReduceScatter(void* output, int64_t count, const std::vector<const void*>& inputs,
+                                              const std::vector<int64_t>& counts, DataType dtype,
+                                              ReduceOpArg op = ReduceOp::kSum) = 0;
+  // reduce_scatter_tensor: `input` holds world_size * count elements; `output` (count)
+  // receives the reduction of block GetRank().
+  virtual std::shared_ptr<Work> ReduceScatterTensor(void* output, const void* input, int64_t count, DataType dtype,
+                                                    ReduceOpArg op = ReduceOp::kSum) = 0;
+  // all_to_all, list form: inputs[j] (input_counts[j]) goes to rank j, which receives it in
+  // its outputs[GetRank()]. Rank i's input_counts[j] must equal rank j's output_counts[i].
+  virtual std::shared_ptr<Work> AllToAll(const std::vector<void*>& outputs, const std::vector<int64_t>& output_counts,
+                                         const std::vector<const void*>& inputs,
+                                         const std::vector<int64_t>& input_counts, DataType dtype) = 0;
+  // all_to_all_single: `input` cut by input_splits, `output` by output_splits (empty splits
+  // = count / world_size each, count must divide evenly). `count` is the input's elements
+  // and `output_count` the output's.
+  virtual std::shared_ptr<Work> AllToAllSingle(void* output, int64_t output_count, const void* input, int64_t count,
+                                               const std::vector<int64_t>& output_splits,
+                                               const std::vector<int64_t>& input_splits, DataType dtype) = 0;
+
+  // monitored_barrier: like Barrier, but if some ranks do not arrive within `timeout`,
+  // every rank that did gets DEADLINE_EXCEEDED naming the first missing rank (all of them
+  // with wait_all_ranks), e.g. "rank 2 failed to pass monitored_barrier within 5s", and the
+  // group is unusable afterwards (as torch's). If every rank of a host is missing, the
+  // error names the ranks on the hosts that did not report.
+  virtual std::shared_ptr<Work> MonitoredBarrier(absl::Duration timeout, bool wait_all_ranks = false) = 0;
+
+  // ---- Point-to-point (send/recv/isend/irecv). Not part of the collective order: only
+  // the two ranks take part. A recv matches a send when its source is the sender (or -1,
+  // any source) and the tags are equal; messages from one sender with one tag arrive in
+  // order. Count and dtype must match (else INVALID_ARGUMENT on both ends). Within a host
+  // the sidecar copies between the two ranks' shared memory and both complete together;
+  // across hosts the send completes once the receiving sidecar has the bytes. An unmatched
+  // send or recv fails with DEADLINE_EXCEEDED after the op timeout; the group stays usable.
+  virtual std::shared_ptr<Work> Send(const void* data, int64_t count, DataType dtype, int dst, int64_t tag = 0) = 0;
+  // `data` receives the message; Work::SourceRank() tells the sender. src = -1: any source.
+  virtual std::shared_ptr<Work> Recv(void* data, int64_t count, DataType dtype, int src, int64_t tag = 0) = 0;
+  // batch_isend_irecv: issues every op (in order) and returns their Works.
+  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops);
+
+  // ---- Groups ----
+  // new_group: a group of the given ranks (ranks of this group, distinct). Every rank of
+  // this group must call NewGroup with the same ranks in the same order (as with torch);
+  // members block until all members have joined (init_timeout). Returns nullptr on ranks
+  // that are not members (torch's GroupMember.NON_GROUP_MEMBER). Errors: INVALID_ARGUMENT
+  // (rank out of range, duplicates, empty), and those of InitProcessGroup.
+  // Collectives of the new group run independently of this one's.
+  virtual absl::StatusOr<std::unique_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks) = 0;
+  // get_process_group_ranks: the ranks of the parent (the group NewGroup was called on;
+  // for a group from InitProcessGroup: itself) that make up this group, in group-rank order.
+  virtual const std::vector<int>& GetProcessGroupRanks() const = 0;
+  // get_global_rank / get_group_rank: between this group's ranks and the parent's.
+  // INVALID_ARGUMENT for a rank outside the group.
+  absl::StatusOr<int> GetGlobalRank(int group_rank) const;
+  absl::StatusOr<int> GetGroupRank(int global_rank) const;
+  // destroy_process_group is destroying the ProcessGroup object: its session ends, and
+  // the other members' pending and later collectives fail with UNAVAILABLE.
+
   // Typed convenience overload for float, double, int32_t and int64_t vectors.
   template <typename T>
-  std::shared_ptr<Work> AllReduce(std::vector<T>& data, ReduceOp op = ReduceOp::kSum);
+  std::shared_ptr<Work> AllReduce(std::vector<T>& data, ReduceOpArg op = ReduceOp::kSum);
   template <typename T>
   std::shared_ptr<Work> Broadcast(std::vector<T>& data, int root);
 
@@ -194,10 +310,13 @@ template <> struct DataTypeOf<float> { static constexpr DataType value = DataTyp
 template <> struct DataTypeOf<double> { static constexpr DataType value = DataType::kFloat64; };
 template <> struct DataTypeOf<int32_t> { static constexpr DataType value = DataType::kInt32; };
 template <> struct DataTypeOf<int64_t> { static constexpr DataType value = DataType::kInt64; };
+template <> struct DataTypeOf<int8_t> { static constexpr DataType value = DataType::kInt8; };
+template <> struct DataTypeOf<uint8_t> { static constexpr DataType value = DataType::kUInt8; };
+template <> struct DataTypeOf<bool> { static constexpr DataType value = DataType::kBool; };
 }  // namespace internal
 
 template <typename T>
-std::shared_ptr<Work> ProcessGroup::AllReduce(std::vector<T>& data, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::AllReduce(std::vector<T>& data, ReduceOpArg op) {
   return AllReduce(data.data(), static_cast<int64_t>(data.size()),
                    internal::DataTypeOf<T>::value, op);
 }

@@ -1,0 +1,73 @@
+// Argument checking for the sidecar's collectives: what one rank's request must satisfy on
+// its own (ValidateRequest), and what the ranks of a group must agree on (Disagreement,
+// SizeDisagreement). The sidecars exchange every rank's RankArgs (and, for the ops with
+// per-rank sizes, their splits) before any data moves, and every host computes the same
+// verdict from the same table, so a desync gives every rank the same error instead of a
+// hang (always-on desync detection, in the spirit of torch's TORCH_DISTRIBUTED_DEBUG=DETAIL
+// collective fingerprints, ../shared/reference/torch_distributed_api_docs.md).
+#ifndef COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
+#define COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "collserve/v1/collectives.pb.h"
+
+namespace collserve::server {
+
+// One rank's arguments as exchanged between hosts. Fixed layout, all int64 so it is the
+// same on every host (hosts are one architecture). Fields an op does not use are zero, so
+// they never show up as a disagreement.
+struct RankArgs {
+  int64_t rank = -1;    // -1 = padding
+  int64_t valid = 0;    // 0 = the rank's request failed ValidateRequest
+  int64_t arrived = 1;  // 0 = the rank did not call (MONITORED_BARRIER only)
+  int64_t op = 0;
+  int64_t dtype = 0;
+  int64_t count = 0;
+  int64_t output_count = 0;
+  int64_t reduce_op = 0;
+  int64_t root = 0;
+};
+static_assert(sizeof(RankArgs) == 72, "RankArgs is exchanged as raw bytes");
+
+// The args of `rank`'s request with the fields its op does not use zeroed.
+RankArgs ArgsOf(int rank, const collserve::v1::Collective& c, bool valid);
+
+// torch-style op name: "all_reduce", "reduce_scatter", ...
+std::string OpName(int op);
+
+// Whether an op moves data between the sidecar and the client's buffers in place
+// (ALL_REDUCE, BROADCAST, REDUCE) rather than from `buffer` to `output`.
+bool IsInPlace(int op);
+// Whether the ranks' splits must be exchanged to check and run the op.
+bool NeedsSplits(int op);
+
+// The checks one rank's request must pass on its own: known op and dtype, the reduce op
+// defined for the dtype, root in range, splits of world_size entries that sum to the
+// counts (see collectives.proto). INVALID_ARGUMENT with the reason.
+absl::Status ValidateRequest(const collserve::v1::Collective& c, int rank, int world_size);
+
+// "" if the ranks agree on op, and for that op on dtype, reduce_op, root and count; else
+// a message naming which ranks called what, e.g.
+// "count=7 on ranks [1] but count=1000 on ranks [0, 2, 3]". Ranks with valid == 0 are
+// named as having sent invalid requests; ranks with arrived == 0 are ignored.
+std::string Disagreement(const std::vector<RankArgs>& all);
+
+// Every rank's splits (input_splits, output_splits), indexed by rank. Empty = none given.
+struct RankSplits {
+  std::vector<int64_t> input;
+  std::vector<int64_t> output;
+};
+
+// For ops with per-rank sizes (NeedsSplits), "" if the sizes fit together, else a message
+// naming the ranks, e.g. "rank 0 sends 3 elements to rank 1, but rank 1 expects 4 from
+// rank 0". `args` and `splits` are indexed by rank (world_size entries) and already agree
+// per Disagreement.
+std::string SizeDisagreement(const std::vector<RankArgs>& args, const std::vector<RankSplits>& splits);
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
