@@ -145,6 +145,7 @@ int64_t CheckAny(collserve::client::ProcessGroup& pg, DataType dtype, ReduceOp o
     case DataType::kFloat64: return CheckOne<double>(pg, dtype, op, count, salt);
     case DataType::kInt32: return CheckOne<int32_t>(pg, dtype, op, count, salt);
     case DataType::kInt64: return CheckOne<int64_t>(pg, dtype, op, count, salt);
+    default: break;  // the other dtypes are covered by surface_rank.cc
   }
   return -1;
 }

@@ -23,6 +23,7 @@ namespace collserve::testing {
 std::string CoordinatorBinary() { return COLLSERVE_COORDINATOR_BIN; }
 std::string SidecarBinary() { return COLLSERVE_SIDECAR_BIN; }
 std::string RankBinary() { return COLLSERVE_RANK_BIN; }
+std::string SurfaceRankBinary() { return COLLSERVE_SURFACE_RANK_BIN; }
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
                                                         const std::map<std::string, std::string>& env,
@@ -184,7 +185,7 @@ std::string Cluster::sidecar_address(int i) const { return absl::StrCat("unix:",
 absl::StatusOr<std::unique_ptr<Process>> Cluster::StartRank(int rank, int world_size, int sidecar,
                                                             const std::vector<std::string>& args,
                                                             const std::map<std::string, std::string>& extra_env) {
-  std::vector<std::string> argv = {RankBinary()};
+  std::vector<std::string> argv = {rank_binary_.empty() ? RankBinary() : rank_binary_};
   argv.insert(argv.end(), args.begin(), args.end());
   std::map<std::string, std::string> env = {
       {"RANK", absl::StrCat(rank)},

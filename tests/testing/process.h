@@ -60,6 +60,8 @@ class Cluster {
                                                      const std::vector<std::string>& args,
                                                      const std::map<std::string, std::string>& extra_env = {});
   std::string Logs();  // coordinator and sidecar logs, for failure messages
+  // The program StartRank runs (default: RankBinary()).
+  void set_rank_binary(std::string binary) { rank_binary_ = std::move(binary); }
 
  private:
   std::string dir_;
@@ -68,12 +70,14 @@ class Cluster {
   std::vector<std::unique_ptr<Process>> sidecars_;
   std::vector<int> sidecar_ports_;
   int next_log_ = 0;
+  std::string rank_binary_;
 };
 
 // Paths of the binaries under test (set by CMake).
 std::string CoordinatorBinary();
 std::string SidecarBinary();
 std::string RankBinary();
+std::string SurfaceRankBinary();  // tests/integration/surface_rank.cc
 
 }  // namespace collserve::testing
 
