@@ -521,7 +521,7 @@ class SessionProcessGroup : public ProcessGroup {
     pb::Collective* c = req.mutable_collective();
     c->set_op(r.op);
     c->set_dtype(static_cast<pb::DataType>(r.dtype));
-    c->set_count(r.count);
+    c->set_count(r.op == pb::RECV ? r.output_count : r.count);
     c->set_output_count(r.in_place ? 0 : r.output_count);
     c->set_reduce_op(static_cast<pb::ReduceOp>(r.reduce.op));
     c->set_premul_factor(r.reduce.premul_factor);
