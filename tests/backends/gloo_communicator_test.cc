@@ -2,12 +2,15 @@
 // in-memory rendezvous store, plus the reduction kernels it uses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "backends/gloo/gloo_communicator.h"
 #include "backends/reduce.h"
 #include "tests/testing/in_memory_rendezvous_store.h"
@@ -117,6 +120,137 @@ TEST(ReduceKernelsTest, EveryOpOnEveryDtype) {
   EXPECT_EQ(avg[0], 3);
   EXPECT_EQ(avg[1], -3);  // truncation toward zero
   EXPECT_EQ(ValidateReduce(DataType::kFloat64, ReduceOp::kBxor).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace collserve::testing
+
+namespace collserve::testing {
+namespace {
+
+TEST(GlooCommunicatorTest, AllGatherVWithUnevenAndZeroSizes) {
+  InMemoryRendezvousStore store;
+  constexpr int kSize = 4;
+  auto comms = ConnectAll(store, "gv", kSize);
+  const std::vector<size_t> bytes = {3, 0, 5, 1};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      std::string mine(bytes[r], static_cast<char>('a' + r));
+      std::string all(9, '?');
+      ASSERT_TRUE(comms[r]->AllGatherV(mine.data(), all.data(), bytes, absl::Seconds(20)).ok());
+      EXPECT_EQ(all, "aaacccccd");
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(comms[0]->AllGatherV(nullptr, nullptr, {1, 2}, absl::Seconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GlooCommunicatorTest, SendRecvOnSlotsWithAnySourceWhileCollectivesRun) {
+  InMemoryRendezvousStore store;
+  constexpr int kSize = 3;
+  auto comms = ConnectAll(store, "p2p", kSize);
+  std::vector<std::thread> threads;
+  // Hosts 1 and 2 send to host 0 on slot 7 from a side thread while all three run
+  // all_reduces on their main thread; host 0 receives from any source.
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      std::thread side([&, r] {
+        if (r == 0) {
+          std::vector<int> seen;
+          for (int k = 0; k < 2; ++k) {
+            int64_t v = -1;
+            int from = -1;
+            ASSERT_TRUE(comms[0]->Recv(&v, sizeof v, {1, 2}, 7, &from, absl::Seconds(20)).ok());
+            EXPECT_EQ(v, from * 100);
+            seen.push_back(from);
+          }
+          std::sort(seen.begin(), seen.end());
+          EXPECT_EQ(seen, std::vector<int>({1, 2}));
+        } else {
+          int64_t v = r * 100;
+          ASSERT_TRUE(comms[r]->Send(&v, sizeof v, 0, 7, absl::Seconds(20)).ok());
+        }
+      });
+      for (int k = 0; k < 20; ++k) {
+        int32_t x = 1;
+        ASSERT_TRUE(comms[r]->AllReduce(&x, 1, DataType::kInt32, ReduceOp::kSum, absl::Seconds(20)).ok());
+        EXPECT_EQ(x, kSize);
+      }
+      side.join();
+    });
+  }
+  for (auto& t : threads) t.join();
+  // AbortRecv wakes a blocked receive with CANCELLED, and later receives too.
+  int64_t v;
+  int from;
+  std::thread waiter([&] {
+    EXPECT_EQ(comms[1]->Recv(&v, sizeof v, {0}, 8, &from, absl::InfiniteDuration()).code(),
+              absl::StatusCode::kCancelled);
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  comms[1]->AbortRecv();
+  waiter.join();
+  EXPECT_EQ(comms[1]->Recv(&v, sizeof v, {0}, 8, &from, absl::Seconds(1)).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(comms[0]->Send(&v, sizeof v, 0, 8, absl::Seconds(1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ReduceKernelsTest, HalfAndBFloat16Conversions) {
+  // Every binary16 value survives float and back (NaNs stay NaN).
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = backends::HalfToFloat(static_cast<uint16_t>(h));
+    const uint16_t back = backends::FloatToHalf(f);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(backends::HalfToFloat(back))) << h;
+    } else {
+      EXPECT_EQ(back, h) << h;
+    }
+  }
+  EXPECT_EQ(backends::FloatToHalf(1.0f), 0x3c00);
+  EXPECT_EQ(backends::FloatToHalf(65504.0f), 0x7bff);
+  EXPECT_EQ(backends::FloatToHalf(65520.0f), 0x7c00);             // rounds to inf
+  EXPECT_EQ(backends::FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(backends::FloatToHalf(std::ldexp(1.0f, -25)), 0x0000);  // tie to even: zero
+  EXPECT_EQ(backends::FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+  EXPECT_EQ(backends::FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(backends::FloatToBFloat16(1.0f), 0x3f80);
+  EXPECT_EQ(backends::FloatToBFloat16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);  // tie to even
+  EXPECT_EQ(backends::BFloat16ToFloat(0x4049), 3.140625f);
+}
+
+TEST(ReduceKernelsTest, BoolFollowsTorchsNcclMapping) {
+  const uint8_t a[4] = {0, 0, 1, 1}, b[4] = {0, 1, 0, 2};
+  uint8_t out[4];
+  auto run = [&](ReduceOp op) {
+    backends::Reduce(DataType::kBool, op, out, a, b, 4);
+    return std::vector<int>(out, out + 4);
+  };
+  EXPECT_EQ(run(ReduceOp::kSum), std::vector<int>({0, 1, 1, 1}));
+  EXPECT_EQ(run(ReduceOp::kMax), std::vector<int>({0, 1, 1, 1}));
+  EXPECT_EQ(run(ReduceOp::kProduct), std::vector<int>({0, 0, 0, 1}));
+  EXPECT_EQ(run(ReduceOp::kMin), std::vector<int>({0, 0, 0, 1}));
+  EXPECT_EQ(run(ReduceOp::kBxor), std::vector<int>({0, 1, 1, 0}));
+  EXPECT_EQ(ValidateReduce(DataType::kBool, ReduceOp::kAvg).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateReduce(DataType::kInt8, ReduceOp::kPremulSum).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateReduce(DataType::kBFloat16, ReduceOp::kBor).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ValidateReduce(DataType::kFloat16, ReduceOp::kPremulSum).ok());
+}
+
+TEST(ReduceKernelsTest, ScaleAndDivideOnSixteenBitFloats) {
+  uint16_t h[2] = {backends::FloatToHalf(3.0f), backends::FloatToHalf(-1.5f)};
+  backends::ScaleInPlace(DataType::kFloat16, h, 2, 2.5);
+  EXPECT_EQ(backends::HalfToFloat(h[0]), 7.5f);
+  EXPECT_EQ(backends::HalfToFloat(h[1]), -3.75f);
+  backends::DivideInPlace(DataType::kFloat16, h, 2, 3);
+  EXPECT_EQ(backends::HalfToFloat(h[0]), 2.5f);
+  uint16_t b = backends::FloatToBFloat16(7.0f);
+  backends::DivideInPlace(DataType::kBFloat16, &b, 1, 2);
+  EXPECT_EQ(backends::BFloat16ToFloat(b), 3.5f);
+  int8_t i8[2] = {-7, 7};
+  backends::DivideInPlace(DataType::kInt8, i8, 2, 2);
+  EXPECT_EQ(i8[0], -3);  // truncation toward zero
+  EXPECT_EQ(i8[1], 3);
 }
 
 }  // namespace
