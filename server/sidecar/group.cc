@@ -657,17 +657,12 @@ absl::Status Group::RunBroadcast(const std::vector<RankArgs>& all, std::map<int,
   return absl::OkStatus();
 }
 
-// ALL_REDUCE and REDUCE: scale (PREMUL_SUM), reduce local ranks into the first one's
-// buffer, reduce across hosts, divide (AVG), copy out (to every local rank, or to the root).
-absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
+absl::Status Group::ReduceAll(const RankArgs& a, std::map<int, Submission>& subs, int num_hosts,
                               absl::Duration timeout) {
-  const RankArgs& a = all[0];
   const DataType dtype = static_cast<DataType>(a.dtype);
   const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
   const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
   const size_t count = static_cast<size_t>(a.count);
-  const size_t bytes = Bytes(a, a.count);
-  if (count == 0) return absl::OkStatus();
   if (op == ReduceOp::kPremulSum) {
     for (auto& [rank, sub] : subs) backends::ScaleInPlace(dtype, sub.in, count, sub.args.premul_factor());
   }
@@ -677,6 +672,18 @@ absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Su
   }
   if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
   if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
+  return absl::OkStatus();
+}
+
+// ALL_REDUCE and REDUCE: the reduction (ReduceAll), then a copy to every local rank, or
+// to the root.
+absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
+                              absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const size_t bytes = Bytes(a, a.count);
+  if (a.count == 0) return absl::OkStatus();
+  COLLSERVE_RETURN_IF_ERROR(ReduceAll(a, subs, num_hosts, timeout));
+  char* acc = subs.begin()->second.in;
   if (a.op == pb::REDUCE) {
     // Only the root's buffer carries the result (the SDK does not copy the others back).
     auto root = subs.find(static_cast<int>(a.root));
@@ -787,20 +794,9 @@ absl::Status Group::RunScatter(const std::vector<RankArgs>& all, const std::vect
 absl::Status Group::RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                      std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout) {
   const RankArgs& a = all[0];
-  const DataType dtype = static_cast<DataType>(a.dtype);
-  const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
-  const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
-  const size_t count = static_cast<size_t>(a.count);
-  if (count == 0) return absl::OkStatus();
-  if (op == ReduceOp::kPremulSum) {
-    for (auto& [rank, sub] : subs) backends::ScaleInPlace(dtype, sub.in, count, sub.args.premul_factor());
-  }
-  char* acc = subs.begin()->second.in;
-  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
-    backends::Reduce(dtype, wire_op, acc, acc, it->second.in, count);
-  }
-  if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
-  if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
+  if (a.count == 0) return absl::OkStatus();
+  COLLSERVE_RETURN_IF_ERROR(ReduceAll(a, subs, num_hosts, timeout));
+  const char* acc = subs.begin()->second.in;
   const std::vector<int64_t>& pieces = splits[subs.begin()->first].input;
   const std::vector<int64_t> off = Offsets(pieces);
   for (auto& [rank, sub] : subs) {

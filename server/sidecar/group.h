@@ -148,6 +148,10 @@ class Group {
                           std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
   absl::Status RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                 std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
+  // The reduction shared by ALL_REDUCE, REDUCE and REDUCE_SCATTER: scales by each rank's
+  // factor (PREMUL_SUM), reduces the local ranks' inputs into the first one's, then across
+  // hosts, then divides (AVG). The result is in subs.begin()'s input.
+  absl::Status ReduceAll(const RankArgs& a, std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
   // Exchanges the splits of every rank across hosts (ops with NeedsSplits).
   absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs, int num_hosts,
                                                          absl::Duration timeout);

@@ -158,6 +158,14 @@ struct Checker {
     }
     return true;
   }
+  // Counts a check; prints `what` if it failed.
+  void Expect(bool ok, const std::string& what) {
+    ++checked;
+    if (!ok) {
+      std::printf("rank %d: %s\n", pg.GetRank(), what.c_str());
+      ++wrong;
+    }
+  }
   void Expect(const Tensor& t, size_t i, double want, const std::string& what) {
     const double got = t.Get(i);
     const double w = AsDtype(t.dtype, want);
@@ -517,13 +525,7 @@ int Examples(ProcessGroup& pg) {
 int P2P(ProcessGroup& pg) {
   const int rank = pg.GetRank(), world = pg.GetWorldSize();
   Checker c{pg};
-  auto expect = [&](bool ok, const std::string& what) {
-    ++c.checked;
-    if (!ok) {
-      std::printf("rank %d: %s\n", rank, what.c_str());
-      ++c.wrong;
-    }
-  };
+  auto expect = [&](bool ok, const std::string& what) { c.Expect(ok, what); };
   // Any source: every other rank sends its rank to rank 0, which receives from any source
   // and learns the sender; all dtypes' sizes travel (int64 here).
   if (rank == 0) {
@@ -621,13 +623,7 @@ int P2P(ProcessGroup& pg) {
 int Groups(ProcessGroup& pg) {
   const int rank = pg.GetRank(), world = pg.GetWorldSize();
   Checker c{pg};
-  auto expect = [&](bool ok, const std::string& what) {
-    ++c.checked;
-    if (!ok) {
-      std::printf("rank %d: %s\n", rank, what.c_str());
-      ++c.wrong;
-    }
-  };
+  auto expect = [&](bool ok, const std::string& what) { c.Expect(ok, what); };
   // Two disjoint subgroups (even and odd ranks), listed in reverse order so group ranks
   // differ from global ranks; every rank calls both NewGroups, in the same order.
   std::vector<int> evens, odds;
