@@ -6,7 +6,7 @@ packages=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev
-  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev python3-dev python3-numpy python3-pytest
   iproute2 nftables procps
 )
 missing=()

@@ -1,0 +1,120 @@
+"""The collserve Python package against a real coordinator and sidecar on loopback.
+
+Run by ctest (tests/CMakeLists.txt) with COLLSERVE_BUILD_DIR set and PYTHONPATH=<build>/python.
+Every test bounds its time and stops the processes it started.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+BUILD = os.environ.get("COLLSERVE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
+
+
+def _wait_port(path, proc, limit=20):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if os.path.exists(path) and open(path).read().strip():
+            return int(open(path).read().strip())
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no port file {path}")
+
+
+class Cluster:
+    """A coordinator and one sidecar on loopback, in a temporary directory."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="collserve-py-")
+        self.coordinator = subprocess.Popen(
+            [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
+             f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning"],
+            stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/coordinator.log", "w"))
+        self.port = _wait_port(f"{self.dir}/coordinator.port", self.coordinator)
+        self.socket = f"{self.dir}/sidecar.sock"
+        self.sidecar = subprocess.Popen(
+            [os.path.join(BUILD, "server", "collserve-sidecar"), f"--coordinator=127.0.0.1:{self.port}",
+             f"--unix_socket={self.socket}", "--host_id=host0", "--metrics_address=", "--log_level=warning",
+             f"--port_file={self.dir}/sidecar.port"],
+            stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/sidecar.log", "w"))
+        _wait_port(f"{self.dir}/sidecar.port", self.sidecar)
+
+    def env(self, rank, world, **extra):
+        env = dict(os.environ)
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
+                   COLLSERVE_SIDECAR=f"unix:{self.socket}", COLLSERVE_INIT_TIMEOUT_S="30",
+                   COLLSERVE_OP_TIMEOUT_S="30")
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+    def ranks(self, mode, world, stdin=None, **extra):
+        return [subprocess.Popen([sys.executable, WORKER, mode], env=self.env(r, world, **extra), text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=stdin)
+                for r in range(world)]
+
+    def stop(self):
+        for p in (self.sidecar, self.coordinator):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+def outputs(procs, limit=60):
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text, _ = p.communicate()
+            text += "\n[killed: timed out]"
+        out.append((p.returncode, text))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_call(cluster, world):
+    for code, text in outputs(cluster.ranks("api", world)):
+        assert code == 0 and "ok api" in text, text
+
+
+def test_desync_raises_argument_error_naming_ranks(cluster):
+    for code, text in outputs(cluster.ranks("desync", 3)):
+        assert "error DistArgumentError/DistBackendError/DistError" in text, text
+        assert "count=7 on ranks [2] but count=16 on ranks [0, 1]" in text, text
+
+
+def test_timeout_raises_timeout_error(cluster):
+    (code, text), _ = outputs(cluster.ranks("timeout", 2, COLLSERVE_OP_TIMEOUT_S=2))
+    assert "error DistTimeoutError/DistBackendError/DistError" in text, text
+    assert "did not call it" in text, text
+
+
+def test_bad_rank_is_argument_error(cluster):
+    ((code, text),) = outputs(cluster.ranks("badrank", 1))
+    assert "error DistArgumentError: rank 5 is out of range for world_size 2" in text, text
+
+
+def test_stopped_sidecar_is_network_error(cluster):
+    procs = cluster.ranks("sidecar_gone", 2, stdin=subprocess.PIPE)
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    cluster.sidecar.terminate()
+    cluster.sidecar.wait(timeout=20)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    for code, text in outputs(procs):
+        assert "error DistNetworkError/DistError" in text, text
