@@ -1,14 +1,16 @@
 // _collserve: the pybind11 layer under the `collserve` Python package. It exposes the C++
 // SDK (client/include/collserve/client.h) with raw pointers and element counts; the
-// package (python/collserve/__init__.py) turns numpy arrays into those, keeps them alive
-// while a Work runs, and maps statuses to exceptions. Every call that may block or copy
-// releases the GIL. Statuses cross as (code, message) tuples (absl::StatusCode values).
+// package (python/collserve/) turns numpy arrays and torch tensors into those, keeps them
+// alive while a Work runs, translates ranks, and maps statuses to exceptions. Every call
+// that may block or copy releases the GIL. Statuses cross as (code, message) tuples
+// (absl::StatusCode values); calls that also produce a value return (code, message, value).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "collserve/client.h"
@@ -17,6 +19,7 @@ namespace py = pybind11;
 using collserve::DataType;
 using collserve::ReduceOp;
 using collserve::client::ProcessGroup;
+using collserve::client::StoreClient;
 using collserve::client::Work;
 
 namespace {
@@ -25,9 +28,30 @@ py::tuple StatusTuple(const absl::Status& s) {
   return py::make_tuple(static_cast<int>(s.code()), std::string(s.message()));
 }
 
+// (code, message, value-or-None) from a StatusOr, converting the value with `convert`
+// (called with the GIL held).
+template <typename T, typename F>
+py::tuple Result(absl::StatusOr<T> r, F convert) {
+  if (!r.ok()) return py::make_tuple(static_cast<int>(r.status().code()), std::string(r.status().message()), py::none());
+  return py::make_tuple(0, std::string(), convert(std::move(*r)));
+}
+
 absl::Duration Seconds(double s) { return s < 0 ? absl::InfiniteDuration() : absl::Seconds(s); }
 
 void* Ptr(uintptr_t p) { return reinterpret_cast<void*>(p); }
+std::vector<void*> Ptrs(const std::vector<uintptr_t>& ps) {
+  std::vector<void*> out;
+  out.reserve(ps.size());
+  for (uintptr_t p : ps) out.push_back(Ptr(p));
+  return out;
+}
+std::vector<const void*> ConstPtrs(const std::vector<uintptr_t>& ps) {
+  std::vector<const void*> out;
+  out.reserve(ps.size());
+  for (uintptr_t p : ps) out.push_back(Ptr(p));
+  return out;
+}
+DataType Dt(int dtype) { return static_cast<DataType>(dtype); }
 
 collserve::client::ReduceOpArg Op(int op, double factor) {
   collserve::client::ReduceOpArg r(static_cast<ReduceOp>(op));
@@ -35,10 +59,133 @@ collserve::client::ReduceOpArg Op(int op, double factor) {
   return r;
 }
 
+void BindStore(py::module_& m) {
+  py::class_<StoreClient>(m, "StoreClient")
+      .def("set",
+           [](StoreClient& s, const std::string& k, const std::string& v) {
+             absl::Status r;
+             {
+               py::gil_scoped_release release;
+               r = s.Set(k, v);
+             }
+             return StatusTuple(r);
+           })
+      .def("get",
+           [](StoreClient& s, const std::string& k, double timeout_s) {
+             absl::StatusOr<std::string> r;
+             {
+               py::gil_scoped_release release;
+               r = timeout_s < 0 ? s.Get(k) : s.Get(k, Seconds(timeout_s));
+             }
+             return Result(std::move(r), [](std::string v) { return py::bytes(v); });
+           })
+      .def("add",
+           [](StoreClient& s, const std::string& k, int64_t delta) {
+             absl::StatusOr<int64_t> r;
+             {
+               py::gil_scoped_release release;
+               r = s.Add(k, delta);
+             }
+             return Result(std::move(r), [](int64_t v) { return py::int_(v); });
+           })
+      .def("compare_set",
+           [](StoreClient& s, const std::string& k, const std::string& expected, const std::string& desired) {
+             absl::StatusOr<std::string> r;
+             {
+               py::gil_scoped_release release;
+               r = s.CompareSet(k, expected, desired);
+             }
+             return Result(std::move(r), [](std::string v) { return py::bytes(v); });
+           })
+      .def("check",
+           [](StoreClient& s, const std::vector<std::string>& keys) {
+             absl::StatusOr<bool> r;
+             {
+               py::gil_scoped_release release;
+               r = s.Check(keys);
+             }
+             return Result(std::move(r), [](bool v) { return py::bool_(v); });
+           })
+      .def("wait",
+           [](StoreClient& s, const std::vector<std::string>& keys, double timeout_s) {
+             absl::Status r;
+             {
+               py::gil_scoped_release release;
+               r = timeout_s < 0 ? s.Wait(keys) : s.Wait(keys, Seconds(timeout_s));
+             }
+             return StatusTuple(r);
+           })
+      .def("delete_key",
+           [](StoreClient& s, const std::string& k) {
+             absl::StatusOr<bool> r;
+             {
+               py::gil_scoped_release release;
+               r = s.DeleteKey(k);
+             }
+             return Result(std::move(r), [](bool v) { return py::bool_(v); });
+           })
+      .def("num_keys",
+           [](StoreClient& s, const std::string& prefix) {
+             absl::StatusOr<int64_t> r;
+             {
+               py::gil_scoped_release release;
+               r = s.NumKeys(prefix);
+             }
+             return Result(std::move(r), [](int64_t v) { return py::int_(v); });
+           })
+      .def("multi_get",
+           [](StoreClient& s, const std::vector<std::string>& keys, double timeout_s) {
+             absl::StatusOr<std::vector<std::string>> r;
+             {
+               py::gil_scoped_release release;
+               r = s.MultiGet(keys, Seconds(timeout_s));
+             }
+             return Result(std::move(r), [](std::vector<std::string> vs) {
+               py::list out;
+               for (const std::string& v : vs) out.append(py::bytes(v));
+               return out;
+             });
+           })
+      .def("multi_set",
+           [](StoreClient& s, const std::vector<std::string>& keys, const std::vector<std::string>& values) {
+             absl::Status r;
+             {
+               py::gil_scoped_release release;
+               r = s.MultiSet(keys, values);
+             }
+             return StatusTuple(r);
+           })
+      .def("append", [](StoreClient& s, const std::string& k, const std::string& v) {
+        absl::Status r;
+        {
+          py::gil_scoped_release release;
+          r = s.Append(k, v);
+        }
+        return StatusTuple(r);
+      });
+
+  // connect_store(address, job, timeout_s, connect_timeout_s) -> (code, message, StoreClient)
+  m.def("connect_store", [](const std::string& address, const std::string& job, double timeout_s,
+                            double connect_timeout_s) {
+    collserve::client::StoreClientOptions o;
+    if (!job.empty()) o.job = job;
+    o.timeout = Seconds(timeout_s);
+    o.connect_timeout = Seconds(connect_timeout_s);
+    absl::StatusOr<std::unique_ptr<StoreClient>> r;
+    {
+      py::gil_scoped_release release;
+      r = StoreClient::Connect(address, o);
+    }
+    return Result(std::move(r), [](std::unique_ptr<StoreClient> s) { return py::cast(std::move(s)); });
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_collserve, m) {
   m.doc() = "collserve C++ SDK binding (use the collserve package)";
+
+  BindStore(m);
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def(
@@ -59,50 +206,112 @@ PYBIND11_MODULE(_collserve, m) {
       .def_property_readonly("rank", &ProcessGroup::GetRank)
       .def_property_readonly("world_size", &ProcessGroup::GetWorldSize)
       .def_property_readonly("ranks", &ProcessGroup::GetProcessGroupRanks)
+      .def_property_readonly("name", &ProcessGroup::group_name)
       .def("all_reduce",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int op, double factor) {
              py::gil_scoped_release release;
-             return pg.AllReduce(Ptr(p), n, static_cast<DataType>(dtype), Op(op, factor));
+             return pg.AllReduce(Ptr(p), n, Dt(dtype), Op(op, factor));
            })
       .def("reduce",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int op, double factor, int dst) {
              py::gil_scoped_release release;
-             return pg.Reduce(Ptr(p), n, static_cast<DataType>(dtype), Op(op, factor), dst);
+             return pg.Reduce(Ptr(p), n, Dt(dtype), Op(op, factor), dst);
            })
       .def("broadcast",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int root) {
              py::gil_scoped_release release;
-             return pg.Broadcast(Ptr(p), n, static_cast<DataType>(dtype), root);
+             return pg.Broadcast(Ptr(p), n, Dt(dtype), root);
            })
       .def("all_gather",
            [](ProcessGroup& pg, const std::vector<uintptr_t>& outs, const std::vector<int64_t>& counts, uintptr_t in,
               int64_t n, int dtype) {
-             std::vector<void*> ptrs;
-             for (uintptr_t o : outs) ptrs.push_back(Ptr(o));
              py::gil_scoped_release release;
-             return pg.AllGather(ptrs, counts, Ptr(in), n, static_cast<DataType>(dtype));
+             return pg.AllGather(Ptrs(outs), counts, Ptr(in), n, Dt(dtype));
+           })
+      .def("all_gather_into_tensor",
+           [](ProcessGroup& pg, uintptr_t out, uintptr_t in, int64_t n, int dtype) {
+             py::gil_scoped_release release;
+             return pg.AllGatherIntoTensor(Ptr(out), Ptr(in), n, Dt(dtype));
+           })
+      .def("gather",
+           [](ProcessGroup& pg, uintptr_t in, int64_t n, const std::vector<uintptr_t>& outs,
+              const std::vector<int64_t>& counts, int dtype, int dst) {
+             py::gil_scoped_release release;
+             return pg.Gather(Ptr(in), n, Ptrs(outs), counts, Dt(dtype), dst);
+           })
+      .def("scatter",
+           [](ProcessGroup& pg, uintptr_t out, int64_t n, const std::vector<uintptr_t>& ins,
+              const std::vector<int64_t>& counts, int dtype, int src) {
+             py::gil_scoped_release release;
+             return pg.Scatter(Ptr(out), n, ConstPtrs(ins), counts, Dt(dtype), src);
+           })
+      .def("reduce_scatter",
+           [](ProcessGroup& pg, uintptr_t out, int64_t n, const std::vector<uintptr_t>& ins,
+              const std::vector<int64_t>& counts, int dtype, int op, double factor) {
+             py::gil_scoped_release release;
+             return pg.ReduceScatter(Ptr(out), n, ConstPtrs(ins), counts, Dt(dtype), Op(op, factor));
+           })
+      .def("reduce_scatter_tensor",
+           [](ProcessGroup& pg, uintptr_t out, uintptr_t in, int64_t n, int dtype, int op, double factor) {
+             py::gil_scoped_release release;
+             return pg.ReduceScatterTensor(Ptr(out), Ptr(in), n, Dt(dtype), Op(op, factor));
+           })
+      .def("all_to_all",
+           [](ProcessGroup& pg, const std::vector<uintptr_t>& outs, const std::vector<int64_t>& out_counts,
+              const std::vector<uintptr_t>& ins, const std::vector<int64_t>& in_counts, int dtype) {
+             py::gil_scoped_release release;
+             return pg.AllToAll(Ptrs(outs), out_counts, ConstPtrs(ins), in_counts, Dt(dtype));
+           })
+      .def("all_to_all_single",
+           [](ProcessGroup& pg, uintptr_t out, int64_t out_n, uintptr_t in, int64_t n,
+              const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits, int dtype) {
+             py::gil_scoped_release release;
+             return pg.AllToAllSingle(Ptr(out), out_n, Ptr(in), n, out_splits, in_splits, Dt(dtype));
            })
       .def("barrier",
            [](ProcessGroup& pg) {
              py::gil_scoped_release release;
              return pg.Barrier();
            })
+      .def("monitored_barrier",
+           [](ProcessGroup& pg, double timeout_s, bool wait_all_ranks) {
+             py::gil_scoped_release release;
+             return pg.MonitoredBarrier(Seconds(timeout_s), wait_all_ranks);
+           })
       .def("send",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int dst, int64_t tag) {
              py::gil_scoped_release release;
-             return pg.Send(Ptr(p), n, static_cast<DataType>(dtype), dst, tag);
+             return pg.Send(Ptr(p), n, Dt(dtype), dst, tag);
            })
-      .def("recv", [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int src, int64_t tag) {
-        py::gil_scoped_release release;
-        return pg.Recv(Ptr(p), n, static_cast<DataType>(dtype), src, tag);
-      });
+      .def("recv",
+           [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int src, int64_t tag) {
+             py::gil_scoped_release release;
+             return pg.Recv(Ptr(p), n, Dt(dtype), src, tag);
+           })
+      // new_group(ranks) -> (code, message, ProcessGroup or None for a non-member)
+      .def("new_group",
+           [](ProcessGroup& pg, std::vector<int> ranks) {
+             absl::StatusOr<std::unique_ptr<ProcessGroup>> r;
+             {
+               py::gil_scoped_release release;
+               r = pg.NewGroup(std::move(ranks));
+             }
+             return Result(std::move(r), [](std::unique_ptr<ProcessGroup> g) {
+               return g ? py::cast(std::move(g)) : py::none();
+             });
+           })
+      // The coordinator's store for the job (None without a coordinator address); it lives
+      // as long as the group.
+      .def("store", &ProcessGroup::store, py::return_value_policy::reference_internal);
 
   // init(...) -> (code, message, ProcessGroup or None)
-  m.def("init", [](int rank, int world_size, const std::string& sidecar, const std::string& coordinator,
-                   const std::string& job, const std::string& group, double init_timeout_s, double op_timeout_s) {
+  m.def("init", [](int rank, int world_size, int local_rank, const std::string& sidecar,
+                   const std::string& coordinator, const std::string& job, const std::string& group,
+                   double init_timeout_s, double op_timeout_s) {
     collserve::client::InitOptions o;
     o.rank = rank;
     o.world_size = world_size;
+    o.local_rank = local_rank;
     o.sidecar_address = sidecar;
     o.coordinator_address = coordinator;
     if (!job.empty()) o.job = job;
@@ -114,7 +323,6 @@ PYBIND11_MODULE(_collserve, m) {
       py::gil_scoped_release release;
       pg = collserve::client::InitProcessGroup(o);
     }
-    if (!pg.ok()) return py::make_tuple(static_cast<int>(pg.status().code()), std::string(pg.status().message()), py::none());
-    return py::make_tuple(0, std::string(), py::cast(std::move(*pg)));
+    return Result(std::move(pg), [](std::unique_ptr<ProcessGroup> g) { return py::cast(std::move(g)); });
   });
 }

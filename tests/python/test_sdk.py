@@ -52,8 +52,8 @@ class Cluster:
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
-    def ranks(self, mode, world, stdin=None, **extra):
-        return [subprocess.Popen([sys.executable, WORKER, mode], env=self.env(r, world, **extra), text=True,
+    def ranks(self, mode, world, stdin=None, args=(), **extra):
+        return [subprocess.Popen([sys.executable, WORKER, mode, *args], env=self.env(r, world, **extra), text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=stdin)
                 for r in range(world)]
 
@@ -85,9 +85,26 @@ def outputs(procs, limit=60):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_every_call(cluster, world):
-    for code, text in outputs(cluster.ranks("api", world)):
-        assert code == 0 and "ok api" in text, text
+def test_every_call_on_numpy_arrays(cluster, world):
+    for code, text in outputs(cluster.ranks("api", world, args=["numpy"])):
+        assert code == 0 and "ok api numpy" in text, text
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_every_call_on_torch_tensors(cluster, world):
+    pytest.importorskip("torch")
+    for code, text in outputs(cluster.ranks("api", world, args=["torch"]), limit=120):
+        assert code == 0 and "ok api torch" in text, text
+
+
+def test_groups_translate_global_ranks(cluster):
+    for code, text in outputs(cluster.ranks("groups", 4)):
+        assert code == 0 and "ok groups" in text, text
+
+
+def test_store_calls(cluster):
+    for code, text in outputs(cluster.ranks("store", 3)):
+        assert code == 0 and "ok store" in text, text
 
 
 def test_desync_raises_argument_error_naming_ranks(cluster):

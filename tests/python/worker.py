@@ -1,9 +1,16 @@
-"""One rank of tests/python/test_sdk.py, run as its own process with env:// variables.
+"""One rank of the Python SDK tests (test_sdk.py), run as its own process with env://
+variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, COLLSERVE_SIDECAR).
 
-Modes (argv[1]): api (every call, checked), desync (the last rank calls a different count),
-timeout (rank 0 waits for a rank that never calls), badrank (init with rank >= world_size),
-sidecar_gone (rank 0 reports the error after the sidecar is stopped).
-Prints "ok" lines or "error <ExceptionType>: <message>".
+Modes (argv[1]):
+  api numpy|torch  every collective and point-to-point call, on numpy arrays or torch
+                   tensors, checked for values and in-place semantics; bad inputs checked
+  groups           new_group, subgroup collectives with global ranks, NON_GROUP_MEMBER
+  store            Store and _get_default_store: every store call
+  desync           the last rank calls all_reduce with a different count
+  timeout          rank 0 waits for a rank that never calls
+  badrank          init with rank >= world_size
+  sidecar_gone     the test stops the sidecar, then rank 0 calls all_reduce
+Prints "ok <mode>" or "error <ExceptionTypes>: <message>".
 """
 import sys
 
@@ -12,79 +19,263 @@ import numpy as np
 import collserve as dist
 
 
-def api():
+class Flavor:
+    """Makes numpy arrays or torch tensors from lists, so one set of checks covers both."""
+
+    def __init__(self, name):
+        self.name = name
+        if name == "torch":
+            import torch
+            torch.set_num_threads(1)
+            self.torch = torch
+        self.dtypes = ["float32", "float64", "int32", "int64", "float16", "int8", "uint8"]
+        if name == "torch":
+            self.dtypes.append("bfloat16")
+
+    def t(self, values, dtype="float32"):
+        if self.name == "torch":
+            return self.torch.tensor(values, dtype=getattr(self.torch, dtype))
+        return np.array(values, dtype=dtype)
+
+    def full(self, n, value, dtype="float32", shape=None):
+        return self.t(np.full(shape or n, value).tolist(), dtype)
+
+    def zeros(self, n, dtype="float32"):
+        return self.full(n, 0, dtype)
+
+    def address(self, t):
+        return t.data_ptr() if self.name == "torch" else t.__array_interface__["data"][0]
+
+
+def expect_raises(exc, fn, text=""):
+    try:
+        fn()
+    except exc as e:
+        assert text in str(e), (text, str(e))
+        return
+    raise AssertionError(f"did not raise {exc.__name__}")
+
+
+def api(flavor_name):
+    f = Flavor(flavor_name)
     dist.init_process_group("gloo", init_method="env://")
-    assert dist.is_initialized()
+    assert dist.is_initialized() and dist.is_available() and dist.get_backend() == "collserve"
     rank, world = dist.get_rank(), dist.get_world_size()
-    # all_reduce in place on several dtypes, sync and async.
-    for dtype in ("float32", "float64", "int32", "int64", "float16", "int8", "uint8"):
-        t = np.arange(4, dtype=dtype) + rank
+    ranks = range(world)
+
+    # all_reduce: every dtype, in place (same memory before and after).
+    for dtype in f.dtypes:
+        t = f.t([1 + rank, 2, 3, 4], dtype)
+        before = f.address(t)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        want = sum(np.arange(4, dtype=dtype) + r for r in range(world))
-        assert np.array_equal(t, want.astype(dtype)), (dtype, t, want)
-    b = np.array([rank % 2 == 0, True])
+        assert f.address(t) == before
+        assert t.tolist() == [sum(1 + r for r in ranks), 2 * world, 3 * world, 4 * world], (dtype, t)
+    b = f.t([rank % 2 == 0, True], "bool")
     dist.all_reduce(b, op=dist.ReduceOp.MIN)
     assert b.tolist() == [world == 1, True], b
-    t = np.full(1000, float(rank + 1))
+    t = f.full(1000, rank + 1.0)
     work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
-    assert work.wait(timeout=30)
-    assert work.is_completed()
+    assert work.wait(timeout=30) and work.is_completed()
     assert t[0] == world and t[-1] == world
-    # A view: in place through a contiguous slice.
-    big = np.zeros(10, dtype=np.float32)
-    view = big[2:6]
+    t = f.full(3, float(rank), "float64")
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert t.tolist() == [sum(ranks) / world] * 3, t
+    t = f.full(2, 1.0)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(rank + 1.0))
+    assert t.tolist() == [sum(r + 1.0 for r in ranks)] * 2, t
+    big = f.zeros(10)
+    view = big[2:6]  # a contiguous view: the base array changes in place
     view[:] = rank
     dist.all_reduce(view)
-    assert big[2] == sum(range(world)) and big[0] == 0
-    # broadcast, reduce, all_gather, barrier.
-    t = np.array([1, 2, 3, 4], dtype=np.int64) if rank == 0 else np.zeros(4, dtype=np.int64)
-    dist.broadcast(t, src=0)
+    assert big[2] == sum(ranks) and big[0] == 0
+
+    # broadcast, reduce.
+    t = f.t([1, 2, 3, 4], "int64") if rank == world - 1 else f.zeros(4, "int64")
+    dist.broadcast(t, src=world - 1)
     assert t.tolist() == [1, 2, 3, 4]
-    t = np.array([rank + 1.0])
+    t = f.t([rank + 1.0])
     dist.reduce(t, dst=0, op=dist.ReduceOp.PRODUCT)
-    if rank == 0:
-        assert t[0] == np.prod(np.arange(1, world + 1)), t
-    else:
-        assert t[0] == rank + 1.0
-    out = [np.zeros(2, dtype=np.int64) for _ in range(world)]
-    dist.all_gather(out, np.arange(2, dtype=np.int64) + 1 + 2 * rank)
-    assert [o.tolist() for o in out] == [[1 + 2 * r, 2 + 2 * r] for r in range(world)]
-    dist.barrier()
-    # Point-to-point: a ring with isend / recv, and recv from any source.
+    assert t[0] == (np.prod(np.arange(1, world + 1)) if rank == 0 else rank + 1.0), t
+
+    # all_gather (uneven sizes), all_gather_into_tensor, gather, scatter.
+    out = [f.zeros(r + 1, "int64") for r in ranks]
+    dist.all_gather(out, f.full(rank + 1, 10 + rank, "int64"))
+    assert [o.tolist() for o in out] == [[10 + r] * (r + 1) for r in ranks], out
+    out = f.zeros(3 * world, "int32")
+    dist.all_gather_into_tensor(out, f.t([rank, rank, rank], "int32"))
+    assert out.tolist() == [r for r in ranks for _ in range(3)], out
+    dst = world - 1
+    gathered = [f.zeros(r + 1) for r in ranks] if rank == dst else None
+    dist.gather(f.full(rank + 1, float(rank)), gathered, dst=dst)
+    if rank == dst:
+        assert [g.tolist() for g in gathered] == [[float(r)] * (r + 1) for r in ranks], gathered
+    piece = f.zeros(rank + 1, "float64")
+    pieces = [f.full(r + 1, 3.0 * r, "float64") for r in ranks] if rank == 0 else None
+    dist.scatter(piece, pieces, src=0)
+    assert piece.tolist() == [3.0 * rank] * (rank + 1), piece
+
+    # reduce_scatter (list, uneven) and reduce_scatter_tensor.
+    out = f.zeros(rank + 1, "int64")
+    dist.reduce_scatter(out, [f.full(j + 1, (rank + 1) * (j + 1), "int64") for j in ranks])
+    assert out.tolist() == [sum((r + 1) * (rank + 1) for r in ranks)] * (rank + 1), out
+    out = f.zeros(2, "float32")
+    dist.reduce_scatter_tensor(out, f.t([float(i + rank) for i in range(2 * world)]))
+    assert out.tolist() == [float(sum(2 * rank + i + r for r in ranks)) for i in range(2)], out
+
+    # all_to_all (list, uneven) and all_to_all_single (row splits on a 2-D tensor).
+    outs = [f.zeros(j + 1, "int32") for j in ranks]
+    dist.all_to_all(outs, [f.full(rank + 1, 10 * rank + j, "int32") for j in ranks])
+    assert [o.tolist() for o in outs] == [[10 * j + rank] * (j + 1) for j in ranks], outs
+    in_rows = [rank + 2 * j + 1 for j in ranks]
+    out_rows = [j + 2 * rank + 1 for j in ranks]
+    data = f.t([[100 * rank + j] * 2 for j in ranks for _ in range(in_rows[j])], "int64")
+    out = f.t(np.zeros((sum(out_rows), 2)).tolist(), "int64")
+    dist.all_to_all_single(out, data, output_split_sizes=out_rows, input_split_sizes=in_rows)
+    assert out.tolist() == [[100 * j + rank] * 2 for j in ranks for _ in range(out_rows[j])], out
+    out = f.zeros(world, "float32")
+    dist.all_to_all_single(out, f.t([float(10 * rank + j) for j in ranks]))
+    assert out.tolist() == [float(10 * j + rank) for j in ranks], out
+
+    # barrier, monitored_barrier, object collectives.
+    assert dist.barrier() is None
+    dist.barrier(async_op=True).wait()
+    dist.monitored_barrier(timeout=20)
+    objs = []
+    dist.all_gather_object(objs, {"rank": rank, "name": f"r{rank}"})
+    assert objs == [{"rank": r, "name": f"r{r}"} for r in ranks], objs
+    objs = [None, None] if rank else ["hello", (1, 2)]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == ["hello", (1, 2)], objs
+
+    # Point-to-point: a ring with isend/recv, batch_isend_irecv, any-source recv with tags.
     if world > 1:
         right, left = (rank + 1) % world, (rank - 1) % world
-        req = dist.isend(np.array([rank], dtype=np.int32), dst=right)
-        got = np.zeros(1, dtype=np.int32)
-        src = dist.recv(got, src=left)
+        req = dist.isend(f.t([rank], "int32"), dst=right)
+        got = f.zeros(1, "int32")
+        assert dist.recv(got, src=left) == left
         req.wait()
-        assert got[0] == left and src == left
+        assert got[0] == left
+        got = f.zeros(2, "float64")
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, f.t([rank, 1.5], "float64"), right),
+                                        dist.P2POp(dist.irecv, got, left)])
+        for w in works:
+            w.wait()
+        assert got.tolist() == [left, 1.5] and works[1].source_rank() == left, got
         if rank == 0:
             seen = set()
             for _ in range(world - 1):
-                v = np.zeros(1, dtype=np.int64)
+                v = f.zeros(1, "int64")
                 source = dist.recv(v, tag=3)
                 assert v[0] == 10 * source, (v, source)
                 seen.add(source)
             assert seen == set(range(1, world))
+            w = dist.irecv(f.zeros(1, "int64"), src=1, tag=4)
+            w.wait()
+            assert w.source_rank() == 1
         else:
-            dist.send(np.array([10 * rank], dtype=np.int64), dst=0, tag=3)
-    # Bad inputs: clear Python errors, nothing sent.
-    for bad, exc in ((np.zeros((4, 4))[:, 1], ValueError), ([1.0, 2.0], TypeError),
-                     (np.zeros(2, dtype=np.complex64), TypeError)):
-        try:
-            dist.all_reduce(bad)
-        except exc:
-            pass
-        else:
-            raise AssertionError(f"{bad!r} did not raise {exc.__name__}")
-    try:
-        dist.all_reduce(np.zeros(2, dtype=np.float32), op=dist.ReduceOp.BXOR)
-    except dist.DistArgumentError as e:
-        assert "BXOR" in str(e)
+            dist.send(f.t([10 * rank], "int64"), dst=0, tag=3)
+            if rank == 1:
+                dist.send(f.t([7], "int64"), dst=0, tag=4)
+
+    # Bad inputs: clear Python errors before anything is sent.
+    non_contiguous = f.t(np.zeros((4, 4)).tolist())[:, 1]
+    expect_raises(ValueError, lambda: dist.all_reduce(non_contiguous), "contiguous")
+    expect_raises(TypeError, lambda: dist.all_reduce([1.0, 2.0]), "numpy.ndarray or a torch.Tensor")
+    if f.name == "torch":
+        expect_raises(TypeError, lambda: dist.all_reduce(f.torch.zeros(2, dtype=f.torch.complex64)), "complex64")
+    else:
+        expect_raises(TypeError, lambda: dist.all_reduce(np.zeros(2, dtype=np.complex64)), "complex64")
+        ro = np.zeros(2, dtype=np.float32)
+        ro.flags.writeable = False
+        expect_raises(ValueError, lambda: dist.all_reduce(ro), "read-only")
+    expect_raises(ValueError, lambda: dist.all_gather_into_tensor(f.zeros(world + 1), f.zeros(1)), "world_size")
+    expect_raises(TypeError, lambda: dist.all_gather([f.zeros(1, "int32")] * world, f.zeros(1)), "dtype")
+    expect_raises(dist.DistArgumentError, lambda: dist.all_reduce(f.zeros(2), op=dist.ReduceOp.BXOR), "BXOR")
+    expect_raises(dist.DistArgumentError, lambda: dist.broadcast(f.zeros(2), src=world), "out of range")
     dist.barrier()
     dist.destroy_process_group()
     assert not dist.is_initialized()
-    print("ok api")
+    print(f"ok api {flavor_name}")
+
+
+def groups():
+    dist.init_process_group(init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == 4
+    g01 = dist.new_group([0, 1])
+    g31 = dist.new_group([3, 1])  # sorted, as torch: group ranks 0 -> global 1, 1 -> global 3
+    everyone = dist.new_group()
+    assert dist.get_process_group_ranks(everyone) == [0, 1, 2, 3]
+    t = np.ones(2)
+    if rank in (0, 1):
+        assert dist.get_rank(g01) == rank and dist.get_world_size(g01) == 2
+        dist.all_reduce(t, group=g01)
+        assert t.tolist() == [2.0, 2.0]
+    else:
+        assert g01 is dist.GroupMember.NON_GROUP_MEMBER
+        assert dist.all_reduce(t, group=g01) is None and t.tolist() == [1.0, 1.0]
+        assert dist.get_rank(g01) == -1 and dist.get_world_size(g01) == -1
+    if rank in (1, 3):
+        assert dist.get_process_group_ranks(g31) == [1, 3]
+        assert dist.get_rank(g31) == (0 if rank == 1 else 1)
+        assert dist.get_global_rank(g31, 1) == 3 and dist.get_group_rank(g31, 3) == 1
+        b = np.array([rank], dtype=np.int64)
+        dist.broadcast(b, src=3, group=g31)  # src is a global rank
+        assert b[0] == 3
+        r = np.array([float(rank)])
+        dist.reduce(r, dst=3, op=dist.ReduceOp.SUM, group=g31)
+        assert r[0] == (4.0 if rank == 3 else 1.0)
+        if rank == 1:
+            dist.send(np.array([42], dtype=np.int32), dst=3, group=g31)
+        else:
+            got = np.zeros(1, dtype=np.int32)
+            assert dist.recv(got, src=None, group=g31) == 1 and got[0] == 42  # the global rank of the sender
+        expect_raises(dist.DistArgumentError, lambda: dist.broadcast(b, src=0, group=g31), "not a member")
+        dist.destroy_process_group(g31)
+        expect_raises(ValueError, lambda: dist.barrier(group=g31), "destroyed")
+    t = np.array([rank], dtype=np.int64)
+    dist.all_reduce(t, group=everyone)
+    assert t[0] == 6
+    expect_raises(dist.DistArgumentError, lambda: dist.new_group([0, 9]), "out of range")
+    dist.barrier()
+    print("ok groups")
+
+
+def store():
+    import datetime
+    import os
+    dist.init_process_group(init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    s = dist._get_default_store()
+    other = dist.Store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=datetime.timedelta(seconds=20))
+    s.set(f"rank/{rank}", f"value {rank}")
+    other.wait([f"rank/{r}" for r in range(world)])
+    assert s.check([f"rank/{r}" for r in range(world)])
+    assert other.get(f"rank/{(rank + 1) % world}") == f"value {(rank + 1) % world}".encode()
+    assert s.multi_get([f"rank/{r}" for r in range(world)]) == [f"value {r}".encode() for r in range(world)]
+    total = s.add("counter", rank + 1)
+    assert 1 <= total <= sum(range(1, world + 1))
+    s.append("log", f"[{rank}]")
+    dist.barrier()
+    assert s.add("counter", 0) == sum(range(1, world + 1))
+    assert sorted(s.get("log").decode().replace("]", "] ").split()) == sorted(f"[{r}]" for r in range(world))
+    if rank == 0:
+        assert s.compare_set("cas", "", "first") == b"first"
+        assert s.compare_set("cas", "wrong", "second") == b"first"
+        assert s.compare_set("cas", "first", b"second") == b"second"
+        s.multi_set(["m/a", "m/b"], ["1", b"\x00\xff"])
+        assert s.multi_get(["m/a", "m/b"]) == [b"1", b"\x00\xff"]
+        n = s.num_keys()
+        assert s.delete_key("m/a") and not s.delete_key("m/a")
+        assert s.num_keys() == n - 1
+        assert not s.check(["missing"])
+        s.set_timeout(datetime.timedelta(seconds=0.5))
+        expect_raises(dist.DistStoreTimeoutError, lambda: s.get("missing"), "missing")
+        expect_raises(TimeoutError, lambda: other.wait(["missing"], timeout=0.3), "missing")
+        s.set("not_a_number", "x")
+        expect_raises(dist.DistStoreError, lambda: s.add("not_a_number", 1))
+    dist.barrier()
+    print("ok store")
 
 
 def report(fn):
@@ -92,7 +283,7 @@ def report(fn):
         fn()
         print("ok")
     except dist.DistError as e:
-        kinds = [c.__name__ for c in type(e).__mro__ if c.__module__ == "collserve"]
+        kinds = [c.__name__ for c in type(e).__mro__ if c.__module__.startswith("collserve")]
         print(f"error {'/'.join(kinds)}: {e}")
 
 
@@ -127,4 +318,6 @@ def sidecar_gone():
 
 
 if __name__ == "__main__":
-    {"api": api, "desync": desync, "timeout": timeout, "badrank": badrank, "sidecar_gone": sidecar_gone}[sys.argv[1]]()
+    modes = {"api": api, "groups": groups, "store": store, "desync": desync, "timeout": timeout, "badrank": badrank,
+             "sidecar_gone": sidecar_gone}
+    modes[sys.argv[1]](*sys.argv[2:])

@@ -1,0 +1,73 @@
+"""Turns numpy arrays and torch CPU tensors into (address, element count, dtype code) for
+the C++ SDK, without copying: collectives read and write the caller's memory in place.
+
+Accepted: C-contiguous numpy.ndarray and contiguous torch.Tensor on the CPU, of float16,
+bfloat16 (torch only), float32, float64, int8, uint8, int32, int64 or bool. Anything else
+raises TypeError (not an array, unsupported dtype, CUDA tensor) or ValueError
+(non-contiguous, read-only where the call writes). torch is imported only if the caller
+already has: a numpy-only program never pays for it.
+"""
+import sys
+
+# collserve.v1.DataType values.
+_NUMPY = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "float16": 5, "int8": 7, "uint8": 8, "bool": 9}
+_TORCH = {"float32": 1, "float64": 2, "int32": 3, "int64": 4, "float16": 5, "bfloat16": 6, "int8": 7,
+          "uint8": 8, "bool": 9}
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None) if torch is not None else None
+
+
+def view(t, writable=True, what="tensor"):
+    """Returns (address, element count, dtype code) of `t`; raises TypeError/ValueError."""
+    tensor_type = _torch_tensor_type()
+    if tensor_type is not None and isinstance(t, tensor_type):
+        if t.device.type != "cpu":
+            raise TypeError(f"{what} is on {t.device}; collserve's Python SDK takes CPU tensors "
+                            "(move it with .cpu(), or use the c10d backend for CUDA)")
+        if t.is_sparse:
+            raise TypeError(f"{what} is sparse; collserve takes dense tensors")
+        name = str(t.dtype).replace("torch.", "")
+        code = _TORCH.get(name)
+        if code is None:
+            raise TypeError(f"{what} has dtype {t.dtype}, which collserve does not support "
+                            f"(supported: {', '.join(sorted(_TORCH))})")
+        if not t.is_contiguous():
+            raise ValueError(f"{what} is not contiguous; pass t.contiguous() and copy the result back")
+        return t.data_ptr(), t.numel(), code
+    np = sys.modules.get("numpy")
+    if np is None or not isinstance(t, np.ndarray):
+        raise TypeError(f"{what} must be a numpy.ndarray or a torch.Tensor, got {type(t).__name__}")
+    code = _NUMPY.get(t.dtype.name)
+    if code is None:
+        raise TypeError(f"{what} has dtype {t.dtype}, which collserve does not support "
+                        f"(supported: {', '.join(sorted(_NUMPY))})")
+    if not t.flags.c_contiguous:
+        raise ValueError(f"{what} is not C-contiguous; pass numpy.ascontiguousarray(a) and copy the result back")
+    if writable and not t.flags.writeable:
+        raise ValueError(f"{what} is read-only, but the call writes to it")
+    return t.__array_interface__["data"][0], t.size, code
+
+
+def views(ts, writable, what):
+    """view() of each tensor of a list; all must share one dtype. Returns (addresses, counts, dtype)."""
+    if isinstance(ts, (str, bytes)) or not hasattr(ts, "__iter__"):
+        raise TypeError(f"{what} must be a list of tensors, got {type(ts).__name__}")
+    vs = [view(t, writable, f"{what}[{i}]") for i, t in enumerate(ts)]
+    dtypes = {v[2] for v in vs}
+    if len(dtypes) > 1:
+        raise TypeError(f"the tensors of {what} must share one dtype")
+    return [v[0] for v in vs], [v[1] for v in vs], (dtypes.pop() if dtypes else None)
+
+
+def rows(t):
+    """Elements per index of dim 0 (for split sizes given in rows, as torch's all_to_all_single)."""
+    shape = tuple(t.shape)
+    if not shape:
+        raise ValueError("all_to_all_single needs tensors with at least one dimension")
+    n = 1
+    for d in shape[1:]:
+        n *= d
+    return n

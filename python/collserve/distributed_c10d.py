@@ -1,0 +1,601 @@
+"""The torch.distributed-shaped API of collserve (torch/distributed/distributed_c10d.py).
+
+Every function follows its torch.distributed namesake (../shared/reference/
+torch_distributed_api_docs.md): the same names, argument names and defaults, ranks given as
+global ranks (ranks of the default group) and translated for subgroups, async_op=True
+returning a Work. Tensors are numpy arrays or torch CPU tensors used in place (see
+_tensors.py). Service errors raise the errors.py hierarchy; Python-side argument errors
+raise TypeError/ValueError (DistArgumentError is a ValueError).
+
+Thread safety: the functions may be called from several threads; as with torch, every
+rank must issue a group's collectives in the same order.
+"""
+import datetime as _datetime
+import enum as _enum
+import os as _os
+import pickle as _pickle
+
+from . import _collserve
+from . import _tensors
+from .errors import DistArgumentError, raise_for
+from .store import Store
+
+_DEFAULT_TIMEOUT_S = 300.0
+
+
+class ReduceOp(_enum.IntEnum):
+    """torch.distributed.ReduceOp (values are collserve.v1.ReduceOp's). AVG and PREMUL_SUM
+    take floating-point tensors; BAND/BOR/BXOR integer and bool ones."""
+
+    SUM = 1
+    AVG = 2
+    PRODUCT = 3
+    MIN = 4
+    MAX = 5
+    BAND = 6
+    BOR = 7
+    BXOR = 8
+    PREMUL_SUM = 9
+
+
+class _PremulSum:
+    """ReduceOp.PREMUL_SUM with this rank's factor: sum over ranks of factor * tensor."""
+
+    def __init__(self, factor):
+        self.factor = float(factor)
+
+    def __repr__(self):
+        return f"PREMUL_SUM({self.factor})"
+
+
+def _make_nccl_premul_sum(factor):
+    """torch.distributed._make_nccl_premul_sum: a PREMUL_SUM op with a scalar factor."""
+    return _PremulSum(factor)
+
+
+def _op(op, premul_factor=None):
+    if isinstance(op, _PremulSum):
+        return int(ReduceOp.PREMUL_SUM), op.factor
+    try:
+        op = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"unknown ReduceOp {op!r}") from None
+    return int(op), 1.0 if premul_factor is None else float(premul_factor)
+
+
+class Work:
+    """An asynchronous operation (torch.distributed.Work). Its tensors stay alive until the
+    operation completes, even if the Work is dropped."""
+
+    def __init__(self, work, keep):
+        self._work = work
+        self._keep = keep  # tensors the operation reads or writes
+        self._group = None  # the ProcessGroup, to translate source_rank()
+
+    def wait(self, timeout=None):
+        """Blocks until done (or `timeout`, a timedelta or seconds, passes: DistTimeoutError,
+        the operation goes on) and raises the operation's error. Returns True."""
+        code, message = self._work.wait(-1.0 if timeout is None else _seconds(timeout))
+        if self._work.is_completed():
+            self._keep = None
+        raise_for(code, message)
+        return True
+
+    def is_completed(self):
+        """True once the operation finished (successfully or not). Never blocks."""
+        return self._work.is_completed()
+
+    def source_rank(self):
+        """recv/irecv: the global rank the message came from (-1 before it completes)."""
+        r = self._work.source_rank()
+        return self._group.ranks[r] if r >= 0 and self._group is not None else r
+
+
+class _Pending:
+    """Works whose tensors must outlive a dropped Work object: pruned on every new call."""
+
+    def __init__(self):
+        self.works = []
+
+    def add(self, work):
+        self.works = [w for w in self.works if not w.is_completed()]
+        self.works.append(work)
+
+
+_pending = _Pending()
+
+
+class ProcessGroup:
+    """A group of ranks (torch.distributed.ProcessGroup): rank() and size() are this
+    process's rank in the group and the group's size; `ranks` are the members' global ranks."""
+
+    def __init__(self, pg, ranks):
+        self._pg = pg
+        self.ranks = list(ranks)
+
+    def rank(self):
+        return self._live().rank
+
+    def size(self):
+        return self._live().world_size
+
+    def name(self):
+        return self._live().name
+
+    def _live(self):
+        if self._pg is None:
+            raise ValueError("the process group has been destroyed")
+        return self._pg
+
+    def __repr__(self):
+        return f"<collserve.ProcessGroup ranks={self.ranks}>" if self._pg else "<collserve.ProcessGroup destroyed>"
+
+
+class GroupMember:
+    """torch.distributed.GroupMember: WORLD is the default group (None also means it);
+    new_group returns NON_GROUP_MEMBER on ranks outside the group, and calls given it do
+    nothing and return None, as torch's."""
+
+    WORLD = None
+    NON_GROUP_MEMBER = object()
+
+
+group = GroupMember  # torch.distributed.group.WORLD
+
+_state = {"default": None, "groups": [], "timeout": _DEFAULT_TIMEOUT_S}
+
+
+def _seconds(timeout, default=None):
+    if timeout is None:
+        return default
+    if isinstance(timeout, _datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                       group_name="world", pg_options=None):
+    """Joins the default group (torch.distributed.init_process_group); blocks until all
+    world_size ranks have joined or the timeout passes (DistTimeoutError naming the missing).
+
+    init_method: "env://" (the default: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
+    "collserve://host:port" (the coordinator), with rank/world_size as arguments or from the
+    environment. `backend` is accepted for torch compatibility and ignored: the sidecar picks
+    Gloo/NCCL. The sidecar is COLLSERVE_SIDECAR (default unix:/tmp/collserve/sidecar.sock),
+    the job COLLSERVE_JOB. timeout (timedelta or seconds) bounds the rendezvous and each
+    operation (default COLLSERVE_INIT_TIMEOUT_S / COLLSERVE_OP_TIMEOUT_S, else 300 s).
+    Raises ValueError for missing or bad arguments, RuntimeError if already initialized.
+    """
+    del backend, pg_options
+    if _state["default"] is not None:
+        raise RuntimeError("trying to initialize the default process group twice")
+    if store is not None:
+        raise ValueError("collserve rendezvous goes through its coordinator: pass init_method, not store")
+    env = _os.environ
+    if rank is None or rank < 0:
+        rank = int(env.get("RANK", "-1"))
+    if world_size is None or world_size < 0:
+        world_size = int(env.get("WORLD_SIZE", "-1"))
+    if rank < 0 or world_size <= 0:
+        raise ValueError("rank and world_size must be given or set in RANK and WORLD_SIZE")
+    init_method = init_method or "env://"
+    if init_method.startswith("collserve://"):
+        coordinator = init_method[len("collserve://"):]
+    elif init_method == "env://":
+        addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+        coordinator = f"{addr}:{port}" if addr and port else ""
+    else:
+        raise ValueError(f"unsupported init_method {init_method!r} (env:// or collserve://host:port)")
+    op_timeout = _seconds(timeout, float(env.get("COLLSERVE_OP_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
+    init_timeout = _seconds(timeout, float(env.get("COLLSERVE_INIT_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
+    code, message, pg = _collserve.init(rank, world_size, int(env.get("LOCAL_RANK", "-1")),
+                                        env.get("COLLSERVE_SIDECAR", ""), coordinator, env.get("COLLSERVE_JOB", ""),
+                                        group_name, init_timeout, op_timeout)
+    raise_for(code, message)
+    _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], timeout=op_timeout)
+
+
+def is_initialized():
+    return _state["default"] is not None
+
+
+def is_available():
+    return True
+
+
+def _default():
+    if _state["default"] is None:
+        raise RuntimeError("Default process group has not been initialized, please make sure to call "
+                           "init_process_group.")
+    return _state["default"]
+
+
+def _group(g):
+    """The ProcessGroup a call runs on, or None for NON_GROUP_MEMBER (the call is skipped)."""
+    if g is GroupMember.NON_GROUP_MEMBER:
+        return None
+    if g is None:
+        return _default()
+    if not isinstance(g, ProcessGroup):
+        raise TypeError(f"group must be a ProcessGroup from new_group, got {type(g).__name__}")
+    _default()
+    return g
+
+
+def _local(g, global_rank, what):
+    """The group rank of `global_rank` (ranks of the default group pass through unchecked:
+    the service names a rank out of range)."""
+    if not isinstance(global_rank, int) or isinstance(global_rank, bool):
+        raise TypeError(f"{what} must be an int, got {type(global_rank).__name__}")
+    if g is _state["default"]:
+        return global_rank
+    try:
+        return g.ranks.index(global_rank)
+    except ValueError:
+        raise DistArgumentError(f"{what}={global_rank} is not a member of the group (its ranks are {g.ranks})",
+                                3) from None
+
+
+def get_rank(group=None):
+    """This process's rank in `group` (default: the default group); -1 if not a member."""
+    g = _group(group)
+    return -1 if g is None else g.rank()
+
+
+def get_world_size(group=None):
+    """The number of ranks in `group`; -1 if this process is not a member."""
+    g = _group(group)
+    return -1 if g is None else g.size()
+
+
+def get_backend(group=None):
+    _group(group)
+    return "collserve"
+
+
+def get_process_group_ranks(group):
+    """The global ranks of `group`'s members, in group-rank order."""
+    g = _group(group)
+    if g is None:
+        raise ValueError("this process is not a member of the group")
+    return list(g.ranks)
+
+
+def get_global_rank(group, group_rank):
+    """The global rank of `group_rank` in `group`."""
+    ranks = get_process_group_ranks(group)
+    if not 0 <= group_rank < len(ranks):
+        raise ValueError(f"group rank {group_rank} is out of range for a group of {len(ranks)}")
+    return ranks[group_rank]
+
+
+def get_group_rank(group, global_rank):
+    """The rank in `group` of the process with global rank `global_rank`."""
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError(f"global rank {global_rank} is not part of the group {ranks}")
+    return ranks.index(global_rank)
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False):
+    """A subgroup of the given global ranks (default: all), sorted as torch sorts them.
+
+    Every rank of the default group must call new_group with the same ranks in the same
+    order of new_group calls. Members block until all members joined (DistTimeoutError
+    after the init timeout); others return GroupMember.NON_GROUP_MEMBER at once. `timeout`,
+    `backend` and `pg_options` are accepted for torch compatibility; the subgroup uses the
+    default group's timeouts. DistArgumentError for a rank out of range or listed twice.
+    """
+    del timeout, backend, pg_options, use_local_synchronization
+    world = _default()
+    ranks = sorted(range(world.size()) if ranks is None else ranks)
+    code, message, pg = world._live().new_group(ranks)
+    raise_for(code, message)
+    if pg is None:
+        return GroupMember.NON_GROUP_MEMBER
+    g = ProcessGroup(pg, ranks)
+    _state["groups"].append(g)
+    return g
+
+
+def destroy_process_group(group=None):
+    """Destroys `group`, or (None) every group and the default one. The other members'
+    pending and later operations fail with DistNetworkError."""
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return
+    if group is None or group is _state["default"]:
+        for g in _state["groups"] + [_state["default"]]:
+            if g is not None:
+                g._pg = None
+        _state.update(default=None, groups=[])
+        return
+    group._pg = None
+    _state["groups"] = [g for g in _state["groups"] if g is not group]
+
+
+def _run(g, work, keep, async_op):
+    w = Work(work, keep)
+    w._group = g
+    if async_op:
+        _pending.add(w)
+        return w
+    w.wait()
+    return None
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
+    """Reduces `tensor` across the group's ranks, in place on every rank."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor)
+    code, factor = _op(op, premul_factor)
+    return _run(g, g._live().all_reduce(p, n, d, code, factor), [tensor], async_op)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
+    """Reduces `tensor` across the group into rank `dst`'s tensor; others' are unchanged."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor)
+    code, factor = _op(op, premul_factor)
+    return _run(g, g._live().reduce(p, n, d, code, factor, _local(g, dst, "dst")), [tensor], async_op)
+
+
+def broadcast(tensor, src, group=None, async_op=False):
+    """Copies rank `src`'s tensor into every rank's tensor."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor)
+    return _run(g, g._live().broadcast(p, n, d, _local(g, src, "src")), [tensor], async_op)
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False):
+    """tensor_list[r] receives rank r's tensor (sizes may differ across ranks)."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor, writable=False)
+    outs, counts, od = _tensors.views(tensor_list, True, "tensor_list")
+    if od is not None and od != d:
+        raise TypeError("all_gather: tensor_list must have the input tensor's dtype")
+    return _run(g, g._live().all_gather(outs, counts, p, n, d), list(tensor_list), async_op)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+    """output_tensor (world_size x input's elements) receives every rank's input in rank order."""
+    g = _group(group)
+    if g is None:
+        return None
+    po, no, do = _tensors.view(output_tensor, what="output_tensor")
+    pi, ni, di = _tensors.view(input_tensor, writable=False, what="input_tensor")
+    if do != di:
+        raise TypeError("all_gather_into_tensor: output_tensor and input_tensor must share a dtype")
+    if no != ni * g.size():
+        raise ValueError(f"all_gather_into_tensor: output_tensor has {no} elements, "
+                         f"needs world_size * {ni} = {ni * g.size()}")
+    return _run(g, g._live().all_gather_into_tensor(po, pi, ni, di), [output_tensor], async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+    """Rank `dst`'s gather_list[r] receives rank r's tensor; other ranks pass gather_list=None."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor, writable=False)
+    root = _local(g, dst, "dst")
+    outs, counts = [], []
+    if g.rank() == root:
+        if gather_list is None:
+            raise ValueError("gather: the destination rank must pass gather_list")
+        outs, counts, od = _tensors.views(gather_list, True, "gather_list")
+        if od is not None and od != d:
+            raise TypeError("gather: gather_list must have the input tensor's dtype")
+    elif gather_list:
+        raise ValueError("gather: only the destination rank passes gather_list")
+    return _run(g, g._live().gather(p, n, outs, counts, d, root), list(gather_list or []), async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
+    """Rank r's tensor receives rank `src`'s scatter_list[r]; other ranks pass None."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor)
+    root = _local(g, src, "src")
+    ins, counts = [], []
+    if g.rank() == root:
+        if scatter_list is None:
+            raise ValueError("scatter: the source rank must pass scatter_list")
+        ins, counts, sd = _tensors.views(scatter_list, False, "scatter_list")
+        if sd is not None and sd != d:
+            raise TypeError("scatter: scatter_list must have the output tensor's dtype")
+    elif scatter_list:
+        raise ValueError("scatter: only the source rank passes scatter_list")
+    return _run(g, g._live().scatter(p, n, ins, counts, d, root), [tensor], async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
+    """output receives the reduction over ranks of their input_list[this rank]."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(output, what="output")
+    ins, counts, idt = _tensors.views(input_list, False, "input_list")
+    if idt is not None and idt != d:
+        raise TypeError("reduce_scatter: input_list must have the output's dtype")
+    code, factor = _op(op, premul_factor)
+    return _run(g, g._live().reduce_scatter(p, n, ins, counts, d, code, factor), [output], async_op)
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
+    """output (n elements) receives the reduction of block `rank` of every rank's input (world_size * n)."""
+    g = _group(group)
+    if g is None:
+        return None
+    po, no, do = _tensors.view(output, what="output")
+    pi, ni, di = _tensors.view(input, writable=False, what="input")
+    if do != di:
+        raise TypeError("reduce_scatter_tensor: output and input must share a dtype")
+    if ni != no * g.size():
+        raise ValueError(f"reduce_scatter_tensor: input has {ni} elements, needs world_size * {no} = {no * g.size()}")
+    code, factor = _op(op, premul_factor)
+    return _run(g, g._live().reduce_scatter_tensor(po, pi, no, do, code, factor), [output], async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """input_tensor_list[j] goes to rank j, which receives it in output_tensor_list[this rank]."""
+    g = _group(group)
+    if g is None:
+        return None
+    outs, out_counts, od = _tensors.views(output_tensor_list, True, "output_tensor_list")
+    ins, in_counts, idt = _tensors.views(input_tensor_list, False, "input_tensor_list")
+    if od is not None and idt is not None and od != idt:
+        raise TypeError("all_to_all: the output and input tensors must share a dtype")
+    dtype = od if od is not None else (idt if idt is not None else 1)
+    return _run(g, g._live().all_to_all(outs, out_counts, ins, in_counts, dtype), list(output_tensor_list),
+                async_op)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                      async_op=False):
+    """input is cut along dim 0 by input_split_sizes (rows; None = equal parts) and part j
+    goes to rank j; output is filled the same way by output_split_sizes."""
+    g = _group(group)
+    if g is None:
+        return None
+    po, no, do = _tensors.view(output, what="output")
+    pi, ni, di = _tensors.view(input, writable=False, what="input")
+    if do != di:
+        raise TypeError("all_to_all_single: output and input must share a dtype")
+    out_splits = [int(s) * _tensors.rows(output) for s in output_split_sizes or []]
+    in_splits = [int(s) * _tensors.rows(input) for s in input_split_sizes or []]
+    return _run(g, g._live().all_to_all_single(po, no, pi, ni, out_splits, in_splits, do), [output], async_op)
+
+
+def barrier(group=None, async_op=False, device_ids=None):
+    """Blocks until every rank of the group has called barrier."""
+    del device_ids
+    g = _group(group)
+    if g is None:
+        return None
+    return _run(g, g._live().barrier(), None, async_op)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that, if ranks are missing after `timeout` (default: the group's op
+    timeout), raises DistTimeoutError naming the first missing rank (all with wait_all_ranks)."""
+    g = _group(group)
+    if g is None:
+        return None
+    t = _seconds(timeout, _state["timeout"])
+    return _run(g, g._live().monitored_barrier(t, bool(wait_all_ranks)), None, False)
+
+
+def isend(tensor, dst, group=None, tag=0):
+    """Starts sending `tensor` to rank `dst`; returns a Work. Do not modify the tensor before wait()."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor, writable=False)
+    return _run(g, g._live().send(p, n, d, _local(g, dst, "dst"), int(tag)), [tensor], True)
+
+
+def irecv(tensor, src=None, group=None, tag=0):
+    """Starts receiving into `tensor` from rank `src` (None: any source); returns a Work
+    whose source_rank() names the sender."""
+    g = _group(group)
+    if g is None:
+        return None
+    p, n, d = _tensors.view(tensor)
+    peer = -1 if src is None else _local(g, src, "src")
+    return _run(g, g._live().recv(p, n, d, peer, int(tag)), [tensor], True)
+
+
+def send(tensor, dst, group=None, tag=0):
+    """Sends `tensor` to rank `dst` and waits until it is delivered (or the op timeout)."""
+    w = isend(tensor, dst, group, tag)
+    if w is not None:
+        w.wait()
+
+
+def recv(tensor, src=None, group=None, tag=0):
+    """Receives into `tensor` from `src` (None: any source); returns the sender's rank."""
+    w = irecv(tensor, src, group, tag)
+    if w is None:
+        return -1
+    w.wait()
+    return w.source_rank()
+
+
+class P2POp:
+    """One operation of batch_isend_irecv: P2POp(isend or irecv, tensor, peer, group, tag)."""
+
+    def __init__(self, op, tensor, peer=None, group=None, tag=0):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp's op must be collserve.isend or collserve.irecv")
+        self.op, self.tensor, self.peer, self.group, self.tag = op, tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list):
+    """Issues every P2POp in order; returns their Works."""
+    if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
+        raise ValueError("batch_isend_irecv takes a non-empty list of P2POp")
+    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+
+
+def _object_bytes(obj):
+    np = _numpy()
+    return np.frombuffer(_pickle.dumps(obj), dtype=np.uint8).copy()
+
+
+def _numpy():
+    import numpy
+    return numpy
+
+
+def all_gather_object(object_list, obj, group=None):
+    """object_list[r] receives rank r's picklable `obj` (torch.distributed.all_gather_object).
+    Unpickling runs code from the other ranks: use it only among trusted ranks."""
+    g = _group(group)
+    if g is None:
+        return
+    np = _numpy()
+    data = _object_bytes(obj)
+    sizes = [np.zeros(1, dtype=np.int64) for _ in range(g.size())]
+    all_gather(sizes, np.array([data.size], dtype=np.int64), group=g)
+    outs = [np.zeros(int(s[0]), dtype=np.uint8) for s in sizes]
+    all_gather(outs, data, group=g)
+    object_list[:] = [_pickle.loads(o.tobytes()) for o in outs]
+
+
+def broadcast_object_list(object_list, src=0, group=None):
+    """Every rank's object_list receives rank `src`'s objects (the same length on every rank)."""
+    g = _group(group)
+    if g is None:
+        return
+    np = _numpy()
+    is_src = g.rank() == _local(g, src, "src")
+    data = _object_bytes(list(object_list)) if is_src else np.zeros(0, dtype=np.uint8)
+    size = np.array([data.size], dtype=np.int64)
+    broadcast(size, src, group=g)
+    if not is_src:
+        data = np.zeros(int(size[0]), dtype=np.uint8)
+    broadcast(data, src, group=g)
+    if not is_src:
+        got = _pickle.loads(data.tobytes())
+        if len(got) != len(object_list):
+            raise ValueError(f"broadcast_object_list: rank {src} sent {len(got)} objects, this rank's list has "
+                             f"{len(object_list)}")
+        object_list[:] = got
+
+
+def _get_default_store():
+    """The coordinator's store of the default group's job (a Store)."""
+    client = _default()._live().store()
+    if client is None:
+        raise RuntimeError("no store: the default group was initialized without a coordinator address")
+    return Store._wrap(client)
+
