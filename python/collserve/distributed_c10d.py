@@ -10,10 +10,12 @@ raise TypeError/ValueError (DistArgumentError is a ValueError).
 Thread safety: the functions may be called from several threads; as with torch, every
 rank must issue a group's collectives in the same order.
 """
+import atexit as _atexit
 import datetime as _datetime
 import enum as _enum
 import os as _os
 import pickle as _pickle
+import time as _time
 
 from . import _collserve
 from . import _tensors
@@ -193,6 +195,20 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                                         group_name, init_timeout, op_timeout)
     raise_for(code, message)
     _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], timeout=op_timeout)
+    if env.get("COLLSERVE_EXIT_DIR") and not _state.get("exit_hook"):
+        _state["exit_hook"] = True
+        _atexit.register(_note_exit, env["COLLSERVE_EXIT_DIR"], rank)
+
+
+def _note_exit(directory, rank):
+    """Under `collserve launch`: records when this rank began to exit (before its sessions
+    end and its peers' operations fail), so that the launcher reports the rank that failed
+    first rather than a peer that finished dying sooner."""
+    try:
+        with open(_os.path.join(directory, str(rank)), "w") as f:
+            f.write(repr(_time.monotonic()))
+    except OSError:
+        pass
 
 
 def is_initialized():

@@ -1,0 +1,6 @@
+"""python -m collserve launch ... (the `collserve` command)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

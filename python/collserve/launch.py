@@ -1,0 +1,310 @@
+"""collserve launch: starts the ranks of a job on this host, like `torchrun --standalone`.
+
+    collserve launch --nproc_per_node 4 train.py --epochs 3      # or: python -m collserve.launch ...
+
+Unless told where they are (--coordinator, --sidecar), it starts an embedded coordinator
+and one sidecar on loopback, in a private temporary directory. It spawns --nproc_per_node
+ranks of `python -u script args...` (or `-m module`, or any command with --no_python), each
+with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, MASTER_ADDR,
+MASTER_PORT, COLLSERVE_SIDECAR and COLLSERVE_JOB set, prefixes every line a rank prints
+with "[rank<R>]: ", forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the ranks, and exits with the
+first failing rank's exit code (128 + signal for a rank killed by a signal; 0 if all
+succeed). When a rank fails, the others get --failure_grace_s seconds to finish (they see
+the group fail), then SIGTERM. Everything it started is stopped before it exits.
+
+Several hosts: run one launcher per host with the same --nnodes, --nproc_per_node, --job and
+--coordinator HOST:PORT (a running collserve-coordinator), and --node_rank 0..nnodes-1.
+Each starts its own sidecar, reachable by the other hosts at --gloo_hostname.
+"""
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def find_binary(name):
+    """The path of a collserve server binary: $COLLSERVE_BIN_DIR, the package's bin/ (pip
+    install), the CMake build tree the package was imported from, then PATH."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = []
+    if os.environ.get("COLLSERVE_BIN_DIR"):
+        candidates.append(os.path.join(os.environ["COLLSERVE_BIN_DIR"], name))
+    candidates.append(os.path.join(here, "bin", name))
+    candidates.append(os.path.join(here, "..", "..", "server", name))  # <build>/python/collserve
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.abspath(c)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise FileNotFoundError(f"cannot find {name}: set COLLSERVE_BIN_DIR, pip install collserve, or build it "
+                            f"(cmake --build build); looked in {', '.join(candidates)} and PATH")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="collserve launch", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=1, help="ranks on this host (default 1)")
+    p.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default 1)")
+    p.add_argument("--node_rank", "--node-rank", type=int, default=0, help="this host's index in [0, nnodes)")
+    p.add_argument("--coordinator", default="", help="HOST:PORT of a running coordinator (default: start one on "
+                   "loopback; required with --nnodes > 1)")
+    p.add_argument("--sidecar", default="", help="address of a running sidecar for this host, unix:/path or "
+                   "host:port (default: start one)")
+    p.add_argument("--job", default="default", help="job name: the namespace of keys and groups (default 'default')")
+    p.add_argument("--gloo_hostname", default="", help="address the other hosts reach this host's sidecar at "
+                   "(default 127.0.0.1 for one host, else this host's address)")
+    p.add_argument("--failure_grace_s", type=float, default=5.0,
+                   help="after a rank fails, seconds the others get before SIGTERM (default 5)")
+    p.add_argument("--server_start_timeout_s", type=float, default=30.0,
+                   help="how long to wait for the embedded coordinator and sidecar to serve (default 30)")
+    p.add_argument("--log_dir", default="", help="where the embedded servers write their logs (default: a "
+                   "temporary directory, kept and named if something fails)")
+    p.add_argument("--no_prefix", action="store_true", help="do not prefix the ranks' output lines")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-m", "--module", action="store_true", help="run the script as a module (python -m)")
+    g.add_argument("--no_python", "--no-python", action="store_true", help="run the script as a command")
+    p.add_argument("script", help="the training script (or module, or command)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        p.error("--nproc_per_node and --nnodes must be at least 1")
+    if not 0 <= args.node_rank < args.nnodes:
+        p.error(f"--node_rank {args.node_rank} is out of range for --nnodes {args.nnodes}")
+    if args.nnodes > 1 and not args.coordinator:
+        p.error("--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every host reaches)")
+    if args.coordinator and args.coordinator.rpartition(":")[2].isdigit() is False:
+        p.error(f"--coordinator {args.coordinator!r} must be HOST:PORT")
+    return args
+
+
+class Launcher:
+    def __init__(self, args):
+        self.args = args
+        self.servers = []  # (name, Popen), stopped in reverse order
+        self.ranks = []  # (rank, Popen)
+        self.out_lock = threading.Lock()
+        self.pumps = []
+        self.failed_something = False
+        self.own_dir = not args.log_dir
+        self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
+        os.makedirs(os.path.join(self.dir, "exits"), exist_ok=True)
+
+    def say(self, text):
+        with self.out_lock:
+            sys.stderr.write(f"collserve launch: {text}\n")
+            sys.stderr.flush()
+
+    # ---- embedded servers ----
+    def start_server(self, name, argv, port_file):
+        log = open(os.path.join(self.dir, f"{name}.log"), "w")
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log.close()
+        self.servers.append((name, proc))
+        deadline = time.monotonic() + self.args.server_start_timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the embedded {name} exited with code {proc.returncode}; its log: "
+                                   f"{os.path.join(self.dir, name + '.log')}")
+            try:
+                with open(port_file) as f:
+                    text = f.read().strip()
+                if text:
+                    return int(text)
+            except (FileNotFoundError, ValueError):
+                pass
+            time.sleep(0.02)
+        raise TimeoutError(f"the embedded {name} did not start serving within {self.args.server_start_timeout_s}s")
+
+    def start_servers(self):
+        a = self.args
+        coordinator = a.coordinator
+        if not coordinator:
+            port = self.start_server("coordinator", [
+                find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
+                f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning"],
+                f"{self.dir}/coordinator.port")
+            coordinator = f"127.0.0.1:{port}"
+        sidecar = a.sidecar
+        if not sidecar:
+            gloo_hostname = a.gloo_hostname or ("127.0.0.1" if a.nnodes == 1 else _host_address())
+            sock = os.path.join(self.dir, "sidecar.sock")
+            self.start_server("sidecar", [
+                find_binary("collserve-sidecar"), f"--coordinator={coordinator}", f"--unix_socket={sock}",
+                f"--host_id={socket.gethostname()}-node{a.node_rank}-{os.getpid()}", f"--gloo_hostname={gloo_hostname}",
+                "--metrics_address=", "--log_level=warning", f"--port_file={self.dir}/sidecar.port"],
+                f"{self.dir}/sidecar.port")
+            sidecar = f"unix:{sock}"
+        return coordinator, sidecar
+
+    def stop_servers(self):
+        for name, proc in reversed(self.servers):
+            _stop(proc, 10.0)
+            if proc.returncode not in (0, -signal.SIGTERM):
+                self.failed_something = True
+                self.say(f"the embedded {name} exited with code {proc.returncode}")
+
+    # ---- ranks ----
+    def command(self):
+        a = self.args
+        if a.no_python:
+            return [a.script, *a.script_args]
+        if a.module:
+            return [sys.executable, "-u", "-m", a.script, *a.script_args]
+        return [sys.executable, "-u", a.script, *a.script_args]
+
+    def pump(self, rank, stream, sink):
+        prefix = b"" if self.args.no_prefix else f"[rank{rank}]: ".encode()
+        for line in iter(stream.readline, b""):
+            with self.out_lock:
+                sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
+                sink.flush()
+        stream.close()
+
+    def start_ranks(self, coordinator, sidecar):
+        a = self.args
+        host, _, port = coordinator.rpartition(":")
+        world = a.nnodes * a.nproc_per_node
+        for local_rank in range(a.nproc_per_node):
+            rank = a.node_rank * a.nproc_per_node + local_rank
+            env = dict(os.environ)
+            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
+                       LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
+                       NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
+                       COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job, PYTHONUNBUFFERED="1",
+                       COLLSERVE_EXIT_DIR=os.path.join(self.dir, "exits"))
+            proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+            self.ranks.append((rank, proc))
+            for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+                t = threading.Thread(target=self.pump, args=(rank, stream, sink), daemon=True)
+                t.start()
+                self.pumps.append(t)
+
+    def forward(self, signum, _frame):
+        for _, proc in self.ranks:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+
+    def wait_ranks(self):
+        """Waits for every rank; returns (rank, exit code) of the first to fail (in the order
+        they exited: one waiter thread per rank), or None."""
+        exits, changed = [], threading.Condition()
+
+        def waiter(rank, proc):
+            code = proc.wait()
+            with changed:
+                exits.append((rank, code, time.monotonic()))
+                changed.notify_all()
+        for rank, proc in self.ranks:
+            threading.Thread(target=waiter, args=(rank, proc), daemon=True).start()
+        terminated = False
+        failed_at = None
+        with changed:
+            while len(exits) < len(self.ranks):
+                failures = [e for e in exits if e[1] != 0]
+                if failures and failed_at is None:
+                    failed_at = time.monotonic()
+                if failed_at is not None and not terminated and time.monotonic() - failed_at > self.args.failure_grace_s:
+                    terminated = True
+                    self.say(f"rank {failures[0][0]} failed; stopping the other ranks")
+                    for _, proc in self.ranks:
+                        if proc.poll() is None:
+                            _stop(proc, 10.0, wait=False)
+                changed.wait(timeout=0.1)
+            failures = [e for e in exits if e[1] != 0]
+        if not failures:
+            return None
+        # A failing rank takes its peers down with it (its session ends, their operations fail),
+        # and they may finish exiting first. As torchrun orders error files by time, order by
+        # when each rank began to exit: the time the collserve package's atexit hook wrote
+        # (see distributed_c10d._note_exit), else when the launcher saw it gone.
+        rank, code, _ = min(failures, key=lambda e: min(e[2], self.exit_time(e[0])))
+        return rank, code
+
+    def exit_time(self, rank):
+        try:
+            with open(os.path.join(self.dir, "exits", str(rank))) as f:
+                return float(f.read())
+        except (OSError, ValueError):
+            return float("inf")
+
+    def run(self):
+        previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
+        try:
+            coordinator, sidecar = self.start_servers()
+            self.start_ranks(coordinator, sidecar)
+            first = self.wait_ranks()
+            for t in self.pumps:
+                t.join(timeout=5)
+        except (RuntimeError, TimeoutError, FileNotFoundError, OSError) as e:
+            self.say(str(e))
+            first = (-1, 1)
+            for _, proc in self.ranks:
+                _stop(proc, 10.0)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.stop_servers()
+        if first is None:
+            if self.own_dir and not self.failed_something:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            return 0
+        rank, code = first
+        exit_code = 128 - code if code < 0 else code
+        if rank >= 0:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self.say(f"rank {rank} {how} (the first rank to fail)")
+        if self.servers:
+            self.say(f"server logs are in {self.dir}")
+        return exit_code
+
+
+def _stop(proc, grace_s, wait=True):
+    """SIGTERM, then SIGKILL after grace_s (in the background if not wait)."""
+    if proc.poll() is not None:
+        return
+    try:
+        proc.terminate()
+    except ProcessLookupError:
+        return
+
+    def reap():
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if wait:
+        reap()
+    else:
+        threading.Thread(target=reap, daemon=True).start()
+
+
+def _host_address():
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: picks the outgoing interface
+            return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def main(argv=None):
+    return Launcher(parse_args(sys.argv[1:] if argv is None else argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""A rank program for the launcher tests (test_launch.py). Modes (argv[1]):
+  env        prints the rendezvous variables the launcher set
+  fail       rank 1 exits with code 3 at once; the others wait in a barrier
+  sigterm    prints "ready", then on SIGTERM prints "got SIGTERM" and exits 7
+  allreduce  all_reduce of the rank over the world; prints the sum
+"""
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import collserve as dist
+
+
+def main(mode):
+    if mode == "env":
+        names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "COLLSERVE_SIDECAR", "COLLSERVE_JOB"]
+        print(" ".join(f"{n}={os.environ.get(n, '')}" for n in names))
+        print("to stderr", file=sys.stderr)
+    elif mode == "fail":
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            sys.exit(3)
+        try:
+            dist.barrier()
+        except dist.DistError as e:
+            print(f"barrier failed: {type(e).__name__}")
+            sys.exit(4)
+    elif mode == "sigterm":
+        def handler(signum, frame):
+            print("got SIGTERM", flush=True)
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, handler)
+        print("ready", flush=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.exit(1)
+    elif mode == "allreduce":
+        dist.init_process_group("gloo")
+        t = np.array([dist.get_rank()], dtype=np.int64)
+        dist.all_reduce(t)
+        print(f"world {dist.get_world_size()} sum {t[0]}")
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

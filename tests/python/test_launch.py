@@ -1,0 +1,162 @@
+"""`collserve launch` and what runs under it: the tutorial's programs, the main job (digits
+SGD, >= 90% test accuracy), exact gradient averaging, exit codes, signals, several nodes.
+
+Every test bounds its time (subprocess timeouts) and checks that the servers the launcher
+started are gone afterwards.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from test_sdk import Cluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+WORKER = os.path.join(HERE, "launch_worker.py")
+
+
+def launch(*args, timeout=120, log_dir=None, expect=0):
+    """Runs `python -m collserve.launch args`; returns (stdout, stderr). Checks the exit code
+    and that no process the launcher started (they all use log_dir) is left."""
+    log_dir = log_dir or tempfile.mkdtemp(prefix="collserve-launch-test-")
+    proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == expect, (proc.returncode, proc.stdout, proc.stderr)
+    assert_none_left(log_dir)
+    return proc.stdout, proc.stderr
+
+
+def assert_none_left(log_dir):
+    left = subprocess.run(["pgrep", "-f", log_dir], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes left behind: {left}"
+
+
+def lines_of(stdout, rank):
+    prefix = f"[rank{rank}]: "
+    return [line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+def test_tutorial_point_to_point_examples():
+    out, _ = launch("--nproc_per_node", "2", "examples/tutorial/p2p_blocking.py")
+    for r in (0, 1):
+        assert lines_of(out, r) == [f"Rank  {r}  has data  tensor(1.)"], out
+    out, _ = launch("--nproc_per_node", "2", "examples/tutorial/p2p_nonblocking.py")
+    assert lines_of(out, 0) == ["Rank 0 started sending", "Rank  0  has data  tensor(1.)"], out
+    assert lines_of(out, 1) == ["Rank 1 started receiving", "Rank  1  has data  tensor(1.)"], out
+
+
+def test_tutorial_all_reduce_on_a_group():
+    out, _ = launch("--nproc_per_node", "2", "examples/tutorial/all_reduce_group.py")
+    for r in (0, 1):
+        assert lines_of(out, r) == [f"Rank  {r}  has data  tensor(2.)"], out
+
+
+def test_tutorial_ring_all_reduce():
+    out, _ = launch("--nproc_per_node", "4", "examples/tutorial/ring_all_reduce.py")
+    for r in range(4):
+        assert lines_of(out, r) == [f"Rank  {r}  has data  [60.0, 64.0, 68.0, 72.0] correct"], out
+
+
+def test_main_job_trains_digits_to_90_percent():
+    out, _ = launch("--nproc_per_node", "4", "examples/digits_sgd.py", "--min_accuracy", "0.9", timeout=300)
+    for r in range(4):
+        lines = lines_of(out, r)
+        assert [line.split(":")[0] for line in lines[:20]] == [f"Rank  {r} , epoch  {e} " for e in range(20)], out
+        assert lines[-1].startswith(f"Rank  {r} , test accuracy: "), out
+        assert float(lines[-1].split(": ")[1].split("%")[0]) >= 90.0, out
+
+
+def test_gradient_averaging_is_exact(tmp_path):
+    launch("--nproc_per_node", "4", os.path.join(HERE, "sgd_exact.py"), "ranks", str(tmp_path))
+    subprocess.run([sys.executable, os.path.join(HERE, "sgd_exact.py"), "reference", str(tmp_path)], check=True,
+                   timeout=120)
+    ref, alone = np.load(tmp_path / "reference.npz"), np.load(tmp_path / "alone.npz")
+    for r in range(4):
+        got = np.load(tmp_path / f"rank{r}.npz")
+        for name in ref.files:
+            assert got[name].dtype == np.float64
+            np.testing.assert_allclose(got[name], ref[name], rtol=1e-9, atol=0, err_msg=f"rank {r} {name}")
+    # The control: without averaging the parameters differ far beyond the tolerance.
+    assert max(np.max(np.abs(alone[n] - ref[n]) / np.abs(ref[n])) for n in ref.files) > 1e-3
+
+
+def test_environment_and_output_prefixes():
+    out, err = launch("--nproc_per_node", "3", "--job", "envjob", WORKER, "env")
+    for r in range(3):
+        (line,) = lines_of(out, r)
+        env = dict(kv.split("=", 1) for kv in line.split())
+        assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (
+            str(r), "3", str(r), "3", "0"), line
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0, line
+        assert env["COLLSERVE_SIDECAR"].startswith("unix:") and env["COLLSERVE_JOB"] == "envjob", line
+        assert f"[rank{r}]: to stderr" in err.splitlines(), err
+
+
+def test_exit_code_is_the_first_failing_ranks():
+    start = time.monotonic()
+    out, err = launch("--nproc_per_node", "3", "--failure_grace_s", "20", WORKER, "fail", expect=3)
+    assert "rank 1 exited with code 3 (the first rank to fail)" in err, err
+    # The surviving ranks learn of the failure from the service, well before the grace period.
+    assert lines_of(out, 0) == ["barrier failed: DistNetworkError"], (out, err)
+    assert time.monotonic() - start < 20
+
+
+def test_signals_are_forwarded_and_everything_stops():
+    log_dir = tempfile.mkdtemp(prefix="collserve-launch-test-")
+    proc = subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--nproc_per_node", "2",
+                             WORKER, "sigterm"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = [proc.stdout.readline() for _ in range(2)]
+        assert sorted(ready) == ["[rank0]: ready\n", "[rank1]: ready\n"], ready
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 7, (proc.returncode, out, err)
+    for r in (0, 1):
+        assert lines_of(out, r) == ["got SIGTERM"], out
+    assert_none_left(log_dir)
+
+
+def test_two_nodes_against_one_coordinator():
+    cluster = Cluster()  # its coordinator; each launcher starts its own sidecar
+    try:
+        common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
+                  "--gloo_hostname", "127.0.0.1", "--job", "twonodes"]
+        logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
+        procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
+                                   "--node_rank", str(n), WORKER, "allreduce"], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for n in range(2)]
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=90))
+            finally:
+                if p.poll() is None:
+                    p.kill()
+        for n, (p, (out, err)) in enumerate(zip(procs, outs)):
+            assert p.returncode == 0, (out, err)
+            for r in (2 * n, 2 * n + 1):
+                assert lines_of(out, r) == ["world 4 sum 6"], out
+            assert_none_left(logs[n])
+    finally:
+        cluster.stop()
+
+
+def test_bad_arguments_are_refused():
+    for args, text in ((["--nnodes", "2", WORKER, "env"], "needs --coordinator"),
+                       (["--nnodes", "2", "--node_rank", "2", "--coordinator", "h:1", WORKER, "env"], "out of range"),
+                       (["--nproc_per_node", "0", WORKER, "env"], "at least 1")):
+        proc = subprocess.run([sys.executable, "-m", "collserve.launch", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30)
+        assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
+    proc = subprocess.run([sys.executable, "-m", "collserve", "launch", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 0 and "--nproc_per_node" in proc.stdout, proc.stdout
