@@ -103,7 +103,8 @@ def test_groups_translate_global_ranks(cluster):
 
 
 def test_store_calls(cluster):
-    for code, text in outputs(cluster.ranks("store", 3)):
+    for code, text in outputs(cluster.ranks("store", 3, MASTER_ADDR="", MASTER_PORT="",
+                                           TEST_COORDINATOR=f"127.0.0.1:{cluster.port}")):
         assert code == 0 and "ok store" in text, text
 
 

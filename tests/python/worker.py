@@ -244,10 +244,12 @@ def groups():
 def store():
     import datetime
     import os
-    dist.init_process_group(init_method="env://")
+    # The coordinator given in the URL (MASTER_ADDR/PORT are empty; RANK/WORLD_SIZE are set).
+    host, port = os.environ["TEST_COORDINATOR"].split(":")
+    dist.init_process_group(init_method=f"collserve://{host}:{port}", timeout=datetime.timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
     s = dist._get_default_store()
-    other = dist.Store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=datetime.timedelta(seconds=20))
+    other = dist.Store(host, int(port), timeout=datetime.timedelta(seconds=20))
     s.set(f"rank/{rank}", f"value {rank}")
     other.wait([f"rank/{r}" for r in range(world)])
     assert s.check([f"rank/{r}" for r in range(world)])
