@@ -108,6 +108,11 @@ def test_store_calls(cluster):
         assert code == 0 and "ok store" in text, text
 
 
+def test_blocking_calls_release_the_gil(cluster):
+    for code, text in outputs(cluster.ranks("gil", 2)):
+        assert code == 0 and "ok gil" in text, text
+
+
 def test_desync_raises_argument_error_naming_ranks(cluster):
     for code, text in outputs(cluster.ranks("desync", 3)):
         assert "error DistArgumentError/DistBackendError/DistError" in text, text

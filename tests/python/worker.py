@@ -6,6 +6,7 @@ Modes (argv[1]):
                    tensors, checked for values and in-place semantics; bad inputs checked
   groups           new_group, subgroup collectives with global ranks, NON_GROUP_MEMBER
   store            Store and _get_default_store: every store call
+  gil              a blocking call on one thread lets the main thread run
   desync           the last rank calls all_reduce with a different count
   timeout          rank 0 waits for a rank that never calls
   badrank          init with rank >= world_size
@@ -280,6 +281,33 @@ def store():
     print("ok store")
 
 
+def gil():
+    """Rank 0 blocks in all_reduce on a second thread while rank 1 holds back for 1 s: the
+    main thread must keep running Python meanwhile (the call released the GIL)."""
+    import threading
+    import time
+    dist.init_process_group(init_method="env://")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        done = threading.Event()
+        t = np.ones(4)
+
+        def blocked():
+            dist.all_reduce(t)
+            done.set()
+        threading.Thread(target=blocked).start()
+        ticks = 0
+        while not done.is_set():
+            ticks += 1
+            time.sleep(0.001)
+        assert t.tolist() == [2.0] * 4 and ticks > 100, (t, ticks)
+    else:
+        time.sleep(1.0)
+        dist.all_reduce(np.ones(4))
+    dist.barrier()
+    print("ok gil")
+
+
 def report(fn):
     try:
         fn()
@@ -320,6 +348,6 @@ def sidecar_gone():
 
 
 if __name__ == "__main__":
-    modes = {"api": api, "groups": groups, "store": store, "desync": desync, "timeout": timeout, "badrank": badrank,
+    modes = {"api": api, "groups": groups, "store": store, "gil": gil, "desync": desync, "timeout": timeout, "badrank": badrank,
              "sidecar_gone": sidecar_gone}
     modes[sys.argv[1]](*sys.argv[2:])
