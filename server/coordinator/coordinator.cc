@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
 #include "server/coordinator/services.h"
+#include "server/coordinator/tcpstore_server.h"
 
 namespace collserve::server {
 namespace {
@@ -41,6 +42,16 @@ class CoordinatorImpl : public Coordinator {
     auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
+    if (!options.tcpstore_address.empty()) {
+      TcpStoreOptions t;
+      t.listen_address = options.tcpstore_address;
+      t.job = options.tcpstore_job;
+      t.max_key_bytes = options.store.max_key_bytes;
+      t.max_value_bytes = options.store.max_value_bytes;
+      auto tcpstore = TcpStoreServer::Start(*store_, t);
+      if (!tcpstore.ok()) return tcpstore.status();
+      tcpstore_ = std::move(*tcpstore);
+    }
     return absl::OkStatus();
   }
 
@@ -51,7 +62,10 @@ class CoordinatorImpl : public Coordinator {
     return ports.empty() ? 0 : ports.front();
   }
 
+  int tcpstore_port() const override { return tcpstore_ == nullptr ? 0 : tcpstore_->port(); }
+
   void Shutdown(absl::Duration grace) override {
+    if (tcpstore_ != nullptr) tcpstore_->Shutdown();
     if (server_ == nullptr) return;
     server_->GetHealthCheckService()->Shutdown();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
@@ -70,6 +84,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<TcpStoreServer> tcpstore_;  // declared after store_: destroyed first
   int port_ = 0;
 };
 

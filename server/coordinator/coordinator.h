@@ -18,19 +18,25 @@ struct CoordinatorOptions {
   std::string metrics_address;
   // Store limits and durability (data_dir "" = memory only).
   store::StoreOptions store;
+  // host:port of the TCPStore-compatible endpoint (tcpstore_server.h); "" = none.
+  std::string tcpstore_address;
+  // The job namespace of keys written through that endpoint.
+  std::string tcpstore_job = "default";
 };
 
 // Thread-safe.
 class Coordinator {
  public:
   // Opens the store (replaying data_dir) and starts serving. Errors: from NewMemoryStore,
-  // UNAVAILABLE if an address cannot be bound.
+  // UNAVAILABLE if an address cannot be bound, INVALID_ARGUMENT for a bad tcpstore_job.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
   virtual ~Coordinator() = default;  // Shutdown() if still running
   // The bound gRPC port.
   virtual int port() const = 0;
   // The bound /metrics port (0 if metrics are off).
   virtual int metrics_port() const = 0;
+  // The bound TCPStore endpoint port (0 if it is off).
+  virtual int tcpstore_port() const = 0;
   // Stops accepting calls, fails parked waits with UNAVAILABLE/CANCELLED, waits up to
   // `grace` for in-flight calls. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;

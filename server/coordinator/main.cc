@@ -20,6 +20,11 @@ ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or e
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound gRPC port is written to this file once serving (for tests and "
           "launchers that use port 0).");
+ABSL_FLAG(std::string, tcpstore_address, "",
+          "host:port for a TCPStore-compatible endpoint (torch 1.13 and >= 2.2 wire protocols), so that "
+          "torch's own TCPStore clients use this store; empty = off; port 0 picks a free port.");
+ABSL_FLAG(std::string, tcpstore_job, "default", "The job namespace of keys written through --tcpstore_address.");
+ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
 
 int main(int argc, char** argv) {
@@ -36,6 +41,8 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
+  options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);
 
   auto coordinator = collserve::server::Coordinator::Start(options);
   if (!coordinator.ok()) {
@@ -50,6 +57,16 @@ int main(int argc, char** argv) {
       LOG(ERROR) << s;
       return 1;
     }
+  }
+  if (const std::string pf = absl::GetFlag(FLAGS_tcpstore_port_file); !pf.empty()) {
+    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->tcpstore_port()); !s.ok()) {
+      LOG(ERROR) << s;
+      return 1;
+    }
+  }
+  if ((*coordinator)->tcpstore_port() != 0) {
+    LOG(INFO) << "TCPStore endpoint on port " << (*coordinator)->tcpstore_port() << " (job "
+              << options.tcpstore_job << ")";
   }
   int sig = collserve::server::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": shutting down";

@@ -1,0 +1,66 @@
+// TcpStoreServer: the coordinator's second listener, speaking torch.distributed's TCPStore
+// wire protocol over the coordinator's store, so that torch's own TCPStore clients
+// (is_master=False; torchrun agent stores with TORCHELASTIC_USE_AGENT_STORE=True) rendezvous
+// through the coordinator's durable store.
+//
+// Protocol source: torch/csrc/distributed/c10d/TCPStore.cpp and TCPStoreBackend.cpp (torch
+// 1.13.1 and 2.6.0), as written up with captures in ../shared/research/torch_interop.md §1.
+// The byte layout served is documented at the top of tcpstore_server.cc. Both dialects are
+// served on one port, detected per connection: torch >= 2.2 opens with VALIDATE
+// (00 CE F7 85 3C); anything else is torch 1.13 (and 2.0).
+//
+// Keys written through this endpoint live in one job's namespace (TcpStoreOptions::job),
+// exactly as the gRPC Store's keys of that job: "job/<key as sent>", so a TCPStore key
+// "/k" is key "/k" of job J for the SDK's StoreClient.
+//
+// Bad input never crashes the coordinator: a malformed or truncated frame, a length over
+// the limits or an unknown opcode closes that one connection and logs why (glog WARNING).
+//
+// Thread safety: Start/port/Shutdown may be called from any thread. One thread accepts;
+// each connection has a thread of its own (requests on one connection are sequential in
+// this protocol); WAIT replies are sent from the store's callback threads.
+#ifndef COLLSERVE_SERVER_COORDINATOR_TCPSTORE_SERVER_H_
+#define COLLSERVE_SERVER_COORDINATOR_TCPSTORE_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "store/store.h"
+
+namespace collserve::server {
+
+struct TcpStoreOptions {
+  // host:port to listen on; port 0 picks a free port (see TcpStoreServer::port()).
+  std::string listen_address;
+  // The job namespace of every key written through this endpoint.
+  std::string job = "default";
+  // Largest key and value accepted on the wire, in bytes; a larger length closes the
+  // connection before anything is allocated. The store's own limits apply as well.
+  int64_t max_key_bytes = 4096;
+  int64_t max_value_bytes = 64 << 20;
+  // Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (torch 2.x's libuv server: 128 Ki).
+  int64_t max_keys_per_request = 128 * 1024;
+  // Most connections open at once; more are closed at accept (and logged).
+  int max_connections = 4096;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds and starts serving `store` (not owned; must outlive the server).
+  // Errors: INVALID_ARGUMENT (bad address or job), UNAVAILABLE (cannot bind).
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(store::Store& store, const TcpStoreOptions& options);
+  virtual ~TcpStoreServer() = default;  // Shutdown()
+  // The bound port.
+  virtual int port() const = 0;
+  // Stops accepting, closes every connection (cancelling their pending WAITs) and joins
+  // the threads. Idempotent.
+  virtual void Shutdown() = 0;
+  // Connections closed because of bad input so far (for tests and metrics).
+  virtual int64_t protocol_errors() const = 0;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COORDINATOR_TCPSTORE_SERVER_H_

@@ -1,0 +1,295 @@
+// TcpStoreServer against raw sockets: the torch 1.13 and >= 2.2 dialects byte for byte
+// (layouts in server/coordinator/tcpstore_server.cc), job namespacing, and bad input that
+// must close only the offending connection. torch's own client is driven by
+// tests/python/test_tcpstore.py.
+#include "server/coordinator/tcpstore_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "store/store.h"
+
+namespace collserve::server {
+namespace {
+
+// Little-endian field encoders (the protocol's host order on x86-64/aarch64).
+std::string U8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
+std::string U32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
+std::string I64(int64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
+std::string Str(const std::string& s) { return I64(static_cast<int64_t>(s.size())) + s; }
+std::string Keys(const std::vector<std::string>& keys) {
+  std::string out = I64(static_cast<int64_t>(keys.size()));
+  for (const auto& k : keys) out += Str(k);
+  return out;
+}
+const std::string kValidate = std::string("\x00\xce\xf7\x85\x3c", 5);
+
+class Client {
+ public:
+  explicit Client(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  }
+  ~Client() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  void Send(const std::string& bytes) {
+    ASSERT_EQ(send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  // Reads exactly n bytes, or fewer if the connection closes or 5 s pass.
+  std::string Read(size_t n, int timeout_ms = 5000) {
+    std::string out;
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, timeout_ms) <= 0) break;
+      char buf[4096];
+      ssize_t got = recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+      if (got <= 0) break;
+      out.append(buf, static_cast<size_t>(got));
+    }
+    return out;
+  }
+  // True if the server closed the connection within 5 s.
+  bool Closed() {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) return false;
+    char c;
+    return recv(fd_, &c, 1, 0) <= 0;
+  }
+  bool Silent(int ms) {
+    pollfd p{fd_, POLLIN, 0};
+    return poll(&p, 1, ms) == 0;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+class TcpStoreServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto store = store::NewMemoryStore(store::StoreOptions{});
+    ASSERT_TRUE(store.ok());
+    store_ = std::move(*store);
+    TcpStoreOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.job = "jobA";
+    options.max_value_bytes = 1 << 20;
+    auto server = TcpStoreServer::Start(*store_, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  void TearDown() override { server_.reset(); }
+
+  std::unique_ptr<store::Store> store_;
+  std::unique_ptr<TcpStoreServer> server_;
+};
+
+TEST_F(TcpStoreServerTest, Torch113DialectByteForByte) {
+  Client c(server_->port());
+  ASSERT_TRUE(c.connected());
+  c.Send(U8(3) + Str("init/") + I64(1));  // ADD init/ 1 (the constructor's)
+  EXPECT_EQ(c.Read(8), I64(1));
+  c.Send(U8(0) + Str("/k1") + Str("v1"));  // SET, no reply
+  c.Send(U8(5) + Keys({"/k1"}));            // WAIT
+  EXPECT_EQ(c.Read(1), U8(0));              // STOP_WAITING
+  c.Send(U8(2) + Str("/k1"));               // GET
+  EXPECT_EQ(c.Read(10), Str("v1"));
+  c.Send(U8(3) + Str("/ctr") + I64(5));
+  EXPECT_EQ(c.Read(8), I64(5));
+  c.Send(U8(3) + Str("/ctr") + I64(-2));
+  EXPECT_EQ(c.Read(8), I64(3));
+  c.Send(U8(2) + Str("/ctr"));
+  EXPECT_EQ(c.Read(9), Str("3"));  // counters are ASCII decimal
+  c.Send(U8(1) + Str("/cas") + Str("") + Str("A"));
+  EXPECT_EQ(c.Read(9), Str("A"));
+  c.Send(U8(1) + Str("/cas") + Str("A") + Str("B"));
+  EXPECT_EQ(c.Read(9), Str("B"));
+  c.Send(U8(1) + Str("/cas") + Str("X") + Str("C"));
+  EXPECT_EQ(c.Read(9), Str("B"));
+  c.Send(U8(1) + Str("/none") + Str("wrong") + Str("new"));  // torch's documented "lie"
+  EXPECT_EQ(c.Read(13), Str("wrong"));
+  c.Send(U8(4) + Keys({"/k1", "/zz"}));  // CHECK
+  EXPECT_EQ(c.Read(1), U8(1));           // NOT_READY
+  c.Send(U8(4) + Keys({"/k1"}));
+  EXPECT_EQ(c.Read(1), U8(0));
+  c.Send(U8(6));  // GETNUMKEYS counts init/
+  EXPECT_EQ(c.Read(8), I64(4));
+  c.Send(U8(8) + Str("/k1"));
+  EXPECT_EQ(c.Read(8), I64(1));
+  c.Send(U8(8) + Str("/k1"));
+  EXPECT_EQ(c.Read(8), I64(0));
+  c.Send(U8(2) + Str("/k1"));  // GET of a missing key: empty, the connection stays
+  EXPECT_EQ(c.Read(8), Str(""));
+
+  // A deferred WAIT: the reply comes when another connection sets the key, and the waiting
+  // connection keeps being served meanwhile.
+  c.Send(U8(5) + Keys({"/later", "/ctr"}));
+  EXPECT_TRUE(c.Silent(200));
+  c.Send(U8(6));
+  EXPECT_EQ(c.Read(8), I64(3));
+  Client other(server_->port());
+  other.Send(U8(0) + Str("/later") + Str("x"));
+  EXPECT_EQ(c.Read(1), U8(0));
+
+  // WATCH_KEY (the 1.13 callback connection): acknowledged, and the connection stays open.
+  Client callback(server_->port());
+  callback.Send(U8(7) + Str("/w"));
+  EXPECT_EQ(callback.Read(1), U8(3));
+  EXPECT_TRUE(callback.Silent(100));
+  EXPECT_EQ(server_->protocol_errors(), 0);
+}
+
+TEST_F(TcpStoreServerTest, Torch2DialectByteForByte) {
+  Client c(server_->port());
+  c.Send(kValidate);
+  c.Send(U8(13) + U32(0xdeadbeef));  // PING: echoed
+  EXPECT_EQ(c.Read(4), U32(0xdeadbeef));
+  c.Send(U8(4) + Str("init/") + I64(1));  // ADD
+  EXPECT_EQ(c.Read(8), I64(1));
+  c.Send(U8(1) + Str("/a") + Str("1"));  // SET
+  c.Send(U8(9) + Str("/a") + Str("23"));  // APPEND
+  c.Send(U8(9) + Str("/new") + Str("x"));
+  c.Send(U8(3) + Str("/a"));  // GET
+  EXPECT_EQ(c.Read(11), Str("123"));
+  c.Send(U8(11) + I64(2) + Str("/m1") + Str("one") + Str("/m2") + Str(std::string("\0\xff", 2)));  // MULTI_SET
+  c.Send(U8(10) + Keys({"/m1", "/m2", "/new"}));  // MULTI_GET
+  EXPECT_EQ(c.Read(11 + 10 + 9), Str("one") + Str(std::string("\0\xff", 2)) + Str("x"));
+  c.Send(U8(2) + Str("/cas") + Str("") + Str("A"));  // COMPARE_SET
+  EXPECT_EQ(c.Read(9), Str("A"));
+  c.Send(U8(5) + Keys({"/a", "/gone"}));  // CHECK
+  EXPECT_EQ(c.Read(1), U8(1));
+  c.Send(U8(7));  // GETNUMKEYS: init/, /a, /new, /m1, /m2, /cas
+  EXPECT_EQ(c.Read(8), I64(6));
+  c.Send(U8(8) + Str("/m1"));  // DELETE_KEY
+  EXPECT_EQ(c.Read(8), I64(1));
+  c.Send(U8(6) + Keys({"/m1"}));  // WAIT on a missing key, then CANCEL_WAIT (2.x's client timeout)
+  EXPECT_TRUE(c.Silent(100));
+  c.Send(U8(12));
+  EXPECT_EQ(c.Read(1), U8(1));  // WAIT_CANCELED
+  c.Send(U8(1) + Str("/m1") + Str("back"));  // the cancelled wait sends nothing late
+  EXPECT_TRUE(c.Silent(200));
+  c.Send(U8(6) + Keys({"/m1"}));
+  EXPECT_EQ(c.Read(1), U8(0));
+  c.Send(U8(12));  // CANCEL_WAIT with nothing pending
+  EXPECT_EQ(c.Read(1), U8(1));
+  EXPECT_EQ(server_->protocol_errors(), 0);
+}
+
+TEST_F(TcpStoreServerTest, KeysLiveInTheJobNamespace) {
+  Client c(server_->port());
+  c.Send(U8(0) + Str("/k") + Str("v"));
+  c.Send(U8(6));
+  EXPECT_EQ(c.Read(8), I64(1));
+  auto v = store_->Get("jobA//k", absl::ZeroDuration());
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, "v");
+  ASSERT_TRUE(store_->Set("jobB//k", "other job").ok());
+  c.Send(U8(2) + Str("/k"));
+  EXPECT_EQ(c.Read(9), Str("v"));
+  c.Send(U8(6));  // only jobA's keys count
+  EXPECT_EQ(c.Read(8), I64(1));
+}
+
+TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
+  ASSERT_TRUE(store_->Set("jobB/secret", "untouched").ok());
+  Client good(server_->port());
+  good.Send(U8(0) + Str("/before") + Str("1"));
+  struct Case {
+    const char* what;
+    std::string bytes;
+  } cases[] = {
+      {"unknown 1.13 opcode", U8(9)},
+      {"unknown 2.x opcode", kValidate + U8(14) + Str("/q") + Str("x")},
+      {"oversized key length", U8(0) + I64(int64_t{1} << 40)},
+      {"oversized value length", U8(0) + Str("/k") + I64(int64_t{1} << 30)},
+      {"negative (huge) key count", U8(4) + I64(-1)},
+      {"wrong validation magic", kValidate + U8(0) + U32(0x12345678)},
+      {"ADD on a non-number", U8(0) + Str("/txt") + Str("abc") + U8(3) + Str("/txt") + I64(1)},
+  };
+  int64_t errors = 0;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    Client bad(server_->port());
+    bad.Send(k.bytes);
+    EXPECT_TRUE(bad.Closed());
+    EXPECT_EQ(server_->protocol_errors(), ++errors);
+  }
+  {  // truncated: the connection ends inside a frame
+    Client bad(server_->port());
+    bad.Send(U8(0) + Str("/half") + I64(100) + "only a few");
+  }
+  for (int i = 0; i < 100 && server_->protocol_errors() == errors; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(server_->protocol_errors(), errors + 1);
+  EXPECT_FALSE(store_->Check({"jobA//half"}).value());
+  EXPECT_EQ(store_->Get("jobB/secret", absl::ZeroDuration()).value(), "untouched");
+  good.Send(U8(2) + Str("/before"));  // the other connection was never disturbed
+  EXPECT_EQ(good.Read(9), Str("1"));
+}
+
+TEST_F(TcpStoreServerTest, ManyConcurrentClients) {
+  constexpr int kClients = 32, kAdds = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kClients; ++t) {
+    threads.emplace_back([this, t] {
+      Client c(server_->port());
+      if (t % 2 == 1) c.Send(kValidate);
+      const uint8_t add = t % 2 == 1 ? 4 : 3;
+      for (int i = 0; i < kAdds; ++i) {
+        c.Send(U8(add) + Str("/counter") + I64(1));
+        EXPECT_EQ(c.Read(8).size(), 8u);
+      }
+      c.Send(U8(t % 2 == 1 ? 6 : 5) + Keys({"/go"}));  // everyone waits for one key
+      EXPECT_EQ(c.Read(1, 10000), U8(0));
+    });
+  }
+  Client setter(server_->port());
+  for (int i = 0; i < 500 && store_->Get("jobA//counter", absl::ZeroDuration()).value_or("") !=
+                                 std::to_string(kClients * kAdds);
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  setter.Send(U8(0) + Str("/go") + Str("1"));
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store_->Get("jobA//counter", absl::ZeroDuration()).value(), std::to_string(kClients * kAdds));
+}
+
+TEST_F(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {
+  Client c(server_->port());
+  c.Send(U8(5) + Keys({"/never"}));
+  EXPECT_TRUE(c.Silent(100));
+  server_->Shutdown();
+  EXPECT_TRUE(c.Closed());
+  Client late(server_->port());
+  EXPECT_FALSE(late.connected());
+}
+
+TEST(TcpStoreServerStartTest, RejectsBadAddressesAndJobs) {
+  auto store = store::NewMemoryStore(store::StoreOptions{});
+  ASSERT_TRUE(store.ok());
+  TcpStoreOptions o;
+  o.listen_address = "no-port";
+  EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.listen_address = "127.0.0.1:0";
+  o.job = "a/b";
+  EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace collserve::server
