@@ -387,13 +387,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
                    << "): " << reason;
     }
     conn->Close();
-    std::vector<store::WaitId> waits;
-    {
-      absl::MutexLock lock(&conn->waits_mu);
-      waits.assign(conn->waits.begin(), conn->waits.end());
-      conn->waits.clear();
-    }
-    for (store::WaitId w : waits) store_.CancelWait(w);
+    CancelWaits(*conn);
     absl::MutexLock lock(&mu_);
     connections_.erase(id);
   }
@@ -500,13 +494,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
         return "";
       }
       case Op::kCancelWait: {
-        std::vector<store::WaitId> waits;
-        {
-          absl::MutexLock lock(&conn.waits_mu);
-          waits.assign(conn.waits.begin(), conn.waits.end());
-          conn.waits.clear();
-        }
-        for (store::WaitId w : waits) store_.CancelWait(w);
+        CancelWaits(conn);
         conn.Send(std::string(1, '\1'));  // WAIT_CANCELED
         return "";
       }
@@ -554,6 +542,17 @@ class TcpStoreServerImpl : public TcpStoreServer {
         break;
     }
     return "unknown opcode";
+  }
+
+  // Cancels the connection's pending WAITs (their callbacks then send nothing).
+  void CancelWaits(Connection& conn) {
+    std::vector<store::WaitId> waits;
+    {
+      absl::MutexLock lock(&conn.waits_mu);
+      waits.assign(conn.waits.begin(), conn.waits.end());
+      conn.waits.clear();
+    }
+    for (store::WaitId w : waits) store_.CancelWait(w);
   }
 
   std::string GetOrEmpty(const std::string& key) {
