@@ -114,10 +114,12 @@ class Connection {
   }
 
   // Stops sends and unblocks the reader (Shutdown, or the end of the connection's thread).
+  // shutdown() first, outside the lock: it also unblocks a Send() stuck on a client that
+  // stopped reading (which holds the lock).
   void Close() ABSL_LOCKS_EXCLUDED(write_mu_) {
+    shutdown(fd_, SHUT_RDWR);
     absl::MutexLock lock(&write_mu_);
     closed_ = true;
-    shutdown(fd_, SHUT_RDWR);
   }
 
   // ---- buffered reads; throw nothing: a Violation or end-of-stream is reported by status ----

@@ -280,6 +280,17 @@ TEST_F(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {
   EXPECT_FALSE(late.connected());
 }
 
+TEST_F(TcpStoreServerTest, ShutdownUnblocksAClientThatStoppedReading) {
+  ASSERT_TRUE(store_->Set("jobA//big", std::string(512 << 10, 'x')).ok());
+  Client c(server_->port());
+  std::string gets;
+  for (int i = 0; i < 64; ++i) gets += U8(2) + Str("/big");  // 32 MiB of replies, never read
+  c.Send(gets);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server_->Shutdown();  // returns although the connection's thread is stuck in send()
+  EXPECT_EQ(server_->protocol_errors(), 0);
+}
+
 TEST(TcpStoreServerStartTest, RejectsBadAddressesAndJobs) {
   auto store = store::NewMemoryStore(store::StoreOptions{});
   ASSERT_TRUE(store.ok());
