@@ -395,6 +395,21 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return _run(g, g._live().all_gather_into_tensor(po, pi, ni, di), [output_tensor], async_op)
 
 
+def _root_list(g, root, tensors, writable, dtype, op, name, role):
+    """The list only a rooted call's root passes (gather's outputs, scatter's inputs):
+    (addresses, counts), empty on the other ranks."""
+    if g.rank() != root:
+        if tensors:
+            raise ValueError(f"{op}: only the {role} rank passes {name}")
+        return [], []
+    if tensors is None:
+        raise ValueError(f"{op}: the {role} rank must pass {name}")
+    ptrs, counts, list_dtype = _tensors.views(tensors, writable, name)
+    if list_dtype is not None and list_dtype != dtype:
+        raise TypeError(f"{op}: {name} must have the dtype of `tensor`")
+    return ptrs, counts
+
+
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     """Rank `dst`'s gather_list[r] receives rank r's tensor; other ranks pass gather_list=None."""
     g = _group(group)
@@ -402,15 +417,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
         return None
     p, n, d = _tensors.view(tensor, writable=False)
     root = _local(g, dst, "dst")
-    outs, counts = [], []
-    if g.rank() == root:
-        if gather_list is None:
-            raise ValueError("gather: the destination rank must pass gather_list")
-        outs, counts, od = _tensors.views(gather_list, True, "gather_list")
-        if od is not None and od != d:
-            raise TypeError("gather: gather_list must have the input tensor's dtype")
-    elif gather_list:
-        raise ValueError("gather: only the destination rank passes gather_list")
+    outs, counts = _root_list(g, root, gather_list, True, d, "gather", "gather_list", "destination")
     return _run(g, g._live().gather(p, n, outs, counts, d, root), list(gather_list or []), async_op)
 
 
@@ -421,15 +428,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
         return None
     p, n, d = _tensors.view(tensor)
     root = _local(g, src, "src")
-    ins, counts = [], []
-    if g.rank() == root:
-        if scatter_list is None:
-            raise ValueError("scatter: the source rank must pass scatter_list")
-        ins, counts, sd = _tensors.views(scatter_list, False, "scatter_list")
-        if sd is not None and sd != d:
-            raise TypeError("scatter: scatter_list must have the output tensor's dtype")
-    elif scatter_list:
-        raise ValueError("scatter: only the source rank passes scatter_list")
+    ins, counts = _root_list(g, root, scatter_list, False, d, "scatter", "scatter_list", "source")
     return _run(g, g._live().scatter(p, n, ins, counts, d, root), [tensor], async_op)
 
 
