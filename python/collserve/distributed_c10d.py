@@ -380,19 +380,27 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     return _run(g, g._live().all_gather(outs, counts, p, n, d), list(tensor_list), async_op)
 
 
+def _out_in(op, output, out_name, input, in_name):
+    """Views of an out-of-place call's output (written) and input (read), which must share a
+    dtype: (output address, output elements, input address, input elements, dtype)."""
+    po, no, do = _tensors.view(output, what=out_name)
+    pi, ni, di = _tensors.view(input, writable=False, what=in_name)
+    if do != di:
+        raise TypeError(f"{op}: {out_name} and {in_name} must share a dtype")
+    return po, no, pi, ni, do
+
+
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
     """output_tensor (world_size x input's elements) receives every rank's input in rank order."""
     g = _group(group)
     if g is None:
         return None
-    po, no, do = _tensors.view(output_tensor, what="output_tensor")
-    pi, ni, di = _tensors.view(input_tensor, writable=False, what="input_tensor")
-    if do != di:
-        raise TypeError("all_gather_into_tensor: output_tensor and input_tensor must share a dtype")
+    po, no, pi, ni, do = _out_in("all_gather_into_tensor", output_tensor, "output_tensor", input_tensor,
+                                 "input_tensor")
     if no != ni * g.size():
         raise ValueError(f"all_gather_into_tensor: output_tensor has {no} elements, "
                          f"needs world_size * {ni} = {ni * g.size()}")
-    return _run(g, g._live().all_gather_into_tensor(po, pi, ni, di), [output_tensor], async_op)
+    return _run(g, g._live().all_gather_into_tensor(po, pi, ni, do), [output_tensor], async_op)
 
 
 def _root_list(g, root, tensors, writable, dtype, op, name, role):
@@ -450,10 +458,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     g = _group(group)
     if g is None:
         return None
-    po, no, do = _tensors.view(output, what="output")
-    pi, ni, di = _tensors.view(input, writable=False, what="input")
-    if do != di:
-        raise TypeError("reduce_scatter_tensor: output and input must share a dtype")
+    po, no, pi, ni, do = _out_in("reduce_scatter_tensor", output, "output", input, "input")
     if ni != no * g.size():
         raise ValueError(f"reduce_scatter_tensor: input has {ni} elements, needs world_size * {no} = {no * g.size()}")
     code, factor = _op(op, premul_factor)
@@ -481,10 +486,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     g = _group(group)
     if g is None:
         return None
-    po, no, do = _tensors.view(output, what="output")
-    pi, ni, di = _tensors.view(input, writable=False, what="input")
-    if do != di:
-        raise TypeError("all_to_all_single: output and input must share a dtype")
+    po, no, pi, ni, do = _out_in("all_to_all_single", output, "output", input, "input")
     out_splits = [int(s) * _tensors.rows(output) for s in output_split_sizes or []]
     in_splits = [int(s) * _tensors.rows(input) for s in input_split_sizes or []]
     return _run(g, g._live().all_to_all_single(po, no, pi, ni, out_splits, in_splits, do), [output], async_op)
