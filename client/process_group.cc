@@ -816,7 +816,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   o.local_rank = *local;
   const char* addr = std::getenv("MASTER_ADDR");
   const char* port = std::getenv("MASTER_PORT");
-  if (addr != nullptr && *addr != '\0' && port != nullptr && *port != '\0') {
+  if (const char* c = std::getenv("COLLSERVE_COORDINATOR"); c != nullptr && *c != '\0') {
+    o.coordinator_address = c;
+  } else if (addr != nullptr && *addr != '\0' && port != nullptr && *port != '\0') {
     o.coordinator_address = absl::StrCat(addr, ":", port);
   }
   if (const char* s = std::getenv("COLLSERVE_SIDECAR"); s != nullptr && *s != '\0') {

@@ -10,6 +10,7 @@ averaged with all_reduce, so every rank takes the same SGD step. At the end the 
 evaluate disjoint shards of the held-out test set and all_reduce the counts.
 
     collserve launch --nproc_per_node 4 examples/digits_sgd.py          # scripts/main_job.sh
+    collserve launch --nproc_per_node 4 examples/digits_sgd.py --backend collserve   # torch.distributed
 """
 import argparse
 from math import ceil
@@ -157,10 +158,19 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--backend", default="sdk", choices=["sdk", "collserve", "gloo"],
+                   help="sdk (default): the collserve Python SDK; collserve or gloo: torch.distributed itself "
+                   "with that backend (collserve's c10d backend, or torch's own Gloo)")
     p.add_argument("--min_accuracy", type=float, default=0.0, help="exit 1 if the test accuracy is lower (0-1)")
     args = p.parse_args()
     torch.set_num_threads(1)  # several ranks share this host's cores
-    dist.init_process_group("gloo")  # env:// from collserve launch (was: init_process per mp.Process)
+    global dist
+    if args.backend != "sdk":  # the same program on torch.distributed
+        import importlib
+        if args.backend == "collserve":
+            importlib.import_module("collserve.torch")  # registers the backend
+        dist = importlib.import_module("torch.distributed")
+    dist.init_process_group(args.backend if args.backend != "sdk" else "gloo")  # env:// from collserve launch
     accuracy = run(dist.get_rank(), dist.get_world_size(), args.epochs, args.lr)
     dist.destroy_process_group()
     if accuracy < args.min_accuracy:

@@ -8,7 +8,7 @@ packages=(
   libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
-  python3-torch python3-sklearn
+  python3-torch libtorch-dev python3-sklearn
   iproute2 nftables procps
 )
 missing=()

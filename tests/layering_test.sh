@@ -16,6 +16,7 @@ forbid backends/            'grpc|collserve/v1/|collserve/client|server/|client/
 forbid client/              'server/|store/|backends/'
 forbid server/coordinator/  'backends/|collserve/client|client/|gloo/|nccl|cuda'
 forbid server/sidecar/      'store/|server/coordinator/'
+forbid python/              'collserve/v1/|server/|store/|backends/|grpc|common/grpc_status'  # the public SDK only
 # common/ may see gRPC only in grpc_status.*
 if grep -rlnE '#include [<"]grpc' common/ | grep -v 'common/grpc_status\.'; then
   echo "layering violation: gRPC outside common/grpc_status" >&2

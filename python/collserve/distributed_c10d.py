@@ -160,7 +160,8 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     """Joins the default group (torch.distributed.init_process_group); blocks until all
     world_size ranks have joined or the timeout passes (DistTimeoutError naming the missing).
 
-    init_method: "env://" (the default: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or
+    init_method: "env://" (the default: RANK, WORLD_SIZE, and the coordinator at
+    COLLSERVE_COORDINATOR, else MASTER_ADDR:MASTER_PORT) or
     "collserve://host:port" (the coordinator), with rank/world_size as arguments or from the
     environment. `backend` is accepted for torch compatibility and ignored: the sidecar picks
     Gloo/NCCL. The sidecar is COLLSERVE_SIDECAR (default unix:/tmp/collserve/sidecar.sock),
@@ -185,7 +186,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         coordinator = init_method[len("collserve://"):]
     elif init_method == "env://":
         addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
-        coordinator = f"{addr}:{port}" if addr and port else ""
+        coordinator = env.get("COLLSERVE_COORDINATOR") or (f"{addr}:{port}" if addr and port else "")
     else:
         raise ValueError(f"unsupported init_method {init_method!r} (env:// or collserve://host:port)")
     op_timeout = _seconds(timeout, float(env.get("COLLSERVE_OP_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))

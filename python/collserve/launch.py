@@ -6,11 +6,18 @@ Unless told where they are (--coordinator, --sidecar), it starts an embedded coo
 and one sidecar on loopback, in a private temporary directory. It spawns --nproc_per_node
 ranks of `python -u script args...` (or `-m module`, or any command with --no_python), each
 with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, MASTER_ADDR,
-MASTER_PORT, COLLSERVE_SIDECAR and COLLSERVE_JOB set, prefixes every line a rank prints
-with "[rank<R>]: ", forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the ranks, and exits with the
-first failing rank's exit code (128 + signal for a rank killed by a signal; 0 if all
-succeed). When a rank fails, the others get --failure_grace_s seconds to finish (they see
-the group fail), then SIGTERM. Everything it started is stopped before it exits.
+MASTER_PORT, COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR and COLLSERVE_JOB set, prefixes every
+line a rank prints with "[rank<R>]: ", forwards SIGINT/SIGTERM/SIGHUP/SIGQUIT to the ranks,
+and exits with the first failing rank's exit code (128 + signal for a rank killed by a
+signal; 0 if all succeed). When a rank fails, the others get --failure_grace_s seconds to
+finish (they see the group fail), then SIGTERM. Everything it started is stopped before it
+exits.
+
+MASTER_ADDR:MASTER_PORT is the coordinator's TCPStore endpoint and
+TORCHELASTIC_USE_AGENT_STORE=True, so torch.distributed's own env:// rendezvous (any
+backend, "collserve" included) goes through the coordinator's store, as under torchrun's
+agents. With --coordinator, give its endpoint's port as --tcpstore_port; without it,
+MASTER_PORT is the coordinator's gRPC port (enough for the collserve SDK, not for torch).
 
 Several hosts: run one launcher per host with the same --nnodes, --nproc_per_node, --job and
 --coordinator HOST:PORT (a running collserve-coordinator), and --node_rank 0..nnodes-1.
@@ -49,6 +56,31 @@ def find_binary(name):
                             f"(cmake --build build); looked in {', '.join(candidates)} and PATH")
 
 
+def start_server(name, argv, port_file, log_path, timeout_s, started=None, **popen_args):
+    """Starts a collserve server binary (argv) logging to log_path, and waits until it has
+    written its bound port to port_file. Returns (Popen, port). `started(proc)`, if given,
+    is called with (name, proc) right after it starts (so a caller can stop it if waiting fails).
+    Raises RuntimeError if it exits first, TimeoutError after timeout_s."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, **popen_args)
+    if started is not None:
+        started((name, proc))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the embedded {name} exited with code {proc.returncode}; its log: {log_path}")
+        try:
+            with open(port_file) as f:
+                text = f.read().strip()
+            if text:
+                return proc, int(text)
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.02)
+    raise TimeoutError(f"the embedded {name} did not start serving within {timeout_s}s")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="collserve launch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,6 +89,9 @@ def parse_args(argv):
     p.add_argument("--node_rank", "--node-rank", type=int, default=0, help="this host's index in [0, nnodes)")
     p.add_argument("--coordinator", default="", help="HOST:PORT of a running coordinator (default: start one on "
                    "loopback; required with --nnodes > 1)")
+    p.add_argument("--tcpstore_port", type=int, default=0, help="with --coordinator: the port of its TCPStore "
+                   "endpoint (collserve-coordinator --tcpstore_address), given to the ranks as MASTER_PORT so "
+                   "that torch's env:// rendezvous uses it (the embedded coordinator always has one)")
     p.add_argument("--sidecar", default="", help="address of a running sidecar for this host, unix:/path or "
                    "host:port (default: start one)")
     p.add_argument("--job", default="default", help="job name: the namespace of keys and groups (default 'default')")
@@ -105,35 +140,24 @@ class Launcher:
 
     # ---- embedded servers ----
     def start_server(self, name, argv, port_file):
-        log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        log.close()
-        self.servers.append((name, proc))
-        deadline = time.monotonic() + self.args.server_start_timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the embedded {name} exited with code {proc.returncode}; its log: "
-                                   f"{os.path.join(self.dir, name + '.log')}")
-            try:
-                with open(port_file) as f:
-                    text = f.read().strip()
-                if text:
-                    return int(text)
-            except (FileNotFoundError, ValueError):
-                pass
-            time.sleep(0.02)
-        raise TimeoutError(f"the embedded {name} did not start serving within {self.args.server_start_timeout_s}s")
+        proc, port = start_server(name, argv, port_file, os.path.join(self.dir, f"{name}.log"),
+                                  self.args.server_start_timeout_s, self.servers.append)
+        return port
 
     def start_servers(self):
         a = self.args
         coordinator = a.coordinator
+        tcpstore_port = a.tcpstore_port
         if not coordinator:
             port = self.start_server("coordinator", [
                 find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
-                f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning"],
+                f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
+                "--tcpstore_address=127.0.0.1:0", f"--tcpstore_job={a.job}",
+                f"--tcpstore_port_file={self.dir}/tcpstore.port"],
                 f"{self.dir}/coordinator.port")
             coordinator = f"127.0.0.1:{port}"
+            with open(f"{self.dir}/tcpstore.port") as f:  # written before coordinator.port
+                tcpstore_port = int(f.read())
         sidecar = a.sidecar
         if not sidecar:
             gloo_hostname = a.gloo_hostname or ("127.0.0.1" if a.nnodes == 1 else _host_address())
@@ -144,7 +168,7 @@ class Launcher:
                 "--metrics_address=", "--log_level=warning", f"--port_file={self.dir}/sidecar.port"],
                 f"{self.dir}/sidecar.port")
             sidecar = f"unix:{sock}"
-        return coordinator, sidecar
+        return coordinator, sidecar, tcpstore_port
 
     def stop_servers(self):
         for name, proc in reversed(self.servers):
@@ -170,9 +194,15 @@ class Launcher:
                 sink.flush()
         stream.close()
 
-    def start_ranks(self, coordinator, sidecar):
+    def start_ranks(self, coordinator, sidecar, tcpstore_port):
         a = self.args
         host, _, port = coordinator.rpartition(":")
+        torch_store = {}
+        if tcpstore_port:
+            # torch's env:// rendezvous reaches the coordinator's TCPStore endpoint, every rank
+            # as a client (as under torchrun's agent store).
+            port = str(tcpstore_port)
+            torch_store = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
         world = a.nnodes * a.nproc_per_node
         for local_rank in range(a.nproc_per_node):
             rank = a.node_rank * a.nproc_per_node + local_rank
@@ -180,8 +210,8 @@ class Launcher:
             env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                        LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
                        NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
-                       COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job, PYTHONUNBUFFERED="1",
-                       COLLSERVE_EXIT_DIR=os.path.join(self.dir, "exits"))
+                       COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
+                       PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=os.path.join(self.dir, "exits"), **torch_store)
             proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
             self.ranks.append((rank, proc))
@@ -244,8 +274,8 @@ class Launcher:
     def run(self):
         previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
         try:
-            coordinator, sidecar = self.start_servers()
-            self.start_ranks(coordinator, sidecar)
+            coordinator, sidecar, tcpstore_port = self.start_servers()
+            self.start_ranks(coordinator, sidecar, tcpstore_port)
             first = self.wait_ranks()
             for t in self.pumps:
                 t.join(timeout=5)

@@ -52,14 +52,15 @@ int main(int argc, char** argv) {
   LOG(INFO) << "collserve-coordinator serving on port " << (*coordinator)->port()
             << (options.store.data_dir.empty() ? " (memory-only store)"
                                                : " (store in " + options.store.data_dir + ")");
-  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
-    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->port()); !s.ok()) {
+  // The TCPStore port file first: a launcher that waits for --port_file then finds both.
+  if (const std::string pf = absl::GetFlag(FLAGS_tcpstore_port_file); !pf.empty()) {
+    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->tcpstore_port()); !s.ok()) {
       LOG(ERROR) << s;
       return 1;
     }
   }
-  if (const std::string pf = absl::GetFlag(FLAGS_tcpstore_port_file); !pf.empty()) {
-    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->tcpstore_port()); !s.ok()) {
+  if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
+    if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->port()); !s.ok()) {
       LOG(ERROR) << s;
       return 1;
     }

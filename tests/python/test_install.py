@@ -37,3 +37,12 @@ def test_pip_install_from_source_tree(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(run.stdout.splitlines()) == ["[rank0]: Rank  0  has data  tensor(2.)",
                                                "[rank1]: Rank  1  has data  tensor(2.)"], run.stdout
+    # The c10d backend, where it was built, is installed too and runs from the venv.
+    if any(f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))):
+        run = subprocess.run([str(venv / "bin" / "collserve"), "launch", "--nproc_per_node", "2",
+                              os.path.join(ROOT, "examples", "digits_sgd.py"), "--backend", "collserve",
+                              "--epochs", "1"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "site-packages" in subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import collserve.torch as t; print(t._collserve_torch.__file__)"],
+            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path).stdout

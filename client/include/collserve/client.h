@@ -38,8 +38,8 @@ struct InitOptions {
   // The sidecar serving this process: "unix:/path" or "host:port". Default:
   // kDefaultSidecarAddress. Env: COLLSERVE_SIDECAR.
   std::string sidecar_address;
-  // The coordinator (for store()): "host:port". Env: MASTER_ADDR and MASTER_PORT.
-  // Empty = store() is unavailable.
+  // The coordinator (for store()): "host:port". Env: COLLSERVE_COORDINATOR, else
+  // MASTER_ADDR and MASTER_PORT. Empty = store() is unavailable.
   std::string coordinator_address;
   // Job namespace for keys and groups. Env: COLLSERVE_JOB. Default "default".
   std::string job = "default";
@@ -63,7 +63,7 @@ struct InitOptions {
   absl::Duration op_timeout = absl::Seconds(300);
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
-  // COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
+  // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
   // COLLSERVE_SHARED_MEMORY.
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, or a timeout is
   // not a positive number.

@@ -1,0 +1,576 @@
+// See collserve_c10d.h.
+#include <Python.h>
+
+#include "python/c10d/collserve_c10d.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+namespace collserve::c10d_backend {
+namespace {
+
+using ::c10d::OpType;
+using client::ReduceOpArg;
+
+// The SDK's dtype for a torch scalar type; throws (c10::Error) for the others.
+DataType ToDataType(at::ScalarType t, const char* what) {
+  switch (t) {
+    case at::kFloat: return DataType::kFloat32;
+    case at::kDouble: return DataType::kFloat64;
+    case at::kHalf: return DataType::kFloat16;
+    case at::kBFloat16: return DataType::kBFloat16;
+    case at::kInt: return DataType::kInt32;
+    case at::kLong: return DataType::kInt64;
+    case at::kChar: return DataType::kInt8;
+    case at::kByte: return DataType::kUInt8;
+    case at::kBool: return DataType::kBool;
+    default:
+      TORCH_CHECK(false, "collserve: ", what, " has dtype ", t,
+                  ", which collserve does not support (float32, float64, float16, bfloat16, int32, int64, "
+                  "int8, uint8, bool)");
+  }
+}
+
+// Checks that `t` is a dense contiguous CPU tensor collserve can move in place.
+void CheckTensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "collserve: ", what, " is an undefined tensor");
+  TORCH_CHECK(t.device().is_cpu(), "collserve: ", what, " is on ", t.device(),
+              "; the collserve backend takes CPU tensors");
+  TORCH_CHECK(t.layout() == at::kStrided, "collserve: ", what, " is sparse; collserve takes dense tensors");
+  TORCH_CHECK(t.is_contiguous(), "collserve: ", what, " is not contiguous");
+  ToDataType(t.scalar_type(), what);
+}
+
+// The memory an element-wise in-place op (all_reduce, broadcast, reduce) runs on for `t`,
+// and what to do after it succeeds.
+//  * A contiguous tensor, or a permuted one whose elements fill one block (a transpose, as
+//    autograd gives for a Linear weight's gradient): the op runs on the block in place.
+//    Element i of every rank meets element i of the others when the ranks' tensors share
+//    their strides (torch's Gloo assumes the same).
+//  * Any other strided tensor (a slice with steps, an expand()ed gradient, as autograd gives
+//    for the bias of a summed output): the op runs on a contiguous copy, which is copied back
+//    on success. Expanded dimensions alias one slice, which receives the result (every
+//    aliased element had the same input, so the same result). A tensor that overlaps itself
+//    otherwise is refused.
+// torch 1.13's Gloo runs on data_ptr() for numel() elements in every case, which reads and
+// writes past an expanded tensor's storage and scrambles a stepped slice.
+struct InPlace {
+  at::Tensor buffer;
+  std::function<void()> copy_back;
+};
+
+// True unless the strides prove that no two elements of `t` share memory: with dimensions
+// sorted by stride (size-1 ones ignored), each stride exceeds the span of the smaller ones.
+bool MayOverlap(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // largest offset reachable with the dimensions so far
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return true;
+    span += stride * (size - 1);
+  }
+  return false;
+}
+
+InPlace ElementwiseInPlace(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "collserve: ", what, " is an undefined tensor");
+  TORCH_CHECK(t.device().is_cpu(), "collserve: ", what, " is on ", t.device(),
+              "; the collserve backend takes CPU tensors");
+  TORCH_CHECK(t.layout() == at::kStrided, "collserve: ", what, " is sparse; collserve takes dense tensors");
+  ToDataType(t.scalar_type(), what);
+  bool block = t.is_non_overlapping_and_dense();
+  for (int64_t stride : t.strides()) block = block && stride >= 0;
+  if (block) return {t, nullptr};
+  at::Tensor target = t;
+  at::Tensor buffer = t.contiguous();
+  at::Tensor source = buffer;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) {
+      target = target.narrow(d, 0, 1);
+      source = source.narrow(d, 0, 1);
+    }
+  }
+  TORCH_CHECK(!MayOverlap(target), "collserve: ", what,
+              " has elements that share memory in a way other than expand(); pass a contiguous tensor");
+  return {buffer, [target, source]() mutable { target.copy_(source); }};
+}
+
+DataType Dt(const at::Tensor& t, const char* what) { return ToDataType(t.scalar_type(), what); }
+
+// The one tensor of a c10d tensor list (CPU backends take one tensor per call).
+at::Tensor& Single(std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "collserve ", op, ": takes a list of exactly one tensor, got ", tensors.size());
+  CheckTensor(tensors[0], "the tensor");
+  return tensors[0];
+}
+
+// The one tensor of an element-wise in-place op (see ElementwiseInPlace).
+InPlace SingleInPlace(std::vector<at::Tensor>& tensors, const char* op) {
+  TORCH_CHECK(tensors.size() == 1, "collserve ", op, ": takes a list of exactly one tensor, got ", tensors.size());
+  return ElementwiseInPlace(tensors[0], "the tensor");
+}
+
+// Checks a list of tensors sharing `dtype`; returns their data pointers and element counts.
+template <typename Ptr>
+void Views(std::vector<at::Tensor>& ts, at::ScalarType dtype, const char* what, std::vector<Ptr>* ptrs,
+           std::vector<int64_t>* counts) {
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::string name = absl::StrCat(what, "[", i, "]");
+    CheckTensor(ts[i], name.c_str());
+    TORCH_CHECK(ts[i].scalar_type() == dtype, "collserve: ", name, " has dtype ", ts[i].scalar_type(),
+                " but the input has ", dtype);
+    ptrs->push_back(ts[i].data_ptr());
+    counts->push_back(ts[i].numel());
+  }
+}
+
+// The input and output tensors of an out-of-place op: contiguous, of one dtype.
+void CheckInputOutput(const at::Tensor& input, const at::Tensor& output, const char* op) {
+  CheckTensor(input, "the input");
+  CheckTensor(output, "the output");
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "collserve ", op, ": output dtype ", output.scalar_type(),
+              " differs from input dtype ", input.scalar_type());
+}
+
+// gather's outputs / scatter's inputs: one list of `size` tensors on the root, nothing
+// elsewhere. Returns whether this rank has the list.
+bool RootList(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, int size, const char* op,
+              const char* kind) {
+  if (is_root) {
+    TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "collserve ", op,
+                ": the root needs one ", kind, " list of ", size, " tensors");
+    return true;
+  }
+  TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "collserve ", op, ": only the root passes ",
+              kind, " tensors");
+  return false;
+}
+
+ReduceOpArg ToReduceOp(const ::c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM: return ReduceOp::kSum;
+    case ::c10d::ReduceOp::AVG: return ReduceOp::kAvg;
+    case ::c10d::ReduceOp::PRODUCT: return ReduceOp::kProduct;
+    case ::c10d::ReduceOp::MIN: return ReduceOp::kMin;
+    case ::c10d::ReduceOp::MAX: return ReduceOp::kMax;
+    case ::c10d::ReduceOp::BAND: return ReduceOp::kBand;
+    case ::c10d::ReduceOp::BOR: return ReduceOp::kBor;
+    case ::c10d::ReduceOp::BXOR: return ReduceOp::kBxor;
+    case ::c10d::ReduceOp::PREMUL_SUM: {
+      auto* s = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
+      TORCH_CHECK(s != nullptr, "collserve: PREMUL_SUM without a factor");
+      double factor = s->double_factor;
+      if (!s->tensor_factors.empty()) {
+        TORCH_CHECK(s->tensor_factors[0].numel() == 1, "collserve: PREMUL_SUM's factor tensor must hold one value");
+        factor = s->tensor_factors[0].item<double>();
+      }
+      return client::MakePremulSum(factor);
+    }
+    default:
+      TORCH_CHECK(false, "collserve: unsupported ReduceOp ", static_cast<int>(op.op_));
+  }
+}
+
+int Rank(int64_t rank, const char* what) {
+  TORCH_CHECK(rank >= -1 && rank <= INT32_MAX, "collserve: ", what, " ", rank, " is out of range");
+  return static_cast<int>(rank);
+}
+
+// Elements per index of dim 0 (torch's all_to_all_single splits count rows).
+int64_t RowElements(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() >= 1, "collserve alltoall_base: tensors need at least one dimension");
+  return t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+}
+
+}  // namespace
+
+// ---- CollserveWork ----
+
+struct CollserveWork::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  absl::Status status;
+  std::exception_ptr error;
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> keep_alive;
+  std::function<void()> on_success;
+  std::shared_ptr<client::Work> work;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  std::string op_name;
+};
+
+CollserveWork::CollserveWork(int rank, OpType type, const char* op_name, Pending pending)
+    : ::c10d::Work(rank, type), state_(std::make_shared<State>()) {
+  state_->outputs = std::move(pending.outputs);
+  state_->keep_alive = std::move(pending.keep_alive);
+  state_->on_success = std::move(pending.on_success);
+  state_->work = std::move(pending.work);
+  state_->op_name = op_name;
+  state_->future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  // The callback owns the state, not the Work: a dropped Work still completes its Future
+  // and keeps its tensors alive until the operation ends.
+  std::shared_ptr<State> state = state_;
+  state_->work->OnCompletion([state](const absl::Status& s) {
+    absl::Status status = s;
+    if (status.ok() && state->on_success) {
+      try {
+        state->on_success();
+      } catch (const std::exception& e) {
+        status = absl::InternalError(e.what());
+      }
+    }
+    std::exception_ptr error;
+    if (!status.ok()) {
+      error = std::make_exception_ptr(std::runtime_error(absl::StrCat(
+          "collserve ", state->op_name, ": ", absl::StatusCodeToString(status.code()), ": ", status.message())));
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    std::vector<at::Tensor> outputs;
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->done = true;
+      state->status = status;
+      state->error = error;
+      state->keep_alive.clear();
+      state->on_success = nullptr;
+      future = state->future;
+      outputs = state->outputs;
+    }
+    state->cv.notify_all();
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(c10::IValue(outputs));
+    }
+  });
+}
+
+CollserveWork::~CollserveWork() = default;
+
+bool CollserveWork::isCompleted() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+bool CollserveWork::isSuccess() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done && state_->status.ok();
+}
+
+std::exception_ptr CollserveWork::exception() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->error;
+}
+
+int CollserveWork::sourceRank() const { return state_->work->SourceRank(); }
+
+std::vector<at::Tensor> CollserveWork::result() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->outputs;
+}
+
+bool CollserveWork::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (timeout == kNoTimeout) {
+    state_->cv.wait(lock, [&] { return state_->done; });
+  } else if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+    throw std::runtime_error(absl::StrCat("collserve ", state_->op_name, ": DEADLINE_EXCEEDED: did not complete within ",
+                                          timeout.count(), " ms (the operation goes on)"));
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+  return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CollserveWork::getFuture() { return state_->future; }
+
+// ---- CollserveProcessGroup ----
+
+CollserveProcessGroup::CollserveProcessGroup(std::unique_ptr<client::ProcessGroup> pg,
+                                             std::chrono::milliseconds op_timeout)
+    : TorchBase(pg->GetRank(), pg->GetWorldSize()), pg_(std::move(pg)), op_timeout_(op_timeout) {}
+
+CollserveProcessGroup::~CollserveProcessGroup() {
+  // Ending the session joins the SDK's completion thread, which may be in a Work's callback
+  // dropping its tensors, and dropping a tensor that has a Python object takes the GIL. The
+  // last reference usually goes from Python (destroy_process_group), GIL held: let go of it.
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* saved = PyEval_SaveThread();
+    pg_.reset();
+    PyEval_RestoreThread(saved);
+  } else {
+    pg_.reset();
+  }
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::Make(OpType type, const char* op_name, Pending pending) {
+  return c10::make_intrusive<CollserveWork>(getRank(), type, op_name, std::move(pending));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                                  const ::c10d::BroadcastOptions& opts) {
+  InPlace t = SingleInPlace(tensors, "broadcast");
+  TORCH_CHECK(opts.rootTensor == 0, "collserve broadcast: rootTensor must be 0");
+  Pending p;
+  p.work = pg_->Broadcast(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
+                          Rank(opts.rootRank, "root"));
+  p.outputs = tensors;
+  p.keep_alive = {t.buffer};
+  p.on_success = std::move(t.copy_back);
+  return Make(OpType::BROADCAST, "broadcast", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                                  const ::c10d::AllreduceOptions& opts) {
+  InPlace t = SingleInPlace(tensors, "allreduce");
+  Pending p;
+  p.work = pg_->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
+                          ToReduceOp(opts.reduceOp));
+  p.outputs = tensors;
+  p.keep_alive = {t.buffer};
+  p.on_success = std::move(t.copy_back);
+  return Make(OpType::ALLREDUCE, "allreduce", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  TORCH_CHECK(!tensors.empty(), "collserve allreduce_coalesced: no tensors");
+  std::vector<at::Tensor> flat_parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::string name = absl::StrCat("tensors[", i, "]");
+    CheckTensor(tensors[i], name.c_str());
+    TORCH_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(),
+                "collserve allreduce_coalesced: the tensors must share one dtype");
+    flat_parts.push_back(tensors[i].reshape({-1}));
+  }
+  at::Tensor flat = at::cat(flat_parts);
+  Pending p;
+  p.work = pg_->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
+  p.outputs = tensors;
+  p.keep_alive = {flat};
+  std::vector<at::Tensor> targets = tensors;
+  p.on_success = [flat, targets]() {
+    int64_t offset = 0;
+    for (const at::Tensor& t : targets) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  };
+  return Make(OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce(std::vector<at::Tensor>& tensors,
+                                                               const ::c10d::ReduceOptions& opts) {
+  InPlace t = SingleInPlace(tensors, "reduce");
+  TORCH_CHECK(opts.rootTensor == 0, "collserve reduce: rootTensor must be 0");
+  Pending p;
+  p.work = pg_->Reduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), ToReduceOp(opts.reduceOp),
+                       Rank(opts.rootRank, "root"));
+  p.outputs = tensors;
+  p.keep_alive = {t.buffer};
+  if (getRank() == opts.rootRank) p.on_success = std::move(t.copy_back);
+  return Make(OpType::REDUCE, "reduce", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                  std::vector<at::Tensor>& inputs,
+                                                                  const ::c10d::AllgatherOptions& opts) {
+  at::Tensor& in = Single(inputs, "allgather");
+  TORCH_CHECK(outputs.size() == 1, "collserve allgather: takes one output list, got ", outputs.size());
+  TORCH_CHECK(static_cast<int>(outputs[0].size()) == getSize(), "collserve allgather: the output list has ",
+              outputs[0].size(), " tensors, but the group has ", getSize(), " ranks");
+  std::vector<void*> ptrs;
+  std::vector<int64_t> counts;
+  Views(outputs[0], in.scalar_type(), "output_tensor_list", &ptrs, &counts);
+  TORCH_CHECK(counts[getRank()] == in.numel(), "collserve allgather: output_tensor_list[", getRank(), "] has ",
+              counts[getRank()], " elements but the input has ", in.numel());
+  Pending p;
+  p.work = pg_->AllGather(ptrs, counts, in.data_ptr(), in.numel(), Dt(in, "the input"));
+  p.outputs = outputs[0];
+  p.keep_alive = {in};
+  return Make(OpType::ALLGATHER, "allgather", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                        const ::c10d::AllgatherOptions& opts) {
+  CheckInputOutput(input, output, "all_gather_into_tensor");
+  TORCH_CHECK(output.numel() == input.numel() * getSize(), "collserve all_gather_into_tensor: the output has ",
+              output.numel(), " elements, expected input elements (", input.numel(), ") x world_size (", getSize(),
+              ")");
+  Pending p;
+  p.work = pg_->AllGatherIntoTensor(output.data_ptr(), input.data_ptr(), input.numel(), Dt(input, "the input"));
+  p.outputs = {output};
+  p.keep_alive = {input};
+  return Make(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const ::c10d::GatherOptions& opts) {
+  at::Tensor& in = Single(inputs, "gather");
+  int root = Rank(opts.rootRank, "root");
+  std::vector<void*> ptrs;
+  std::vector<int64_t> counts;
+  Pending p;
+  if (RootList(outputs, getRank() == root, getSize(), "gather", "output")) {
+    Views(outputs[0], in.scalar_type(), "gather_list", &ptrs, &counts);
+    p.outputs = outputs[0];
+  }
+  p.work = pg_->Gather(in.data_ptr(), in.numel(), ptrs, counts, Dt(in, "the input"), root);
+  p.keep_alive = {in};
+  return Make(OpType::GATHER, "gather", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const ::c10d::ScatterOptions& opts) {
+  at::Tensor& out = Single(outputs, "scatter");
+  int root = Rank(opts.rootRank, "root");
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> counts;
+  Pending p;
+  if (RootList(inputs, getRank() == root, getSize(), "scatter", "input")) {
+    Views(inputs[0], out.scalar_type(), "scatter_list", &ptrs, &counts);
+    p.keep_alive = inputs[0];
+  }
+  p.work = pg_->Scatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"), root);
+  p.outputs = outputs;
+  return Make(OpType::SCATTER, "scatter", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  at::Tensor& out = Single(outputs, "reduce_scatter");
+  TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
+              "collserve reduce_scatter: needs one input list of ", getSize(), " tensors");
+  std::vector<const void*> ptrs;
+  std::vector<int64_t> counts;
+  Views(inputs[0], out.scalar_type(), "input_list", &ptrs, &counts);
+  Pending p;
+  p.work = pg_->ReduceScatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"),
+                              ToReduceOp(opts.reduceOp));
+  p.outputs = outputs;
+  p.keep_alive = inputs[0];
+  return Make(OpType::REDUCE_SCATTER, "reduce_scatter", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const ::c10d::ReduceScatterOptions& opts) {
+  CheckInputOutput(input, output, "reduce_scatter_tensor");
+  TORCH_CHECK(input.numel() == output.numel() * getSize(), "collserve reduce_scatter_tensor: the input has ",
+              input.numel(), " elements, expected output elements (", output.numel(), ") x world_size (", getSize(),
+              ")");
+  Pending p;
+  p.work = pg_->ReduceScatterTensor(output.data_ptr(), input.data_ptr(), output.numel(), Dt(output, "the output"),
+                                    ToReduceOp(opts.reduceOp));
+  p.outputs = {output};
+  p.keep_alive = {input};
+  return Make(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                      std::vector<int64_t>& output_split_sizes,
+                                                                      std::vector<int64_t>& input_split_sizes,
+                                                                      const ::c10d::AllToAllOptions& opts) {
+  CheckInputOutput(input, output, "all_to_all_single");
+  auto elements = [](const std::vector<int64_t>& rows, int64_t per_row) {
+    std::vector<int64_t> out;
+    out.reserve(rows.size());
+    for (int64_t r : rows) out.push_back(r * per_row);
+    return out;
+  };
+  Pending p;
+  p.work = pg_->AllToAllSingle(output.data_ptr(), output.numel(), input.data_ptr(), input.numel(),
+                               elements(output_split_sizes, RowElements(output)),
+                               elements(input_split_sizes, RowElements(input)), Dt(input, "the input"));
+  p.outputs = {output};
+  p.keep_alive = {input};
+  return Make(OpType::ALLTOALL_BASE, "all_to_all_single", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const ::c10d::AllToAllOptions& opts) {
+  TORCH_CHECK(static_cast<int>(outputs.size()) == getSize() && static_cast<int>(inputs.size()) == getSize(),
+              "collserve all_to_all: needs ", getSize(), " output and input tensors, got ", outputs.size(), " and ",
+              inputs.size());
+  at::ScalarType dtype = inputs[0].defined() ? inputs[0].scalar_type() : at::kFloat;
+  std::vector<void*> out_ptrs;
+  std::vector<const void*> in_ptrs;
+  std::vector<int64_t> out_counts, in_counts;
+  Views(outputs, dtype, "output_tensor_list", &out_ptrs, &out_counts);
+  Views(inputs, dtype, "input_tensor_list", &in_ptrs, &in_counts);
+  Pending p;
+  p.work = pg_->AllToAll(out_ptrs, out_counts, in_ptrs, in_counts, Dt(inputs[0], "input_tensor_list[0]"));
+  p.outputs = outputs;
+  p.keep_alive = inputs;
+  return Make(OpType::ALLTOALL, "all_to_all", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::barrier(const ::c10d::BarrierOptions& opts) {
+  Pending p;
+  p.work = pg_->Barrier();
+  return Make(OpType::BARRIER, "barrier", std::move(p));
+}
+
+void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  std::chrono::milliseconds timeout = opts.timeout == ::c10d::kUnsetTimeout ? op_timeout_ : opts.timeout;
+  std::shared_ptr<client::Work> work =
+      pg_->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks);
+  absl::Status s = work->Wait();
+  if (!s.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("collserve monitored_barrier: ", absl::StatusCodeToString(s.code()), ": ", s.message()));
+  }
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                                             int tag) {
+  at::Tensor& t = Single(tensors, "send");
+  Pending p;
+  p.work = pg_->Send(t.data_ptr(), t.numel(), Dt(t, "the tensor"), dst_rank, tag);
+  p.keep_alive = tensors;
+  return Make(OpType::SEND, "send", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                             int tag) {
+  at::Tensor& t = Single(tensors, "recv");
+  TORCH_CHECK(src_rank >= 0 && src_rank < getSize(), "collserve recv: src ", src_rank, " is out of range [0, ",
+              getSize(), ")");
+  Pending p;
+  p.work = pg_->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), src_rank, tag);
+  p.outputs = tensors;
+  return Make(OpType::RECV, "recv", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  at::Tensor& t = Single(tensors, "recv");
+  Pending p;
+  p.work = pg_->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), -1, tag);
+  p.outputs = tensors;
+  return Make(OpType::RECVANYSOURCE, "recv", std::move(p));
+}
+
+c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& options) {
+  absl::StatusOr<std::unique_ptr<client::ProcessGroup>> pg = client::InitProcessGroup(options);
+  if (!pg.ok()) {
+    throw std::runtime_error(absl::StrCat("collserve init_process_group: ",
+                                          absl::StatusCodeToString(pg.status().code()), ": ", pg.status().message()));
+  }
+  return c10::make_intrusive<CollserveProcessGroup>(
+      std::move(*pg), std::chrono::milliseconds(absl::ToInt64Milliseconds(options.op_timeout)));
+}
+
+}  // namespace collserve::c10d_backend

@@ -1,0 +1,165 @@
+// The "collserve" c10d backend: torch.distributed's ProcessGroup interface over the C++ SDK
+// (client/include/collserve/client.h), so that `dist.init_process_group("collserve")`,
+// torch's collectives, point-to-point calls, barrier, Work objects and
+// DistributedDataParallel run through the collserve sidecar.
+//
+// Registered from Python by collserve/torch.py through torch.distributed.Backend.
+// register_backend ("Third-party backends" in ../shared/reference/torch_distributed_api_docs.md;
+// torch's example is test/cpp_extensions/cpp_c10d_extension.cpp). The creator attaches to the
+// sidecar as (group, rank, world_size) and returns a CollserveProcessGroup.
+//
+// Torch versions. Everything here uses torch API that 1.13 and 2.x share (at::Tensor,
+// c10d::Work, c10d::ReduceOp and the *Options structs, c10::ivalue::Future). The one
+// version-specific line is the base class, `collserve::c10d_backend::TorchBase`: 1.13's
+// register_backend wants a c10d::ProcessGroup; 2.x wants a c10d::Backend with the same
+// virtual functions. python/CMakeLists.txt builds only against torch 1.13 (Debian 12's
+// libtorch-dev), the version this is tested with.
+//
+// Tensors: dense, contiguous CPU tensors of float32, float64, float16, bfloat16, int32,
+// int64, int8, uint8 or bool, one tensor per call (as torch's Gloo backend for CPU). Data
+// moves in place: collectives read and write the tensors' own memory. all_reduce, broadcast
+// and reduce also take a transposed tensor (in place) and other strided or expand()ed ones
+// (through a contiguous copy, written back on success; see ElementwiseInPlace in the .cc). Anything else fails
+// at the call with c10::Error (Python RuntimeError) naming the tensor and the reason.
+//
+// Errors. A call with bad arguments throws at once. Failures of the operation itself
+// (ranks disagreeing on sizes, a timeout, a peer or the sidecar gone) come back through the
+// Work: wait() throws std::runtime_error (Python RuntimeError) whose message starts with
+// "collserve <op>: <absl status code>:", the Future completes with that error, and
+// isSuccess()/exception() report it.
+//
+// Thread safety: every method may be called from any thread; collectives must be issued in
+// the same order on every rank (as with torch).
+#ifndef COLLSERVE_PYTHON_C10D_COLLSERVE_C10D_H_
+#define COLLSERVE_PYTHON_C10D_COLLSERVE_C10D_H_
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collserve/client.h"
+
+namespace collserve::c10d_backend {
+
+// The c10d base class of this torch version (see the file comment).
+using TorchBase = ::c10d::ProcessGroup;
+
+// One operation in flight: the SDK's Work, the tensors it reads and writes (kept alive until
+// it completes), the tensors its Future yields, and what to do on success before completing
+// (e.g. copying a flattened buffer back into the caller's tensors).
+struct Pending {
+  std::shared_ptr<client::Work> work;
+  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> keep_alive;
+  std::function<void()> on_success;
+};
+
+// c10d::Work over an SDK Work. Completion (success or error) is recorded, on_success run and
+// the Future completed from the SDK's completion callback, so wait(), isCompleted() and
+// getFuture() agree. Thread-safe.
+class CollserveWork : public ::c10d::Work {
+ public:
+  CollserveWork(int rank, ::c10d::OpType type, const char* op_name, Pending pending);
+  ~CollserveWork() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  // recv: the group rank the message came from (-1 before completion and for other ops).
+  int sourceRank() const override;
+  // The output tensors (those the Future yields).
+  std::vector<at::Tensor> result() override;
+  // Blocks until the operation completes or `timeout` passes (kNoTimeout: no bound but the
+  // operation's own deadline, InitOptions::op_timeout). Returns true on success; throws
+  // std::runtime_error with the operation's error, or "... did not complete within N ms"
+  // (the operation goes on; wait may be called again).
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  // CPU tensors: nothing to synchronize.
+  void synchronize() override {}
+  // A Future of List[Tensor] (the outputs), completed when the operation completes, with
+  // the same error as wait() on failure. DistributedDataParallel's comm hooks use it.
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+// torch.distributed's ProcessGroup over one collserve group session. Ranks (roots, peers)
+// are ranks of this group, as c10d passes them.
+class CollserveProcessGroup : public TorchBase {
+ public:
+  // Takes a session from client::InitProcessGroup. op_timeout is the default deadline of
+  // monitoredBarrier (torch passes kUnsetTimeout there).
+  CollserveProcessGroup(std::unique_ptr<client::ProcessGroup> pg, std::chrono::milliseconds op_timeout);
+  ~CollserveProcessGroup() override;
+
+  const std::string getBackendName() const override { return "collserve"; }
+
+  c10::intrusive_ptr<::c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const ::c10d::AllreduceOptions& opts) override;
+  // Any number of tensors of one dtype: flattened into one buffer, all-reduced, copied back.
+  c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                       const ::c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const ::c10d::ReduceOptions& opts) override;
+  // outputs[0][r] receives rank r's input; sizes may differ between ranks.
+  c10::intrusive_ptr<::c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const ::c10d::AllgatherOptions& opts) override;
+  // all_gather_into_tensor: output.numel() == input.numel() * world_size.
+  c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const ::c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const ::c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const ::c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const ::c10d::ReduceScatterOptions& opts) override;
+  // reduce_scatter_tensor: input.numel() == output.numel() * world_size.
+  c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                        const ::c10d::ReduceScatterOptions& opts) override;
+  // all_to_all_single: splits are counts of rows (dim 0), as torch's; empty = equal rows.
+  c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_split_sizes,
+                                                 std::vector<int64_t>& input_split_sizes,
+                                                 const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                            const ::c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
+  // Blocks; throws std::runtime_error naming the first rank (all ranks with wait_all_ranks)
+  // that did not arrive within opts.timeout (unset: the group's op timeout).
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+ private:
+  c10::intrusive_ptr<::c10d::Work> Make(::c10d::OpType type, const char* op_name, Pending pending);
+
+  std::unique_ptr<client::ProcessGroup> pg_;
+  std::chrono::milliseconds op_timeout_;
+};
+
+// Attaches to the sidecar (blocking until all world_size ranks of `group` have joined, or
+// init_timeout) and returns the process group. Throws std::runtime_error with the SDK's
+// status (INVALID_ARGUMENT, ALREADY_EXISTS, DEADLINE_EXCEEDED naming the missing ranks,
+// UNAVAILABLE) on failure.
+c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& options);
+
+}  // namespace collserve::c10d_backend
+
+#endif  // COLLSERVE_PYTHON_C10D_COLLSERVE_C10D_H_

@@ -1,0 +1,47 @@
+// _collserve_torch: the pybind11 module collserve/torch.py registers as torch.distributed's
+// "collserve" backend. create() attaches to the sidecar and returns the process group as
+// torch's own ProcessGroup Python type (pybind11 shares torch._C's type registry: same
+// compiler, ABI and pybind11 internals; torch.distributed must be imported first).
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <string>
+
+#include "python/c10d/collserve_c10d.h"
+
+namespace py = pybind11;
+
+namespace {
+
+absl::Duration Seconds(double s) { return s < 0 ? absl::InfiniteDuration() : absl::Seconds(s); }
+
+// Blocks (with the GIL released) until every rank of `group` has joined; raises
+// RuntimeError with the SDK's status on failure.
+c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int world_size, int local_rank,
+                                                              const std::string& sidecar, const std::string& job,
+                                                              const std::string& group, double init_timeout_s,
+                                                              double op_timeout_s) {
+  collserve::client::InitOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.local_rank = local_rank;
+  options.sidecar_address = sidecar;
+  if (!job.empty()) options.job = job;
+  options.group = group;
+  options.init_timeout = Seconds(init_timeout_s);
+  options.op_timeout = Seconds(op_timeout_s);
+  return collserve::c10d_backend::CreateProcessGroup(options);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_collserve_torch, m) {
+  m.doc() = "The collserve c10d backend for torch.distributed (see collserve.torch)";
+  py::module_::import("torch.distributed");
+  m.def("create", &Create, py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("sidecar"),
+        py::arg("job"), py::arg("group"), py::arg("init_timeout_s"), py::arg("op_timeout_s"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Attaches to the sidecar as (group, rank) and returns a torch.distributed ProcessGroup; "
+        "raises RuntimeError on failure.");
+}

@@ -1,0 +1,201 @@
+"""collserve.torch: the "collserve" backend of torch.distributed (torch 1.13).
+
+    import torch.distributed as dist
+    import collserve.torch                       # registers the backend
+    dist.init_process_group("collserve", rank=rank, world_size=world_size)
+
+After the import, `init_process_group("collserve", ...)` works with every init method torch
+offers (env://, tcp://, file://, or store=...), and torch.distributed's collectives,
+point-to-point calls, new_group, barrier, monitored_barrier, async_op Work objects (wait,
+is_completed, get_future) and DistributedDataParallel run through the collserve sidecar
+(python/c10d/collserve_c10d.h: dense contiguous CPU tensors, one per call, as torch's Gloo).
+Each torch process group is its own collserve group, named "torch/<torch's group name>" in
+the job COLLSERVE_JOB (default "default").
+
+Where the service is, in this order:
+  * COLLSERVE_SIDECAR names this host's sidecar ("unix:/path" or "host:port"). `collserve
+    launch` sets it; so does a Kubernetes pod next to its sidecar.
+  * Otherwise the backend starts an embedded default, sharing addresses through torch's store
+    (the one init_process_group rendezvouses with):
+      - without COLLSERVE_COORDINATOR, rank 0 starts a coordinator on loopback and this
+        host's sidecar; every rank must then be on rank 0's host (else RuntimeError);
+      - with COLLSERVE_COORDINATOR=host:port (a running coordinator), the first rank of
+        each host (COLLSERVE_HOST_ID, default the hostname) starts that host's sidecar,
+        reachable by the other hosts at COLLSERVE_GLOO_HOSTNAME (default: this host's
+        address).
+    The process that started them stops them when it exits, once the other ranks of its host
+    have exited (bounded by the operation timeout); if it is killed they get SIGTERM.
+    Start the ranks from the main thread (the servers end with the thread that started them).
+
+Timeouts: init_process_group's `timeout` (torch's default: 30 minutes) bounds the
+rendezvous and each operation; COLLSERVE_INIT_TIMEOUT_S and COLLSERVE_OP_TIMEOUT_S override.
+Errors surface as RuntimeError, as torch's own backends raise them; messages start with
+"collserve <op>: <status code>:".
+"""
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from . import _collserve_torch
+from .launch import _host_address, _stop, find_binary, start_server
+
+BACKEND = "collserve"
+_KEY = "collserve/embedded"
+
+# Embedded servers this process started, the directory they live in, and the sidecar address.
+_embedded = {"sidecar": None, "servers": [], "dir": None, "registered": False, "lock": threading.Lock(),
+             "stopped": False, "wait_s": 300.0}
+
+
+def _seconds(timeout, env_name):
+    value = os.environ.get(env_name)
+    if value:
+        return float(value)
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _set_parent_death_signal():
+    """Runs in the server's child between fork and exec: SIGTERM when the starting thread dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _start(name, argv, directory, timeout_s):
+    if not _embedded["servers"]:
+        # multiprocessing's fork children leave through os._exit, which skips atexit; its
+        # finalizers run there (registered here: a fork child starts with none).
+        from multiprocessing import util
+        util.Finalize(None, _stop_embedded, exitpriority=-100)
+    port_file = os.path.join(directory, f"{name}.port")
+    proc, port = start_server(name, argv + [f"--port_file={port_file}"], port_file,
+                              os.path.join(directory, f"{name}.log"), timeout_s, _embedded["servers"].append,
+                              preexec_fn=_set_parent_death_signal)
+    return port
+
+
+def _start_sidecar(coordinator, directory, gloo_hostname, host_id, timeout_s):
+    sock = os.path.join(directory, "sidecar.sock")
+    _start("sidecar", [find_binary("collserve-sidecar"), f"--coordinator={coordinator}", f"--unix_socket={sock}",
+                       f"--host_id={host_id}-{os.getpid()}", f"--gloo_hostname={gloo_hostname}",
+                       "--metrics_address=", "--log_level=warning"], directory, timeout_s)
+    return f"unix:{sock}"
+
+
+def _embedded_sidecar(store, rank, init_timeout_s):
+    """Starts or finds the embedded services (see the module docstring); returns the sidecar."""
+    host_id = os.environ.get("COLLSERVE_HOST_ID") or socket.gethostname()
+    coordinator = os.environ.get("COLLSERVE_COORDINATOR", "")
+    if not coordinator:
+        if rank == 0:
+            directory = _embedded["dir"] = tempfile.mkdtemp(prefix="collserve-embedded-")
+            port = _start("coordinator", [find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
+                                          "--metrics_address=", "--log_level=warning"], directory, init_timeout_s)
+            sidecar = _start_sidecar(f"127.0.0.1:{port}", directory, "127.0.0.1", host_id, init_timeout_s)
+            store.set(_KEY, f"{host_id}\n{sidecar}")
+        owner_host, _, sidecar = _text(store.get(_KEY)).partition("\n")
+        if owner_host != host_id:
+            raise RuntimeError(f"collserve: rank {rank} runs on host {host_id!r} but the embedded coordinator and "
+                               f"sidecar are on rank 0's host {owner_host!r}: for ranks on several hosts, set "
+                               "COLLSERVE_COORDINATOR to a running coordinator (or COLLSERVE_SIDECAR)")
+        return sidecar
+    key = f"{_KEY}/{host_id}"
+    if store.add(f"{key}/starters", 1) == 1:
+        directory = _embedded["dir"] = tempfile.mkdtemp(prefix="collserve-embedded-")
+        gloo_hostname = os.environ.get("COLLSERVE_GLOO_HOSTNAME") or _host_address()
+        store.set(key, _start_sidecar(coordinator, directory, gloo_hostname, host_id, init_timeout_s))
+    return _text(store.get(key))
+
+
+def _register_rank(sidecar):
+    """Notes this process in the embedded services' directory, so that their owner waits for it."""
+    if _embedded["registered"] or not sidecar.startswith("unix:"):
+        return
+    ranks = os.path.join(os.path.dirname(sidecar[len("unix:"):]), "ranks")
+    os.makedirs(ranks, exist_ok=True)
+    with open(os.path.join(ranks, str(os.getpid())), "w"):
+        pass
+    _embedded["registered"] = True
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_embedded():
+    """At exit of the process that started the embedded services: waits (up to the operation
+    timeout) for the other ranks on this host to exit, then stops the services."""
+    with _embedded["lock"]:
+        if _embedded["stopped"] or not _embedded["servers"]:
+            return
+        _embedded["stopped"] = True
+    ranks = os.path.join(_embedded["dir"], "ranks")
+    deadline = time.monotonic() + _embedded["wait_s"]
+    while time.monotonic() < deadline:
+        try:
+            others = [int(p) for p in os.listdir(ranks) if int(p) != os.getpid()]
+        except (OSError, ValueError):
+            others = []
+        if not any(_alive(p) for p in others):
+            break
+        time.sleep(0.05)
+    clean = True
+    for _, proc in reversed(_embedded["servers"]):
+        _stop(proc, 10.0)
+        clean = clean and proc.returncode in (0, -signal.SIGTERM)
+    _embedded["servers"].clear()
+    if clean:  # else the servers' logs stay there
+        shutil.rmtree(_embedded["dir"], ignore_errors=True)
+
+
+def _sidecar(store, rank, init_timeout_s, op_timeout_s):
+    sidecar = os.environ.get("COLLSERVE_SIDECAR")
+    if sidecar:
+        return sidecar
+    if _embedded["sidecar"] is None:
+        _embedded["wait_s"] = op_timeout_s
+        _embedded["sidecar"] = _embedded_sidecar(store, rank, init_timeout_s)
+        _register_rank(_embedded["sidecar"])
+    return _embedded["sidecar"]
+
+
+def _create(options, pg_options=None):
+    """torch.distributed's creator for "collserve" (register_backend with extended_api=True):
+    attaches this rank to the group and returns the c10d ProcessGroup."""
+    del pg_options
+    init_timeout_s = _seconds(options.timeout, "COLLSERVE_INIT_TIMEOUT_S")
+    op_timeout_s = _seconds(options.timeout, "COLLSERVE_OP_TIMEOUT_S")
+    sidecar = _sidecar(options.store, options.group_rank, init_timeout_s, op_timeout_s)
+    return _collserve_torch.create(options.group_rank, options.group_size, int(os.environ.get("LOCAL_RANK", "-1")),
+                                   sidecar, os.environ.get("COLLSERVE_JOB", ""), f"torch/{options.group_id}",
+                                   init_timeout_s, op_timeout_s)
+
+
+def _register():
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True)
+    atexit.register(_stop_embedded)
+
+
+_register()

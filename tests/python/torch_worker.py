@@ -1,0 +1,280 @@
+"""One rank of an unmodified torch.distributed program, for tests/python/test_torch_backend.py.
+
+    torch_worker.py SCENARIO BACKEND INIT [OUT]
+
+SCENARIO: collectives | errors | ddp | local_sgd. BACKEND: collserve or gloo. INIT: env
+(env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
+explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
+AssertionError; success prints "rank R: SCENARIO ok".
+"""
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import collserve.torch  # noqa: F401  registers the "collserve" backend
+
+
+def init(backend, how):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = datetime.timedelta(seconds=float(os.environ.get("WORKER_TIMEOUT_S", "60")))
+    if how == "env":
+        dist.init_process_group(backend, timeout=timeout)
+    elif how == "tcp":
+        url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        dist.init_process_group(backend, init_method=url, rank=rank, world_size=world, timeout=timeout)
+    elif how.startswith("file:"):
+        dist.init_process_group(backend, init_method="file://" + how[5:], rank=rank, world_size=world,
+                                timeout=timeout)
+    elif how.startswith("store:"):
+        store = dist.FileStore(how[6:], world)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        raise SystemExit(f"unknown init {how!r}")
+    return rank, world
+
+
+def equal(a, b):
+    assert torch.equal(a, b), f"{a} != {b}"
+
+
+def collectives(rank, world):
+    assert dist.get_backend() == "collserve" and dist.get_world_size() == world and world == 4
+    # all_reduce: every ReduceOp, several dtypes, in place.
+    t = torch.full((5,), float(rank + 1))
+    ptr = t.data_ptr()
+    dist.all_reduce(t)
+    equal(t, torch.full((5,), 10.0))
+    assert t.data_ptr() == ptr
+    for op, dtype, expected in [(dist.ReduceOp.MAX, torch.int64, 4), (dist.ReduceOp.MIN, torch.int32, 1),
+                                (dist.ReduceOp.PRODUCT, torch.float64, 24.0), (dist.ReduceOp.AVG, torch.float64, 2.5),
+                                (dist.ReduceOp.BOR, torch.int64, 7), (dist.ReduceOp.BAND, torch.int32, 0),
+                                (dist.ReduceOp.BXOR, torch.uint8, 4), (dist.ReduceOp.SUM, torch.float16, 10.0),
+                                (dist.ReduceOp.SUM, torch.bfloat16, 10.0), (dist.ReduceOp.SUM, torch.int8, 10)]:
+        x = torch.full((3,), rank + 1, dtype=dtype)
+        dist.all_reduce(x, op=op)
+        equal(x, torch.full((3,), expected, dtype=dtype))
+    b = torch.tensor([rank % 2 == 1, False])
+    dist.all_reduce(b, op=dist.ReduceOp.MAX)
+    equal(b, torch.tensor([True, False]))
+    x = torch.ones(2)
+    dist.all_reduce(x, op=dist._make_nccl_premul_sum(float(rank)))
+    equal(x, torch.full((2,), 6.0))
+    # A 2-D view (contiguous) writes through to its base.
+    base = torch.zeros(4, 3)
+    view = base[1:3]
+    view.fill_(rank)
+    dist.all_reduce(view)
+    equal(base[1:3], torch.full((2, 3), 6.0))
+    equal(base[0], torch.zeros(3))
+    # A transposed tensor (autograd gives those for Linear weights): one dense block, as Gloo.
+    tr = torch.arange(6, dtype=torch.float32).reshape(3, 2).t()
+    assert not tr.is_contiguous()
+    dist.all_reduce(tr)
+    equal(tr, torch.arange(6, dtype=torch.float32).reshape(3, 2).t() * world)
+    # A stepped slice (staged and copied back; its neighbours untouched) and an expanded
+    # tensor (autograd's gradient of a summed output's bias; its one element receives the sum).
+    grid = torch.full((4, 4), -1.0)
+    grid[:, ::2] = float(rank)
+    dist.all_reduce(grid[:, ::2])
+    equal(grid[:, ::2], torch.full((4, 2), 6.0))
+    equal(grid[:, 1::2], torch.full((4, 2), -1.0))
+    one = torch.full((1,), float(rank + 1))
+    expanded = one.expand(5)
+    dist.all_reduce(expanded)
+    equal(one, torch.full((1,), 10.0))
+    equal(expanded, torch.full((5,), 10.0))
+    # broadcast / reduce
+    t = torch.arange(6, dtype=torch.float32) * (rank + 1)
+    dist.broadcast(t, src=2)
+    equal(t, torch.arange(6, dtype=torch.float32) * 3)
+    t = torch.full((2,), float(rank))
+    dist.reduce(t, dst=1)
+    if rank == 1:
+        equal(t, torch.full((2,), 6.0))
+    # all_gather (uneven sizes), all_gather_into_tensor, gather, scatter
+    out = [torch.zeros(r + 1) for r in range(world)]
+    dist.all_gather(out, torch.full((rank + 1,), float(rank)))
+    for r in range(world):
+        equal(out[r], torch.full((r + 1,), float(r)))
+    flat = torch.zeros(world * 2, dtype=torch.int64)
+    dist.all_gather_into_tensor(flat, torch.full((2,), rank, dtype=torch.int64))
+    equal(flat, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]))
+    g = [torch.zeros(2) for _ in range(world)] if rank == 3 else None
+    dist.gather(torch.full((2,), float(rank * 10)), gather_list=g, dst=3)
+    if rank == 3:
+        equal(torch.stack(g), torch.tensor([[0.0, 0.0], [10.0, 10.0], [20.0, 20.0], [30.0, 30.0]]))
+    s = torch.zeros(3)
+    dist.scatter(s, scatter_list=[torch.full((3,), float(r + 100)) for r in range(world)] if rank == 0 else None,
+                 src=0)
+    equal(s, torch.full((3,), float(rank + 100)))
+    # reduce_scatter (list and tensor forms)
+    o = torch.zeros(2)
+    dist.reduce_scatter(o, [torch.full((2,), float(rank * world + j)) for j in range(world)])
+    equal(o, torch.full((2,), float(sum(r * world + rank for r in range(world)))))
+    o = torch.zeros(2)
+    dist.reduce_scatter_tensor(o, torch.arange(world * 2, dtype=torch.float32))
+    equal(o, torch.arange(rank * 2, rank * 2 + 2, dtype=torch.float32) * world)
+    # all_to_all (list) and all_to_all_single with uneven row splits of 2-column rows
+    outs = [torch.zeros(2) for _ in range(world)]
+    dist.all_to_all(outs, [torch.full((2,), float(rank * 10 + j)) for j in range(world)])
+    for j in range(world):
+        equal(outs[j], torch.full((2,), float(j * 10 + rank)))
+    in_splits = [j + 1 for j in range(world)]       # rank sends j+1 rows to rank j
+    out_splits = [rank + 1] * world                   # and receives rank+1 rows from each
+    inp = torch.cat([torch.full((j + 1, 2), float(rank * 10 + j)) for j in range(world)])
+    out = torch.zeros(sum(out_splits), 2)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    equal(out, torch.cat([torch.full((rank + 1, 2), float(j * 10 + rank)) for j in range(world)]))
+    # point-to-point: a ring with send/recv, isend/irecv, any-source recv, batch_isend_irecv
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    r = torch.zeros(3)
+    if rank % 2 == 0:
+        dist.send(torch.full((3,), float(rank)), dst=nxt)
+        dist.recv(r, src=prv)
+    else:
+        dist.recv(r, src=prv)
+        dist.send(torch.full((3,), float(rank)), dst=nxt)
+    equal(r, torch.full((3,), float(prv)))
+    req = dist.isend(torch.full((2,), float(rank)), dst=nxt, tag=7)
+    r = torch.zeros(2)
+    dist.irecv(r, src=prv, tag=7).wait()
+    req.wait()
+    equal(r, torch.full((2,), float(prv)))
+    if rank == 0:
+        got = set()
+        for _ in range(world - 1):
+            r = torch.zeros(1)
+            sender = dist.recv(r, tag=5)  # any source
+            assert r.item() == sender * 100, (r, sender)
+            got.add(sender)
+        assert got == {1, 2, 3}, got
+    else:
+        dist.send(torch.full((1,), float(rank * 100)), dst=0, tag=5)
+    r = torch.zeros(2)
+    ops = [dist.P2POp(dist.isend, torch.full((2,), float(rank)), nxt), dist.P2POp(dist.irecv, r, prv)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    equal(r, torch.full((2,), float(prv)))
+    # Work objects: wait, is_completed, get_future (value and then-callbacks)
+    t = torch.full((4,), float(rank))
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    assert work.wait() is True and work.is_completed()
+    equal(fut.wait()[0], torch.full((4,), 6.0))
+    assert fut.wait()[0].data_ptr() == t.data_ptr()
+    equal(doubled.wait(), torch.full((4,), 12.0))
+    # new_group with global ranks; non-members skip
+    sub = dist.new_group([1, 3])
+    t = torch.full((2,), float(rank))
+    dist.all_reduce(t, group=sub)
+    if rank in (1, 3):
+        assert dist.get_rank(sub) == (0 if rank == 1 else 1) and dist.get_world_size(sub) == 2
+        equal(t, torch.full((2,), 4.0))
+        t = torch.full((1,), float(rank))
+        dist.broadcast(t, src=3, group=sub)
+        equal(t, torch.full((1,), 3.0))
+        if rank == 1:
+            r = torch.zeros(1)
+            assert dist.recv(r, group=sub) == 3 and r.item() == 33.0  # any source: the global rank
+        else:
+            dist.send(torch.full((1,), 33.0), dst=1, group=sub)
+    else:
+        equal(t, torch.full((2,), float(rank)))
+    # coalesced all_reduce, objects, barriers
+    a, c = torch.full((2, 2), float(rank)), torch.full((3,), 1.0)
+    dist.all_reduce_coalesced([a, c])
+    equal(a, torch.full((2, 2), 6.0))
+    equal(c, torch.full((3,), 4.0))
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank})
+    assert objs == [{"rank": r} for r in range(world)], objs
+    lst = [f"from {rank}", rank]
+    dist.broadcast_object_list(lst, src=1)
+    assert lst == ["from 1", 1], lst
+    # torch 1.13's dist.monitored_barrier refuses every backend but gloo; the method is there.
+    dist.distributed_c10d._get_default_group().monitored_barrier(datetime.timedelta(seconds=30))
+    dist.barrier()
+
+
+def errors(rank, world):
+    # Bad input fails at the call, on this rank only.
+    try:
+        dist.all_reduce(torch.zeros(5).as_strided((3, 3), (1, 1)))
+        raise AssertionError("a tensor overlapping itself was accepted")
+    except RuntimeError as e:
+        assert "share memory" in str(e), e
+    try:
+        dist.all_gather_into_tensor(torch.zeros(8, 2).t(), torch.zeros(4))
+        raise AssertionError("a non-contiguous output was accepted")
+    except RuntimeError as e:
+        assert "not contiguous" in str(e), e
+    try:
+        dist.all_reduce(torch.zeros(2, dtype=torch.int16))
+        raise AssertionError("int16 was accepted")
+    except RuntimeError as e:
+        assert "does not support" in str(e), e
+    # Ranks that disagree on the size: every rank gets an error naming the ranks.
+    try:
+        dist.all_reduce(torch.zeros(7 if rank == 2 else 16))
+        raise AssertionError("mismatched sizes were accepted")
+    except RuntimeError as e:
+        assert "INVALID_ARGUMENT" in str(e) and "ranks [2]" in str(e), e
+    # The group stays usable.
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    equal(t, torch.full((3,), float(world)))
+    # A Work wait() with a timeout: a recv nobody answers.
+    work = dist.irecv(torch.zeros(1), src=(rank + 1) % world, tag=99)
+    try:
+        work.wait(datetime.timedelta(seconds=0.3))
+        raise AssertionError("an unanswered recv completed")
+    except RuntimeError as e:
+        assert "DEADLINE_EXCEEDED" in str(e), e
+    assert not work.is_completed()
+    dist.send(torch.full((1,), 5.0), dst=(rank - 1) % world, tag=99)
+    work.wait()
+    dist.barrier()
+
+
+def ddp(rank, world, out):
+    """20 steps of DistributedDataParallel training; rank 0 saves the parameters to `out`."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    if os.environ.get("WORKER_NO_DDP") != "1":
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
+    for _ in range(20):
+        x = torch.randn(8, 16, generator=data)
+        y = torch.randn(8, 4, generator=data)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    if rank == 0:
+        torch.save([p.detach().clone() for p in model.parameters()], out)
+
+
+def main():
+    scenario, backend, how = sys.argv[1:4]
+    rank, world = init(backend, how)
+    if scenario == "collectives":
+        collectives(rank, world)
+    elif scenario == "errors":
+        errors(rank, world)
+    elif scenario == "ddp":
+        ddp(rank, world, sys.argv[4])
+        dist.barrier()
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    dist.destroy_process_group()
+    print(f"rank {rank}: {scenario} ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
