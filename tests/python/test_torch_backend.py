@@ -18,9 +18,9 @@ from test_sdk import BUILD  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+# The reference texts (../shared/reference next to the checkout, where there is one). Their
+# programs are kept verbatim in examples/torch/, which the tests run.
 REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "reference")
-if not os.path.isdir(REFERENCE):  # a clean clone elsewhere: the copy next to the checkout
-    REFERENCE = os.path.join(ROOT, "..", "shared", "reference")
 WORKER = os.path.join(HERE, "torch_worker.py")
 pytestmark = pytest.mark.skipif(
     not any(f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))),
@@ -149,6 +149,16 @@ def reference_block(name, after):
     return text[start:text.index("```", start)]
 
 
+def verbatim(example, reference, marker):
+    """examples/torch/<example>: a program copied verbatim from a reference text (checked
+    against the text where it is there)."""
+    with open(os.path.join(ROOT, "examples", "torch", example)) as f:
+        program = f.read()
+    if os.path.isdir(REFERENCE):
+        assert program == reference_block(reference, marker), f"examples/torch/{example} differs from {reference}"
+    return program
+
+
 def only_backend_changed(program, port):
     """`program` with backend "gloo" renamed "collserve", the backend's import added, and
     the fixed rendezvous port made a free one (tests run side by side)."""
@@ -172,7 +182,7 @@ def run_program(source, tmp_path, *args):
 
 def tutorial_program(example):
     """The tutorial's run.py template with the run() of examples/tutorial/<example>.py."""
-    template = reference_block("dist_tuto_writing_distributed_applications.md", "### 1.1")
+    template = verbatim("tutorial_run.py", "dist_tuto_writing_distributed_applications.md", "### 1.1")
     with open(os.path.join(ROOT, "examples", "tutorial", example)) as f:
         tree = ast.parse(f.read())
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
@@ -193,7 +203,7 @@ def test_tutorial_programs_with_only_the_backend_changed(example, tmp_path):
 
 
 def test_blog_training_with_only_the_backend_changed(tmp_path):
-    program = reference_block("blog_distributed_training_part1.md", "# dist_train_manual.py")
+    program = verbatim("dist_train_manual.py", "blog_distributed_training_part1.md", "# dist_train_manual.py")
     out = run_program(only_backend_changed(program, free_port()), tmp_path,
                       "--world-size=4", "--num-iter=10")
     assert "Finished training!" in out
