@@ -12,7 +12,7 @@ namespace {
 class EnvTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_SIDECAR",
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_COORDINATOR", "COLLSERVE_SIDECAR",
                           "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
                           "COLLSERVE_SHARED_MEMORY"}) {
       unsetenv(v);
@@ -41,6 +41,19 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->init_timeout, absl::Seconds(300));
   EXPECT_FALSE(o->shared_memory);
+}
+
+// Under `collserve launch`, MASTER_PORT is the coordinator's TCPStore endpoint (torch's
+// rendezvous); COLLSERVE_COORDINATOR names the gRPC API and wins.
+TEST_F(EnvTest, CollserveCoordinatorWinsOverMasterAddrAndPort) {
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("COLLSERVE_COORDINATOR", "127.0.0.1:29400", 1);
+  auto o = InitOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->coordinator_address, "127.0.0.1:29400");
 }
 
 TEST_F(EnvTest, MissingOrMalformedVariablesAreInvalidArgument) {

@@ -6,15 +6,17 @@ and the embedded services' cleanup. Ranks are real processes on loopback."""
 import ast
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_sdk import BUILD  # noqa: E402
+from test_sdk import BUILD, _wait_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,16 +45,17 @@ def servers_started_by(pids):
     return [line for line in out.splitlines() if "collserve-" in line and line.split()[1] in pids]
 
 
-def run_ranks(world, args, env=None, timeout=120):
-    """Runs torch_worker.py ARGS as `world` ranks (RANK/WORLD_SIZE/MASTER_* set); returns
-    their outputs after checking that every rank succeeded and nothing was left behind."""
+def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
+    """Runs torch_worker.py ARGS as `world` ranks (RANK/WORLD_SIZE/MASTER_* set, plus `env`, a
+    dict or a function of the rank); returns their (exit code, output) after checking that
+    nothing was left behind and, with expect_ok, that every rank succeeded."""
     port = free_port()
     before = embedded_dirs()
     procs = []
     for rank in range(world):
-        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 **(env or {}))
-        e.pop("COLLSERVE_SIDECAR", None)
+        e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
+        e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 **(env(rank) if callable(env) else env or {}))
         procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
     outs = []
@@ -65,10 +68,12 @@ def run_ranks(world, args, env=None, timeout=120):
                 os.killpg(p.pid, 9)
                 p.wait()
     for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"rank {rank}: {args[0]} ok" in out, f"rank {rank} (exit {p.returncode}):\n{out}"
+        assert not expect_ok or (p.returncode == 0 and f"rank {rank}: {args[0]} ok" in out), \
+            f"rank {rank} (exit {p.returncode}):\n{out}"
     assert not servers_started_by({str(p.pid) for p in procs})
-    assert embedded_dirs() <= before, "the embedded services' directory was left behind"
-    return outs
+    if expect_ok:
+        assert embedded_dirs() <= before, "the embedded services' directory was left behind"
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
 @pytest.mark.parametrize("init", ["env", "tcp", "file", "store"])
@@ -79,6 +84,73 @@ def test_every_collective_with_every_init_method(init, tmp_path):
 
 def test_errors_are_clear_and_the_group_stays_usable():
     run_ranks(4, ["errors", "collserve", "env"])
+
+
+def test_ranks_on_several_hosts_start_one_sidecar_per_host():
+    """With COLLSERVE_COORDINATOR, the first rank of each host starts that host's sidecar;
+    here two "hosts" on loopback (COLLSERVE_HOST_ID), so the all_reduce crosses sidecars."""
+    d = tempfile.mkdtemp(prefix="collserve-hosts-")
+    coordinator = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
+                                    "--listen_address=127.0.0.1:0", f"--port_file={d}/port", "--metrics_address=",
+                                    "--log_level=warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = _wait_port(f"{d}/port", coordinator)
+        results = run_ranks(4, ["hosts", "collserve", "env"], env=lambda rank: {
+            "COLLSERVE_COORDINATOR": f"127.0.0.1:{port}", "COLLSERVE_HOST_ID": f"host{rank // 2}",
+            "COLLSERVE_GLOO_HOSTNAME": "127.0.0.1"})
+        # One sidecar per host, started by its first rank (which rank wins is a race).
+        started = [int(re.search(r"started (\d+) servers", out).group(1)) for _, out in results]
+        assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
+    finally:
+        coordinator.kill()
+        coordinator.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_ranks_on_several_hosts_without_a_coordinator_are_told_what_to_set():
+    """Rank 1 is on another "host" than rank 0's embedded services: it fails at once saying
+    what to set; rank 0 fails when its rendezvous times out, naming the missing rank."""
+    results = run_ranks(2, ["hosts", "collserve", "env"], expect_ok=False, timeout=60,
+                        env=lambda rank: {"COLLSERVE_HOST_ID": f"host{rank}", "WORKER_TIMEOUT_S": "5"})
+    code, out = results[1]
+    assert code != 0 and "set COLLSERVE_COORDINATOR" in out, out
+    code, out = results[0]
+    assert code != 0 and "DEADLINE_EXCEEDED" in out and "missing ranks: [1]" in out, out
+
+
+def test_embedded_services_end_with_the_rank_that_started_them():
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
+        e.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, WORKER, "idle", "collserve", "env"], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        for rank, p in enumerate(procs):
+            assert p.stdout.readline().strip() == f"rank {rank}: ready"
+        servers = servers_started_by({str(procs[0].pid)})
+        assert len(servers) == 2, servers  # coordinator and sidecar, children of rank 0
+        for p in procs:
+            p.kill()
+            p.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_running(int(line.split()[0])) for line in servers):
+            time.sleep(0.1)
+        assert not any(_running(int(line.split()[0])) for line in servers), servers
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def ddp_parameters(backend, tmp_path, no_ddp=False):

@@ -2,7 +2,7 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | local_sgd. BACKEND: collserve or gloo. INIT: env
+SCENARIO: collectives | errors | ddp | hosts | idle. BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
 AssertionError; success prints "rank R: SCENARIO ok".
@@ -267,6 +267,16 @@ def main():
         collectives(rank, world)
     elif scenario == "errors":
         errors(rank, world)
+    elif scenario == "hosts":  # COLLSERVE_HOST_ID splits the ranks over "hosts"
+        t = torch.full((3,), float(rank))
+        dist.all_reduce(t)
+        equal(t, torch.full((3,), float(sum(range(world)))))
+        print(f"rank {rank}: started {len(collserve.torch._embedded['servers'])} servers", flush=True)
+        dist.barrier()
+    elif scenario == "idle":  # rendezvous, say so, then wait to be killed
+        print(f"rank {rank}: ready", flush=True)
+        import time
+        time.sleep(300)
     elif scenario == "ddp":
         ddp(rank, world, sys.argv[4])
         dist.barrier()
