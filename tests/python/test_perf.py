@@ -1,0 +1,43 @@
+"""collserve-perf (bench/collserve_perf.cc) under `collserve launch`: every op checks its
+results (#wrong 0), prints nccl-tests' columns with its bus-bandwidth factors, and refuses
+bad flags. Speed is not asserted here (bench/RESULTS.md holds the measurements)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_sdk import BUILD
+
+PERF = os.path.join(BUILD, "bench", "collserve-perf")
+FACTORS = {"all_reduce": 2 * 3 / 4, "all_gather": 3 / 4, "reduce_scatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0,
+           "all_to_all": 3 / 4, "send_recv": 1.0}
+
+
+def perf(*args, nproc=4):
+    return subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", str(nproc), "--no_prefix",
+                           "--no_python", PERF, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("op", sorted(FACTORS))
+def test_every_op_checks_its_results_and_reports_nccl_tests_columns(op):
+    r = perf("-b", "64", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "-o", op, "-d", "int32")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "# Out of bounds values : 0 OK" in r.stdout, r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    assert [int(row[0]) for row in rows] == [64, 512, 4096, 32768, 262144], r.stdout
+    for row in rows:
+        assert row[2] == "int32" and len(row) == 13, row
+        for time, algbw, busbw, wrong in (row[5:9], row[9:13]):
+            if time == "N/A":
+                continue
+            assert wrong == "0" and float(time) > 0, row
+            assert float(algbw) == pytest.approx(int(row[0]) / (float(time) * 1e3), rel=0.02, abs=2e-3), row
+            assert float(busbw) == pytest.approx(float(algbw) * FACTORS[op], rel=0.02, abs=2e-3), row
+
+
+def test_bad_flags_are_refused():
+    r = subprocess.run([PERF, "-o", "all_everything"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unknown -o" in r.stderr
+    r = subprocess.run([PERF, "-b", "1M", "-e", "1K"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
