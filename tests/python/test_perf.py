@@ -1,4 +1,4 @@
-"""collserve-perf (bench/collserve_perf.cc) under `collserve launch`: every op checks its
+"""collserve-perf (bench/collserve_perf.cc) and bench/torch_perf.py under `collserve launch`: every op checks its
 results (#wrong 0), prints nccl-tests' columns with its bus-bandwidth factors, and refuses
 bad flags. Speed is not asserted here (bench/RESULTS.md holds the measurements)."""
 import os
@@ -41,3 +41,19 @@ def test_bad_flags_are_refused():
     assert r.returncode == 2 and "unknown -o" in r.stderr
     r = subprocess.run([PERF, "-b", "1M", "-e", "1K"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
+
+
+@pytest.mark.parametrize("backend", ["gloo", "collserve"])
+def test_torch_side_of_the_comparison_checks_its_results(backend):
+    pytest.importorskip("torch")
+    if backend == "collserve" and not any(
+            f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))):
+        pytest.skip("the c10d backend was not built")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",
+                          "torch_perf.py")
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        r = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--no_prefix", script,
+                            "--backend", backend, "-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-o", op],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "# Out of bounds values : 0 OK" in r.stdout, r.stdout + r.stderr
+        assert len([line for line in r.stdout.splitlines() if line and not line.startswith("#")]) == 3, r.stdout
