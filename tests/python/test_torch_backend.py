@@ -256,9 +256,9 @@ def tutorial_program(example):
     """The tutorial's run.py template with the run() of examples/tutorial/<example>.py."""
     template = verbatim("tutorial_run.py", "dist_tuto_writing_distributed_applications.md", "### 1.1")
     with open(os.path.join(ROOT, "examples", "tutorial", example)) as f:
-        tree = ast.parse(f.read())
-    run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
-    run_src = ast.get_source_segment(open(os.path.join(ROOT, "examples", "tutorial", example)).read(), run)
+        source = f.read()
+    run = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "run")
+    run_src = ast.get_source_segment(source, run)
     placeholder = 'def run(rank, size):\n    """ Distributed function to be implemented later. """\n    pass\n'
     assert placeholder in template
     return template.replace(placeholder, run_src + "\n")
