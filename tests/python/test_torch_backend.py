@@ -119,7 +119,10 @@ def test_ranks_on_several_hosts_without_a_coordinator_are_told_what_to_set():
 
 
 def test_embedded_services_end_with_the_rank_that_started_them():
+    """SIGKILLed ranks cannot clean up: their servers still end (PR_SET_PDEATHSIG); the
+    directory they leave (logs, socket) is removed here."""
     port = free_port()
+    before = embedded_dirs()
     procs = []
     for rank in range(2):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
@@ -143,6 +146,8 @@ def test_embedded_services_end_with_the_rank_that_started_them():
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        for d in embedded_dirs() - before:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), d), ignore_errors=True)
 
 
 def _running(pid):
