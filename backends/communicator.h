@@ -10,13 +10,22 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "backends/reduce.h"
 #include "common/types.h"
 
 namespace collserve::backends {
+
+// Which algorithm an all_reduce across hosts uses, where the backend has a choice.
+enum class AllReduceAlgorithm {
+  kDefault,  // the backend's own choice
+  kRing,     // Gloo's ring: 2(h-1) steps, 2(h-1)/h of the bytes per host (bandwidth-optimal)
+  kBcube,    // Gloo's bcube (recursive halving-doubling for base 2): 2 log2(h) steps
+};
 
 class Communicator {
  public:
@@ -30,8 +39,31 @@ class Communicator {
   // `op` must not be kAvg (callers divide after a kSum; the divisor is the world size of
   // ranks, not of hosts). Errors: DEADLINE_EXCEEDED (a peer did not take part within
   // `timeout`), UNAVAILABLE (a peer host went away), FAILED_PRECONDITION (aborted before).
-  virtual absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
-                                 absl::Duration timeout) = 0;
+  // `algorithm` is a request; backends without that choice (NCCL picks its own) ignore it.
+  virtual absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op, absl::Duration timeout,
+                                 AllReduceAlgorithm algorithm = AllReduceAlgorithm::kDefault) = 0;
+
+  // All-reduce of several local buffers: every outputs[k] gets `op` over the inputs of
+  // every host (count elements each, in `dtype`). An output may be an input (in place).
+  // Gloo interleaves the local reduction and the copies into the outputs with the
+  // transfer, segment by segment (its ring and bcube take several inputs and outputs);
+  // this default reduces locally, all-reduces outputs[0], then copies. Errors as AllReduce,
+  // plus INVALID_ARGUMENT for empty inputs or outputs.
+  virtual absl::Status AllReduceLocal(const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+                                      size_t count, DataType dtype, ReduceOp op, absl::Duration timeout,
+                                      AllReduceAlgorithm algorithm = AllReduceAlgorithm::kDefault) {
+    if (inputs.empty() || outputs.empty()) {
+      return absl::InvalidArgumentError("AllReduceLocal needs at least one input and one output");
+    }
+    const size_t bytes = count * ElementSize(dtype);
+    if (outputs[0] != inputs[0] && bytes > 0) std::memcpy(outputs[0], inputs[0], bytes);
+    for (size_t i = 1; i < inputs.size(); ++i) Reduce(dtype, op, outputs[0], outputs[0], inputs[i], count);
+    if (absl::Status s = AllReduce(outputs[0], count, dtype, op, timeout, algorithm); !s.ok()) return s;
+    for (size_t i = 1; i < outputs.size(); ++i) {
+      if (outputs[i] != outputs[0] && bytes > 0) std::memcpy(outputs[i], outputs[0], bytes);
+    }
+    return absl::OkStatus();
+  }
 
   // Broadcast of `bytes` bytes at `data` from host `root` to every host (in place).
   // Same errors as AllReduce; INVALID_ARGUMENT if root is out of range.

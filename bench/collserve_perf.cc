@@ -52,6 +52,10 @@ ABSL_FLAG(std::string, o, "all_reduce",
 ABSL_FLAG(std::string, d, "float", "Data type: float, double, int32, int64.");
 ABSL_FLAG(int, r, 0, "Root rank of broadcast and reduce.");
 ABSL_FLAG(int, c, 1, "Check results (1) or not (0).");
+ABSL_FLAG(std::string, m, "arena",
+          "Where the tensors live: arena (ProcessGroup::AllocateShared, the session's shared memory: "
+          "no copy between rank and sidecar, as nccl-tests' device buffers) or heap (ordinary memory: "
+          "the SDK copies through a staging segment, as torch tensors are).");
 
 namespace {
 
@@ -109,11 +113,23 @@ double Value(int rank, int64_t i) { return static_cast<double>((rank + 1) * (i %
 // A typed buffer: elements are read and written as doubles for filling and checking.
 class Buffer {
  public:
-  Buffer(DataType dtype, int64_t count) : dtype_(dtype), bytes_(count * Size(dtype)) {
-    data_.assign(bytes_ / sizeof(uint64_t) + 1, 0);
+  // In `pg`'s shared-memory arena when `arena`, else on the heap.
+  static absl::StatusOr<std::unique_ptr<Buffer>> Make(DataType dtype, int64_t count, ProcessGroup* pg, bool arena) {
+    auto b = std::unique_ptr<Buffer>(new Buffer(dtype));
+    const size_t bytes = static_cast<size_t>(count) * Size(dtype) + sizeof(uint64_t);
+    if (arena) {
+      auto shared = pg->AllocateShared(bytes);
+      if (!shared.ok()) return shared.status();
+      b->shared_ = std::move(*shared);
+      b->data_ = static_cast<char*>(b->shared_->data());
+    } else {
+      b->heap_.assign(bytes / sizeof(uint64_t) + 1, 0);
+      b->data_ = reinterpret_cast<char*>(b->heap_.data());
+    }
+    return b;
   }
   static size_t Size(DataType d) { return d == DataType::kFloat64 || d == DataType::kInt64 ? 8 : 4; }
-  char* data() { return reinterpret_cast<char*>(data_.data()); }
+  char* data() { return data_; }
   void Set(int64_t i, double v) {
     switch (dtype_) {
       case DataType::kFloat32: reinterpret_cast<float*>(data())[i] = static_cast<float>(v); break;
@@ -132,15 +148,13 @@ class Buffer {
   }
 
  private:
+  explicit Buffer(DataType dtype) : dtype_(dtype) {}
   DataType dtype_;
-  int64_t bytes_;
-  std::vector<uint64_t> data_;
+  std::shared_ptr<collserve::client::SharedBuffer> shared_;
+  std::vector<uint64_t> heap_;
+  char* data_ = nullptr;
 };
 
-struct Result {
-  double us = 0;
-  int64_t wrong = 0;
-};
 
 class Bench {
  public:
@@ -238,8 +252,12 @@ class Bench {
       if (absl::Status s = Wait(w); !s.ok()) return s;
     }
     std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+    algorithm_ = works.back()->Algorithm();
     return elapsed.count() / iters;
   }
+
+  // How the sidecars ran the last timed op (Work::Algorithm).
+  const std::string& algorithm() const { return algorithm_; }
 
  private:
   char* Block(Buffer& b, int64_t element) const { return b.data() + element * Buffer::Size(dtype_); }
@@ -260,6 +278,7 @@ class Bench {
   int rank_;
   int n_;
   std::vector<std::shared_ptr<Work>> pending_sends_;
+  std::string algorithm_;
 };
 
 }  // namespace
@@ -306,14 +325,19 @@ int main(int argc, char** argv) {
     return s.ok() ? x[0] : std::nan("");
   };
   if (rank == 0) {
-    std::printf("# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d\n", info->name,
-                type.c_str(), n, (*pg)->num_hosts(), (*pg)->local_world_size(), absl::GetFlag(FLAGS_n),
-                absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c));
+    std::printf("# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d -m %s\n",
+                info->name, type.c_str(), n, (*pg)->num_hosts(), (*pg)->local_world_size(), absl::GetFlag(FLAGS_n),
+                absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c), absl::GetFlag(FLAGS_m).c_str());
     std::printf("#%62s%32s\n", "out-of-place", "in-place");
-    std::printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    std::printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s  %s\n", "size", "count", "type", "redop",
+                "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algorithm");
     std::printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
                 "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  const std::string memory = absl::GetFlag(FLAGS_m);
+  if (memory != "arena" && memory != "heap") {
+    std::fprintf(stderr, "collserve-perf: -m must be arena or heap, not %s\n", memory.c_str());
+    return 2;
   }
   const bool reduces = info->op == Op::kAllReduce || info->op == Op::kReduce || info->op == Op::kReduceScatter;
   int64_t total_wrong = 0;
@@ -322,7 +346,15 @@ int main(int argc, char** argv) {
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes = std::max<int64_t>(bytes * absl::GetFlag(FLAGS_f), 1)) {
     const int64_t count = bench.Count(bytes);
     const int64_t size = count * static_cast<int64_t>(Buffer::Size(dtype));
-    Buffer in(dtype, count), out(dtype, count);
+    auto in_buf = Buffer::Make(dtype, count, pg->get(), memory == "arena");
+    auto out_buf = Buffer::Make(dtype, count, pg->get(), memory == "arena");
+    if (!in_buf.ok() || !out_buf.ok()) {
+      std::fprintf(stderr, "collserve-perf: rank %d: allocating: %s\n", rank,
+                   (in_buf.ok() ? out_buf.status() : in_buf.status()).ToString().c_str());
+      return 1;
+    }
+    Buffer& in = **in_buf;
+    Buffer& out = **out_buf;
     std::string columns;
     for (bool in_place : {false, true}) {
       if (!(in_place ? info->in_place : info->out_of_place)) {
@@ -353,8 +385,9 @@ int main(int argc, char** argv) {
                                  absl::GetFlag(FLAGS_c) ? absl::StrCat(wrong) : std::string("N/A"));
     }
     if (rank == 0) {
-      std::printf(" %11lld %12lld %8s %6s %6d%s\n", static_cast<long long>(size), static_cast<long long>(count),
-                  type.c_str(), reduces ? "sum" : "none", root, columns.c_str());
+      std::printf(" %11lld %12lld %8s %6s %6d%s  %s\n", static_cast<long long>(size), static_cast<long long>(count),
+                  type.c_str(), reduces ? "sum" : "none", root, columns.c_str(),
+                  bench.algorithm().empty() ? "-" : bench.algorithm().c_str());
       std::fflush(stdout);
     }
     if (bytes == 0) break;

@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
 """Side-by-side: torch.distributed's Gloo (bench/torch_perf.py) and collserve
-(build/bench/collserve-perf) in one run, same sizes, same ranks, one host, each under
-`collserve launch` (which gives torch its env:// store and collserve its sidecar). Prints
-both tools' busbw per op and size and the ratio collserve / torch Gloo, and the 8-byte
-all_reduce latency ratio, against issue 5's targets.
+(build/bench/collserve-perf) in one run, same sizes, same ranks, same machine. Prints the
+busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [--nproc 4] [--build build]
+  (a) one host, 4 ranks (each tool under `collserve launch`, which gives torch its env://
+      store and collserve its sidecar): all_reduce, all_gather, broadcast and
+      reduce_scatter at 1 MiB and 64 MiB, and the 8-byte all_reduce latency. collserve's
+      tensors live in the session's shared-memory arena (collserve-perf -m arena, the
+      SDK's AllocateShared); the "heap" column is the same run with ordinary memory, which
+      the SDK copies through a staging segment (what a torch tensor gets).
+  (b) the sidecar's peak resident memory (VmHWM) during a 64 MiB all_reduce among 4 local
+      ranks, against the limit 2 x tensor bytes x local ranks + 64 MiB.
+  (c) two hosts made with network namespaces (a bridge, one veth per host, needs root and
+      `ip`), 2 ranks each: all_reduce from 256 KiB to 64 MiB. Each host runs its own
+      `collserve launch --nnodes 2` (its own sidecar); a coordinator with a TCPStore
+      endpoint runs on host 1 and serves torch's env:// rendezvous too. Torch's Gloo
+      binds to the hosts' eth0 (GLOO_SOCKET_IFNAME).
 
-Not yet here: the two-host (network namespace) run and the sidecar's peak RSS.
+    PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [-n 5] [-w 2] [--skip one_host,rss,two_hosts]
 """
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # (op, sizes as -b/-e/-f, target busbw ratio)
@@ -21,8 +34,8 @@ CASES = [("all_reduce", "1M", "64M", 64, 3.0), ("all_gather", "1M", "64M", 64, 2
 
 
 def rows(text):
-    """{size: (time_us, busbw)} from a collserve-perf/torch_perf table (the filled column:
-    out-of-place where there is one, else in-place)."""
+    """{size: (time_us, busbw, algorithm)} from a collserve-perf/torch_perf table (the filled
+    column: out-of-place where there is one, else in-place)."""
     out = {}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
@@ -31,17 +44,189 @@ def rows(text):
         cols = f[5:9] if f[5] != "N/A" else f[9:13]
         if cols[3] not in ("0", "N/A"):
             raise SystemExit(f"wrong results: {line}")
-        out[int(f[0])] = (float(cols[0]), float(cols[2]))
+        out[int(f[0])] = (float(cols[0]), float(cols[2]), f[13] if len(f) > 13 else "")
     return out
 
 
-def run(args, nproc, build, cmd):
-    env = dict(os.environ, PYTHONPATH=os.path.join(build, "python"))
-    r = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", str(nproc), "--no_prefix",
-                        *cmd, *args], capture_output=True, text=True, env=env, timeout=1200)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
-    return r.stdout
+def launch(cmd, nproc, build, extra=(), prefix=(), env=None, timeout=1200):
+    env = dict(env or os.environ, PYTHONPATH=os.path.join(build, "python"))
+    return subprocess.Popen([*prefix, sys.executable, "-m", "collserve.launch", "--nproc_per_node", str(nproc),
+                             "--no_prefix", *extra, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def finish(p, what, timeout=1200):
+    out, err = p.communicate(timeout=timeout)
+    if p.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{out}\n{err}")
+    return out
+
+
+def tools(build):
+    ours = ["--no_python", os.path.join(build, "bench", "collserve-perf")]
+    torch = [os.path.join(HERE, "torch_perf.py"), "--backend", "gloo"]
+    return ours, torch
+
+
+def one_host(a, build):
+    ours, torch = tools(build)
+    print(f"## (a) one host, {a.nproc} ranks, -n {a.n} -w {a.w}; busbw in GB/s (nccl-tests' definition)")
+    print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'collserve':>12}{'ratio':>8}{'target':>8}"
+          f"{'heap':>10}{'ratio':>8}")
+    for op, b, e, f, target in CASES:
+        common = ["-b", b, "-e", e, "-f", str(f), "-n", str(a.n), "-w", str(a.w), "-o", op]
+        theirs = rows(finish(launch([*torch, *common], a.nproc, build), "torch_perf"))
+        mine = rows(finish(launch([*ours, *common, "-m", "arena"], a.nproc, build), "collserve-perf"))
+        heap = rows(finish(launch([*ours, *common, "-m", "heap"], a.nproc, build), "collserve-perf -m heap"))
+        for size in sorted(mine):
+            t, m, h = theirs[size][1], mine[size][1], heap[size][1]
+            print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}{h:>10.3f}{h / t:>8.2f}",
+                  flush=True)
+    common = ["-b", "8", "-e", "8", "-n", str(a.n * 10), "-w", str(a.w), "-o", "all_reduce"]
+    t = rows(finish(launch([*torch, *common], a.nproc, build), "torch_perf"))[8][0]
+    m = rows(finish(launch([*ours, *common], a.nproc, build), "collserve-perf"))[8][0]
+    print(f"# 8-byte all_reduce latency: torch gloo {t:.1f} us, collserve {m:.1f} us, "
+          f"collserve / gloo = {m / t:.2f} (target <= 0.25)")
+
+
+def wait_file(path, proc, what):
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.05)
+
+
+def vm_hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss(a, build):
+    """The sidecar's peak RSS while 4 local ranks run 64 MiB all_reduces."""
+    size = 64 << 20
+    limit = 2 * size * a.nproc + (64 << 20)
+    print(f"## (b) sidecar peak RSS (VmHWM) during a 64 MiB all_reduce among {a.nproc} local ranks; "
+          f"limit 2 x {size >> 20} MiB x {a.nproc} + 64 MiB = {limit >> 20} MiB")
+    ours, _ = tools(build)
+    for memory in ("arena", "heap"):
+        d = tempfile.mkdtemp(prefix="collserve-rss.")
+        procs = []
+        try:
+            coord = subprocess.Popen([os.path.join(build, "server", "coordinator", "collserve-coordinator"),
+                                      "--listen_address=127.0.0.1:0", "--metrics_address=", "--log_level=warning",
+                                      f"--port_file={d}/coord.port"], stderr=subprocess.DEVNULL)
+            procs.append(coord)
+            wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
+            port = open(f"{d}/coord.port").read().strip()
+            sidecar = subprocess.Popen([os.path.join(build, "server", "sidecar", "collserve-sidecar"),
+                                        f"--coordinator=127.0.0.1:{port}", f"--unix_socket={d}/s.sock",
+                                        "--metrics_address=", "--log_level=warning", f"--port_file={d}/s.port"],
+                                       stderr=subprocess.DEVNULL)
+            procs.append(sidecar)
+            wait_file(f"{d}/s.port", sidecar, "collserve-sidecar")
+            idle = vm_hwm(sidecar.pid)
+            out = finish(launch([*ours, "-b", "64M", "-e", "64M", "-n", str(a.n), "-w", str(a.w), "-o", "all_reduce",
+                                 "-m", memory], a.nproc, build,
+                                extra=["--coordinator", f"127.0.0.1:{port}", "--sidecar", f"unix:{d}/s.sock"]),
+                         "collserve-perf")
+            busbw = rows(out)[size][1]
+            peak = vm_hwm(sidecar.pid)
+            print(f"-m {memory:<6} peak {peak / 2**20:8.1f} MiB (idle {idle / 2**20:.1f} MiB), "
+                  f"{peak / limit:.2f} of the limit ({'met' if peak <= limit else 'MISSED'}); busbw {busbw:.3f} GB/s")
+        finally:
+            for p in reversed(procs):
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def sh(cmd):
+    subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+class TwoHosts:
+    """Namespaces <p>sw (a bridge) and <p>h1, <p>h2, each with eth0 = 10.233.<x>.<i>/24."""
+
+    def __init__(self):
+        self.p = f"csb{os.getpid() % 100000}"
+        self.subnet = f"10.233.{os.getpid() % 250}."
+        self.made = []
+
+    def host(self, i):
+        return f"{self.p}h{i}"
+
+    def ip(self, i):
+        return f"{self.subnet}{i}"
+
+    def __enter__(self):
+        sw = f"{self.p}sw"
+        sh(f"ip netns add {sw}")
+        self.made.append(sw)
+        sh(f"ip -n {sw} link add br0 type bridge && ip -n {sw} link set br0 up")
+        for i in (1, 2):
+            ns = self.host(i)
+            sh(f"ip netns add {ns}")
+            self.made.append(ns)
+            sh(f"ip link add {self.p}v{i} type veth peer name {self.p}p{i} netns {sw}")
+            sh(f"ip link set {self.p}v{i} netns {ns}")
+            sh(f"ip -n {ns} link set {self.p}v{i} name eth0")
+            sh(f"ip -n {ns} addr add {self.ip(i)}/24 dev eth0 && ip -n {ns} link set eth0 up && "
+               f"ip -n {ns} link set lo up")
+            sh(f"ip -n {sw} link set {self.p}p{i} master br0 && ip -n {sw} link set {self.p}p{i} up")
+        return self
+
+    def __exit__(self, *exc):
+        for ns in reversed(self.made):
+            subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+
+
+def run_two_hosts(net, build, cmd, nproc):
+    """One launcher per host; a fresh coordinator (gRPC + TCPStore endpoint) on host 1."""
+    d = tempfile.mkdtemp(prefix="collserve-2h.")
+    coord = None
+    try:
+        coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
+                                  os.path.join(build, "server", "coordinator", "collserve-coordinator"),
+                                  f"--listen_address={net.ip(1)}:29400", f"--tcpstore_address={net.ip(1)}:29401",
+                                  "--metrics_address=", "--log_level=warning", f"--port_file={d}/coord.port"],
+                                 stderr=subprocess.DEVNULL)
+        wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
+        procs = [launch(cmd, nproc, build, env=env, prefix=["ip", "netns", "exec", net.host(h)],
+                        extra=["--nnodes", "2", "--node_rank", str(h - 1), "--coordinator", f"{net.ip(1)}:29400",
+                               "--tcpstore_port", "29401", "--gloo_hostname", net.ip(h)])
+                 for h in (1, 2)]
+        outs = [finish(p, f"{cmd[0]} on host {h}") for h, p in zip((1, 2), procs)]
+        return outs[0]
+    finally:
+        if coord is not None:
+            coord.terminate()
+            coord.wait(timeout=10)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def two_hosts(a, build):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print("## (c) two hosts: skipped (network namespaces need root and `ip`)")
+        return
+    ours, torch = tools(build)
+    common = ["-b", "256K", "-e", "64M", "-f", "4", "-n", str(a.n), "-w", str(a.w), "-o", "all_reduce"]
+    print(f"## (c) two hosts (network namespaces over a veth bridge), 2 ranks each, all_reduce, -n {a.n} -w {a.w}")
+    with TwoHosts() as net:
+        theirs = rows(run_two_hosts(net, build, [*torch, *common], 2))
+        mine = rows(run_two_hosts(net, build, [*ours, *common], 2))
+    print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'collserve':>12}{'ratio':>8}{'target':>8}  algorithm")
+    for size in sorted(mine):
+        t, m = theirs[size][1], mine[size][1]
+        print(f"{'all_reduce':<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=1.5':>8}  {mine[size][2]}",
+              flush=True)
 
 
 def main():
@@ -50,24 +235,16 @@ def main():
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     p.add_argument("-n", type=int, default=10)
     p.add_argument("-w", type=int, default=3)
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: one_host, rss, two_hosts")
     a = p.parse_args()
     build = os.path.abspath(a.build)
-    ours = ["--no_python", os.path.join(build, "bench", "collserve-perf")]
-    torch = [os.path.join(HERE, "torch_perf.py"), "--backend", "gloo"]
-    print(f"# one host, {a.nproc} ranks, -n {a.n} -w {a.w}; busbw in GB/s (nccl-tests' definition)")
-    print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'collserve':>12}{'ratio':>8}{'target':>8}")
-    for op, b, e, f, target in CASES:
-        common = ["-b", b, "-e", e, "-f", str(f), "-n", str(a.n), "-w", str(a.w), "-o", op]
-        theirs = rows(run(common, a.nproc, build, torch))
-        mine = rows(run(common, a.nproc, build, ours))
-        for size in sorted(mine):
-            t, m = theirs[size][1], mine[size][1]
-            print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}", flush=True)
-    common = ["-b", "8", "-e", "8", "-n", str(a.n * 10), "-w", str(a.w), "-o", "all_reduce"]
-    t = rows(run(common, a.nproc, build, torch))[8][0]
-    m = rows(run(common, a.nproc, build, ours))[8][0]
-    print(f"# 8-byte all_reduce latency: torch gloo {t:.1f} us, collserve {m:.1f} us, "
-          f"collserve / gloo = {m / t:.2f} (target <= 0.25)")
+    skip = set(filter(None, a.skip.split(",")))
+    if "one_host" not in skip:
+        one_host(a, build)
+    if "rss" not in skip:
+        rss(a, build)
+    if "two_hosts" not in skip:
+        two_hosts(a, build)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,14 @@ class WorkImpl : public Work {
     absl::MutexLock lock(&mu_);
     source_ = source;
   }
+  std::string Algorithm() override {
+    absl::MutexLock lock(&mu_);
+    return done_ && status_.ok() ? algorithm_ : std::string();
+  }
+  void SetAlgorithm(std::string algorithm) {
+    absl::MutexLock lock(&mu_);
+    algorithm_ = std::move(algorithm);
+  }
 
   void OnCompletion(std::function<void(const absl::Status&)> callback) override {
     {
@@ -107,6 +115,7 @@ class WorkImpl : public Work {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_;  // written once before done_ is set
   int source_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string algorithm_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const absl::Status&)>> callbacks_ ABSL_GUARDED_BY(mu_);
   const absl::Time deadline_;
 };
@@ -126,6 +135,80 @@ grpc::ChannelArguments ChannelArgs() {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return args;
 }
+
+// The arena of one group: its SharedBuffers by address. Shared with the buffers, which may
+// outlive the group. Thread-safe.
+class Arena {
+ public:
+  struct Ref {
+    const ShmSegment* segment = nullptr;
+    size_t offset = 0;
+  };
+  void Add(const ShmSegment* seg) {
+    absl::MutexLock lock(&mu_);
+    by_start_[reinterpret_cast<uintptr_t>(seg->data())] = seg;
+  }
+  void Remove(const ShmSegment* seg) {
+    absl::MutexLock lock(&mu_);
+    by_start_.erase(reinterpret_cast<uintptr_t>(seg->data()));
+    released_.push_back(seg->name());
+  }
+  // The segment holding all of [p, p + bytes), if any.
+  bool Find(const void* p, size_t bytes, Ref* ref) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    absl::MutexLock lock(&mu_);
+    auto it = by_start_.upper_bound(a);
+    if (it == by_start_.begin()) return false;
+    --it;
+    const ShmSegment* seg = it->second;
+    if (a - it->first > seg->size() || bytes > seg->size() - (a - it->first)) return false;
+    ref->segment = seg;
+    ref->offset = a - it->first;
+    return true;
+  }
+  // Names of destroyed buffers the sidecar has not been told about yet.
+  void TakeReleased(std::vector<std::string>* out) {
+    absl::MutexLock lock(&mu_);
+    for (std::string& name : released_) out->push_back(std::move(name));
+    released_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<uintptr_t, const ShmSegment*> by_start_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
+};
+
+class ArenaBuffer : public SharedBuffer {
+ public:
+  ArenaBuffer(std::shared_ptr<Arena> arena, std::unique_ptr<ShmSegment> segment, size_t size)
+      : arena_(std::move(arena)), segment_(std::move(segment)), size_(size) {
+    arena_->Add(segment_.get());
+  }
+  ~ArenaBuffer() override { arena_->Remove(segment_.get()); }
+  void* data() override { return segment_->data(); }
+  size_t size() const override { return size_; }
+
+ private:
+  std::shared_ptr<Arena> arena_;
+  std::unique_ptr<ShmSegment> segment_;
+  size_t size_;
+};
+
+// Without shared memory: ordinary (64-byte aligned, zeroed) memory.
+class HeapBuffer : public SharedBuffer {
+ public:
+  explicit HeapBuffer(size_t size) : storage_(size + 64, 0), size_(size) {}
+  void* data() override {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(storage_.data());
+    return storage_.data() + ((64 - a % 64) % 64);
+  }
+  size_t size() const override { return size_; }
+
+ private:
+  std::vector<char> storage_;
+  size_t size_;
+};
 
 class SessionProcessGroup : public ProcessGroup {
  public:
@@ -513,9 +596,25 @@ class SessionProcessGroup : public ProcessGroup {
     for (const auto& [p, b] : r.outputs) out_bytes += b;
     // In-place: the result comes back in the input region.
     const size_t out_region = r.in_place ? 0 : r.Bytes(r.output_count);
+    // Arena tensors go by reference (no copy); the rest through a staging segment.
+    Arena::Ref in_ref, out_ref;
+    const bool in_zero = shared_memory_ && r.inputs.size() == 1 && in_bytes > 0 &&
+                         arena_->Find(r.inputs[0].first, in_bytes, &in_ref);
+    bool out_zero = r.in_place ? in_zero
+                               : shared_memory_ && r.outputs.size() == 1 && out_region > 0 &&
+                                     arena_->Find(r.outputs[0].first, out_region, &out_ref);
+    if (out_zero && !r.in_place) {
+      const char* o = static_cast<const char*>(r.outputs[0].first);
+      for (const auto& [p, b] : r.inputs) {
+        const char* i = static_cast<const char*>(p);
+        if (b > 0 && i < o + out_region && o < i + b) out_zero = false;  // overlapping: stage the output
+      }
+    }
+    const size_t stage_in = in_zero ? 0 : in_bytes;
     constexpr size_t kAlign = 64;
-    const size_t out_offset = r.in_place ? 0 : (in_bytes + kAlign - 1) / kAlign * kAlign;
-    const size_t total = out_offset + out_region + (r.in_place ? in_bytes : 0);
+    const bool stage_out = !r.in_place && !out_zero && out_region > 0;
+    const size_t out_offset = stage_out ? (stage_in + kAlign - 1) / kAlign * kAlign : 0;
+    const size_t total = out_offset + (stage_out ? out_region : 0) + (stage_out ? 0 : stage_in);
 
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
@@ -534,25 +633,30 @@ class SessionProcessGroup : public ProcessGroup {
     c->set_timeout_ms(absl::ToInt64Milliseconds(r.timeout > absl::ZeroDuration() ? r.timeout : options_.op_timeout));
 
     auto pending = std::make_unique<Pending>();
-    pending->outputs = std::move(r.outputs);
     pending->out_offset = out_offset;
-    pending->out_bytes = r.in_place ? in_bytes : out_region;
-    if (total > 0 && shared_memory_) {
-      auto seg = AcquireSegment(total);
-      if (!seg.ok()) return WorkImpl::Failed(seg.status());
-      pending->segment = std::move(*seg);
-      size_t off = 0;
-      for (const auto& [p, b] : r.inputs) {
-        if (b > 0) std::memcpy(pending->segment->data() + off, p, b);
-        off += b;
+    pending->out_bytes = r.in_place ? (in_zero ? 0 : in_bytes) : (out_zero ? 0 : out_region);
+    if (pending->out_bytes > 0) pending->outputs = std::move(r.outputs);
+    if (in_bytes + out_region > 0 && shared_memory_) {
+      if (total > 0) {
+        auto seg = AcquireSegment(total);
+        if (!seg.ok()) return WorkImpl::Failed(seg.status());
+        pending->segment = std::move(*seg);
+        size_t off = 0;
+        for (const auto& [p, b] : r.inputs) {
+          if (stage_in > 0 && b > 0) std::memcpy(pending->segment->data() + off, p, b);
+          off += b;
+        }
       }
-      c->mutable_buffer()->set_segment(pending->segment->name());
-      c->mutable_buffer()->set_segment_bytes(static_cast<int64_t>(pending->segment->size()));
-      c->mutable_buffer()->set_offset(0);
-      c->mutable_output()->set_segment(pending->segment->name());
-      c->mutable_output()->set_segment_bytes(static_cast<int64_t>(pending->segment->size()));
-      c->mutable_output()->set_offset(static_cast<int64_t>(out_offset));
-    } else if (total > 0) {
+      const auto name = [&](pb::Buffer* b, const Arena::Ref& ref, bool zero, size_t stage_offset) {
+        const ShmSegment* seg = zero ? ref.segment : pending->segment.get();
+        if (seg == nullptr) seg = in_zero ? in_ref.segment : out_ref.segment;  // side without bytes
+        b->set_segment(seg->name());
+        b->set_segment_bytes(static_cast<int64_t>(seg->size()));
+        b->set_offset(static_cast<int64_t>(zero ? ref.offset : stage_offset));
+      };
+      name(c->mutable_buffer(), in_ref, in_zero, 0);
+      name(c->mutable_output(), out_ref, out_zero && !r.in_place, out_offset);
+    } else if (in_bytes + out_region > 0) {
       if (in_bytes + out_bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
         return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat(
             "tensors of ", in_bytes + out_bytes, " bytes exceed the ", kMaxMessageBytes,
@@ -566,6 +670,7 @@ class SessionProcessGroup : public ProcessGroup {
     pending->work = work;
     {
       absl::MutexLock lock(&segments_mu_);
+      arena_->TakeReleased(&released_names_);
       for (std::string& name : released_names_) c->add_released_segments(std::move(name));
       released_names_.clear();
     }
@@ -589,6 +694,14 @@ class SessionProcessGroup : public ProcessGroup {
       closed_ = true;
     }
     return work;
+  }
+
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(size_t bytes) override {
+    if (bytes == 0) return absl::InvalidArgumentError("AllocateShared needs bytes > 0");
+    if (!shared_memory_) return std::shared_ptr<SharedBuffer>(std::make_shared<HeapBuffer>(bytes));
+    auto seg = ShmSegment::Create(bytes);
+    if (!seg.ok()) return seg.status();
+    return std::shared_ptr<SharedBuffer>(std::make_shared<ArenaBuffer>(arena_, std::move(*seg), bytes));
   }
 
   StoreClient* store() override {
@@ -684,7 +797,10 @@ class SessionProcessGroup : public ProcessGroup {
         }
       }
       ReleaseSegment(std::move(p->segment));
-      if (status.ok()) p->work->SetSourceRank(c.source());
+      if (status.ok()) {
+        p->work->SetSourceRank(c.source());
+        p->work->SetAlgorithm(c.algorithm());
+      }
       p->work->Complete(std::move(status));
     }
     grpc::Status final_status = stream_->Finish();
@@ -734,6 +850,7 @@ class SessionProcessGroup : public ProcessGroup {
   absl::Mutex pending_mu_;
   std::map<int64_t, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(pending_mu_);
 
+  const std::shared_ptr<Arena> arena_ = std::make_shared<Arena>();
   absl::Mutex segments_mu_;
   std::vector<std::unique_ptr<ShmSegment>> free_segments_ ABSL_GUARDED_BY(segments_mu_);
   std::vector<std::string> released_names_ ABSL_GUARDED_BY(segments_mu_);  // dropped, not yet reported

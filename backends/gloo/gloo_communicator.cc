@@ -91,6 +91,13 @@ struct Bytes2 {
   };
 }
 
+template <typename T>
+void SetBuffers(::gloo::AllreduceOptions& opts, std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> in,
+                std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> out) {
+  if (!in.empty()) opts.setInputs<T>(std::move(in));
+  opts.setOutputs<T>(std::move(out));
+}
+
 class GlooCommunicator : public Communicator {
  public:
   explicit GlooCommunicator(std::shared_ptr<::gloo::rendezvous::Context> context)
@@ -99,29 +106,54 @@ class GlooCommunicator : public Communicator {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op,
-                         absl::Duration timeout) override {
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op, absl::Duration timeout,
+                         AllReduceAlgorithm algorithm) override {
+    return AllReduceLocal({data}, {data}, count, dtype, op, timeout, algorithm);
+  }
+
+  absl::Status AllReduceLocal(const std::vector<const void*>& inputs, const std::vector<void*>& outputs,
+                              size_t count, DataType dtype, ReduceOp op, absl::Duration timeout,
+                              AllReduceAlgorithm algorithm) override {
     if (absl::Status s = Failure(); !s.ok()) return s;
     if (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) {
       return absl::InvalidArgumentError("Communicator::AllReduce takes SUM, not AVG or PREMUL_SUM");
     }
-    if (count == 0 || size() == 1) return absl::OkStatus();
+    if (inputs.empty() || outputs.empty()) {
+      return absl::InvalidArgumentError("AllReduceLocal needs at least one input and one output");
+    }
+    if (count == 0) return absl::OkStatus();
+    const size_t bytes = count * ElementSize(dtype);
+    if (size() == 1) {
+      if (outputs[0] != inputs[0]) std::memcpy(outputs[0], inputs[0], bytes);
+      for (size_t i = 1; i < inputs.size(); ++i) Reduce(dtype, op, outputs[0], outputs[0], inputs[i], count);
+      for (size_t i = 1; i < outputs.size(); ++i) {
+        if (outputs[i] != outputs[0]) std::memcpy(outputs[i], outputs[0], bytes);
+      }
+      return absl::OkStatus();
+    }
     const absl::Time start = absl::Now();
     try {
       ::gloo::AllreduceOptions opts(context_);
       opts.setTimeout(ToMillis(timeout));
       opts.setTag(next_tag_++);
       opts.setReduceFunction(ReduceFunc(dtype, op));
-      switch (dtype) {
-        case DataType::kFloat32: opts.setOutput(static_cast<float*>(data), count); break;
-        case DataType::kFloat64: opts.setOutput(static_cast<double*>(data), count); break;
-        case DataType::kInt32: opts.setOutput(static_cast<int32_t*>(data), count); break;
-        case DataType::kInt64: opts.setOutput(static_cast<int64_t*>(data), count); break;
-        case DataType::kFloat16:
-        case DataType::kBFloat16: opts.setOutput(static_cast<Bytes2*>(data), count); break;
-        case DataType::kInt8:
-        case DataType::kUInt8:
-        case DataType::kBool: opts.setOutput(static_cast<Bytes1*>(data), count); break;
+      if (algorithm == AllReduceAlgorithm::kRing) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
+      if (algorithm == AllReduceAlgorithm::kBcube) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+      // Untyped buffers: Gloo only needs the element size (for its segment arithmetic) and
+      // the element count; the reduce function knows the dtype.
+      std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> in, out;
+      // A single buffer that is both input and output is given as output only (Gloo's
+      // in-place form); otherwise every input is given, so Gloo reduces them segment by segment.
+      const bool in_place = inputs.size() == 1 && inputs[0] == outputs[0];
+      if (!in_place) {
+        for (const void* p : inputs) in.push_back(context_->createUnboundBuffer(const_cast<void*>(p), bytes));
+      }
+      for (void* p : outputs) out.push_back(context_->createUnboundBuffer(p, bytes));
+      switch (ElementSize(dtype)) {
+        case 8: SetBuffers<int64_t>(opts, std::move(in), std::move(out)); break;
+        case 4: SetBuffers<int32_t>(opts, std::move(in), std::move(out)); break;
+        case 2: SetBuffers<Bytes2>(opts, std::move(in), std::move(out)); break;
+        default: SetBuffers<Bytes1>(opts, std::move(in), std::move(out)); break;
       }
       ::gloo::allreduce(opts);
     } catch (const std::exception& e) {

@@ -83,7 +83,8 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op, absl::Duration timeout) override {
+  absl::Status AllReduce(void* data, size_t count, DataType dtype, ReduceOp op, absl::Duration timeout,
+                         AllReduceAlgorithm /*algorithm: NCCL chooses*/) override {
     if (!failure_.ok()) return Aborted();
     auto type = NcclType(dtype);
     if (!type.ok()) return type.status();

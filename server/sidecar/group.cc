@@ -17,9 +17,9 @@ namespace {
 
 namespace pb = ::collserve::v1;
 
-// Segments one rank may have mapped at once: the SDK keeps a few free ones plus one per
-// collective in flight, and reports the ones it drops.
-constexpr size_t kMaxMappedSegments = 64;
+// Segments one rank may have mapped at once: the SDK keeps a few free staging ones, one per
+// collective in flight and one per SharedBuffer, and reports the ones it drops.
+constexpr size_t kMaxMappedSegments = 1024;
 
 }  // namespace
 
@@ -226,6 +226,7 @@ void Group::Complete(int rank, const Submission& sub, const absl::Status& status
   c->set_code(static_cast<int>(status.code()));
   c->set_message(std::string(status.message()));
   c->set_source(sub.source);
+  if (sub.algorithm[0] != '\0') c->set_algorithm(sub.algorithm);
   if (status.ok() && sub.inline_mode) c->set_inline_data(IsInPlace(sub.args.op()) ? sub.inline_in : sub.inline_out);
   it->second.session->Send(std::move(resp));
   RecordCollective(sub.args.op(), status);
@@ -496,6 +497,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
   absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
   const pb::Collective& args = subs.begin()->second.args;
+  algorithm_ = "local";
   const bool monitored = args.op() == pb::MONITORED_BARRIER;
   if (monitored) {
     // Hosts whose ranks are all present start the exchange early; those missing a rank
@@ -616,7 +618,10 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
                                                       "\": ", status.message()));
   }
   absl::MutexLock lock(&mu_);
-  for (const auto& [rank, sub] : subs) Complete(rank, sub, status);
+  for (auto& [rank, sub] : subs) {
+    sub.algorithm = algorithm_;
+    Complete(rank, sub, status);
+  }
   if (!status.ok()) FailLocked(status);
 }
 
@@ -649,48 +654,129 @@ absl::Status Group::RunBroadcast(const std::vector<RankArgs>& all, std::map<int,
       absl::MutexLock lock(&mu_);
       root_host = rank_host_.at(root);
     }
+    algorithm_ = "local+gloo_broadcast";
     COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(buf, bytes, root_host, timeout));
   }
+  copies_.clear();
   for (auto& [rank, sub] : subs) {
-    if (sub.in != buf) std::memcpy(sub.in, buf, bytes);
+    if (sub.in != buf) copies_.push_back({sub.in, buf, bytes});
   }
+  backends::RunCopies(*env_.pool, copies_);
   return absl::OkStatus();
 }
 
-absl::Status Group::ReduceAll(const RankArgs& a, std::map<int, Submission>& subs, int num_hosts,
-                              absl::Duration timeout) {
-  const DataType dtype = static_cast<DataType>(a.dtype);
+backends::LocalReduce& Group::LocalReduceOf(const RankArgs& a, std::map<int, Submission>& subs, size_t offset,
+                                            size_t count) {
+  backends::LocalReduce& r = local_reduce_;
+  r.dtype = static_cast<DataType>(a.dtype);
+  r.op = static_cast<ReduceOp>(a.reduce_op);
+  r.count = count;
+  r.divisor = 1;
+  r.srcs.clear();
+  r.premul.clear();
+  r.dsts.clear();
+  for (auto& [rank, sub] : subs) {
+    r.srcs.push_back(sub.in + offset);
+    if (r.op == ReduceOp::kPremulSum) r.premul.push_back(sub.args.premul_factor());
+  }
+  return r;
+}
+
+// Gloo's ring all-reduce moves 2(h-1)/h of the bytes per host in 2(h-1) steps; its bcube
+// (recursive halving-doubling) the same bytes in 2 log2(h) steps. Below this size the steps'
+// latency dominates, so the fewer steps win.
+constexpr size_t kGlooRingMinBytes = 256 * 1024;
+
+backends::AllReduceAlgorithm Group::ChooseAllReduce(size_t bytes) {
+  const bool ring = bytes >= kGlooRingMinBytes;
+  algorithm_ = ring ? "local+gloo_ring" : "local+gloo_bcube";
+  return ring ? backends::AllReduceAlgorithm::kRing : backends::AllReduceAlgorithm::kBcube;
+}
+
+absl::Status Group::ReduceAcrossHosts(const RankArgs& a, std::map<int, Submission>& subs, size_t offset, char* acc,
+                                      size_t count, absl::Duration timeout) {
   const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
   const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
-  const size_t count = static_cast<size_t>(a.count);
-  if (op == ReduceOp::kPremulSum) {
-    for (auto& [rank, sub] : subs) backends::ScaleInPlace(dtype, sub.in, count, sub.args.premul_factor());
-  }
-  char* acc = subs.begin()->second.in;
-  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) {
-    backends::Reduce(dtype, wire_op, acc, acc, it->second.in, count);
-  }
-  if (num_hosts > 1) COLLSERVE_RETURN_IF_ERROR(comm_->AllReduce(acc, count, dtype, wire_op, timeout));
-  if (op == ReduceOp::kAvg) backends::DivideInPlace(dtype, acc, count, params_.world_size);
-  return absl::OkStatus();
+  backends::LocalReduce& r = LocalReduceOf(a, subs, offset, count);
+  r.dsts.push_back(acc);
+  backends::RunLocalReduce(*env_.pool, r);
+  return comm_->AllReduce(acc, count, static_cast<DataType>(a.dtype), wire_op, timeout,
+                          ChooseAllReduce(Bytes(a, static_cast<int64_t>(count))));
 }
 
-// ALL_REDUCE and REDUCE: the reduction (ReduceAll), then a copy to every local rank, or
-// to the root.
+// ALL_REDUCE and REDUCE. One host: a single pass reduces the local inputs chunk by chunk
+// and writes each chunk to every destination (every rank, or the root). Across hosts: the
+// local ranks' partial result is all-reduced with the other hosts, then copied out.
+// REDUCE leaves the other ranks' tensors untouched (they may be the caller's own memory).
 absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, int num_hosts,
                               absl::Duration timeout) {
   const RankArgs& a = all[0];
-  const size_t bytes = Bytes(a, a.count);
   if (a.count == 0) return absl::OkStatus();
-  COLLSERVE_RETURN_IF_ERROR(ReduceAll(a, subs, num_hosts, timeout));
-  char* acc = subs.begin()->second.in;
-  if (a.op == pb::REDUCE) {
-    // Only the root's buffer carries the result (the SDK does not copy the others back).
-    auto root = subs.find(static_cast<int>(a.root));
-    if (root != subs.end() && root->second.in != acc) std::memcpy(root->second.in, acc, bytes);
+  const size_t count = static_cast<size_t>(a.count);
+  const bool avg = static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kAvg;
+  auto root = a.op == pb::REDUCE ? subs.find(static_cast<int>(a.root)) : subs.end();
+  if (num_hosts == 1) {
+    backends::LocalReduce& r = LocalReduceOf(a, subs, 0, count);
+    r.divisor = avg ? params_.world_size : 1;
+    if (a.op == pb::REDUCE) {
+      r.dsts.push_back(root->second.in);
+    } else {
+      for (auto& [rank, sub] : subs) r.dsts.push_back(sub.in);
+    }
+    backends::RunLocalReduce(*env_.pool, r);
     return absl::OkStatus();
   }
-  for (auto it = std::next(subs.begin()); it != subs.end(); ++it) std::memcpy(it->second.in, acc, bytes);
+  if (a.op == pb::ALL_REDUCE) {
+    // Every local tensor is an input and an output: Gloo reduces them into the first,
+    // segment by segment, while the segments travel, and copies each reduced segment to
+    // the others as it arrives. PREMUL_SUM scales the tensors first (they receive the
+    // result anyway); AVG divides afterwards.
+    comm_inputs_.clear();
+    comm_outputs_.clear();
+    for (auto& [rank, sub] : subs) {
+      if (static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kPremulSum) {
+        backends::LocalReduce& scale = LocalReduceOf(a, subs, 0, count);
+        scale.srcs.assign(1, sub.in);
+        scale.premul.assign(1, sub.args.premul_factor());
+        scale.dsts.push_back(sub.in);
+        backends::RunLocalReduce(*env_.pool, scale);
+      }
+      comm_inputs_.push_back(sub.in);
+      comm_outputs_.push_back(sub.in);
+    }
+    const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+    const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+    const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(Bytes(a, a.count));
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count,
+                                                    static_cast<DataType>(a.dtype), wire_op, timeout, algorithm));
+    if (avg) {
+      backends::LocalReduce& div = LocalReduceOf(a, subs, 0, count);
+      div.op = ReduceOp::kSum;
+      div.srcs.assign(1, subs.begin()->second.in);
+      div.premul.clear();
+      div.divisor = params_.world_size;
+      for (auto& [rank, sub] : subs) div.dsts.push_back(sub.in);
+      backends::RunLocalReduce(*env_.pool, div);
+    }
+    return absl::OkStatus();
+  }
+  char* acc;
+  if (root != subs.end()) {
+    acc = root->second.in;
+  } else {
+    scratch_a_.resize(Bytes(a, a.count));
+    acc = scratch_a_.data();
+  }
+  COLLSERVE_RETURN_IF_ERROR(ReduceAcrossHosts(a, subs, 0, acc, count, timeout));
+  if (root != subs.end() && avg) {
+    backends::LocalReduce& out = local_reduce_;
+    out.op = ReduceOp::kSum;
+    out.srcs.assign(1, acc);
+    out.premul.clear();
+    out.divisor = params_.world_size;
+    out.dsts.assign(1, acc);
+    backends::RunLocalReduce(*env_.pool, out);
+  }
   return absl::OkStatus();
 }
 
@@ -720,11 +806,14 @@ absl::Status Group::RunGatherLike(const std::vector<RankArgs>& all, const std::v
     scratch_a_.resize(std::max<size_t>(host_bytes[me], 1));
     scratch_b_.resize(std::max<size_t>(total, 1));
     size_t off = 0;
+    copies_.clear();
     for (int r : by_host[me]) {
       const size_t b = Bytes(a, all[r].count);
-      if (b > 0) std::memcpy(scratch_a_.data() + off, subs.at(r).in, b);
+      if (b > 0) copies_.push_back({scratch_a_.data() + off, subs.at(r).in, b});
       off += b;
     }
+    backends::RunCopies(*env_.pool, copies_);
+    algorithm_ = "local+gloo_allgatherv";
     COLLSERVE_RETURN_IF_ERROR(comm_->AllGatherV(scratch_a_.data(), scratch_b_.data(), host_bytes, timeout));
     off = 0;
     for (int h = 0; h < num_hosts; ++h) {
@@ -734,6 +823,7 @@ absl::Status Group::RunGatherLike(const std::vector<RankArgs>& all, const std::v
       }
     }
   }
+  copies_.clear();
   for (auto& [rank, sub] : subs) {
     if (a.op == pb::GATHER && rank != a.root) continue;
     char* out = sub.out;
@@ -743,17 +833,18 @@ absl::Status Group::RunGatherLike(const std::vector<RankArgs>& all, const std::v
       for (int r = 0; r < world; ++r) {
         const std::vector<int64_t> in_off = Offsets(splits[r].input);
         const size_t b = Bytes(a, splits[r].input[rank]);
-        if (b > 0) std::memcpy(out + Bytes(a, out_off[r]), src[r] + Bytes(a, in_off[rank]), b);
+        if (b > 0) copies_.push_back({out + Bytes(a, out_off[r]), src[r] + Bytes(a, in_off[rank]), b});
       }
       continue;
     }
     size_t off = 0;
     for (int r = 0; r < world; ++r) {
       const size_t b = Bytes(a, all[r].count);
-      if (b > 0) std::memcpy(out + off, src[r], b);
+      if (b > 0) copies_.push_back({out + off, src[r], b});
       off += b;
     }
   }
+  backends::RunCopies(*env_.pool, copies_);
   return absl::OkStatus();
 }
 
@@ -773,35 +864,55 @@ absl::Status Group::RunScatter(const std::vector<RankArgs>& all, const std::vect
       absl::MutexLock lock(&mu_);
       root_host = rank_host_.at(root);
     }
-    char* data = local_root != subs.end() ? local_root->second.in : nullptr;
-    if (data == nullptr) {
-      scratch_a_.resize(bytes);
-      data = scratch_a_.data();
-    }
+    // The root's input is only read: the other hosts receive into scratch, and the root's
+    // host sends from a copy only because Gloo's broadcast takes one in/out buffer.
+    scratch_a_.resize(bytes);
+    char* data = scratch_a_.data();
+    if (local_root != subs.end()) std::memcpy(data, local_root->second.in, bytes);
+    algorithm_ = "local+gloo_broadcast";
     COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(data, bytes, root_host, timeout));
     buf = data;
   }
   const std::vector<int64_t> off = Offsets(splits[root].input);
+  copies_.clear();
   for (auto& [rank, sub] : subs) {
     const size_t b = Bytes(a, splits[root].input[rank]);
-    if (b > 0) std::memcpy(sub.out, buf + Bytes(a, off[rank]), b);
+    if (b > 0) copies_.push_back({sub.out, buf + Bytes(a, off[rank]), b});
   }
+  backends::RunCopies(*env_.pool, copies_);
   return absl::OkStatus();
 }
 
-// REDUCE_SCATTER: reduce the whole input (as all_reduce), then each local rank copies its
-// piece. The inputs are the SDK's copies, so they may serve as the accumulator.
+// REDUCE_SCATTER. One host: each local rank's block is reduced straight from every rank's
+// input into its output. Across hosts: the whole input is reduced (as all_reduce) into
+// scratch, then each local rank copies its block. Inputs are only read.
 absl::Status Group::RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                      std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout) {
   const RankArgs& a = all[0];
   if (a.count == 0) return absl::OkStatus();
-  COLLSERVE_RETURN_IF_ERROR(ReduceAll(a, subs, num_hosts, timeout));
-  const char* acc = subs.begin()->second.in;
+  const bool avg = static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kAvg;
   const std::vector<int64_t>& pieces = splits[subs.begin()->first].input;
   const std::vector<int64_t> off = Offsets(pieces);
+  const char* acc = nullptr;
+  if (num_hosts > 1) {
+    scratch_a_.resize(Bytes(a, a.count));
+    COLLSERVE_RETURN_IF_ERROR(
+        ReduceAcrossHosts(a, subs, 0, scratch_a_.data(), static_cast<size_t>(a.count), timeout));
+    acc = scratch_a_.data();
+  }
   for (auto& [rank, sub] : subs) {
-    const size_t b = Bytes(a, pieces[rank]);
-    if (b > 0) std::memcpy(sub.out, acc + Bytes(a, off[rank]), b);
+    const size_t n = static_cast<size_t>(pieces[rank]);
+    if (n == 0) continue;
+    const size_t block = Bytes(a, off[rank]);
+    backends::LocalReduce& r = LocalReduceOf(a, subs, block, n);
+    if (acc != nullptr) {  // already reduced: copy (and divide)
+      r.op = ReduceOp::kSum;
+      r.srcs.assign(1, acc + block);
+      r.premul.clear();
+    }
+    r.divisor = avg ? params_.world_size : 1;
+    r.dsts.push_back(sub.out);
+    backends::RunLocalReduce(*env_.pool, r);
   }
   return absl::OkStatus();
 }

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/communicator.h"
+#include "backends/local_ops.h"
 #include "backends/rendezvous_store.h"
 #include "collserve/v1/collectives.pb.h"
 #include "collserve/v1/registry.pb.h"
@@ -41,6 +42,8 @@ struct GroupEnv {
   // Called (once) when the group has no local ranks left; the sidecar drops it.
   std::function<void(const std::string& job, const std::string& group)> on_empty;
   prometheus::Family<prometheus::Counter>* collectives = nullptr;  // may be null
+  // Threads for the intra-host data path (reductions and copies); shared by every group.
+  backends::ThreadPool* pool = nullptr;
 };
 
 struct GroupParams {
@@ -96,6 +99,7 @@ class Group {
     absl::Status error;      // invalid request: reported to every rank
     absl::Time deadline;
     int source = -1;         // RECV: the rank the message came from
+    const char* algorithm = "";  // how it ran (Completion.algorithm)
   };
   struct LocalRank {
     std::shared_ptr<Session> session;
@@ -148,10 +152,18 @@ class Group {
                           std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
   absl::Status RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                 std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
-  // The reduction shared by ALL_REDUCE, REDUCE and REDUCE_SCATTER: scales by each rank's
-  // factor (PREMUL_SUM), reduces the local ranks' inputs into the first one's, then across
-  // hosts, then divides (AVG). The result is in subs.begin()'s input.
-  absl::Status ReduceAll(const RankArgs& a, std::map<int, Submission>& subs, int num_hosts, absl::Duration timeout);
+  // Across hosts: the local ranks' inputs (offset by `offset` bytes, scaled by PREMUL_SUM's
+  // factors) reduced into `acc` (count elements), then all-reduced with the other hosts
+  // (SUM for AVG/PREMUL_SUM; the caller divides). Sets algorithm_.
+  absl::Status ReduceAcrossHosts(const RankArgs& a, std::map<int, Submission>& subs, size_t offset, char* acc,
+                                 size_t count, absl::Duration timeout);
+  // Gloo's all_reduce algorithm for `bytes` across hosts (ring from kGlooRingMinBytes,
+  // bcube below); sets algorithm_.
+  backends::AllReduceAlgorithm ChooseAllReduce(size_t bytes);
+  // The LocalReduce of `a`'s op over the local inputs (offset by `offset` bytes), count
+  // elements, with no destinations yet; reuses local_reduce_.
+  backends::LocalReduce& LocalReduceOf(const RankArgs& a, std::map<int, Submission>& subs, size_t offset,
+                                       size_t count);
   // Exchanges the splits of every rank across hosts (ops with NeedsSplits).
   absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs, int num_hosts,
                                                          absl::Duration timeout);
@@ -197,6 +209,13 @@ class Group {
   std::map<int, int> rank_host_ ABSL_GUARDED_BY(mu_);  // rank -> host index in the communicator
 
   std::vector<std::vector<int>> ranks_by_host_ ABSL_GUARDED_BY(mu_);  // host index -> its ranks, ascending
+  // Executor thread only: reused by every collective so that repeated calls allocate no
+  // tensor-sized memory.
+  backends::LocalReduce local_reduce_;
+  std::vector<backends::CopyJob> copies_;
+  std::vector<const void*> comm_inputs_;
+  std::vector<void*> comm_outputs_;
+  const char* algorithm_ = "local";  // how the current collective runs
 
   // Point-to-point state.
   uint64_t p2p_order_ ABSL_GUARDED_BY(mu_) = 0;

@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9465",
           "host:port serving Prometheus /metrics; empty to disable.");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
+ABSL_FLAG(int, data_threads, 0,
+          "Threads for local reductions and copies among this host's ranks (the executor included); "
+          "0 = one per core, at most 8.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
 
 int main(int argc, char** argv) {
@@ -53,6 +56,7 @@ int main(int argc, char** argv) {
   options.host_id = absl::GetFlag(FLAGS_host_id);
   options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.data_threads = absl::GetFlag(FLAGS_data_threads);
 
   auto sidecar = collserve::server::Sidecar::Start(options);
   if (!sidecar.ok()) {

@@ -8,11 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -191,6 +193,9 @@ class SidecarImpl : public Sidecar {
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", options_.coordinator_address));
     }
     registry_ = pb::Registry::NewStub(channel_);
+    int threads = options_.data_threads;
+    if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+    pool_ = std::make_unique<backends::ThreadPool>(threads);
     metrics_ = std::make_shared<prometheus::Registry>();
     collectives_ = &prometheus::BuildCounter()
                         .Name("collserve_collectives_total")
@@ -307,6 +312,7 @@ class SidecarImpl : public Sidecar {
       env.host_id = options_.host_id;
       env.gloo_hostname = options_.gloo_hostname;
       env.collectives = collectives_;
+      env.pool = pool_.get();
       env.rendezvous = [this](const std::string& job) -> std::unique_ptr<backends::RendezvousStore> {
         client::StoreClientOptions so;
         so.job = job;
@@ -418,6 +424,7 @@ class SidecarImpl : public Sidecar {
   };
 
   SidecarOptions options_;
+  std::unique_ptr<backends::ThreadPool> pool_;  // outlives the groups (declared before them)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Registry::Stub> registry_;
   std::shared_ptr<prometheus::Registry> metrics_;

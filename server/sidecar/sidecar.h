@@ -37,6 +37,9 @@ struct SidecarOptions {
   std::string gloo_hostname = "127.0.0.1";
   // host:port serving Prometheus /metrics; "" = none.
   std::string metrics_address;
+  // Threads for the intra-host data path (local reductions and copies), the calling
+  // executor included; <= 0 = the number of cores (at most 8).
+  int data_threads = 0;
   // How long to wait for the coordinator at start.
   absl::Duration coordinator_connect_timeout = absl::Seconds(30);
 };

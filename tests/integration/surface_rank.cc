@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, kind, "count", "desync: op | root | dtype | reduce_op | c
 ABSL_FLAG(int64_t, timeout_ms, 2000, "monitored: the barrier's timeout");
 ABSL_FLAG(bool, wait_all_ranks, true, "monitored: name every missing rank");
 ABSL_FLAG(int, skip, 1, "monitored: how many of the last ranks skip the barrier");
+ABSL_FLAG(bool, arena, false,
+          "collectives: every other tensor lives in the group's shared-memory arena "
+          "(ProcessGroup::AllocateShared), so zero-copy and copied tensors meet in one call");
 
 namespace {
 
@@ -57,16 +60,44 @@ std::string StatusLine(const absl::Status& s) {
   return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
 }
 
+// With --arena: the group tensors are allocated from (every other one), and a count.
+ProcessGroup* g_arena_pg = nullptr;
+int64_t g_tensors = 0;
+int64_t g_arena_tensors = 0;
+
 // A tensor of any dtype, read and written as double (values here are small integers or
-// halves, exact in every dtype).
+// halves, exact in every dtype). With --arena every other one is a SharedBuffer.
 struct Tensor {
   DataType dtype;
-  std::vector<char> bytes;
-  Tensor(DataType d, size_t n) : dtype(d), bytes(n * collserve::ElementSize(d) + 1, 0) {}
-  size_t size() const { return (bytes.size() - 1) / collserve::ElementSize(dtype); }
-  void* data() { return bytes.data(); }
+  std::vector<char> heap;
+  std::shared_ptr<collserve::client::SharedBuffer> shared;
+  char* base;
+  size_t nbytes;
+  Tensor(DataType d, size_t n) : dtype(d), nbytes(n * collserve::ElementSize(d) + 1) {
+    if (g_arena_pg != nullptr && g_tensors++ % 2 == 0) {
+      auto b = g_arena_pg->AllocateShared(nbytes);
+      if (!b.ok()) {
+        std::printf("AllocateShared(%zu): %s\n", nbytes, std::string(b.status().message()).c_str());
+        std::exit(3);
+      }
+      shared = std::move(*b);
+      base = static_cast<char*>(shared->data());
+      ++g_arena_tensors;
+    } else {
+      heap.assign(nbytes, 0);
+      base = heap.data();
+    }
+  }
+  Tensor(Tensor&& o) noexcept
+      : dtype(o.dtype), heap(std::move(o.heap)), shared(std::move(o.shared)), base(o.base), nbytes(o.nbytes) {
+    if (shared == nullptr) base = heap.data();
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  size_t size() const { return (nbytes - 1) / collserve::ElementSize(dtype); }
+  void* data() { return base; }
   double Get(size_t i) const {
-    const char* p = bytes.data() + i * collserve::ElementSize(dtype);
+    const char* p = base + i * collserve::ElementSize(dtype);
     switch (dtype) {
       case DataType::kFloat32: { float v; std::memcpy(&v, p, 4); return v; }
       case DataType::kFloat64: { double v; std::memcpy(&v, p, 8); return v; }
@@ -81,7 +112,7 @@ struct Tensor {
     return 0;
   }
   void Set(size_t i, double x) {
-    char* p = bytes.data() + i * collserve::ElementSize(dtype);
+    char* p = base + i * collserve::ElementSize(dtype);
     switch (dtype) {
       case DataType::kFloat32: { float v = static_cast<float>(x); std::memcpy(p, &v, 4); return; }
       case DataType::kFloat64: std::memcpy(p, &x, 8); return;
@@ -260,6 +291,7 @@ void CheckCollectives(Checker& c, DataType d) {
         for (int r = 0; r < world; ++r) {
           for (size_t i = 0; i < n; ++i) c.Expect(out2, r * n + i, Val(d, r, i, salt + 1), what2);
         }
+        for (size_t i = 0; i < n; ++i) c.Expect(in2, i, Val(d, rank, i, salt + 1), what2 + " input kept");
       }
     }
     // gather and scatter (uneven) to/from every root.
@@ -330,6 +362,8 @@ void CheckCollectives(Checker& c, DataType d) {
           }
           c.Expect(out2, i, want, what2);
         }
+        // Inputs are only read (an arena input is the caller's own memory).
+        for (size_t i = 0; i < n * world; ++i) c.Expect(in2, i, Val(d, rank, i, salt + 3), what2 + " input kept");
       }
     }
     // all_to_all (list form): rank i sends (i + j + n) % (n + 2) elements to rank j; and
@@ -370,6 +404,11 @@ void CheckCollectives(Checker& c, DataType d) {
           for (int64_t e = 0; e < out_counts[j]; ++e) c.Expect(out1, off + e, Val(d, j * 10 + rank, e, salt + 1), what2);
           off += out_counts[j];
         }
+        off = 0;
+        for (int j = 0; j < world; ++j) {
+          for (int64_t e = 0; e < in_counts[j]; ++e) c.Expect(in1, off + e, Val(d, rank * 10 + j, e, salt + 1), what2 + " input kept");
+          off += in_counts[j];
+        }
       }
       // Even splits (no split sizes given).
       Tensor in3(d, n * world), out3(d, n * world);
@@ -391,6 +430,10 @@ int Collectives(ProcessGroup& pg) {
   // Barriers complete on every rank (their ordering is covered by the broadcast test).
   c.Ok(pg.Barrier(), "barrier");
   c.Ok(pg.MonitoredBarrier(absl::Seconds(30), true), "monitored_barrier");
+  if (g_arena_pg != nullptr) {
+    std::printf("arena tensors: %lld of %lld\n", static_cast<long long>(g_arena_tensors),
+                static_cast<long long>(g_tensors));
+  }
   std::printf("collectives done: %lld checked, %lld wrong\n", static_cast<long long>(c.checked),
               static_cast<long long>(c.wrong));
   return c.wrong == 0 ? 0 : 1;
@@ -755,6 +798,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (absl::GetFlag(FLAGS_arena)) g_arena_pg = pg->get();
   if (mode == "collectives") return Collectives(**pg);
   if (mode == "examples") return Examples(**pg);
   if (mode == "p2p") return P2P(**pg);

@@ -90,6 +90,17 @@ TEST_P(SurfaceTest, EveryCollectiveEveryDtypeUnevenAndZeroSizes) {
   }
 }
 
+// The same checks with every other tensor in the group's shared-memory arena (no copy
+// between rank and sidecar), in one host and across two and three.
+TEST(SurfaceArenaTest, EveryCollectiveWithArenaAndOrdinaryTensors) {
+  for (Config cfg : {Config{4, 1}, Config{4, 2}, Config{5, 3}}) {
+    SCOPED_TRACE(::testing::PrintToString(cfg));
+    const auto results = RunRanks(cfg, {"--mode=collectives", "--arena"});
+    ExpectAll(results, " checked, 0 wrong");
+    for (const RankResult& r : results) EXPECT_NE(r.output.find("arena tensors: "), std::string::npos) << r.output;
+  }
+}
+
 TEST_P(SurfaceTest, ReferenceTextExamples) { ExpectAll(RunRanks(GetParam(), {"--mode=examples"}), "examples done: 0 wrong"); }
 
 TEST_P(SurfaceTest, PointToPoint) {

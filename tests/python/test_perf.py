@@ -19,15 +19,19 @@ def perf(*args, nproc=4):
                            "--no_python", PERF, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.parametrize("memory", ["arena", "heap"])
 @pytest.mark.parametrize("op", sorted(FACTORS))
-def test_every_op_checks_its_results_and_reports_nccl_tests_columns(op):
-    r = perf("-b", "64", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "-o", op, "-d", "int32")
+def test_every_op_checks_its_results_and_reports_nccl_tests_columns(op, memory):
+    r = perf("-b", "64", "-e", "256K", "-f", "8", "-n", "3", "-w", "1", "-o", op, "-d", "int32", "-m", memory)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "# Out of bounds values : 0 OK" in r.stdout, r.stdout
+    assert f"-m {memory}" in r.stdout.splitlines()[0], r.stdout
     rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
     assert [int(row[0]) for row in rows] == [64, 512, 4096, 32768, 262144], r.stdout
     for row in rows:
-        assert row[2] == "int32" and len(row) == 13, row
+        assert row[2] == "int32" and len(row) == 14, row
+        # One host: the sidecar ran it in shared memory; send/recv has no algorithm.
+        assert row[13] == ("-" if op == "send_recv" else "local"), row
         for time, algbw, busbw, wrong in (row[5:9], row[9:13]):
             if time == "N/A":
                 continue
@@ -41,6 +45,8 @@ def test_bad_flags_are_refused():
     assert r.returncode == 2 and "unknown -o" in r.stderr
     r = subprocess.run([PERF, "-b", "1M", "-e", "1K"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2
+    r = perf("-m", "gpu", "-b", "8", "-e", "8", nproc=1)
+    assert r.returncode != 0 and "-m must be arena or heap" in r.stderr, r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("backend", ["gloo", "collserve"])

@@ -90,6 +90,22 @@ class Work {
   // Recv: the rank (in the group) the message came from, once completed successfully
   // (torch's recv return value / Work.source_rank()); -1 otherwise and for other ops.
   virtual int SourceRank() = 0;
+  // How the sidecars ran the operation, once completed successfully (e.g. "local",
+  // "local+gloo_ring", "local+gloo_bcube", "local+gloo_allgatherv"); "" otherwise and
+  // for point-to-point. For reports (collserve-perf prints it); not a stable API.
+  virtual std::string Algorithm() { return ""; }
+};
+
+// Memory that the sidecar of this process's group maps directly (the session's
+// shared-memory arena). Tensors inside it reach the sidecar with no copy at all: the
+// sidecar reads inputs and writes results in place. Obtained from
+// ProcessGroup::AllocateShared; frees the memory on destruction. Thread-safe.
+class SharedBuffer {
+ public:
+  virtual ~SharedBuffer() = default;
+  // The first byte (64-byte aligned) and the usable size in bytes. Zero-filled at first.
+  virtual void* data() = 0;
+  virtual size_t size() const = 0;
 };
 
 // A reduction: a ReduceOp, or PREMUL_SUM with this rank's factor (torch's
@@ -254,6 +270,22 @@ class ProcessGroup {
 
   // The coordinator's store for this job (nullptr if no coordinator address was given).
   virtual StoreClient* store() = 0;
+
+  // Allocates `bytes` (> 0) bytes in this group's shared-memory arena: one segment per
+  // allocation, mapped by the sidecar the first time a collective names it, and unmapped
+  // there once the buffer is destroyed. A tensor that lies entirely inside such a buffer
+  // (an in-place tensor, the single input, or the single output of an out-of-place call
+  // such as AllGatherIntoTensor, ReduceScatterTensor or AllToAllSingle) passes with no
+  // copy on either side; anything else is copied through a staging segment as before.
+  // Differences from ordinary memory, as with NCCL's device buffers: an arena input is
+  // read while the collective runs, so it must stay untouched until the Work completes,
+  // and an arena output may be partly written when the Work fails. A buffer serves only
+  // the group that allocated it (another group copies it like ordinary memory); it may
+  // outlive the group. Without shared memory (a remote session, COLLSERVE_SHARED_MEMORY=0)
+  // the buffer is ordinary memory and every call copies. Errors: INVALID_ARGUMENT (0
+  // bytes), RESOURCE_EXHAUSTED / UNAVAILABLE (shm_open, ftruncate or mmap failed, e.g.
+  // /dev/shm full). Thread-safe.
+  virtual absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(size_t bytes) = 0;
 };
 
 // Connects to the sidecar, attaches as (group, rank) and blocks until every rank of the
