@@ -9,6 +9,9 @@ busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
       tensors live in the session's shared-memory arena (collserve-perf -m arena, the
       SDK's AllocateShared); the "heap" column is the same run with ordinary memory, which
       the SDK copies through a staging segment (what a torch tensor gets).
+      Then the memory-bandwidth bound for that 64 MiB all_reduce, from this machine's copy and
+      sum bandwidth measured in the same run (build/bench/collserve-membw; derivation in
+      RESULTS.md), and the fraction of it collserve reached.
   (b) the sidecar's peak resident memory (VmHWM) during a 64 MiB all_reduce among 4 local
       ranks, against the limit 2 x tensor bytes x local ranks + 64 MiB.
   (c) two hosts made with network namespaces (a bridge, one veth per host, needs root and
@@ -20,6 +23,7 @@ busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
     PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [-n 5] [-w 2] [--skip one_host,rss,two_hosts]
 """
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -68,6 +72,36 @@ def tools(build):
     return ours, torch
 
 
+def membw(build):
+    """GB/s (1e9 bytes) of collserve-membw's benchmarks, by name."""
+    r = subprocess.run([os.path.join(build, "bench", "collserve-membw"), "--benchmark_format=json",
+                        "--benchmark_min_time=0.5"], capture_output=True, text=True, timeout=600, check=True)
+    return {b["name"]: b["bytes_per_second"] / 1e9 for b in json.loads(r.stdout)["benchmarks"]}
+
+
+def bound(a, build, measured_busbw):
+    n = a.nproc
+    m = membw(build)
+    copy = m["BM_Memcpy/real_time"]
+    sums = max(m["BM_Sum/threads:1/real_time"], m["BM_Sum/threads:2/real_time"])
+    kernel = m[f"BM_LocalAllReduce/ranks:4/threads:2/real_time"]
+    # Memory traffic per second the machine sustains. glibc's memcpy of 64 MiB streams its
+    # stores past the cache (non-temporal): 2 bytes of traffic per byte copied. The sum's
+    # ordinary stores first read each destination line (write-allocate): 4 bytes of traffic
+    # per byte of c (a, b, c read, c written).
+    traffic = max(2 * copy, 4 * sums)
+    # An in-place all_reduce of n separate tensors of S bytes must read each once and write
+    # each once; writing a line just read costs no extra read: 2 n S bytes of traffic at
+    # best, so algbw <= traffic / (2 n), busbw = algbw x 2(n-1)/n.
+    algbw = traffic / (2 * n)
+    busbw = algbw * 2 * (n - 1) / n
+    print(f"# bound (64 MiB all_reduce, {n} local ranks): memcpy {copy:.2f} GB/s, sum {sums:.2f} GB/s (best of 1 and "
+          f"2 threads) -> memory traffic {traffic:.1f} GB/s; 2 x {n} x S bytes of traffic per op -> algbw "
+          f"<= {algbw:.2f} GB/s, busbw <= {busbw:.2f} GB/s. The sidecar's kernel alone: algbw {kernel:.2f} GB/s.")
+    print(f"# collserve 64 MiB all_reduce busbw {measured_busbw:.3f} GB/s = {measured_busbw / busbw:.0%} of the bound "
+          f"(target >= 60%)")
+
+
 def one_host(a, build):
     ours, torch = tools(build)
     print(f"## (a) one host, {a.nproc} ranks, -n {a.n} -w {a.w}; busbw in GB/s (nccl-tests' definition)")
@@ -78,6 +112,8 @@ def one_host(a, build):
         theirs = rows(finish(launch([*torch, *common], a.nproc, build), "torch_perf"))
         mine = rows(finish(launch([*ours, *common, "-m", "arena"], a.nproc, build), "collserve-perf"))
         heap = rows(finish(launch([*ours, *common, "-m", "heap"], a.nproc, build), "collserve-perf -m heap"))
+        if op == "all_reduce":
+            big = mine[max(mine)][1]
         for size in sorted(mine):
             t, m, h = theirs[size][1], mine[size][1], heap[size][1]
             print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}{h:>10.3f}{h / t:>8.2f}",
@@ -87,6 +123,7 @@ def one_host(a, build):
     m = rows(finish(launch([*ours, *common], a.nproc, build), "collserve-perf"))[8][0]
     print(f"# 8-byte all_reduce latency: torch gloo {t:.1f} us, collserve {m:.1f} us, "
           f"collserve / gloo = {m / t:.2f} (target <= 0.25)")
+    bound(a, build, big)
 
 
 def wait_file(path, proc, what):
@@ -116,13 +153,13 @@ def rss(a, build):
         d = tempfile.mkdtemp(prefix="collserve-rss.")
         procs = []
         try:
-            coord = subprocess.Popen([os.path.join(build, "server", "coordinator", "collserve-coordinator"),
+            coord = subprocess.Popen([os.path.join(build, "server", "collserve-coordinator"),
                                       "--listen_address=127.0.0.1:0", "--metrics_address=", "--log_level=warning",
                                       f"--port_file={d}/coord.port"], stderr=subprocess.DEVNULL)
             procs.append(coord)
             wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
             port = open(f"{d}/coord.port").read().strip()
-            sidecar = subprocess.Popen([os.path.join(build, "server", "sidecar", "collserve-sidecar"),
+            sidecar = subprocess.Popen([os.path.join(build, "server", "collserve-sidecar"),
                                         f"--coordinator=127.0.0.1:{port}", f"--unix_socket={d}/s.sock",
                                         "--metrics_address=", "--log_level=warning", f"--port_file={d}/s.port"],
                                        stderr=subprocess.DEVNULL)
@@ -193,7 +230,7 @@ def run_two_hosts(net, build, cmd, nproc):
     coord = None
     try:
         coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
-                                  os.path.join(build, "server", "coordinator", "collserve-coordinator"),
+                                  os.path.join(build, "server", "collserve-coordinator"),
                                   f"--listen_address={net.ip(1)}:29400", f"--tcpstore_address={net.ip(1)}:29401",
                                   "--metrics_address=", "--log_level=warning", f"--port_file={d}/coord.port"],
                                  stderr=subprocess.DEVNULL)

@@ -100,8 +100,8 @@ void SetBuffers(::gloo::AllreduceOptions& opts, std::vector<std::unique_ptr<::gl
 
 class GlooCommunicator : public Communicator {
  public:
-  explicit GlooCommunicator(std::shared_ptr<::gloo::rendezvous::Context> context)
-      : context_(std::move(context)) {}
+  GlooCommunicator(std::shared_ptr<::gloo::rendezvous::Context> context, size_t ring_segment_bytes)
+      : context_(std::move(context)), ring_segment_bytes_(ring_segment_bytes) {}
 
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
@@ -139,6 +139,7 @@ class GlooCommunicator : public Communicator {
       opts.setReduceFunction(ReduceFunc(dtype, op));
       if (algorithm == AllReduceAlgorithm::kRing) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::RING);
       if (algorithm == AllReduceAlgorithm::kBcube) opts.setAlgorithm(::gloo::AllreduceOptions::Algorithm::BCUBE);
+      if (ring_segment_bytes_ > 0) opts.setMaxSegmentSize(ring_segment_bytes_);
       // Untyped buffers: Gloo only needs the element size (for its segment arithmetic) and
       // the element count; the reduce function knows the dtype.
       std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> in, out;
@@ -303,6 +304,7 @@ class GlooCommunicator : public Communicator {
   }
 
   std::shared_ptr<::gloo::rendezvous::Context> context_;
+  const size_t ring_segment_bytes_;
   uint32_t next_tag_ = 0;  // collectives: the executor thread only
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
@@ -329,7 +331,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(RendezvousStore& store
     context->setTimeout(ToMillis(options.connect_timeout));
     GlooStoreAdapter adapter(store, prefix, options.connect_timeout);
     context->connectFullMesh(adapter, device);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context)));
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context), options.ring_segment_bytes));
   } catch (const std::exception& e) {
     return FromGlooException(e, start, options.connect_timeout, "gloo connect");
   }

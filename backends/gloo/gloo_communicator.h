@@ -20,6 +20,10 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // Timeout of the full-mesh connect (including waiting for peers' addresses).
   absl::Duration connect_timeout = absl::Seconds(300);
+  // Largest piece Gloo's ring all_reduce sends at once (two are in flight); 0 = Gloo's
+  // default (1 MiB). Each piece costs one message latency per ring step, so where that
+  // latency is high (virtual machines, network namespaces) larger pieces are faster.
+  size_t ring_segment_bytes = 0;
 };
 
 // Connects host `rank` of `size` to its peers. Every host must call it with the same

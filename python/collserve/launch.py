@@ -94,6 +94,8 @@ def parse_args(argv):
                    "that torch's env:// rendezvous uses it (the embedded coordinator always has one)")
     p.add_argument("--sidecar", default="", help="address of a running sidecar for this host, unix:/path or "
                    "host:port (default: start one)")
+    p.add_argument("--sidecar_flag", action="append", default=[], metavar="--FLAG=VALUE",
+                   help="a flag for the embedded sidecar (repeatable), e.g. --sidecar_flag=--allreduce_algorithm=ring")
     p.add_argument("--job", default="default", help="job name: the namespace of keys and groups (default 'default')")
     p.add_argument("--gloo_hostname", default="", help="address the other hosts reach this host's sidecar at "
                    "(default 127.0.0.1 for one host, else this host's address)")
@@ -165,8 +167,8 @@ class Launcher:
             self.start_server("sidecar", [
                 find_binary("collserve-sidecar"), f"--coordinator={coordinator}", f"--unix_socket={sock}",
                 f"--host_id={socket.gethostname()}-node{a.node_rank}-{os.getpid()}", f"--gloo_hostname={gloo_hostname}",
-                "--metrics_address=", "--log_level=warning", f"--port_file={self.dir}/sidecar.port"],
-                f"{self.dir}/sidecar.port")
+                "--metrics_address=", "--log_level=warning", f"--port_file={self.dir}/sidecar.port",
+                *a.sidecar_flag], f"{self.dir}/sidecar.port")
             sidecar = f"unix:{sock}"
         return coordinator, sidecar, tcpstore_port
 

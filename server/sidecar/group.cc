@@ -336,6 +336,7 @@ void Group::ExecutorMain() {
     rendezvous = env_.rendezvous(params_.job);
     backends::GlooOptions gloo;
     gloo.hostname = env_.gloo_hostname;
+    gloo.ring_segment_bytes = env_.ring_segment_bytes;
     gloo.connect_timeout = params_.init_timeout;
     auto comm = backends::ConnectGloo(*rendezvous,
                                       absl::StrCat("collserve/gloo/", params_.name, "/", generation),
@@ -682,13 +683,18 @@ backends::LocalReduce& Group::LocalReduceOf(const RankArgs& a, std::map<int, Sub
   return r;
 }
 
-// Gloo's ring all-reduce moves 2(h-1)/h of the bytes per host in 2(h-1) steps; its bcube
-// (recursive halving-doubling) the same bytes in 2 log2(h) steps. Below this size the steps'
-// latency dominates, so the fewer steps win.
-constexpr size_t kGlooRingMinBytes = 256 * 1024;
+// Gloo's ring all-reduce moves 2(h-1)/h of the bytes per host in 2(h-1) steps per piece
+// (pieces of at most ring_segment_bytes, overlapping the local reduction with the
+// transfer); its bcube (recursive halving-doubling for base 2) the same bytes in 2 log2(h)
+// steps, unpipelined. Below ring_min_bytes the steps' latency dominates and bcube wins.
+bool Group::UseDirect(size_t bytes, int num_hosts) const {
+  if (env_.allreduce_algorithm == "direct") return true;
+  return env_.allreduce_algorithm == "auto" && bytes * static_cast<size_t>(num_hosts - 1) <= env_.direct_max_bytes;
+}
 
 backends::AllReduceAlgorithm Group::ChooseAllReduce(size_t bytes) {
-  const bool ring = bytes >= kGlooRingMinBytes;
+  const bool ring = env_.allreduce_algorithm == "ring" ||
+                    (env_.allreduce_algorithm != "bcube" && bytes >= env_.ring_min_bytes);
   algorithm_ = ring ? "local+gloo_ring" : "local+gloo_bcube";
   return ring ? backends::AllReduceAlgorithm::kRing : backends::AllReduceAlgorithm::kBcube;
 }
@@ -727,6 +733,30 @@ absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Su
     return absl::OkStatus();
   }
   if (a.op == pb::ALL_REDUCE) {
+    const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+    const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+    const size_t bytes = Bytes(a, a.count);
+    if (UseDirect(bytes, num_hosts)) {
+      // Direct exchange: one all-gather of every host's partial result (one message step
+      // instead of the 2 log2(h) or 2(h-1) of bcube and ring, for (h-1) times the bytes),
+      // then every host reduces the partials in host order, so all get the same bits.
+      algorithm_ = "local+gloo_direct";
+      scratch_a_.resize(bytes);
+      scratch_b_.resize(bytes * static_cast<size_t>(num_hosts));
+      backends::LocalReduce& partial = LocalReduceOf(a, subs, 0, count);
+      partial.dsts.push_back(scratch_a_.data());
+      backends::RunLocalReduce(*env_.pool, partial);
+      COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(scratch_a_.data(), scratch_b_.data(), bytes, timeout));
+      backends::LocalReduce& total = LocalReduceOf(a, subs, 0, count);
+      total.op = wire_op;
+      total.premul.clear();
+      total.srcs.clear();
+      for (int h = 0; h < num_hosts; ++h) total.srcs.push_back(scratch_b_.data() + static_cast<size_t>(h) * bytes);
+      total.divisor = avg ? params_.world_size : 1;
+      for (auto& [rank, sub] : subs) total.dsts.push_back(sub.in);
+      backends::RunLocalReduce(*env_.pool, total);
+      return absl::OkStatus();
+    }
     // Every local tensor is an input and an output: Gloo reduces them into the first,
     // segment by segment, while the segments travel, and copies each reduced segment to
     // the others as it arrives. PREMUL_SUM scales the tensors first (they receive the
@@ -734,7 +764,7 @@ absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Su
     comm_inputs_.clear();
     comm_outputs_.clear();
     for (auto& [rank, sub] : subs) {
-      if (static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kPremulSum) {
+      if (op == ReduceOp::kPremulSum) {
         backends::LocalReduce& scale = LocalReduceOf(a, subs, 0, count);
         scale.srcs.assign(1, sub.in);
         scale.premul.assign(1, sub.args.premul_factor());
@@ -744,9 +774,7 @@ absl::Status Group::RunReduce(const std::vector<RankArgs>& all, std::map<int, Su
       comm_inputs_.push_back(sub.in);
       comm_outputs_.push_back(sub.in);
     }
-    const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
-    const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
-    const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(Bytes(a, a.count));
+    const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(bytes);
     COLLSERVE_RETURN_IF_ERROR(comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count,
                                                     static_cast<DataType>(a.dtype), wire_op, timeout, algorithm));
     if (avg) {

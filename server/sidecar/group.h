@@ -44,6 +44,13 @@ struct GroupEnv {
   prometheus::Family<prometheus::Counter>* collectives = nullptr;  // may be null
   // Threads for the intra-host data path (reductions and copies); shared by every group.
   backends::ThreadPool* pool = nullptr;
+  // All-reduce across hosts: "auto" (direct while bytes x (hosts - 1) <= direct_max_bytes,
+  // else Gloo's ring from ring_min_bytes up, else bcube), "direct", "ring" or "bcube"; and
+  // the ring's largest piece (0 = Gloo's default).
+  std::string allreduce_algorithm = "auto";
+  size_t direct_max_bytes = 0;
+  size_t ring_min_bytes = 0;
+  size_t ring_segment_bytes = 0;
 };
 
 struct GroupParams {
@@ -160,6 +167,9 @@ class Group {
   // Gloo's all_reduce algorithm for `bytes` across hosts (ring from kGlooRingMinBytes,
   // bcube below); sets algorithm_.
   backends::AllReduceAlgorithm ChooseAllReduce(size_t bytes);
+  // Whether an all_reduce of `bytes` across `num_hosts` takes the direct exchange (an
+  // all-gather of the hosts' partial results, then a local reduction).
+  bool UseDirect(size_t bytes, int num_hosts) const;
   // The LocalReduce of `a`'s op over the local inputs (offset by `offset` bytes), count
   // elements, with no destinations yet; reuses local_reduce_.
   backends::LocalReduce& LocalReduceOf(const RankArgs& a, std::map<int, Submission>& subs, size_t offset,

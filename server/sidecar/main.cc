@@ -30,6 +30,17 @@ ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or e
 ABSL_FLAG(int, data_threads, 0,
           "Threads for local reductions and copies among this host's ranks (the executor included); "
           "0 = one per core, at most 8.");
+ABSL_FLAG(std::string, allreduce_algorithm, "auto",
+          "Algorithm of all_reduce across hosts (as NCCL_ALGO): direct (one all-gather of the hosts' partial "
+          "results, then a local reduction), ring or bcube (Gloo's), or auto: direct while bytes x (hosts - 1) "
+          "<= --direct_max_bytes, else ring from --ring_min_bytes up, else bcube. Completions and "
+          "collserve-perf report which one ran.");
+ABSL_FLAG(int64_t, direct_max_bytes, 1 << 20, "With --allreduce_algorithm=auto: the largest bytes x (hosts - 1) "
+          "sent by the direct exchange.");
+ABSL_FLAG(int64_t, ring_min_bytes, 1 << 20, "With --allreduce_algorithm=auto: the smallest all_reduce (bytes) "
+          "that takes Gloo's ring.");
+ABSL_FLAG(int64_t, ring_segment_bytes, 8 << 20, "Largest piece (bytes) Gloo's ring sends at once; 0 = Gloo's 1 MiB. "
+          "Every piece costs a message round trip per ring step, so larger pieces win where latency is high.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
 
 int main(int argc, char** argv) {
@@ -57,6 +68,15 @@ int main(int argc, char** argv) {
   options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.data_threads = absl::GetFlag(FLAGS_data_threads);
+  options.allreduce_algorithm = absl::GetFlag(FLAGS_allreduce_algorithm);
+  if (absl::GetFlag(FLAGS_ring_min_bytes) < 0 || absl::GetFlag(FLAGS_ring_segment_bytes) < 0 ||
+      absl::GetFlag(FLAGS_direct_max_bytes) < 0) {
+    std::cerr << "--direct_max_bytes, --ring_min_bytes and --ring_segment_bytes must be >= 0\n";
+    return 2;
+  }
+  options.direct_max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_direct_max_bytes));
+  options.ring_min_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_min_bytes));
+  options.ring_segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_segment_bytes));
 
   auto sidecar = collserve::server::Sidecar::Start(options);
   if (!sidecar.ok()) {

@@ -186,6 +186,11 @@ class SidecarImpl : public Sidecar {
     if (options_.coordinator_address.empty()) {
       return absl::InvalidArgumentError("the sidecar needs --coordinator=host:port");
     }
+    if (options_.allreduce_algorithm != "auto" && options_.allreduce_algorithm != "direct" &&
+        options_.allreduce_algorithm != "ring" && options_.allreduce_algorithm != "bcube") {
+      return absl::InvalidArgumentError(absl::StrCat("--allreduce_algorithm=", options_.allreduce_algorithm,
+                                                     ": use auto, direct, ring or bcube"));
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     channel_ = grpc::CreateCustomChannel(options_.coordinator_address, grpc::InsecureChannelCredentials(), args);
@@ -313,6 +318,10 @@ class SidecarImpl : public Sidecar {
       env.gloo_hostname = options_.gloo_hostname;
       env.collectives = collectives_;
       env.pool = pool_.get();
+      env.allreduce_algorithm = options_.allreduce_algorithm;
+      env.ring_min_bytes = options_.ring_min_bytes;
+      env.direct_max_bytes = options_.direct_max_bytes;
+      env.ring_segment_bytes = options_.ring_segment_bytes;
       env.rendezvous = [this](const std::string& job) -> std::unique_ptr<backends::RendezvousStore> {
         client::StoreClientOptions so;
         so.job = job;

@@ -40,6 +40,13 @@ struct SidecarOptions {
   // Threads for the intra-host data path (local reductions and copies), the calling
   // executor included; <= 0 = the number of cores (at most 8).
   int data_threads = 0;
+  // All-reduce across hosts: "auto", "direct", "ring" or "bcube" (see
+  // --allreduce_algorithm), the largest bytes x (hosts - 1) "auto" sends directly, the size
+  // from which "auto" takes the ring, and the ring's largest piece (0 = Gloo's 1 MiB; 8 MiB measured faster in bench/RESULTS.md).
+  std::string allreduce_algorithm = "auto";
+  size_t direct_max_bytes = 1 << 20;
+  size_t ring_min_bytes = 1 << 20;
+  size_t ring_segment_bytes = 8 << 20;
   // How long to wait for the coordinator at start.
   absl::Duration coordinator_connect_timeout = absl::Seconds(30);
 };

@@ -21,13 +21,14 @@ namespace {
 using backends::Communicator;
 
 std::vector<std::unique_ptr<Communicator>> ConnectAll(InMemoryRendezvousStore& store, const std::string& prefix,
-                                                      int size) {
+                                                      int size, size_t ring_segment_bytes = 0) {
   std::vector<std::unique_ptr<Communicator>> comms(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       backends::GlooOptions o;
       o.connect_timeout = absl::Seconds(20);
+      o.ring_segment_bytes = ring_segment_bytes;
       auto c = backends::ConnectGloo(store, prefix, r, size, o);
       EXPECT_TRUE(c.ok()) << c.status();
       if (c.ok()) comms[r] = std::move(*c);
@@ -62,6 +63,53 @@ TEST(GlooCommunicatorTest, AllReduceAndAllGatherAcrossFiveHosts) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// Several local inputs and outputs per host (what the sidecar passes: every local rank's
+// tensor), each algorithm, in place and not, on 3 and 4 hosts, with 4 KiB ring pieces so
+// that one call runs many pieces.
+TEST(GlooCommunicatorTest, AllReduceLocalWithEveryAlgorithm) {
+  for (int hosts : {3, 4}) {
+    for (auto algorithm : {backends::AllReduceAlgorithm::kDefault, backends::AllReduceAlgorithm::kRing,
+                           backends::AllReduceAlgorithm::kBcube}) {
+      for (bool in_place : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(hosts, " hosts, algorithm ", static_cast<int>(algorithm), ", in_place ", in_place));
+        InMemoryRendezvousStore store;
+        auto comms = ConnectAll(store, absl::StrCat("local", hosts, static_cast<int>(algorithm), in_place), hosts, 4096);
+        constexpr size_t kCount = 10007;
+        std::vector<std::thread> threads;
+        for (int h = 0; h < hosts; ++h) {
+          threads.emplace_back([&, h] {
+            // Host h has h % 2 + 1 local ranks (1 or 2 inputs).
+            const int local = h % 2 + 1;
+            std::vector<std::vector<int32_t>> in(local, std::vector<int32_t>(kCount));
+            std::vector<std::vector<int32_t>> out(local, std::vector<int32_t>(kCount, -1));
+            std::vector<const void*> ins;
+            std::vector<void*> outs;
+            for (int l = 0; l < local; ++l) {
+              for (size_t i = 0; i < kCount; ++i) in[l][i] = static_cast<int32_t>((h * 2 + l + 1) * (i % 11));
+              ins.push_back(in[l].data());
+              outs.push_back(in_place ? static_cast<void*>(in[l].data()) : static_cast<void*>(out[l].data()));
+            }
+            ASSERT_TRUE(comms[h]->AllReduceLocal(ins, outs, kCount, DataType::kInt32, ReduceOp::kSum,
+                                                 absl::Seconds(30), algorithm).ok());
+            int64_t sum_factors = 0;
+            for (int g = 0; g < hosts; ++g) {
+              for (int l = 0; l < g % 2 + 1; ++l) sum_factors += g * 2 + l + 1;
+            }
+            for (void* o : outs) {
+              const int32_t* v = static_cast<const int32_t*>(o);
+              for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(v[i], sum_factors * static_cast<int64_t>(i % 11)) << i;
+            }
+            if (!in_place) {
+              for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(in[0][i], static_cast<int32_t>((h * 2 + 1) * (i % 11)));
+            }
+          });
+        }
+        for (auto& t : threads) t.join();
+      }
+    }
+  }
 }
 
 TEST(GlooCommunicatorTest, MissingPeerIsDeadlineExceededThenAborted) {

@@ -119,7 +119,8 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Dura
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
-                                                        const std::vector<std::string>& coordinator_flags) {
+                                                        const std::vector<std::string>& coordinator_flags,
+                                                        const std::vector<std::string>& sidecar_flags) {
   auto c = std::make_unique<Cluster>();
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -135,12 +136,13 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   if (!port.ok()) return port.status();
   c->coordinator_port_ = *port;
   for (int i = 0; i < num_sidecars; ++i) {
-    auto sc = Process::Start(
-        {SidecarBinary(), absl::StrCat("--coordinator=", c->coordinator_address()),
-         absl::StrCat("--unix_socket=", c->dir_, "/sidecar", i, ".sock"), absl::StrCat("--host_id=host", i),
-         "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
-         absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")},
-        {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
+    std::vector<std::string> argv = {
+        SidecarBinary(), absl::StrCat("--coordinator=", c->coordinator_address()),
+        absl::StrCat("--unix_socket=", c->dir_, "/sidecar", i, ".sock"), absl::StrCat("--host_id=host", i),
+        "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
+        absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")};
+    argv.insert(argv.end(), sidecar_flags.begin(), sidecar_flags.end());
+    auto sc = Process::Start(argv, {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
     if (!sc.ok()) return sc.status();
     c->sidecars_.push_back(std::move(*sc));
   }

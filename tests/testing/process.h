@@ -41,8 +41,10 @@ class Process {
 // A coordinator plus N sidecars on loopback, in a fresh temp dir, torn down on destruction.
 class Cluster {
  public:
+  // `sidecar_flags` are added to every sidecar's command line.
   static absl::StatusOr<std::unique_ptr<Cluster>> Start(int num_sidecars,
-                                                      const std::vector<std::string>& coordinator_flags = {});
+                                                      const std::vector<std::string>& coordinator_flags = {},
+                                                      const std::vector<std::string>& sidecar_flags = {});
   ~Cluster();
   const std::string& dir() const { return dir_; }
   int coordinator_port() const { return coordinator_port_; }

@@ -158,8 +158,11 @@ class ProcessGroup {
   //   DEADLINE_EXCEEDED a rank did not arrive within the op timeout (names the missing ranks)
   //   UNAVAILABLE       the sidecar, a peer host or a rank went away
   //   FAILED_PRECONDITION the group was aborted by an earlier failure
-  // Algorithm: local ranks are reduced in shared memory by the sidecar, then across hosts
-  // with Gloo's allreduce, then copied to every local rank (hierarchical, DESIGN.md).
+  // Algorithm: hierarchical (DESIGN.md). The sidecar reduces its local ranks' tensors in
+  // shared memory (64 KiB chunks on a thread pool, each chunk written straight to every
+  // rank); across hosts it exchanges the hosts' partial results directly (small tensors) or
+  // runs Gloo's ring (large; the local reduction and copies overlap the transfer piece by
+  // piece) or bcube, per size (sidecar --allreduce_algorithm); Work::Algorithm() says which.
   virtual std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype,
                                           ReduceOpArg op = ReduceOp::kSum) = 0;
 
@@ -179,8 +182,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> Reduce(void* data, int64_t count, DataType dtype, ReduceOpArg op, int dst) = 0;
 
   // ---- Out-of-place collectives. Inputs are read when the call is made (they may be reused
-  // at once); outputs must stay valid until the Work completes and are written only on
-  // success. Sizes are elements of `dtype`. Ranks are ranks in this group. Besides the
+  // at once; not so inputs in AllocateShared memory, read in place while the op runs);
+  // outputs must stay valid until the Work completes and are written only on success
+  // (outputs in AllocateShared memory are written in place and may be partly written on failure). Sizes are elements of `dtype`. Ranks are ranks in this group. Besides the
   // errors listed for AllReduce, sizes that do not fit together across ranks give every
   // rank INVALID_ARGUMENT naming the ranks and sizes. Across hosts the sidecars exchange
   // each host's inputs with Gloo's allgatherv (gather-like ops) or broadcast (scatter). ----
