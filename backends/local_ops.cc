@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 
 #include "backends/reduce.h"
 
@@ -85,10 +86,19 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
 
 namespace {
 
-// Per-thread scratch blocks of kLocalChunkBytes (the running result and a scaled input).
+// Per-thread scratch blocks of kLocalChunkBytes (the running result and a scaled input), on
+// the heap: a thread_local array would be static TLS, which glibc carves out of every
+// thread's stack, so libraries that start threads with small stacks (civetweb, behind the
+// metrics endpoint: 100 KiB) could no longer start them.
+struct ScratchBlocks {
+  struct alignas(64) Block {
+    char bytes[kLocalChunkBytes];
+  };
+  std::unique_ptr<Block[]> blocks = std::make_unique<Block[]>(2);
+};
 char* Scratch(int which) {
-  alignas(64) static thread_local char blocks[2][kLocalChunkBytes];
-  return blocks[which];
+  static thread_local ScratchBlocks scratch;
+  return scratch.blocks[which].bytes;
 }
 
 // Copies get larger pieces than reductions: they have no scratch block to keep in cache.

@@ -224,7 +224,7 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
-def run_two_hosts(net, build, cmd, nproc):
+def run_two_hosts(net, build, cmd, nproc, sidecar_flags=()):
     """One launcher per host; a fresh coordinator (gRPC + TCPStore endpoint) on host 1."""
     d = tempfile.mkdtemp(prefix="collserve-2h.")
     coord = None
@@ -238,7 +238,8 @@ def run_two_hosts(net, build, cmd, nproc):
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
         procs = [launch(cmd, nproc, build, env=env, prefix=["ip", "netns", "exec", net.host(h)],
                         extra=["--nnodes", "2", "--node_rank", str(h - 1), "--coordinator", f"{net.ip(1)}:29400",
-                               "--tcpstore_port", "29401", "--gloo_hostname", net.ip(h)])
+                               "--tcpstore_port", "29401", "--gloo_hostname", net.ip(h),
+                               *[f"--sidecar_flag={f}" for f in sidecar_flags]])
                  for h in (1, 2)]
         outs = [finish(p, f"{cmd[0]} on host {h}") for h, p in zip((1, 2), procs)]
         return outs[0]
@@ -258,7 +259,7 @@ def two_hosts(a, build):
     print(f"## (c) two hosts (network namespaces over a veth bridge), 2 ranks each, all_reduce, -n {a.n} -w {a.w}")
     with TwoHosts() as net:
         theirs = rows(run_two_hosts(net, build, [*torch, *common], 2))
-        mine = rows(run_two_hosts(net, build, [*ours, *common], 2))
+        mine = rows(run_two_hosts(net, build, [*ours, *common], 2, a.sidecar_flag))
     print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'collserve':>12}{'ratio':>8}{'target':>8}  algorithm")
     for size in sorted(mine):
         t, m = theirs[size][1], mine[size][1]
@@ -272,6 +273,8 @@ def main():
     p.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     p.add_argument("-n", type=int, default=10)
     p.add_argument("-w", type=int, default=3)
+    p.add_argument("--sidecar_flag", action="append", default=[],
+                   help="a flag for collserve's sidecars in (c), e.g. --sidecar_flag=--ring_segment_bytes=4194304")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: one_host, rss, two_hosts")
     a = p.parse_args()
     build = os.path.abspath(a.build)

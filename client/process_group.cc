@@ -638,7 +638,8 @@ class SessionProcessGroup : public ProcessGroup {
     if (pending->out_bytes > 0) pending->outputs = std::move(r.outputs);
     if (in_bytes + out_region > 0 && shared_memory_) {
       if (total > 0) {
-        auto seg = AcquireSegment(total);
+        pending->collective = r.op != pb::SEND && r.op != pb::RECV;
+        auto seg = AcquireSegment(total, pending->collective, absl::Now() + absl::Milliseconds(c->timeout_ms()));
         if (!seg.ok()) return WorkImpl::Failed(seg.status());
         pending->segment = std::move(*seg);
         size_t off = 0;
@@ -653,6 +654,7 @@ class SessionProcessGroup : public ProcessGroup {
         b->set_segment(seg->name());
         b->set_segment_bytes(static_cast<int64_t>(seg->size()));
         b->set_offset(static_cast<int64_t>(zero ? ref.offset : stage_offset));
+        b->set_arena(zero);
       };
       name(c->mutable_buffer(), in_ref, in_zero, 0);
       name(c->mutable_output(), out_ref, out_zero && !r.in_place, out_offset);
@@ -679,7 +681,7 @@ class SessionProcessGroup : public ProcessGroup {
     if (closed_ || !broken_.ok()) {
       absl::Status why = broken_.ok() ? absl::FailedPreconditionError("process group destroyed")
                                       : broken_;
-      ReleaseSegment(std::move(pending->segment));
+      ReleaseSegment(std::move(pending->segment), pending->collective);
       work->Complete(why);
       return work;
     }
@@ -724,6 +726,7 @@ class SessionProcessGroup : public ProcessGroup {
     size_t out_offset = 0;  // of the result in the segment
     size_t out_bytes = 0;   // of the result
     std::unique_ptr<ShmSegment> segment;
+    bool collective = false;  // counts in staged_collectives_ while it holds `segment`
   };
 
   absl::Status FinishWithError(absl::string_view what) {
@@ -733,9 +736,25 @@ class SessionProcessGroup : public ProcessGroup {
     return absl::UnavailableError(what);
   }
 
-  absl::StatusOr<std::unique_ptr<ShmSegment>> AcquireSegment(size_t bytes) {
+  // A staging segment of at least `bytes`, counted as in flight until ReleaseSegment. A
+  // collective first waits (until `deadline`) for room under max_staging_bytes, or for no
+  // other collective to hold a segment: those complete without this thread's help, so the
+  // wait ends (a send/recv might not, so nothing waits for them).
+  // Thread-safe; blocks at most until `deadline`, then goes over the limit.
+  absl::StatusOr<std::unique_ptr<ShmSegment>> AcquireSegment(size_t bytes, bool collective, absl::Time deadline) {
+    const size_t rounded = (bytes + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
     {
       absl::MutexLock lock(&segments_mu_);
+      const size_t cap = static_cast<size_t>(std::max<int64_t>(options_.max_staging_bytes, 0));
+      // Never on the reader thread (a completion callback issuing a collective): only it
+      // returns segments.
+      if (collective && cap > 0 && std::this_thread::get_id() != reader_.get_id()) {
+        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
+          return staged_collectives_ == 0 || staged_bytes_ + rounded <= cap;
+        };
+        segments_mu_.AwaitWithDeadline(absl::Condition(&room), deadline);
+      }
+      if (collective) ++staged_collectives_;
       auto best = free_segments_.end();
       for (auto it = free_segments_.begin(); it != free_segments_.end(); ++it) {
         if ((*it)->size() >= bytes && (best == free_segments_.end() || (*it)->size() < (*best)->size())) {
@@ -745,16 +764,26 @@ class SessionProcessGroup : public ProcessGroup {
       if (best != free_segments_.end()) {
         std::unique_ptr<ShmSegment> seg = std::move(*best);
         free_segments_.erase(best);
+        staged_bytes_ += seg->size();
         return seg;
       }
+      staged_bytes_ += rounded;
     }
-    const size_t rounded = (bytes + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
-    return ShmSegment::Create(rounded);
+    auto seg = ShmSegment::Create(rounded);
+    if (!seg.ok()) {
+      absl::MutexLock lock(&segments_mu_);
+      staged_bytes_ -= rounded;
+      if (collective) --staged_collectives_;
+    }
+    return seg;
   }
 
-  void ReleaseSegment(std::unique_ptr<ShmSegment> seg) {
+  // Returns a segment from AcquireSegment (`collective` as given there) for reuse.
+  void ReleaseSegment(std::unique_ptr<ShmSegment> seg, bool collective) {
     if (seg == nullptr) return;
     absl::MutexLock lock(&segments_mu_);
+    staged_bytes_ -= seg->size();
+    if (collective) --staged_collectives_;
     free_segments_.push_back(std::move(seg));
     if (free_segments_.size() > kMaxFreeSegments) {
       // Drop the smallest; the next request tells the sidecar to unmap it.
@@ -796,12 +825,13 @@ class SessionProcessGroup : public ProcessGroup {
           off += b;
         }
       }
-      ReleaseSegment(std::move(p->segment));
       if (status.ok()) {
         p->work->SetSourceRank(c.source());
         p->work->SetAlgorithm(c.algorithm());
       }
       p->work->Complete(std::move(status));
+      // After Complete: a collective waiting for room sees this one completed.
+      ReleaseSegment(std::move(p->segment), p->collective);
     }
     grpc::Status final_status = stream_->Finish();
     absl::Status why = final_status.ok()
@@ -827,7 +857,10 @@ class SessionProcessGroup : public ProcessGroup {
       absl::MutexLock lock(&pending_mu_);
       pending.swap(pending_);
     }
-    for (auto& [seq, p] : pending) p->work->Complete(why);
+    for (auto& [seq, p] : pending) {
+      ReleaseSegment(std::move(p->segment), p->collective);
+      p->work->Complete(why);
+    }
   }
 
   InitOptions options_;
@@ -854,6 +887,8 @@ class SessionProcessGroup : public ProcessGroup {
   absl::Mutex segments_mu_;
   std::vector<std::unique_ptr<ShmSegment>> free_segments_ ABSL_GUARDED_BY(segments_mu_);
   std::vector<std::string> released_names_ ABSL_GUARDED_BY(segments_mu_);  // dropped, not yet reported
+  size_t staged_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;    // of segments held by operations in flight
+  int staged_collectives_ ABSL_GUARDED_BY(segments_mu_) = 0;  // collectives holding one
 
   absl::Mutex store_mu_;
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);
@@ -951,7 +986,21 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   auto ot = EnvSeconds("COLLSERVE_OP_TIMEOUT_S", o.op_timeout);
   if (!ot.ok()) return ot.status();
   o.op_timeout = *ot;
+  auto staging = MaxStagingBytesFromEnv(o.max_staging_bytes);
+  if (!staging.ok()) return staging.status();
+  o.max_staging_bytes = *staging;
   return o;
+}
+
+absl::StatusOr<int64_t> InitOptions::MaxStagingBytesFromEnv(int64_t fallback) {
+  const char* v = std::getenv("COLLSERVE_MAX_STAGING_BYTES");
+  if (v == nullptr || *v == '\0') return fallback;
+  int64_t bytes;
+  if (!absl::SimpleAtoi(v, &bytes) || bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("COLLSERVE_MAX_STAGING_BYTES=\"", v, "\" is not a non-negative number of bytes"));
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options) {

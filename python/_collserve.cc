@@ -319,7 +319,11 @@ PYBIND11_MODULE(_collserve, m) {
     o.init_timeout = absl::Seconds(init_timeout_s);
     o.op_timeout = absl::Seconds(op_timeout_s);
     absl::StatusOr<std::unique_ptr<ProcessGroup>> pg;
-    {
+    absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
+    if (!staging.ok()) {
+      pg = staging.status();
+    } else {
+      o.max_staging_bytes = *staging;
       py::gil_scoped_release release;
       pg = collserve::client::InitProcessGroup(o);
     }

@@ -313,6 +313,19 @@ CollserveProcessGroup::~CollserveProcessGroup() {
   }
 }
 
+at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
+  if (bytes <= 0) throw std::invalid_argument(absl::StrCat("collserve empty: ", bytes, " bytes (must be > 0)"));
+  absl::StatusOr<std::shared_ptr<client::SharedBuffer>> buffer = pg_->AllocateShared(static_cast<size_t>(bytes));
+  if (!buffer.ok()) {
+    throw std::runtime_error(absl::StrCat("collserve empty: ", absl::StatusCodeToString(buffer.status().code()),
+                                          ": ", buffer.status().message()));
+  }
+  std::shared_ptr<client::SharedBuffer> keep = std::move(*buffer);
+  void* data = keep->data();
+  return at::from_blob(
+      data, {bytes}, [keep](void*) mutable { keep.reset(); }, at::TensorOptions().dtype(at::kByte));
+}
+
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::Make(OpType type, const char* op_name, Pending pending) {
   return c10::make_intrusive<CollserveWork>(getRank(), type, op_name, std::move(pending));
 }

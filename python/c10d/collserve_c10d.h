@@ -147,6 +147,15 @@ class CollserveProcessGroup : public TorchBase {
   c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // A 1-D uint8 tensor of `bytes` bytes (> 0; 64-byte aligned, zero-filled) in this group's
+  // shared-memory arena (client::ProcessGroup::AllocateShared). This group's collectives on
+  // a tensor viewing it (collserve.torch.empty reshapes it to any dtype) move no bytes
+  // between this process and the sidecar: the sidecar reads and writes it in place (see
+  // AllocateShared for what that means while an operation runs). The memory lives as long
+  // as the tensor's storage. Throws std::runtime_error with the SDK's status (e.g.
+  // RESOURCE_EXHAUSTED when /dev/shm is full). Thread-safe.
+  at::Tensor EmptyShared(int64_t bytes);
+
  private:
   c10::intrusive_ptr<::c10d::Work> Make(::c10d::OpType type, const char* op_name, Pending pending);
 

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "python/c10d/collserve_c10d.h"
@@ -31,6 +32,9 @@ c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int worl
   options.group = group;
   options.init_timeout = Seconds(init_timeout_s);
   options.op_timeout = Seconds(op_timeout_s);
+  absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
+  if (!staging.ok()) throw std::invalid_argument(std::string(staging.status().message()));
+  options.max_staging_bytes = *staging;
   return collserve::c10d_backend::CreateProcessGroup(options);
 }
 
@@ -44,4 +48,13 @@ PYBIND11_MODULE(_collserve_torch, m) {
         py::call_guard<py::gil_scoped_release>(),
         "Attaches to the sidecar as (group, rank) and returns a torch.distributed ProcessGroup; "
         "raises RuntimeError on failure.");
+  m.def(
+      "empty_shared",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, int64_t bytes) {
+        auto* pg = dynamic_cast<collserve::c10d_backend::CollserveProcessGroup*>(group.get());
+        if (pg == nullptr) throw std::invalid_argument("collserve empty: the group is not a collserve group");
+        return pg->EmptyShared(bytes);
+      },
+      py::arg("group"), py::arg("bytes"),
+      "A uint8 tensor of `bytes` bytes in the group's shared-memory arena (see collserve.torch.empty).");
 }

@@ -31,9 +31,15 @@ Timeouts: init_process_group's `timeout` (torch's default: 30 minutes) bounds th
 rendezvous and each operation; COLLSERVE_INIT_TIMEOUT_S and COLLSERVE_OP_TIMEOUT_S override.
 Errors surface as RuntimeError, as torch's own backends raise them; messages start with
 "collserve <op>: <status code>:".
+
+Zero-copy tensors: `collserve.torch.empty(size, dtype=..., group=None)` allocates a tensor
+in the group's shared-memory arena, which the sidecar maps; that group's collectives on it
+move no bytes between the process and the sidecar. Other tensors are copied through a
+staging segment (COLLSERVE_MAX_STAGING_BYTES bounds those in flight).
 """
 import atexit
 import ctypes
+import math
 import os
 import shutil
 import signal
@@ -43,6 +49,7 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from . import _collserve_torch
@@ -189,6 +196,25 @@ def _create(options, pg_options=None):
     return _collserve_torch.create(options.group_rank, options.group_size, int(os.environ.get("LOCAL_RANK", "-1")),
                                    sidecar, os.environ.get("COLLSERVE_JOB", ""), f"torch/{options.group_id}",
                                    init_timeout_s, op_timeout_s)
+
+
+def empty(*size, dtype=None, group=None):
+    """A tensor of `size` (ints or one sequence) and `dtype` (default torch's default dtype),
+    contiguous, zero-filled, in the shared-memory arena of `group` (default: the default
+    group), a group of the "collserve" backend; like torch.empty, with the memory NCCL users
+    get from ncclMemAlloc. That group's collectives on it (or on a slice of it: one tensor
+    per call) run with no copy between this process and the sidecar: inputs are read and
+    results written in place while the operation runs. With another group it is an ordinary
+    CPU tensor (copied). The memory is freed with the tensor's storage.
+    Raises ValueError when `group` is not a collserve group, RuntimeError when the arena
+    cannot grow (e.g. /dev/shm full)."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+        size = tuple(size[0])
+    dtype = dtype or torch.get_default_dtype()
+    nbytes = math.prod(size) * torch.empty((), dtype=dtype).element_size()
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    raw = _collserve_torch.empty_shared(pg, max(nbytes, 1))
+    return raw[:nbytes].view(dtype).view(size)
 
 
 def _register():

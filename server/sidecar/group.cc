@@ -210,10 +210,17 @@ absl::Status Group::ResolveBuffers(LocalRank& local, Submission& sub) {
     sub.in = sub.inline_in.data();
     sub.inline_out.resize(sub.out_bytes);
     sub.out = sub.inline_out.data();
+    if (env_.bytes_inline != nullptr) env_.bytes_inline->Increment(static_cast<double>(sub.in_bytes + sub.out_bytes));
     return absl::OkStatus();
   }
+  const auto count = [this](const pb::Buffer& b, size_t bytes) {
+    prometheus::Counter* counter = b.arena() ? env_.bytes_arena : env_.bytes_staged;
+    if (counter != nullptr && bytes > 0) counter->Increment(static_cast<double>(bytes));
+  };
   if (sub.in_bytes > 0) COLLSERVE_RETURN_IF_ERROR(MapBuffer(local, sub, c.buffer(), sub.in_bytes, &sub.in));
   if (sub.out_bytes > 0) COLLSERVE_RETURN_IF_ERROR(MapBuffer(local, sub, c.output(), sub.out_bytes, &sub.out));
+  count(c.buffer(), sub.in_bytes);
+  count(c.output(), sub.out_bytes);
   return absl::OkStatus();
 }
 

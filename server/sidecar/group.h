@@ -42,6 +42,10 @@ struct GroupEnv {
   // Called (once) when the group has no local ranks left; the sidecar drops it.
   std::function<void(const std::string& job, const std::string& group)> on_empty;
   prometheus::Family<prometheus::Counter>* collectives = nullptr;  // may be null
+  // collserve_tensor_bytes_total by path: arena, staged, inline (each may be null).
+  prometheus::Counter* bytes_arena = nullptr;
+  prometheus::Counter* bytes_staged = nullptr;
+  prometheus::Counter* bytes_inline = nullptr;
   // Threads for the intra-host data path (reductions and copies); shared by every group.
   backends::ThreadPool* pool = nullptr;
   // All-reduce across hosts: "auto" (direct while bytes x (hosts - 1) <= direct_max_bytes,

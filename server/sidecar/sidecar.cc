@@ -206,6 +206,16 @@ class SidecarImpl : public Sidecar {
                         .Name("collserve_collectives_total")
                         .Help("Collectives completed for local ranks, by op and status code.")
                         .Register(*metrics_);
+    auto& tensor_bytes = prometheus::BuildCounter()
+                             .Name("collserve_tensor_bytes_total")
+                             .Help("Bytes of local ranks' tensors (inputs and outputs) given to collectives and "
+                                   "point-to-point operations, by how they reached the sidecar: arena (the "
+                                   "client's AllocateShared memory, no copy), staged (copied by the SDK through a "
+                                   "staging segment), inline (inside the gRPC messages).")
+                             .Register(*metrics_);
+    bytes_arena_ = &tensor_bytes.Add({{"path", "arena"}});
+    bytes_staged_ = &tensor_bytes.Add({{"path", "staged"}});
+    bytes_inline_ = &tensor_bytes.Add({{"path", "inline"}});
     janitor_ = std::thread([this] { JanitorMain(); });
 
     service_ = std::make_unique<CollectivesService>(this);
@@ -317,6 +327,9 @@ class SidecarImpl : public Sidecar {
       env.host_id = options_.host_id;
       env.gloo_hostname = options_.gloo_hostname;
       env.collectives = collectives_;
+      env.bytes_arena = bytes_arena_;
+      env.bytes_staged = bytes_staged_;
+      env.bytes_inline = bytes_inline_;
       env.pool = pool_.get();
       env.allreduce_algorithm = options_.allreduce_algorithm;
       env.ring_min_bytes = options_.ring_min_bytes;
@@ -438,6 +451,9 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<pb::Registry::Stub> registry_;
   std::shared_ptr<prometheus::Registry> metrics_;
   prometheus::Family<prometheus::Counter>* collectives_ = nullptr;
+  prometheus::Counter* bytes_arena_ = nullptr;
+  prometheus::Counter* bytes_staged_ = nullptr;
+  prometheus::Counter* bytes_inline_ = nullptr;
   std::unique_ptr<CollectivesService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

@@ -2,10 +2,16 @@
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -326,6 +332,101 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
     auto [code, out] = Finish(*p);
     EXPECT_EQ(code, 0) << out << cluster->Logs();
   }
+}
+
+// COLLSERVE_MAX_STAGING_BYTES bounds the staging memory of collectives in flight: with room
+// for one 1.5 MiB tensor, issuing the second all_reduce returns only once the first has
+// completed, while a send in between goes over the limit without waiting (its receive may
+// depend on this rank's later calls). With no limit the second returns at once.
+TEST(StagingTest, CollectivesWaitForRoomSendsDoNot) {
+  for (const char* limit : {"2097152", "0"}) {
+    SCOPED_TRACE(absl::StrCat("COLLSERVE_MAX_STAGING_BYTES=", limit));
+    const bool capped = std::string(limit) != "0";
+    auto cluster = StartCluster(1);
+    ASSERT_NE(cluster, nullptr);
+    const std::vector<std::string> args = {"--mode=staging", capped ? "--iters=0" : "--iters=1"};
+    const std::map<std::string, std::string> env = {{"COLLSERVE_MAX_STAGING_BYTES", limit}};
+    auto r0 = cluster->StartRank(0, 2, 0, args, env);
+    auto r1 = cluster->StartRank(1, 2, 0, args, env);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    auto [c0, out0] = Finish(**r0);
+    auto [c1, out1] = Finish(**r1);
+    EXPECT_EQ(c0, 0) << out0 << cluster->Logs();
+    EXPECT_EQ(c1, 0) << out1;
+    EXPECT_THAT(out0, HasSubstr(capped ? "issued B; A completed=1" : "issued B; A completed=0"));
+    EXPECT_THAT(out0, HasSubstr("rank 0: staging done, 0 wrong"));
+    EXPECT_THAT(out1, HasSubstr("rank 1: staging done, 0 wrong"));
+  }
+}
+
+// GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 5 s.
+std::string HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string body;
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return body;
+}
+
+// A port nothing listens on now (bound to 0, then released).
+int UnusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's
+// 100 KiB thread stacks no room) and counts collectives and tensor bytes by path.
+TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
+  const int port = UnusedPort();
+  ASSERT_NE(port, 0);
+  auto cluster = Cluster::Start(1, {}, {absl::StrCat("--metrics_address=127.0.0.1:", port)});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto p = (*cluster)->StartRank(r, 2, 0, {"--mode=single", "--count=1000"});
+    ASSERT_TRUE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  for (auto& p : ranks) {
+    auto [code, out] = Finish(*p);
+    EXPECT_EQ(code, 0) << out;
+  }
+  const std::string body = HttpGet(port, "/metrics");
+  EXPECT_THAT(body, HasSubstr("collserve_collectives_total{code=\"OK\",op=\"all_reduce\"} 2"));
+  EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"staged\"} 8000"));
+  EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"arena\"} 0"));
+}
+
+TEST(StagingTest, BadLimitIsAnInitError) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto r0 = cluster->StartRank(0, 1, 0, {"--mode=init"}, {{"COLLSERVE_MAX_STAGING_BYTES", "-1"}});
+  ASSERT_TRUE(r0.ok());
+  auto [code, out] = Finish(**r0);
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT: COLLSERVE_MAX_STAGING_BYTES=\"-1\" is not a non-negative number"));
 }
 
 TEST(WorkTest, WaitTimeoutIsCompletedAndCallbacks) {

@@ -316,6 +316,44 @@ int main(int argc, char** argv) {
                 static_cast<long long>(wrong));
     return wrong == 0 ? 0 : 1;
   }
+  if (mode == "staging") {
+    // Two ranks, ordinary (staged) memory of 1.5 MiB per tensor. Rank 0 issues all_reduce A,
+    // a send to rank 1 and all_reduce B, then reports whether A had completed when issuing B
+    // returned, and tells rank 1 through the store. Rank 1 issues its half after that word
+    // (--iters=1) or after one second (--iters=0: rank 0 may be waiting for A inside B).
+    const int rank = (*pg)->GetRank();
+    auto* store = (*pg)->store();
+    if (store == nullptr || (*pg)->GetWorldSize() != 2) return 2;
+    const int64_t n = 3 << 17;  // float32 elements: 1.5 MiB
+    std::vector<float> a(n, 1.0f + rank), b(n, 10.0f * (rank + 1)), p2p(n, rank == 0 ? 7.0f : 0.0f);
+    std::vector<std::shared_ptr<collserve::client::Work>> works;
+    if (rank == 0) {
+      works.push_back((*pg)->AllReduce(a.data(), n, DataType::kFloat32, ReduceOp::kSum));
+      works.push_back((*pg)->Send(p2p.data(), n, DataType::kFloat32, 1));
+      works.push_back((*pg)->AllReduce(b.data(), n, DataType::kFloat32, ReduceOp::kSum));
+      std::printf("issued B; A completed=%d\n", works[0]->IsCompleted() ? 1 : 0);
+      if (!store->Set("staging/issued", "1").ok()) return 3;
+    } else {
+      if (absl::GetFlag(FLAGS_iters) == 1) {
+        if (!store->Wait({"staging/issued"}, absl::Seconds(30)).ok()) return 3;
+      } else {
+        absl::SleepFor(absl::Seconds(1));
+      }
+      works.push_back((*pg)->AllReduce(a.data(), n, DataType::kFloat32, ReduceOp::kSum));
+      works.push_back((*pg)->Recv(p2p.data(), n, DataType::kFloat32, 0));
+      works.push_back((*pg)->AllReduce(b.data(), n, DataType::kFloat32, ReduceOp::kSum));
+    }
+    for (auto& w : works) {
+      if (absl::Status st = w->Wait(); !st.ok()) {
+        std::printf("rank %d: %s\n", rank, StatusLine(st).c_str());
+        return 3;
+      }
+    }
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < n; ++i) wrong += (a[i] != 3.0f) + (b[i] != 30.0f) + (p2p[i] != 7.0f);
+    std::printf("rank %d: staging done, %lld wrong\n", rank, static_cast<long long>(wrong));
+    return wrong == 0 ? 0 : 1;
+  }
   if (mode == "bcast_root") {
     // broadcast whose root is --count's rank-dependent value: to provoke a root mismatch.
     std::vector<float> v(4, 1.0f);

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import pytest
 
@@ -104,6 +105,38 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host():
     finally:
         coordinator.kill()
         coordinator.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_arena_tensors_move_no_bytes():
+    """collserve.torch.empty tensors reach the sidecar by reference: its
+    collserve_tensor_bytes_total counts them as arena bytes, and ordinary tensors (and arena
+    tensors used with another group) as staged ones, to the byte."""
+    d = tempfile.mkdtemp(prefix="collserve-arena-")
+    metrics_port = free_port()
+    servers = []
+    try:
+        servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
+                                         "--listen_address=127.0.0.1:0", f"--port_file={d}/port",
+                                         "--metrics_address=", "--log_level=warning"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        port = _wait_port(f"{d}/port", servers[0])
+        servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-sidecar"),
+                                         f"--coordinator=127.0.0.1:{port}", f"--unix_socket={d}/s.sock",
+                                         f"--metrics_address=127.0.0.1:{metrics_port}", "--log_level=warning",
+                                         f"--port_file={d}/s.port"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_port(f"{d}/s.port", servers[1])
+        run_ranks(2, ["arena", "collserve", f"file:{d}/init"], env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock"})
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        got = {m.group(1): float(m.group(2))
+               for m in re.finditer(r'^collserve_tensor_bytes_total\{path="(\w+)"\} (\S+)$', text, re.M)}
+        assert got == {"arena": 2 * (24000 + 32), "staged": 2 * (16 + 20), "inline": 0}, text
+    finally:
+        for p in reversed(servers):
+            p.kill()
+            p.wait()
         shutil.rmtree(d, ignore_errors=True)
 
 

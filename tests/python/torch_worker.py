@@ -2,7 +2,7 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | hosts | idle. BACKEND: collserve or gloo. INIT: env
+SCENARIO: collectives | errors | ddp | hosts | idle | arena. BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
 AssertionError; success prints "rank R: SCENARIO ok".
@@ -236,6 +236,9 @@ def errors(rank, world):
     except RuntimeError as e:
         assert "DEADLINE_EXCEEDED" in str(e), e
     assert not work.is_completed()
+    # Nobody sends before every rank's wait timed out (a rank descheduled for 0.3 s would
+    # otherwise find its message already there).
+    dist.barrier()
     dist.send(torch.full((1,), 5.0), dst=(rank - 1) % world, tag=99)
     work.wait()
     dist.barrier()
@@ -260,6 +263,36 @@ def ddp(rank, world, out):
         torch.save([p.detach().clone() for p in model.parameters()], out)
 
 
+def arena(rank, world):
+    """collserve.torch.empty tensors in collectives (2 ranks). Bytes by path, per rank:
+    arena 24000 + 32, staged 16 + 20 (test_arena_tensors_move_no_bytes checks the sum)."""
+    t = collserve.torch.empty(1000, 3, dtype=torch.float64)
+    assert t.shape == (1000, 3) and t.dtype == torch.float64 and t.is_contiguous(), t
+    assert t.data_ptr() % 64 == 0 and not t.any()
+    t.fill_(rank + 1)
+    dist.all_reduce(t)  # in place in the arena: 24000 bytes
+    equal(t, torch.full((1000, 3), float(sum(range(1, world + 1))), dtype=torch.float64))
+    out = collserve.torch.empty((world * 4,), dtype=torch.int32)
+    dist._all_gather_base(out, torch.full((4,), rank, dtype=torch.int32))  # output arena 32, input staged 16
+    equal(out, torch.arange(world, dtype=torch.int32).repeat_interleave(4))
+    zero = collserve.torch.empty(0)
+    dist.all_reduce(zero)
+    assert zero.numel() == 0 and zero.dtype == torch.float32
+    # The default group's arena, used with another group: an ordinary (staged) tensor there.
+    other = dist.new_group(list(range(world)))
+    t2 = collserve.torch.empty(5, dtype=torch.float32)
+    t2.fill_(rank)
+    dist.all_reduce(t2, group=other)  # staged 20
+    equal(t2, torch.full((5,), float(sum(range(world)))))
+    try:
+        collserve.torch.empty(4, group=dist.new_group(list(range(world)), backend="gloo"))
+        raise AssertionError("empty() accepted a gloo group")
+    except ValueError as e:
+        assert "not a collserve group" in str(e), e
+    del t, out, t2  # frees the arena memory (the sidecar unmaps it on the next call)
+    dist.barrier()
+
+
 def main():
     scenario, backend, how = sys.argv[1:4]
     rank, world = init(backend, how)
@@ -277,6 +310,8 @@ def main():
         print(f"rank {rank}: ready", flush=True)
         import time
         time.sleep(300)
+    elif scenario == "arena":
+        arena(rank, world)
     elif scenario == "ddp":
         ddp(rank, world, sys.argv[4])
         dist.barrier()

@@ -61,13 +61,26 @@ struct InitOptions {
   // Default deadline of each collective, enforced by the sidecar (and by Work::Wait as a
   // safety net). Env: COLLSERVE_OP_TIMEOUT_S. Default 300 s.
   absl::Duration op_timeout = absl::Seconds(300);
+  // Bytes of staging segments (the shared-memory copies of tensors outside the arena) that
+  // this group's collectives may hold at once, in bytes; 0 = no limit. A collective that
+  // needs staging beyond it waits, inside the call that issues it, until this group's
+  // earlier collectives complete and return theirs (at most its own op_timeout; then it
+  // goes over). One collective larger than the limit still runs, alone. Bounds the memory
+  // of deep asynchronous queues (the sidecar maps every segment it is given): with the
+  // default, two 64 MiB tensors per rank are in flight. Send/recv never wait (a receive
+  // may depend on this rank's later sends) but count. Env: COLLSERVE_MAX_STAGING_BYTES.
+  int64_t max_staging_bytes = kDefaultMaxStagingBytes;
+  static constexpr int64_t kDefaultMaxStagingBytes = int64_t{128} << 20;
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY.
-  // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, or a timeout is
-  // not a positive number.
+  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES.
+  // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
+  // a positive number, or COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer.
   static absl::StatusOr<InitOptions> FromEnv();
+  // COLLSERVE_MAX_STAGING_BYTES, or `fallback` when unset (for bindings that fill the
+  // other fields themselves). INVALID_ARGUMENT when it is not a non-negative integer.
+  static absl::StatusOr<int64_t> MaxStagingBytesFromEnv(int64_t fallback = kDefaultMaxStagingBytes);
 };
 
 // The handle of an asynchronous operation (torch.distributed.Work).
