@@ -11,7 +11,9 @@ busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
       the SDK copies through a staging segment (what a torch tensor gets).
       Then the memory-bandwidth bound for that 64 MiB all_reduce, from this machine's copy and
       sum bandwidth measured in the same run (build/bench/collserve-membw; derivation in
-      RESULTS.md), and the fraction of it collserve reached.
+      RESULTS.md), and the fraction of it collserve reached. Last, the all_reduce written
+      against torch.distributed with the "collserve" backend (bench/torch_perf.py), with
+      torch.zeros tensors (copied through staging) and collserve.torch.empty ones (arena).
   (b) the sidecar's peak resident memory (VmHWM) during a 64 MiB all_reduce among 4 local
       ranks, against the limit 2 x tensor bytes x local ranks + 64 MiB.
   (c) two hosts made with network namespaces (a bridge, one veth per host, needs root and
@@ -114,6 +116,7 @@ def one_host(a, build):
         heap = rows(finish(launch([*ours, *common, "-m", "heap"], a.nproc, build), "collserve-perf -m heap"))
         if op == "all_reduce":
             big = mine[max(mine)][1]
+            gloo_all_reduce = theirs
         for size in sorted(mine):
             t, m, h = theirs[size][1], mine[size][1], heap[size][1]
             print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}{h:>10.3f}{h / t:>8.2f}",
@@ -124,6 +127,16 @@ def one_host(a, build):
     print(f"# 8-byte all_reduce latency: torch gloo {t:.1f} us, collserve {m:.1f} us, "
           f"collserve / gloo = {m / t:.2f} (target <= 0.25)")
     bound(a, build, big)
+    # The same all_reduce written against torch.distributed, with the collserve backend.
+    common = ["-b", "1M", "-e", "64M", "-f", "64", "-n", str(a.n), "-w", str(a.w), "-o", "all_reduce"]
+    print(f"# torch.distributed with backend \"collserve\" (bench/torch_perf.py --backend collserve): "
+          f"torch.zeros tensors, then collserve.torch.empty ones")
+    print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'torch.zeros':>12}{'ratio':>8}{'.empty':>10}{'ratio':>8}")
+    via = {m: rows(finish(launch([*torch[:-1], "collserve", *common, "-m", m], a.nproc, build), f"torch_perf -m {m}"))
+           for m in ("heap", "arena")}
+    for size in sorted(via["arena"]):
+        t, h, e = gloo_all_reduce[size][1], via["heap"][size][1], via["arena"][size][1]
+        print(f"{'all_reduce':<16}{size:>10}{t:>12.3f}{h:>12.3f}{h / t:>8.2f}{e:>10.3f}{e / t:>8.2f}", flush=True)
 
 
 def wait_file(path, proc, what):

@@ -11,7 +11,9 @@ all; time is each rank's mean per op, averaged over ranks. torch 1.13's Gloo has
 reduce_scatter: -o reduce_scatter times its all_reduce-based equivalent (all_reduce of
 the whole input, then this rank's block copied out), and the header says so; nor
 _allgather_base: all_gather is the list form into views of one output tensor. all_to_all
-is all_to_all_single, send_recv is an isend/irecv ring.
+is all_to_all_single, send_recv is an isend/irecv ring. With --backend collserve,
+`-m arena` allocates the tensors with collserve.torch.empty (the sidecar's shared-memory
+arena: no copy between the process and the sidecar); the default `-m heap` uses torch.zeros.
 Only the out-of-place or in-place column that torch's call has is filled, as collserve-perf.
 """
 import argparse
@@ -121,7 +123,11 @@ def main():
     p.add_argument("-d", default="float", choices=sorted(DTYPES))
     p.add_argument("-r", type=int, default=0)
     p.add_argument("-c", type=int, default=1)
+    p.add_argument("-m", default="heap", choices=["heap", "arena"],
+                   help="tensor memory: torch.zeros, or collserve.torch.empty (--backend collserve)")
     a = p.parse_args()
+    if a.m == "arena" and a.backend != "collserve":
+        p.error("-m arena needs --backend collserve")
     if a.backend == "collserve":
         import collserve.torch  # noqa: F401
     torch.set_num_threads(1)
@@ -138,7 +144,7 @@ def main():
     if rank == 0:
         note = " (reduce_scatter = all_reduce + copy of this rank's block)" if a.o == "reduce_scatter" else ""
         print(f"# torch_perf: torch {torch.__version__} {a.backend}, {a.o}{note}, {a.d}, {n} ranks, "
-              f"-n {a.n} -w {a.w} -c {a.c}")
+              f"-n {a.n} -w {a.w} -c {a.c} -m {a.m}")
         print(f"#{'out-of-place':>62}{'in-place':>32}")
         print("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s" % (
             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
@@ -151,7 +157,10 @@ def main():
             nbytes = max(nbytes * a.f, 1)
             continue
         size = count * torch.tensor([], dtype=dtype).element_size()
-        inp, out = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
+        if a.m == "arena":
+            inp, out = collserve.torch.empty(count, dtype=dtype), collserve.torch.empty(count, dtype=dtype)
+        else:
+            inp, out = torch.zeros(count, dtype=dtype), torch.zeros(count, dtype=dtype)
         cols = ""
         for in_place in (False, True):
             if in_place != (a.o in IN_PLACE):

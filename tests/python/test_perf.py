@@ -49,8 +49,8 @@ def test_bad_flags_are_refused():
     assert r.returncode != 0 and "-m must be arena or heap" in r.stderr, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("backend", ["gloo", "collserve"])
-def test_torch_side_of_the_comparison_checks_its_results(backend):
+@pytest.mark.parametrize("backend,memory", [("gloo", "heap"), ("collserve", "heap"), ("collserve", "arena")])
+def test_torch_side_of_the_comparison_checks_its_results(backend, memory):
     pytest.importorskip("torch")
     if backend == "collserve" and not any(
             f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))):
@@ -59,7 +59,8 @@ def test_torch_side_of_the_comparison_checks_its_results(backend):
                           "torch_perf.py")
     for op in ("all_reduce", "all_gather", "reduce_scatter"):
         r = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--no_prefix", script,
-                            "--backend", backend, "-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-o", op],
+                            "--backend", backend, "-m", memory, "-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1",
+                            "-o", op],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and "# Out of bounds values : 0 OK" in r.stdout, r.stdout + r.stderr
         assert len([line for line in r.stdout.splitlines() if line and not line.startswith("#")]) == 3, r.stdout
