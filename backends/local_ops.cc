@@ -86,13 +86,16 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
 
 namespace {
 
-// Per-thread scratch blocks of kLocalChunkBytes (the running result and a scaled input), on
+// A chunk is reduced in blocks of this many bytes (see RunLocalReduce).
+constexpr size_t kL1BlockBytes = 1024;
+
+// Per-thread scratch blocks of kL1BlockBytes (the running result and a scaled input), on
 // the heap: a thread_local array would be static TLS, which glibc carves out of every
 // thread's stack, so libraries that start threads with small stacks (civetweb, behind the
 // metrics endpoint: 100 KiB) could no longer start them.
 struct ScratchBlocks {
   struct alignas(64) Block {
-    char bytes[kLocalChunkBytes];
+    char bytes[kL1BlockBytes];
   };
   std::unique_ptr<Block[]> blocks = std::make_unique<Block[]>(2);
 };
@@ -113,9 +116,17 @@ void RunLocalReduce(ThreadPool& pool, const LocalReduce& r) {
   const size_t chunks = (r.count + per_chunk - 1) / per_chunk;
   const ReduceOp op = (r.op == ReduceOp::kAvg || r.op == ReduceOp::kPremulSum) ? ReduceOp::kSum : r.op;
   const bool scaled = !r.premul.empty();
+  // Each chunk in 1 KiB blocks: every source and destination advances 1 KiB at a time, so
+  // the hardware prefetchers see all of them as concurrent sequential streams, and the
+  // running result (read and rewritten once per source) never leaves L1. Measured with
+  // collserve-membw (4 x 64 MiB, 2 threads): 6.0-6.8 GB/s algbw with 8 and 64 KiB blocks,
+  // 9.2-9.7 with 512 B to 1 KiB.
+  const size_t per_block = std::max<size_t>(kL1BlockBytes / es, 1);
   pool.ParallelFor(chunks, [&](size_t c) {
-    const size_t first = c * per_chunk;
-    const size_t n = std::min(per_chunk, r.count - first);
+    const size_t chunk_first = c * per_chunk;
+    const size_t chunk_end = std::min(chunk_first + per_chunk, r.count);
+    for (size_t first = chunk_first; first < chunk_end; first += per_block) {
+    const size_t n = std::min(per_block, chunk_end - first);
     const size_t off = first * es;
     const size_t bytes = n * es;
     char* acc = Scratch(0);
@@ -140,6 +151,7 @@ void RunLocalReduce(ThreadPool& pool, const LocalReduce& r) {
     }
     if (r.divisor > 1) DivideInPlace(r.dtype, acc, n, r.divisor);
     for (char* dst : r.dsts) std::memcpy(dst + off, acc, bytes);
+    }
   });
 }
 

@@ -49,7 +49,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-// Bytes per chunk: 4 inputs, the scratch block and an output fit in a 512 KiB L2.
+// Bytes per chunk: the unit of work one pool thread takes (RunLocalReduce walks it in 1 KiB
+// blocks, every source and destination advancing together).
 inline constexpr size_t kLocalChunkBytes = 64 * 1024;
 
 // One element-wise reduction: dsts[k][i] = op over j of (srcs[j][i] * premul[j]), divided

@@ -1,11 +1,17 @@
 // collserve-membw: this machine's memory bandwidth, measured the way bench/RESULTS.md's
 // bound for the one-host all_reduce needs it (Google Benchmark; one process, no service).
 //
-//   BM_Memcpy             single-thread memcpy of a 64 MiB buffer; bytes_per_second =
+//   BM_Memcpy             single-thread memcpy of a 128 MiB buffer; bytes_per_second =
 //                         bytes copied per second (each byte is read once and written once).
-//   BM_Sum/threads:T      c[i] = a[i] + b[i] over float32 buffers of 64 MiB each, the
+//   BM_Sum/threads:T      c[i] = a[i] + b[i] over float32 buffers of 128 MiB each, the
 //                         elements split among T threads; bytes_per_second = bytes of c
 //                         produced per second (2 bytes read and 1 written for each).
+//   BM_SumInPlace/        a[i] += b[i] over the same buffers; bytes_per_second = bytes of
+//     threads:T           a updated per second. Exactly 3 bytes of memory traffic per byte
+//                         (a and b read, a written back: a's lines are read anyway, so
+//                         whether the CPU would read a line before overwriting it does not
+//                         matter), the same read-then-write-in-place pattern as the
+//                         sidecar's in-place all_reduce.
 // Google Benchmark prints rates in binary units: "G/s" is 2^30 bytes per second.
 //   BM_LocalAllReduce     the sidecar's in-place all_reduce kernel (backends/local_ops.h)
 //     /ranks/threads      over `ranks` separate 64 MiB float32 tensors on a pool of
@@ -23,25 +29,31 @@
 
 namespace {
 
+// The all_reduce's tensors.
 constexpr size_t kBytes = 64 << 20;
+// The bandwidth benchmarks' buffers: twice as large, so that each touches at least the
+// all_reduce's 4 x 64 MiB. With 64 MiB buffers, sum's 192 MiB sometimes half fitted in the
+// host's caches (a shared VM: twice the rate, depending on the neighbours) and the "bound"
+// was the cache's, not memory's.
+constexpr size_t kStreamBytes = 128 << 20;
 
-std::vector<float> Filled(float v) { return std::vector<float>(kBytes / sizeof(float), v); }
+std::vector<float> Filled(float v, size_t bytes = kBytes) { return std::vector<float>(bytes / sizeof(float), v); }
 
 void BM_Memcpy(benchmark::State& state) {
-  std::vector<char> src(kBytes, 1), dst(kBytes, 0);
+  std::vector<char> src(kStreamBytes, 1), dst(kStreamBytes, 0);
   for (auto _ : state) {
-    std::memcpy(dst.data(), src.data(), kBytes);
+    std::memcpy(dst.data(), src.data(), kStreamBytes);
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kBytes);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * kStreamBytes);
 }
 BENCHMARK(BM_Memcpy)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// c = a + b over 64 MiB float32 buffers, the elements split among `threads` threads (a
+// c = a + b over 128 MiB float32 buffers, the elements split among `threads` threads (a
 // ThreadPool, the benchmark's thread included).
 void BM_Sum(benchmark::State& state) {
-  std::vector<float> a = Filled(1.0f), b = Filled(2.0f), c = Filled(0.0f);
+  std::vector<float> a = Filled(1.0f, kStreamBytes), b = Filled(2.0f, kStreamBytes), c = Filled(0.0f, kStreamBytes);
   const int threads = static_cast<int>(state.range(0));
   collserve::backends::ThreadPool pool(threads);
   const size_t per = a.size() / static_cast<size_t>(threads);
@@ -53,9 +65,27 @@ void BM_Sum(benchmark::State& state) {
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBytes));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kStreamBytes));
 }
 BENCHMARK(BM_Sum)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// a += b over 128 MiB float32 buffers, split as in BM_Sum.
+void BM_SumInPlace(benchmark::State& state) {
+  std::vector<float> a = Filled(1.0f, kStreamBytes), b = Filled(0.0f, kStreamBytes);
+  const int threads = static_cast<int>(state.range(0));
+  collserve::backends::ThreadPool pool(threads);
+  const size_t per = a.size() / static_cast<size_t>(threads);
+  for (auto _ : state) {
+    pool.ParallelFor(static_cast<size_t>(threads), [&](size_t t) {
+      const size_t first = t * per;
+      for (size_t i = first; i < first + per; ++i) a[i] += b[i];
+    });
+    benchmark::DoNotOptimize(a.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kStreamBytes));
+}
+BENCHMARK(BM_SumInPlace)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_LocalAllReduce(benchmark::State& state) {
   const int ranks = static_cast<int>(state.range(0));
