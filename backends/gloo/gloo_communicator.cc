@@ -67,9 +67,11 @@ class GlooStoreAdapter : public ::gloo::rendezvous::Store {
 
 // Maps a Gloo exception to a status. Gloo reports timeouts as IoException with text only,
 // so a failure that took at least the timeout is classified as DEADLINE_EXCEEDED by time.
+// Gloo gets the timeout in whole milliseconds (ToMillis truncates), so it gives up to 1 ms
+// before `timeout`: compare against the truncated value.
 absl::Status FromGlooException(const std::exception& e, absl::Time start, absl::Duration timeout,
                                absl::string_view what) {
-  if (absl::Now() - start >= timeout) {
+  if (absl::Now() - start >= absl::Floor(timeout, absl::Milliseconds(1))) {
     return absl::DeadlineExceededError(
         absl::StrCat(what, " across hosts timed out after ", absl::FormatDuration(timeout), ": ",
                      e.what()));
