@@ -50,40 +50,35 @@ void BM_Memcpy(benchmark::State& state) {
 }
 BENCHMARK(BM_Memcpy)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// c = a + b over 128 MiB float32 buffers, the elements split among `threads` threads (a
-// ThreadPool, the benchmark's thread included).
-void BM_Sum(benchmark::State& state) {
-  std::vector<float> a = Filled(1.0f, kStreamBytes), b = Filled(2.0f, kStreamBytes), c = Filled(0.0f, kStreamBytes);
+// Runs `element(i)` for every i < n, the range split among state.range(0) threads (a
+// ThreadPool, the benchmark's thread included), once per benchmark iteration; counts
+// kStreamBytes per iteration.
+template <typename F>
+void SplitAmongThreads(benchmark::State& state, size_t n, const float* result, F element) {
   const int threads = static_cast<int>(state.range(0));
   collserve::backends::ThreadPool pool(threads);
-  const size_t per = a.size() / static_cast<size_t>(threads);
+  const size_t per = n / static_cast<size_t>(threads);
   for (auto _ : state) {
     pool.ParallelFor(static_cast<size_t>(threads), [&](size_t t) {
-      const size_t first = t * per;
-      for (size_t i = first; i < first + per; ++i) c[i] = a[i] + b[i];
+      for (size_t i = t * per; i < (t + 1) * per; ++i) element(i);
     });
-    benchmark::DoNotOptimize(c.data());
+    benchmark::DoNotOptimize(result);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kStreamBytes));
 }
+
+// c = a + b over 128 MiB float32 buffers.
+void BM_Sum(benchmark::State& state) {
+  std::vector<float> a = Filled(1.0f, kStreamBytes), b = Filled(2.0f, kStreamBytes), c = Filled(0.0f, kStreamBytes);
+  SplitAmongThreads(state, a.size(), c.data(), [&](size_t i) { c[i] = a[i] + b[i]; });
+}
 BENCHMARK(BM_Sum)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// a += b over 128 MiB float32 buffers, split as in BM_Sum.
+// a += b over 128 MiB float32 buffers.
 void BM_SumInPlace(benchmark::State& state) {
   std::vector<float> a = Filled(1.0f, kStreamBytes), b = Filled(0.0f, kStreamBytes);
-  const int threads = static_cast<int>(state.range(0));
-  collserve::backends::ThreadPool pool(threads);
-  const size_t per = a.size() / static_cast<size_t>(threads);
-  for (auto _ : state) {
-    pool.ParallelFor(static_cast<size_t>(threads), [&](size_t t) {
-      const size_t first = t * per;
-      for (size_t i = first; i < first + per; ++i) a[i] += b[i];
-    });
-    benchmark::DoNotOptimize(a.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kStreamBytes));
+  SplitAmongThreads(state, a.size(), a.data(), [&](size_t i) { a[i] += b[i]; });
 }
 BENCHMARK(BM_SumInPlace)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
