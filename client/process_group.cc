@@ -24,6 +24,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/shm.h"
+#include "common/types.h"
 
 namespace collserve::client {
 namespace {

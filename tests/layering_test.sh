@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A lower layer must never include a higher one (DESIGN.md "Dependency rules"):
-# proto <- common <- {store, backends, client} <- server/{coordinator,sidecar}.
+# A lower layer must never include a higher one (docs/architecture.md "Layers"):
+# proto <- common <- {store, backends, client} <- engine <- server/{coordinator,sidecar}.
 # (Not `! grep` under `set -e`: bash ignores -e for `!` pipelines.)
 cd "${1:-$(dirname "$0")/..}" || exit 2
 fail=0
@@ -13,8 +13,10 @@ forbid() {  # forbid <dir> <regex of include prefixes>
 forbid common/              'collserve/v1/|collserve/client|server/|client/|store/|backends/'
 forbid store/               'grpc|collserve/v1/|collserve/client|server/|client/|backends/|common/grpc_status'
 forbid backends/            'grpc|collserve/v1/|collserve/client|server/|client/|store/|common/grpc_status'
+# The collective engine: no transport or metrics types (gRPC, protobuf, prometheus).
+forbid engine/              'backends/gloo|backends/nccl|gloo/|nccl|grpc|google/protobuf|prometheus|\.pb\.h|collserve/v1/|collserve/client|server/|client/|store/|common/grpc_status'
 forbid client/              'server/|store/|backends/'
-forbid server/coordinator/  'backends/|collserve/client|client/|gloo/|nccl|cuda'
+forbid server/coordinator/  'backends/|engine/|collserve/client|client/|gloo/|nccl|cuda'
 forbid server/sidecar/      'store/|server/coordinator/'
 forbid python/              'collserve/v1/|server/|store/|backends/|grpc|common/grpc_status'  # the public SDK only
 # common/ may see gRPC only in grpc_status.*

@@ -1,5 +1,5 @@
 // The coordinator: Store + Registry gRPC services, the health service and /metrics.
-// The coordinator is never on the data path (DESIGN.md).
+// The coordinator is never on the data path (docs/architecture.md).
 #ifndef COLLSERVE_SERVER_COORDINATOR_COORDINATOR_H_
 #define COLLSERVE_SERVER_COORDINATOR_COORDINATOR_H_
 

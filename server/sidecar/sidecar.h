@@ -1,4 +1,5 @@
-// The sidecar: serves the training processes of one host (DESIGN.md "sidecar").
+// The sidecar: serves the training processes of one host (docs/architecture.md). This is
+// its RPC layer: Session streams become calls on the collective engine (engine/engine.h).
 //
 // Clients attach a Session stream per (group, rank). The sidecar joins the group at the
 // coordinator on each rank's behalf, learns which ranks live on which host, connects a

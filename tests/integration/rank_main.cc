@@ -28,6 +28,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
+#include "common/types.h"
 
 ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init");
 ABSL_FLAG(std::string, counts, "0,1,7,1000,1048576", "element counts for sweep");

@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/types.h"
+#include "collserve/types.h"
 
 namespace collserve::client {
 
@@ -171,7 +171,7 @@ class ProcessGroup {
   //   DEADLINE_EXCEEDED a rank did not arrive within the op timeout (names the missing ranks)
   //   UNAVAILABLE       the sidecar, a peer host or a rank went away
   //   FAILED_PRECONDITION the group was aborted by an earlier failure
-  // Algorithm: hierarchical (DESIGN.md). The sidecar reduces its local ranks' tensors in
+  // Algorithm: hierarchical (docs/architecture.md). The sidecar reduces its local ranks' tensors in
   // shared memory (64 KiB chunks on a thread pool, each chunk written straight to every
   // rank); across hosts it exchanges the hosts' partial results directly (small tensors) or
   // runs Gloo's ring (large; the local reduction and copies overlap the transfer piece by

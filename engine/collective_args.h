@@ -5,17 +5,17 @@
 // verdict from the same table, so a desync gives every rank the same error instead of a
 // hang (always-on desync detection, in the spirit of torch's TORCH_DISTRIBUTED_DEBUG=DETAIL
 // collective fingerprints, ../shared/reference/torch_distributed_api_docs.md).
-#ifndef COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
-#define COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
+#ifndef COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_
+#define COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "collserve/v1/collectives.pb.h"
+#include "engine/types.h"
 
-namespace collserve::server {
+namespace collserve::engine {
 
 // One rank's arguments as exchanged between hosts. Fixed layout, all int64 so it is the
 // same on every host (hosts are one architecture). Fields an op does not use are zero, so
@@ -33,22 +33,26 @@ struct RankArgs {
 };
 static_assert(sizeof(RankArgs) == 72, "RankArgs is exchanged as raw bytes");
 
-// The args of `rank`'s request with the fields its op does not use zeroed.
-RankArgs ArgsOf(int rank, const collserve::v1::Collective& c, bool valid);
+// The op of exchanged args (a CollectiveOp value; remote bytes are checked by Disagreement).
+inline CollectiveOp OpOf(const RankArgs& a) { return static_cast<CollectiveOp>(a.op); }
 
-// torch-style op name: "all_reduce", "reduce_scatter", ...
-std::string OpName(int op);
+// The args of `rank`'s request with the fields its op does not use zeroed.
+RankArgs ArgsOf(int rank, const Request& c, bool valid);
 
 // Whether an op moves data between the sidecar and the client's buffers in place
 // (ALL_REDUCE, BROADCAST, REDUCE) rather than from `buffer` to `output`.
-bool IsInPlace(int op);
+bool IsInPlace(CollectiveOp op);
 // Whether the ranks' splits must be exchanged to check and run the op.
-bool NeedsSplits(int op);
+bool NeedsSplits(CollectiveOp op);
+
+// The largest tensor (input or output) one request may describe, in bytes (2^48 = 256 TiB:
+// far above any real tensor, far below where byte arithmetic overflows).
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 
 // The checks one rank's request must pass on its own: known op and dtype, the reduce op
-// defined for the dtype, root in range, splits of world_size entries that sum to the
-// counts (see collectives.proto). INVALID_ARGUMENT with the reason.
-absl::Status ValidateRequest(const collserve::v1::Collective& c, int rank, int world_size);
+// defined for the dtype, root in range, counts within kMaxTensorBytes, splits of world_size
+// entries that sum to the counts (see collectives.proto). INVALID_ARGUMENT with the reason.
+absl::Status ValidateRequest(const Request& c, int rank, int world_size);
 
 // "" if the ranks agree on op, and for that op on dtype, reduce_op, root and count; else
 // a message naming which ranks called what, e.g.
@@ -68,6 +72,6 @@ struct RankSplits {
 // per Disagreement.
 std::string SizeDisagreement(const std::vector<RankArgs>& args, const std::vector<RankSplits>& splits);
 
-}  // namespace collserve::server
+}  // namespace collserve::engine
 
-#endif  // COLLSERVE_SERVER_SIDECAR_COLLECTIVE_ARGS_H_
+#endif  // COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_

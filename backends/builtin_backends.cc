@@ -1,0 +1,35 @@
+// The backends this build links (backends/registry.h AddBuiltinBackends).
+#include "backends/gloo/gloo_communicator.h"
+#include "backends/registry.h"
+#include "common/status_macros.h"
+#ifdef COLLSERVE_WITH_NCCL
+#include "backends/nccl/nccl_communicator.h"
+#endif
+
+namespace collserve::backends {
+
+absl::Status AddBuiltinBackends(BackendRegistry& registry) {
+  COLLSERVE_RETURN_IF_ERROR(registry.Register(
+      "gloo", {DeviceType::kCpu}, [](RendezvousStore& store, const ConnectParams& p) {
+        GlooOptions gloo;
+        gloo.hostname = p.hostname;
+        gloo.connect_timeout = p.connect_timeout;
+        gloo.ring_segment_bytes = p.ring_segment_bytes;
+        return ConnectGloo(store, p.prefix, p.rank, p.size, gloo);
+      }));
+  COLLSERVE_RETURN_IF_ERROR(registry.SetDefault(DeviceType::kCpu, "gloo"));
+#ifdef COLLSERVE_WITH_NCCL
+  // NCCL stages host buffers through the GPU, so it serves CPU groups that ask for it too.
+  COLLSERVE_RETURN_IF_ERROR(registry.Register(
+      "nccl", {DeviceType::kCuda, DeviceType::kCpu}, [](RendezvousStore& store, const ConnectParams& p) {
+        NcclOptions nccl;
+        nccl.device = p.device;
+        nccl.connect_timeout = p.connect_timeout;
+        return ConnectNccl(store, p.prefix, p.rank, p.size, nccl);
+      }));
+  COLLSERVE_RETURN_IF_ERROR(registry.SetDefault(DeviceType::kCuda, "nccl"));
+#endif
+  return absl::OkStatus();
+}
+
+}  // namespace collserve::backends

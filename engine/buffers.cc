@@ -1,0 +1,72 @@
+#include "engine/buffers.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/types.h"
+#include "engine/collective_args.h"
+
+namespace collserve::engine {
+
+absl::StatusOr<char*> SegmentTable::Map(const BufferRef& b, size_t bytes, Submission& sub) {
+  if (b.offset < 0 || b.segment_bytes <= 0 || static_cast<uint64_t>(b.offset) > static_cast<uint64_t>(b.segment_bytes) ||
+      bytes > static_cast<uint64_t>(b.segment_bytes) - static_cast<uint64_t>(b.offset)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor of ", bytes, " bytes at offset ", b.offset,
+                                                   " does not fit segment ", b.segment, " of ", b.segment_bytes,
+                                                   " bytes"));
+  }
+  auto seg = segments_.find(b.segment);
+  if (seg == segments_.end() || seg->second->size() < static_cast<size_t>(b.segment_bytes)) {
+    if (seg == segments_.end() && segments_.size() >= kMaxMappedSegments) {
+      return absl::ResourceExhaustedError(absl::StrCat("rank uses more than ", kMaxMappedSegments,
+                                                       " shared-memory segments at once"));
+    }
+    auto opened = ShmSegment::Open(b.segment, static_cast<size_t>(b.segment_bytes));
+    if (!opened.ok()) return opened.status();
+    // Mapped: the name is no longer needed, and removing it now means a client that dies
+    // leaves nothing behind in /dev/shm. The client keeps naming it; we keep the mapping.
+    ShmSegment::Remove(b.segment);
+    seg = segments_.insert_or_assign(b.segment, std::shared_ptr<ShmSegment>(std::move(*opened))).first;
+  }
+  sub.segments.push_back(seg->second);
+  return seg->second->data() + b.offset;
+}
+
+absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer) {
+  Request& c = sub.args;
+  const CollectiveOp op = c.op;
+  if (op == CollectiveOp::kBarrier || op == CollectiveOp::kMonitoredBarrier) return absl::OkStatus();
+  const size_t es = ElementSize(static_cast<DataType>(c.dtype));
+  // RECV's tensor is its output; SEND's its input.
+  const bool in_place = IsInPlace(op);
+  sub.in_bytes = op == CollectiveOp::kRecv ? 0 : static_cast<size_t>(c.count) * es;
+  sub.out_bytes = in_place ? 0 : static_cast<size_t>(op == CollectiveOp::kRecv ? c.count : c.output_count) * es;
+  if (c.buffer.segment.empty()) {
+    // Inline: the input arrives in the request, the result goes back in the completion.
+    if (c.buffer.inline_data.size() != sub.in_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("inline tensor holds ", c.buffer.inline_data.size(),
+                                                     " bytes, but count and dtype need ", sub.in_bytes));
+    }
+    sub.inline_mode = true;
+    sub.inline_in = std::make_unique<std::string>(std::move(c.buffer.inline_data));
+    sub.in = sub.inline_in->data();
+    sub.inline_out = std::make_unique<std::string>(sub.out_bytes, '\0');
+    sub.out = sub.inline_out->data();
+    if (observer != nullptr) observer->OnTensorBytes(BytePath::kInline, sub.in_bytes + sub.out_bytes);
+    return absl::OkStatus();
+  }
+  if (sub.in_bytes > 0) {
+    COLLSERVE_ASSIGN_OR_RETURN(sub.in, segments.Map(c.buffer, sub.in_bytes, sub));
+  }
+  if (sub.out_bytes > 0) {
+    COLLSERVE_ASSIGN_OR_RETURN(sub.out, segments.Map(c.output, sub.out_bytes, sub));
+  }
+  if (observer != nullptr) {
+    if (sub.in_bytes > 0) observer->OnTensorBytes(c.buffer.arena ? BytePath::kArena : BytePath::kStaged, sub.in_bytes);
+    if (sub.out_bytes > 0) {
+      observer->OnTensorBytes(c.output.arena ? BytePath::kArena : BytePath::kStaged, sub.out_bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace collserve::engine

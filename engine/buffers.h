@@ -1,0 +1,47 @@
+// Sessions' buffers: the shared-memory segments one local rank has named, mapped on first
+// use and kept until the client releases them, and the resolution of a request's tensors
+// to memory the engine may read and write.
+#ifndef COLLSERVE_ENGINE_BUFFERS_H_
+#define COLLSERVE_ENGINE_BUFFERS_H_
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/shm.h"
+#include "engine/interfaces.h"
+#include "engine/submission.h"
+
+namespace collserve::engine {
+
+// Segments one rank may have mapped at once: the SDK keeps a few free staging ones, one per
+// collective in flight and one per SharedBuffer, and reports the ones it drops.
+inline constexpr size_t kMaxMappedSegments = 1024;
+
+// One rank's mapped segments, by name. Not thread-safe (the group's lock guards it).
+class SegmentTable {
+ public:
+  // Maps `bytes` at `offset` of the segment named by `b` (opening it on first use, then
+  // removing its name so that nothing is left in /dev/shm if the client dies), keeps the
+  // mapping alive in `sub`, and returns the address. INVALID_ARGUMENT (the range does not
+  // fit the segment), NOT_FOUND / UNAVAILABLE (shm_open/mmap failed), RESOURCE_EXHAUSTED
+  // (more than kMaxMappedSegments).
+  absl::StatusOr<char*> Map(const BufferRef& b, size_t bytes, Submission& sub);
+  // Unmaps a segment the client released (a queued request that uses it keeps its mapping).
+  void Release(const std::string& name) { segments_.erase(name); }
+
+ private:
+  std::map<std::string, std::shared_ptr<ShmSegment>> segments_;
+};
+
+// Sets sub.in/in_bytes and sub.out/out_bytes from the request's buffers: the mapped
+// segments (local sessions) or the inline bytes (moved out of the request). Requires
+// ValidateRequest(sub.args).ok(). Reports the bytes to `observer` (may be null).
+// INVALID_ARGUMENT if an inline tensor's size does not match count and dtype; else as Map.
+absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer);
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_BUFFERS_H_

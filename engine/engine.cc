@@ -1,0 +1,152 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/shm.h"
+#include "common/types.h"
+
+namespace collserve::engine {
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options, CoordinatorLink* coordinator,
+                                                       const backends::BackendRegistry* backends,
+                                                       EngineObserver* observer) {
+  if (options.host_id.empty()) return absl::InvalidArgumentError("the engine needs a host_id");
+  if (absl::Status s = ValidateAllReduceAlgorithm(options.algorithms.allreduce_algorithm); !s.ok()) return s;
+  if (coordinator == nullptr || backends == nullptr) {
+    return absl::InvalidArgumentError("the engine needs a coordinator link and a backend registry");
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(options), coordinator, backends, observer));
+}
+
+Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,
+               EngineObserver* observer)
+    : options_(std::move(options)), coordinator_(coordinator), backends_(backends), observer_(observer) {
+  int threads = options_.data_threads;
+  if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  pool_ = std::make_unique<backends::ThreadPool>(threads);
+  janitor_ = std::thread([this] { JanitorMain(); });
+}
+
+Engine::~Engine() { Shutdown(); }
+
+absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& request, std::shared_ptr<Session> session) {
+  if (request.group.empty()) return absl::InvalidArgumentError("empty group name");
+  if (request.world_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size ", request.world_size, " must be > 0"));
+  }
+  if (request.rank < 0 || request.rank >= request.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank, " is out of range for group \"",
+                                                   request.group, "\" of world_size ", request.world_size));
+  }
+  auto backend = backends_->Resolve(request.backend, DeviceType::kCpu);
+  if (!backend.ok()) return backend.status();
+  bool shm = false;
+  if (!request.probe_segment.empty() && request.probe_nonce.size() == 16) {
+    auto probe = ShmSegment::Open(request.probe_segment, 16);
+    shm = probe.ok() && std::memcmp((*probe)->data(), request.probe_nonce.data(), 16) == 0;
+    if (shm) ShmSegment::Remove(request.probe_segment);
+  }
+  GroupParams params;
+  params.job = request.job.empty() ? "default" : request.job;
+  params.name = request.group;
+  params.world_size = request.world_size;
+  params.init_timeout = request.init_timeout;
+  params.op_timeout = request.op_timeout;
+  params.backend = *backend;
+  for (;;) {
+    std::shared_ptr<Group> group = GetOrCreate(params);
+    if (group == nullptr) return absl::UnavailableError(absl::StrCat("host ", options_.host_id, " is shutting down"));
+    if (group->params().backend != params.backend) {
+      return absl::InvalidArgumentError(absl::StrCat("group \"", params.name, "\" uses backend ",
+                                                     group->params().backend, "; rank ", request.rank, " asked for ",
+                                                     params.backend));
+    }
+    absl::Status s = group->Attach(request.rank, request.world_size, session, shm);
+    if (s.code() == absl::StatusCode::kAborted) {
+      // It was emptied between lookup and Attach: make a fresh one.
+      absl::MutexLock lock(&mu_);
+      auto it = groups_.find({params.job, params.name});
+      if (it != groups_.end() && it->second == group) groups_.erase(it);
+      continue;
+    }
+    if (!s.ok()) return s;
+    return group;
+  }
+}
+
+std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return nullptr;
+  auto& slot = groups_[{params.job, params.name}];
+  if (slot == nullptr) {
+    GroupEnv env;
+    env.host_id = options_.host_id;
+    env.hostname = options_.hostname;
+    env.coordinator = coordinator_;
+    env.backends = backends_;
+    env.observer = observer_;
+    env.pool = pool_.get();
+    env.algorithms = options_.algorithms;
+    env.ring_segment_bytes = options_.ring_segment_bytes;
+    env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
+    slot = std::make_shared<Group>(std::move(env), params);
+  }
+  return slot;
+}
+
+void Engine::Remove(const std::string& job, const std::string& group) {
+  {
+    std::lock_guard<std::mutex> jl(janitor_mu_);
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find({job, group});
+    if (it == groups_.end()) return;
+    graveyard_.push_back(std::move(it->second));
+    groups_.erase(it);
+  }
+  janitor_cv_.notify_all();
+}
+
+void Engine::JanitorMain() {
+  std::unique_lock<std::mutex> lock(janitor_mu_);
+  for (;;) {
+    janitor_cv_.wait(lock, [this] {
+      absl::MutexLock l(&mu_);
+      return stopping_ || !graveyard_.empty();
+    });
+    std::vector<std::shared_ptr<Group>> dead;
+    bool stopping;
+    {
+      absl::MutexLock l(&mu_);
+      dead.swap(graveyard_);
+      stopping = stopping_;
+    }
+    lock.unlock();
+    dead.clear();
+    lock.lock();
+    if (stopping) return;
+  }
+}
+
+void Engine::Shutdown() {
+  std::vector<std::shared_ptr<Group>> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, g] : groups_) groups.push_back(g);
+  }
+  for (auto& g : groups) g->Stop();
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> doomed;
+  {
+    std::lock_guard<std::mutex> jl(janitor_mu_);
+    absl::MutexLock lock(&mu_);
+    doomed.swap(groups_);
+    stopping_ = true;
+  }
+  groups.clear();
+  doomed.clear();  // outside mu_: a group's destructor joins its executor
+  janitor_cv_.notify_all();
+  if (janitor_.joinable()) janitor_.join();
+}
+
+}  // namespace collserve::engine

@@ -1,0 +1,97 @@
+// The collective engine of one host: the groups its local ranks attach to, keyed by (job,
+// group name). The sidecar's RPC layer owns one Engine and turns each Session stream into
+// Attach / Group::Submit / Group::OnSessionClosed calls; tests run several Engines (one per
+// simulated host) in one process.
+//
+// The engine has no gRPC, protobuf or prometheus types (tests/layering_test.sh checks it):
+// it reaches the coordinator through CoordinatorLink, the clients through Session, and
+// reports metrics through EngineObserver (engine/interfaces.h).
+#ifndef COLLSERVE_ENGINE_ENGINE_H_
+#define COLLSERVE_ENGINE_ENGINE_H_
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/local_ops.h"
+#include "backends/registry.h"
+#include "engine/group.h"
+#include "engine/hierarchical.h"
+#include "engine/interfaces.h"
+#include "engine/types.h"
+
+namespace collserve::engine {
+
+struct EngineOptions {
+  // This host's unique id in group memberships. Required.
+  std::string host_id;
+  // Address the backends bind to and advertise to other hosts.
+  std::string hostname = "127.0.0.1";
+  // Threads for the intra-host data path, the calling executor included; <= 0 = the
+  // number of cores (at most 8).
+  int data_threads = 0;
+  AlgorithmOptions algorithms;
+  // Gloo's ring: the largest piece (0 = Gloo's default, 1 MiB).
+  size_t ring_segment_bytes = 8 << 20;
+};
+
+// Thread-safe.
+class Engine {
+ public:
+  // `coordinator`, `backends` and `observer` (may be null) must outlive the engine.
+  // INVALID_ARGUMENT for a bad option (no host_id, unknown all_reduce algorithm).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options, CoordinatorLink* coordinator,
+                                                        const backends::BackendRegistry* backends,
+                                                        EngineObserver* observer);
+  ~Engine();  // Shutdown()
+
+  // Attaches `session` as `request.rank` of its group (created on first use) and starts the
+  // rank's rendezvous. The session then gets OnAttached once the group formed and its
+  // backend connected, or Close with the error (DEADLINE_EXCEEDED naming the missing ranks,
+  // UNAVAILABLE, ...). Errors returned at once: INVALID_ARGUMENT (empty group, rank outside
+  // [0, world_size), world_size differs from the group's, unknown backend), NOT_FOUND (a
+  // backend that is not built in), ALREADY_EXISTS (rank already attached here),
+  // FAILED_PRECONDITION (the group failed on this host and still has ranks), UNAVAILABLE
+  // (shutting down). Shared memory is offered only when the probe segment holds the nonce.
+  absl::StatusOr<std::shared_ptr<Group>> Attach(const AttachRequest& request, std::shared_ptr<Session> session);
+
+  // Fails every group with UNAVAILABLE, closes every session and joins every thread.
+  // Idempotent.
+  void Shutdown();
+
+  const std::string& host_id() const { return options_.host_id; }
+
+ private:
+  Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,
+         EngineObserver* observer);
+  std::shared_ptr<Group> GetOrCreate(const GroupParams& params);
+  void Remove(const std::string& job, const std::string& group);
+  // Destroys removed groups (joining their executors) off the callers' threads.
+  void JanitorMain();
+
+  const EngineOptions options_;
+  CoordinatorLink* const coordinator_;
+  const backends::BackendRegistry* const backends_;
+  EngineObserver* const observer_;
+  std::unique_ptr<backends::ThreadPool> pool_;  // outlives the groups (declared before them)
+
+  absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Group>> graveyard_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex janitor_mu_;
+  std::condition_variable janitor_cv_;
+  std::thread janitor_;
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_ENGINE_H_

@@ -1,0 +1,288 @@
+// A group's executor thread: connects the backend among the group's hosts, then runs the
+// collectives of every local rank in seq order. For each seq: wait until every local rank
+// submitted it (or its deadline), exchange every rank's arguments across hosts, check that
+// they agree (a disagreement is INVALID_ARGUMENT on every rank, and nothing moves), then
+// run the data step (hierarchical.h).
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "engine/group.h"
+
+namespace collserve::engine {
+
+absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
+  if (topology_.num_hosts <= 1) return std::unique_ptr<backends::Communicator>();
+  std::unique_ptr<backends::RendezvousStore> store = env_.coordinator->RendezvousStoreFor(params_.job);
+  backends::ConnectParams connect;
+  connect.prefix = absl::StrCat("collserve/", params_.backend, "/", params_.name, "/", topology_.generation);
+  connect.rank = topology_.host_index;
+  connect.size = topology_.num_hosts;
+  connect.hostname = env_.hostname;
+  connect.connect_timeout = params_.init_timeout;
+  connect.ring_segment_bytes = env_.ring_segment_bytes;
+  auto comm = env_.backends->Connect(params_.backend, *store, connect);
+  if (!comm.ok()) {
+    return absl::Status(comm.status().code(),
+                        absl::StrCat("connecting group \"", params_.name, "\" across ", topology_.num_hosts,
+                                     " hosts with ", params_.backend, " failed: ", comm.status().message()));
+  }
+  return comm;
+}
+
+void Group::ExecutorMain() {
+  // 1. Connect the backend among the group's hosts.
+  auto connected = Connect();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected.ok()) {
+      FailLocked(connected.status());
+      for (auto& [rank, local] : locals_) local.session->Close(connected.status());
+      return;
+    }
+    comm_ = std::move(*connected);
+    algorithms_->set_communicator(comm_.get());
+    if (state_ == State::kFailed) {
+      comm_.reset();
+      return;
+    }
+    state_ = State::kReady;
+    attached_ = true;
+    for (auto& [rank, local] : locals_) {
+      AttachedInfo info;
+      info.generation = topology_.generation;
+      info.shared_memory = local.shared_memory;
+      info.num_hosts = topology_.num_hosts;
+      info.local_world_size = static_cast<int>(topology_.local_ranks.size());
+      info.host_id = env_.host_id;
+      local.session->OnAttached(info);
+    }
+  }
+  LOG(INFO) << "group \"" << params_.name << "\" generation " << topology_.generation << " ready: host "
+            << topology_.host_index << " of " << topology_.num_hosts << " (" << params_.backend << ")";
+  p2p_->Start(comm_.get());
+
+  // 2. Run collectives in seq order.
+  for (int64_t seq = 0;; ++seq) {
+    std::map<int, Submission> subs;
+    std::vector<int> absent;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stop_ || state_ == State::kFailed) return true;
+        for (const auto& [rank, local] : locals_) {
+          if (local.queue.empty()) return false;
+        }
+        return true;
+      };
+      while (!ready()) {
+        absl::Time deadline = absl::InfiniteFuture();
+        for (const auto& [rank, local] : locals_) {
+          if (!local.queue.empty()) deadline = std::min(deadline, local.queue.front().deadline);
+        }
+        if (absl::Now() >= deadline) break;
+        // Wake when ready, at the deadline, or when a submission may have moved it earlier.
+        const uint64_t seen = submissions_;
+        auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready() || submissions_ != seen; };
+        mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+      }
+      if (stop_ || state_ == State::kFailed) break;
+      if (!ready()) {
+        std::vector<int> missing;
+        bool monitored = true;
+        for (const auto& [rank, local] : locals_) {
+          if (local.queue.empty()) {
+            missing.push_back(rank);
+          } else if (local.queue.front().args.op != CollectiveOp::kMonitoredBarrier) {
+            monitored = false;
+          }
+        }
+        if (!monitored) {
+          FailLocked(absl::DeadlineExceededError(absl::StrCat("collective #", seq, " of group \"", params_.name,
+                                                              "\" timed out on host ", env_.host_id,
+                                                              ": local ranks [", absl::StrJoin(missing, ", "),
+                                                              "] did not call it")));
+          break;
+        }
+        // A monitored_barrier goes on without them, so that every host learns who is missing.
+        absent = std::move(missing);
+      }
+      for (auto& [rank, local] : locals_) {
+        if (local.queue.empty()) continue;
+        subs.emplace(rank, std::move(local.queue.front()));
+        local.queue.pop_front();
+      }
+    }
+    RunCollective(seq, subs, absent);
+    absl::MutexLock lock(&mu_);
+    if (state_ == State::kFailed) break;
+  }
+  p2p_->Stop();
+  comm_.reset();  // closes the pairs so peer hosts fail fast
+}
+
+absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> mine, absl::Duration timeout) {
+  if (topology_.num_hosts > 1) {
+    const size_t max_local = static_cast<size_t>(topology_.max_local);
+    mine.resize(max_local);  // padding: rank -1
+    std::vector<RankArgs> gathered(max_local * topology_.num_hosts);
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(mine.data(), gathered.data(), sizeof(RankArgs) * max_local, timeout));
+    mine.clear();
+    // Remote bytes: keep only well-formed entries of ranks that host serves.
+    for (int h = 0; h < topology_.num_hosts; ++h) {
+      for (size_t i = 0; i < max_local; ++i) {
+        const RankArgs& a = gathered[h * max_local + i];
+        if (a.rank >= 0 && a.rank < topology_.world_size && topology_.rank_host[a.rank] == h) mine.push_back(a);
+      }
+    }
+  }
+  std::sort(mine.begin(), mine.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank < b.rank; });
+  mine.erase(std::unique(mine.begin(), mine.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank == b.rank; }),
+             mine.end());
+  if (mine.size() != static_cast<size_t>(topology_.world_size)) {
+    return absl::InternalError(absl::StrCat("the argument exchange gave ", mine.size(), " ranks' arguments, not ",
+                                            topology_.world_size));
+  }
+  return mine;
+}
+
+absl::StatusOr<std::vector<RankSplits>> Group::ExchangeSplits(const std::map<int, Submission>& subs,
+                                                              absl::Duration timeout) {
+  const int world = params_.world_size;
+  std::vector<RankSplits> splits(world);
+  // Exactly world entries (or none): an invalid request's splits may have any length.
+  auto fill = [world](const std::vector<int64_t>& in, std::vector<int64_t>& out) {
+    if (in.empty()) return;
+    out.assign(static_cast<size_t>(world), 0);
+    std::copy_n(in.begin(), std::min(in.size(), out.size()), out.begin());
+  };
+  for (const auto& [rank, sub] : subs) {
+    fill(sub.args.input_splits, splits[rank].input);
+    fill(sub.args.output_splits, splits[rank].output);
+  }
+  if (topology_.num_hosts == 1) return splits;
+  // Per rank: rank, has_input, has_output, then world input and world output splits.
+  const size_t per_rank = 3 + 2 * static_cast<size_t>(world);
+  std::vector<int64_t> mine(per_rank * topology_.max_local, -1);
+  size_t i = 0;
+  for (const auto& [rank, sub] : subs) {
+    int64_t* rec = &mine[per_rank * i++];
+    rec[0] = rank;
+    rec[1] = splits[rank].input.empty() ? 0 : 1;
+    rec[2] = splits[rank].output.empty() ? 0 : 1;
+    for (int w = 0; w < world; ++w) {
+      rec[3 + w] = rec[1] ? splits[rank].input[w] : 0;
+      rec[3 + world + w] = rec[2] ? splits[rank].output[w] : 0;
+    }
+  }
+  std::vector<int64_t> all(mine.size() * topology_.num_hosts);
+  COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(mine.data(), all.data(), mine.size() * sizeof(int64_t), timeout));
+  for (size_t r = 0; r < all.size() / per_rank; ++r) {
+    const int64_t* rec = &all[per_rank * r];
+    if (rec[0] < 0 || rec[0] >= world) continue;
+    RankSplits& out = splits[rec[0]];
+    out.input.clear();
+    out.output.clear();
+    if (rec[1]) out.input.assign(rec + 3, rec + 3 + world);
+    if (rec[2]) out.output.assign(rec + 3 + world, rec + 3 + 2 * world);
+  }
+  return splits;
+}
+
+void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent) {
+  absl::Time deadline = absl::InfiniteFuture();
+  for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
+  absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  const Request& args = subs.begin()->second.args;
+  const bool monitored = args.op == CollectiveOp::kMonitoredBarrier;
+  if (monitored) {
+    // Hosts whose ranks are all present start the exchange early; those missing a rank
+    // join at their deadline. Give them one more barrier timeout to arrive.
+    timeout += args.timeout_ms > 0 ? absl::Milliseconds(args.timeout_ms) : params_.op_timeout;
+  }
+  auto fail_all = [&](const absl::Status& s) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
+    FailLocked(s);
+  };
+
+  // 1. Every rank's arguments, from every host, before any data moves.
+  std::vector<RankArgs> mine;
+  for (const auto& [rank, sub] : subs) mine.push_back(ArgsOf(rank, sub.args, sub.error.ok()));
+  for (int rank : absent) {
+    RankArgs a = ArgsOf(rank, args, true);
+    a.arrived = 0;
+    mine.push_back(a);
+  }
+  auto exchanged = ExchangeArgs(std::move(mine), timeout);
+  if (!exchanged.ok()) {
+    absl::Status s = exchanged.status();
+    if (monitored && s.code() == absl::StatusCode::kDeadlineExceeded) {
+      std::vector<int> remote_ranks;
+      for (int r = 0; r < topology_.world_size; ++r) {
+        if (topology_.rank_host[r] != topology_.host_index) remote_ranks.push_back(r);
+      }
+      s = absl::DeadlineExceededError(absl::StrCat(
+          "monitored_barrier #", seq, " of group \"", params_.name, "\": ranks [", absl::StrJoin(remote_ranks, ", "),
+          "] on other hosts did not report within ", absl::FormatDuration(timeout),
+          " (a whole host's ranks missing, or a host down): ", s.message()));
+    }
+    fail_all(s);
+    return;
+  }
+  const std::vector<RankArgs>& all = *exchanged;
+  std::string disagreement = Disagreement(all);
+  if (disagreement.empty() && monitored) {
+    std::vector<int64_t> missing;
+    for (const RankArgs& a : all) {
+      if (!a.arrived) missing.push_back(a.rank);
+    }
+    if (!missing.empty()) {
+      if (!args.wait_all_ranks) missing.resize(1);
+      fail_all(absl::DeadlineExceededError(absl::StrCat(
+          "monitored_barrier #", seq, " of group \"", params_.name, "\": rank", missing.size() > 1 ? "s " : " ",
+          absl::StrJoin(missing, ", "), " failed to pass monitored_barrier within ",
+          absl::FormatDuration(absl::Milliseconds(args.timeout_ms)))));
+      return;
+    }
+  }
+  std::vector<RankSplits> splits;
+  if (disagreement.empty() && NeedsSplits(args.op)) {
+    auto exchanged_splits = ExchangeSplits(subs, timeout);
+    if (!exchanged_splits.ok()) {
+      fail_all(exchanged_splits.status());
+      return;
+    }
+    splits = std::move(*exchanged_splits);
+    disagreement = SizeDisagreement(all, splits);
+  }
+  if (!disagreement.empty()) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [rank, sub] : subs) {
+      std::string msg = absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
+                                     "\": ranks disagree: ", disagreement);
+      if (!sub.error.ok()) absl::StrAppend(&msg, "; this rank's request: ", sub.error.message());
+      Complete(sub, absl::InvalidArgumentError(msg), env_.observer);
+    }
+    return;  // nothing moved: the group stays usable
+  }
+
+  // 2. The data step.
+  const char* algorithm = "local";
+  absl::Status status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
+  if (!status.ok()) {
+    status = absl::Status(status.code(),
+                          absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name, "\": ", status.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  for (auto& [rank, sub] : subs) {
+    sub.algorithm = algorithm;
+    Complete(sub, status, env_.observer);
+  }
+  if (!status.ok()) FailLocked(status);
+}
+
+}  // namespace collserve::engine

@@ -1,0 +1,249 @@
+// Group lifecycle: attach, rendezvous, submit, failure, leaving. The executor (what runs
+// the collectives) is in executor.cc.
+#include "engine/group.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace collserve::engine {
+
+void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer) {
+  Completion c;
+  c.seq = sub.args.seq;
+  c.status = status;
+  c.source = sub.source;
+  c.algorithm = sub.algorithm;
+  if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
+  if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));
+  if (observer != nullptr) observer->OnCompleted(sub.args.op, status);
+}
+
+Group::Group(GroupEnv env, GroupParams params) : env_(std::move(env)), params_(std::move(params)) {}
+
+Group::~Group() {
+  Stop();
+  if (executor_.joinable()) executor_.join();
+}
+
+absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (world_size != params_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("group \"", params_.name, "\" has world_size ",
+                                                     params_.world_size, "; rank ", rank,
+                                                     " asked for world_size ", world_size));
+    }
+    if (emptied_) return absl::AbortedError("group is being removed");
+    if (state_ == State::kFailed || stop_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group \"", params_.name, "\" failed on this host and cannot take new ranks until every "
+          "local rank has left: ", failure_.message()));
+    }
+    if (locals_.count(rank) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " is already attached to group \"",
+                                                   params_.name, "\" on host ", env_.host_id));
+    }
+    LocalRank& local = locals_[rank];
+    local.session = std::move(session);
+    local.shared_memory = shared_memory;
+  }
+  CoordinatorLink::JoinParams join;
+  join.job = params_.job;
+  join.group = params_.name;
+  join.world_size = params_.world_size;
+  join.rank = rank;
+  join.timeout = params_.init_timeout;
+  // The callback may run before Join returns; the canceller is stored only if the join is
+  // still in flight then.
+  std::function<void()> cancel =
+      env_.coordinator->Join(join, [this, rank](absl::StatusOr<Membership> result) { OnJoined(rank, result); });
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) {
+      // The session ended before the join started: withdraw it (below, without the lock).
+    } else if (!it->second.joined && state_ != State::kFailed) {
+      it->second.cancel_join = std::move(cancel);
+      return absl::OkStatus();
+    } else {
+      return absl::OkStatus();
+    }
+  }
+  if (cancel) cancel();
+  return absl::OkStatus();
+}
+
+void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
+  absl::MutexLock lock(&mu_);
+  auto it = locals_.find(rank);
+  if (it == locals_.end()) return;  // session already gone
+  it->second.cancel_join = nullptr;
+  if (!result.ok()) {
+    it->second.session->Close(result.status());
+    locals_.erase(it);
+    if (formed_) {
+      // The group formed, but this rank's join failed: the group cannot run here.
+      FailLocked(absl::UnavailableError(absl::StrCat("local rank ", rank, " failed to join: ",
+                                                     result.status().message())));
+    }
+    MaybeEmptyLocked();
+    return;
+  }
+  if (!formed_) {
+    auto topology = Topology::FromMembership(*result, params_.world_size, env_.host_id);
+    if (!topology.ok()) {
+      FailLocked(absl::InternalError(absl::StrCat("group \"", params_.name, "\": ", topology.status().message())));
+      return;
+    }
+    topology_ = std::move(*topology);
+    formed_ = true;
+  } else if (result->generation != topology_.generation) {
+    FailLocked(absl::InternalError(absl::StrCat("rank ", rank, " joined generation ", result->generation,
+                                                " but this host's ranks joined generation ", topology_.generation)));
+    return;
+  }
+  it->second.joined = true;
+  if (state_ != State::kJoining) return;
+  for (int r : topology_.local_ranks) {
+    if (locals_.count(r) == 0) {
+      // The group formed with a rank of this host whose session ended while its join was
+      // in flight: the generation cannot run. Tell the coordinator it left.
+      FailLocked(absl::UnavailableError(absl::StrCat("rank ", r, " of group \"", params_.name,
+                                                     "\" disconnected from host ", env_.host_id,
+                                                     " during rendezvous")));
+      env_.coordinator->Leave(params_.job, params_.name, r);
+      return;
+    }
+  }
+  for (int r : topology_.local_ranks) {
+    if (!locals_[r].joined) return;
+  }
+  state_ = State::kConnecting;
+  p2p_ = std::make_unique<PointToPoint>(topology_, params_.op_timeout, env_.observer,
+                                        [this](const absl::Status& s) { Fail(s); });
+  algorithms_ = std::make_unique<Hierarchical>(topology_, env_.pool, env_.algorithms);
+  executor_ = std::thread([this] { ExecutorMain(); });
+}
+
+void Group::Submit(int rank, Request request) {
+  absl::MutexLock lock(&mu_);
+  auto it = locals_.find(rank);
+  if (it == locals_.end()) return;
+  LocalRank& local = it->second;
+  Submission sub;
+  sub.rank = rank;
+  sub.session = local.session;
+  sub.args = std::move(request);
+  const absl::Duration timeout = sub.args.timeout_ms > 0 ? absl::Milliseconds(sub.args.timeout_ms) : params_.op_timeout;
+  sub.deadline = absl::Now() + timeout;
+  if (state_ == State::kFailed) {
+    Complete(sub, failure_, env_.observer);
+    return;
+  }
+  if (state_ != State::kReady) {
+    Complete(sub, absl::FailedPreconditionError("collective sent before the session was attached"), env_.observer);
+    return;
+  }
+  if (sub.args.seq != local.next_seq) {
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " sent seq ", sub.args.seq, " but seq ", local.next_seq, " was expected"));
+    Complete(sub, s, env_.observer);
+    FailLocked(s);
+    return;
+  }
+  ++local.next_seq;
+  for (const std::string& name : sub.args.released_segments) local.segments.Release(name);
+  sub.error = ValidateRequest(sub.args, rank, params_.world_size);
+  if (sub.error.ok() && !sub.args.buffer.segment.empty() && !local.shared_memory) {
+    sub.error = absl::PermissionDeniedError("this session may not use shared memory: send tensors inline");
+  }
+  if (sub.error.ok()) sub.error = ResolveBuffers(local.segments, sub, env_.observer);
+  if (sub.args.op == CollectiveOp::kSend || sub.args.op == CollectiveOp::kRecv) {
+    if (!sub.error.ok()) {
+      Complete(sub, sub.error, env_.observer);
+      return;
+    }
+    p2p_->Submit(std::move(sub));
+    return;
+  }
+  local.queue.push_back(std::move(sub));
+  ++submissions_;
+}
+
+void Group::Fail(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  FailLocked(status);
+}
+
+void Group::FailLocked(const absl::Status& status) {
+  if (state_ == State::kFailed) return;
+  size_t pending = 0;
+  for (const auto& [rank, local] : locals_) pending += local.queue.size();
+  // A rank leaving an idle, attached group is how every job ends: not worth a warning.
+  if (pending == 0 && attached_ && status.code() == absl::StatusCode::kUnavailable) {
+    LOG(INFO) << "group \"" << params_.name << "\" (job " << params_.job << ") ended on host " << env_.host_id
+              << ": " << status.message();
+  } else {
+    LOG(WARNING) << "group \"" << params_.name << "\" (job " << params_.job << ") failed on host "
+                 << env_.host_id << " with " << pending << " collectives pending: " << status;
+  }
+  state_ = State::kFailed;
+  failure_ = status;
+  if (p2p_ != nullptr) p2p_->Fail(status);
+  for (auto& [rank, local] : locals_) {
+    for (const Submission& sub : local.queue) Complete(sub, status, env_.observer);
+    local.queue.clear();
+    // Sessions still waiting for Attached would otherwise wait for their init timeout.
+    if (!attached_) local.session->Close(status);
+  }
+}
+
+void Group::OnSessionClosed(int rank) {
+  std::function<void()> cancel_join;
+  bool was_member = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) return;
+    was_member = it->second.joined;
+    if (!was_member) {
+      // Still in rendezvous: withdraw the join; the other ranks keep waiting for a
+      // replacement of this rank rather than failing.
+      cancel_join = std::move(it->second.cancel_join);
+      locals_.erase(it);
+      MaybeEmptyLocked();
+    } else {
+      if (state_ != State::kFailed) {
+        FailLocked(absl::UnavailableError(absl::StrCat("rank ", rank, " of group \"", params_.name,
+                                                       "\" disconnected from host ", env_.host_id)));
+      }
+      for (const Submission& sub : it->second.queue) Complete(sub, failure_, env_.observer);
+      locals_.erase(it);
+    }
+  }
+  if (cancel_join) cancel_join();
+  if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank);
+  absl::MutexLock lock(&mu_);
+  MaybeEmptyLocked();
+}
+
+void Group::MaybeEmptyLocked() {
+  if (!locals_.empty() || emptied_) return;
+  emptied_ = true;
+  state_ = State::kFailed;
+  if (failure_.ok()) failure_ = absl::UnavailableError("every local rank left the group");
+  // The engine destroys the group on another thread (the destructor joins the executor).
+  if (env_.on_empty) env_.on_empty(params_.job, params_.name);
+}
+
+void Group::Stop() {
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+  FailLocked(absl::UnavailableError(absl::StrCat("sidecar ", env_.host_id, " is shutting down")));
+  for (auto& [rank, local] : locals_) local.session->Close(failure_);
+}
+
+}  // namespace collserve::engine

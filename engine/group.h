@@ -1,0 +1,149 @@
+// One group as seen by one host's engine: its local ranks' sessions, the membership learned
+// from the coordinator, the backend communicator among the group's hosts, and the executor
+// thread that runs the group's collectives in seq order.
+//
+// Lifecycle: kJoining (local ranks attach and rendezvous at the coordinator) -> kConnecting
+// (the executor connects the backend) -> kReady (collectives run) -> kFailed (any error
+// that leaves the generation unusable: a rank left, a backend error, a timeout; every
+// pending and later request gets the failure). A group is removed once its last local rank
+// left (EngineEnv::on_empty).
+#ifndef COLLSERVE_ENGINE_GROUP_H_
+#define COLLSERVE_ENGINE_GROUP_H_
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/communicator.h"
+#include "backends/local_ops.h"
+#include "backends/registry.h"
+#include "engine/buffers.h"
+#include "engine/collective_args.h"
+#include "engine/hierarchical.h"
+#include "engine/interfaces.h"
+#include "engine/p2p.h"
+#include "engine/submission.h"
+#include "engine/topology.h"
+#include "engine/types.h"
+
+namespace collserve::engine {
+
+// What a Group needs from its engine. Every pointer outlives the group.
+struct GroupEnv {
+  std::string host_id;
+  // Address the backend binds to and advertises to other hosts.
+  std::string hostname;
+  CoordinatorLink* coordinator = nullptr;
+  const backends::BackendRegistry* backends = nullptr;
+  EngineObserver* observer = nullptr;  // may be null
+  // Threads for the intra-host data path (reductions and copies); shared by every group.
+  backends::ThreadPool* pool = nullptr;
+  AlgorithmOptions algorithms;
+  // Gloo's ring: the largest piece (0 = Gloo's default).
+  size_t ring_segment_bytes = 0;
+  // Called (once, with the group's lock held: must not block) when the group has no local
+  // ranks left; the engine drops it.
+  std::function<void(const std::string& job, const std::string& group)> on_empty;
+};
+
+struct GroupParams {
+  std::string job;
+  std::string name;
+  int world_size = 0;
+  absl::Duration init_timeout;
+  absl::Duration op_timeout;
+  std::string backend;  // resolved name ("gloo", "nccl")
+};
+
+// Thread-safe. Created on the first attach of one of its ranks on this host.
+class Group {
+ public:
+  Group(GroupEnv env, GroupParams params);
+  ~Group();  // stops and joins the executor
+
+  const GroupParams& params() const { return params_; }
+
+  // Registers a local rank's session and starts its rendezvous at the coordinator.
+  // INVALID_ARGUMENT (world_size differs from the group's), ALREADY_EXISTS (rank already
+  // attached here), FAILED_PRECONDITION (the group failed; re-attach after every local rank
+  // left), ABORTED (the group has just been emptied and is going away: create a new one).
+  absl::Status Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory);
+
+  // A request from a local rank. Completes (possibly with an error) through the rank's
+  // session. Never blocks on the data path.
+  void Submit(int rank, Request request);
+
+  // The rank's session ended (client closed it or died).
+  void OnSessionClosed(int rank);
+
+  // Shutdown: fails everything with UNAVAILABLE and closes every session.
+  void Stop();
+
+ private:
+  struct LocalRank {
+    std::shared_ptr<Session> session;
+    bool shared_memory = false;
+    bool joined = false;
+    std::function<void()> cancel_join;  // until the join completes
+    int64_t next_seq = 0;
+    std::deque<Submission> queue;  // collectives, in issue order
+    SegmentTable segments;
+  };
+  enum class State { kJoining, kConnecting, kReady, kFailed };
+
+  // The coordinator answered `rank`'s join.
+  void OnJoined(int rank, const absl::StatusOr<Membership>& result);
+
+  // Executor thread (executor.cc).
+  void ExecutorMain();
+  // Connects the backend among the group's hosts; null with one host.
+  absl::StatusOr<std::unique_ptr<backends::Communicator>> Connect();
+  // Runs the collectives at position `seq` of every local rank (absent: local ranks that
+  // did not call a MONITORED_BARRIER in time).
+  void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent);
+  // Every rank's arguments, from every host (one all-gather), sorted by rank.
+  absl::StatusOr<std::vector<RankArgs>> ExchangeArgs(std::vector<RankArgs> mine, absl::Duration timeout);
+  // Every rank's splits across hosts (ops with NeedsSplits), indexed by rank.
+  absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs,
+                                                         absl::Duration timeout);
+
+  // Fails the group: every queued submission and every later one gets `status`.
+  void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
+  void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const GroupEnv env_;
+  const GroupParams params_;
+
+  absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool emptied_ ABSL_GUARDED_BY(mu_) = false;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
+  uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the executor to recompute its deadline
+  bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
+
+  // Fixed once formed_ (before the executor starts); read without the lock afterwards.
+  Topology topology_;
+  // Created with the executor; p2p_ before comm_, so that the communicator (whose cancelled
+  // receives may still write p2p_'s buffers) is destroyed first.
+  std::unique_ptr<PointToPoint> p2p_;
+  std::unique_ptr<backends::Communicator> comm_;  // executor and p2p threads; reset after they stop
+  std::unique_ptr<Hierarchical> algorithms_;      // executor thread only
+  std::thread executor_;
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_GROUP_H_

@@ -1,0 +1,360 @@
+#include "engine/hierarchical.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "common/types.h"
+
+namespace collserve::engine {
+
+absl::Status ValidateAllReduceAlgorithm(const std::string& algorithm) {
+  if (algorithm == "auto" || algorithm == "direct" || algorithm == "ring" || algorithm == "bcube") {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("all_reduce algorithm \"", algorithm, "\": use auto, direct, ring or bcube"));
+}
+
+absl::Status Hierarchical::Run(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                               std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm) {
+  algorithm_ = "local";
+  absl::Status status;
+  switch (OpOf(all[0])) {
+    case CollectiveOp::kBarrier:
+    case CollectiveOp::kMonitoredBarrier:
+      break;  // every rank's arguments arrived on every host: that is the barrier
+    case CollectiveOp::kBroadcast:
+      status = RunBroadcast(all, subs, timeout);
+      break;
+    case CollectiveOp::kAllReduce:
+    case CollectiveOp::kReduce:
+      status = RunReduce(all, subs, timeout);
+      break;
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kGather:
+    case CollectiveOp::kAllToAll:
+      status = RunGatherLike(all, splits, subs, timeout);
+      break;
+    case CollectiveOp::kScatter:
+      status = RunScatter(all, splits, subs, timeout);
+      break;
+    case CollectiveOp::kReduceScatter:
+      status = RunReduceScatter(all, splits, subs, timeout);
+      break;
+    default:
+      status = absl::InternalError(absl::StrCat("no runner for ", OpName(static_cast<int>(all[0].op))));
+      break;
+  }
+  *algorithm = algorithm_;
+  return status;
+}
+
+namespace {
+
+size_t Bytes(const RankArgs& a, int64_t elements) {
+  return static_cast<size_t>(elements) * ElementSize(static_cast<DataType>(a.dtype));
+}
+
+// Exclusive prefix sums of `v` (size n + 1).
+std::vector<int64_t> Offsets(const std::vector<int64_t>& v) {
+  std::vector<int64_t> out(v.size() + 1, 0);
+  for (size_t i = 0; i < v.size(); ++i) out[i + 1] = out[i] + v[i];
+  return out;
+}
+
+}  // namespace
+
+absl::Status Hierarchical::RunBroadcast(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
+                                        absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const size_t bytes = Bytes(a, a.count);
+  if (bytes == 0) return absl::OkStatus();
+  const int root = static_cast<int>(a.root);
+  auto local_root = subs.find(root);
+  char* buf = local_root != subs.end() ? local_root->second.in : subs.begin()->second.in;
+  if (topology_.num_hosts > 1) {
+    const int root_host = topology_.rank_host[root];
+    algorithm_ = "local+gloo_broadcast";
+    COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(buf, bytes, root_host, timeout));
+  }
+  copies_.clear();
+  for (auto& [rank, sub] : subs) {
+    if (sub.in != buf) copies_.push_back({sub.in, buf, bytes});
+  }
+  backends::RunCopies(*pool_, copies_);
+  return absl::OkStatus();
+}
+
+backends::LocalReduce& Hierarchical::LocalReduceOf(const RankArgs& a, std::map<int, Submission>& subs, size_t offset,
+                                            size_t count) {
+  backends::LocalReduce& r = local_reduce_;
+  r.dtype = static_cast<DataType>(a.dtype);
+  r.op = static_cast<ReduceOp>(a.reduce_op);
+  r.count = count;
+  r.divisor = 1;
+  r.srcs.clear();
+  r.premul.clear();
+  r.dsts.clear();
+  for (auto& [rank, sub] : subs) {
+    r.srcs.push_back(sub.in + offset);
+    if (r.op == ReduceOp::kPremulSum) r.premul.push_back(sub.args.premul_factor);
+  }
+  return r;
+}
+
+// Gloo's ring all-reduce moves 2(h-1)/h of the bytes per host in 2(h-1) steps per piece
+// (pieces of at most ring_segment_bytes, overlapping the local reduction with the
+// transfer); its bcube (recursive halving-doubling for base 2) the same bytes in 2 log2(h)
+// steps, unpipelined. Below ring_min_bytes the steps' latency dominates and bcube wins.
+bool Hierarchical::UseDirect(size_t bytes, int num_hosts) const {
+  if (options_.allreduce_algorithm == "direct") return true;
+  return options_.allreduce_algorithm == "auto" && bytes * static_cast<size_t>(num_hosts - 1) <= options_.direct_max_bytes;
+}
+
+backends::AllReduceAlgorithm Hierarchical::ChooseAllReduce(size_t bytes) {
+  const bool ring = options_.allreduce_algorithm == "ring" ||
+                    (options_.allreduce_algorithm != "bcube" && bytes >= options_.ring_min_bytes);
+  algorithm_ = ring ? "local+gloo_ring" : "local+gloo_bcube";
+  return ring ? backends::AllReduceAlgorithm::kRing : backends::AllReduceAlgorithm::kBcube;
+}
+
+absl::Status Hierarchical::ReduceAcrossHosts(const RankArgs& a, std::map<int, Submission>& subs, size_t offset, char* acc,
+                                      size_t count, absl::Duration timeout) {
+  const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+  const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+  backends::LocalReduce& r = LocalReduceOf(a, subs, offset, count);
+  r.dsts.push_back(acc);
+  backends::RunLocalReduce(*pool_, r);
+  return comm_->AllReduce(acc, count, static_cast<DataType>(a.dtype), wire_op, timeout,
+                          ChooseAllReduce(Bytes(a, static_cast<int64_t>(count))));
+}
+
+// ALL_REDUCE and REDUCE. One host: a single pass reduces the local inputs chunk by chunk
+// and writes each chunk to every destination (every rank, or the root). Across hosts: the
+// local ranks' partial result is all-reduced with the other hosts, then copied out.
+// REDUCE leaves the other ranks' tensors untouched (they may be the caller's own memory).
+absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  if (a.count == 0) return absl::OkStatus();
+  const size_t count = static_cast<size_t>(a.count);
+  const bool avg = static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kAvg;
+  auto root = OpOf(a) == CollectiveOp::kReduce ? subs.find(static_cast<int>(a.root)) : subs.end();
+  if (topology_.num_hosts == 1) {
+    backends::LocalReduce& r = LocalReduceOf(a, subs, 0, count);
+    r.divisor = avg ? topology_.world_size : 1;
+    if (OpOf(a) == CollectiveOp::kReduce) {
+      r.dsts.push_back(root->second.in);
+    } else {
+      for (auto& [rank, sub] : subs) r.dsts.push_back(sub.in);
+    }
+    backends::RunLocalReduce(*pool_, r);
+    return absl::OkStatus();
+  }
+  if (OpOf(a) == CollectiveOp::kAllReduce) {
+    const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+    const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+    const size_t bytes = Bytes(a, a.count);
+    if (UseDirect(bytes, topology_.num_hosts)) {
+      // Direct exchange: one all-gather of every host's partial result (one message step
+      // instead of the 2 log2(h) or 2(h-1) of bcube and ring, for (h-1) times the bytes),
+      // then every host reduces the partials in host order, so all get the same bits.
+      algorithm_ = "local+gloo_direct";
+      scratch_a_.resize(bytes);
+      scratch_b_.resize(bytes * static_cast<size_t>(topology_.num_hosts));
+      backends::LocalReduce& partial = LocalReduceOf(a, subs, 0, count);
+      partial.dsts.push_back(scratch_a_.data());
+      backends::RunLocalReduce(*pool_, partial);
+      COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(scratch_a_.data(), scratch_b_.data(), bytes, timeout));
+      backends::LocalReduce& total = LocalReduceOf(a, subs, 0, count);
+      total.op = wire_op;
+      total.premul.clear();
+      total.srcs.clear();
+      for (int h = 0; h < topology_.num_hosts; ++h) total.srcs.push_back(scratch_b_.data() + static_cast<size_t>(h) * bytes);
+      total.divisor = avg ? topology_.world_size : 1;
+      for (auto& [rank, sub] : subs) total.dsts.push_back(sub.in);
+      backends::RunLocalReduce(*pool_, total);
+      return absl::OkStatus();
+    }
+    // Every local tensor is an input and an output: Gloo reduces them into the first,
+    // segment by segment, while the segments travel, and copies each reduced segment to
+    // the others as it arrives. PREMUL_SUM scales the tensors first (they receive the
+    // result anyway); AVG divides afterwards.
+    comm_inputs_.clear();
+    comm_outputs_.clear();
+    for (auto& [rank, sub] : subs) {
+      if (op == ReduceOp::kPremulSum) {
+        backends::LocalReduce& scale = LocalReduceOf(a, subs, 0, count);
+        scale.srcs.assign(1, sub.in);
+        scale.premul.assign(1, sub.args.premul_factor);
+        scale.dsts.push_back(sub.in);
+        backends::RunLocalReduce(*pool_, scale);
+      }
+      comm_inputs_.push_back(sub.in);
+      comm_outputs_.push_back(sub.in);
+    }
+    const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(bytes);
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count,
+                                                    static_cast<DataType>(a.dtype), wire_op, timeout, algorithm));
+    if (avg) {
+      backends::LocalReduce& div = LocalReduceOf(a, subs, 0, count);
+      div.op = ReduceOp::kSum;
+      div.srcs.assign(1, subs.begin()->second.in);
+      div.premul.clear();
+      div.divisor = topology_.world_size;
+      for (auto& [rank, sub] : subs) div.dsts.push_back(sub.in);
+      backends::RunLocalReduce(*pool_, div);
+    }
+    return absl::OkStatus();
+  }
+  char* acc;
+  if (root != subs.end()) {
+    acc = root->second.in;
+  } else {
+    scratch_a_.resize(Bytes(a, a.count));
+    acc = scratch_a_.data();
+  }
+  COLLSERVE_RETURN_IF_ERROR(ReduceAcrossHosts(a, subs, 0, acc, count, timeout));
+  if (root != subs.end() && avg) {
+    backends::LocalReduce& out = local_reduce_;
+    out.op = ReduceOp::kSum;
+    out.srcs.assign(1, acc);
+    out.premul.clear();
+    out.divisor = topology_.world_size;
+    out.dsts.assign(1, acc);
+    backends::RunLocalReduce(*pool_, out);
+  }
+  return absl::OkStatus();
+}
+
+// ALL_GATHER, GATHER and ALL_TO_ALL: make every rank's input readable on this host (local
+// ones in place; remote ones by an all-gather of each host's concatenated local inputs),
+// then copy each local rank's pieces into its output.
+absl::Status Hierarchical::RunGatherLike(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                  std::map<int, Submission>& subs, absl::Duration timeout) {
+  const int world = topology_.world_size;
+  const RankArgs& a = all[0];
+  std::vector<const char*> src(world, nullptr);
+  for (const auto& [rank, sub] : subs) src[rank] = sub.in;
+  if (topology_.num_hosts > 1) {
+    const std::vector<std::vector<int>>& by_host = topology_.ranks_by_host;
+    const int me = topology_.host_index;
+    std::vector<size_t> host_bytes(topology_.num_hosts, 0);
+    for (int h = 0; h < topology_.num_hosts; ++h) {
+      for (int r : by_host[h]) host_bytes[h] += Bytes(a, all[r].count);
+    }
+    size_t total = 0;
+    for (size_t b : host_bytes) total += b;
+    scratch_a_.resize(std::max<size_t>(host_bytes[me], 1));
+    scratch_b_.resize(std::max<size_t>(total, 1));
+    size_t off = 0;
+    copies_.clear();
+    for (int r : by_host[me]) {
+      const size_t b = Bytes(a, all[r].count);
+      if (b > 0) copies_.push_back({scratch_a_.data() + off, subs.at(r).in, b});
+      off += b;
+    }
+    backends::RunCopies(*pool_, copies_);
+    algorithm_ = "local+gloo_allgatherv";
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllGatherV(scratch_a_.data(), scratch_b_.data(), host_bytes, timeout));
+    off = 0;
+    for (int h = 0; h < topology_.num_hosts; ++h) {
+      for (int r : by_host[h]) {
+        if (h != me) src[r] = scratch_b_.data() + off;
+        off += Bytes(a, all[r].count);
+      }
+    }
+  }
+  copies_.clear();
+  for (auto& [rank, sub] : subs) {
+    if (OpOf(a) == CollectiveOp::kGather && rank != a.root) continue;
+    char* out = sub.out;
+    if (OpOf(a) == CollectiveOp::kAllToAll) {
+      const std::vector<int64_t>& mine = splits[rank].output;
+      const std::vector<int64_t> out_off = Offsets(mine);
+      for (int r = 0; r < world; ++r) {
+        const std::vector<int64_t> in_off = Offsets(splits[r].input);
+        const size_t b = Bytes(a, splits[r].input[rank]);
+        if (b > 0) copies_.push_back({out + Bytes(a, out_off[r]), src[r] + Bytes(a, in_off[rank]), b});
+      }
+      continue;
+    }
+    size_t off = 0;
+    for (int r = 0; r < world; ++r) {
+      const size_t b = Bytes(a, all[r].count);
+      if (b > 0) copies_.push_back({out + off, src[r], b});
+      off += b;
+    }
+  }
+  backends::RunCopies(*pool_, copies_);
+  return absl::OkStatus();
+}
+
+// SCATTER: the root's host broadcasts the root's input to the other hosts; each local
+// rank copies its piece.
+absl::Status Hierarchical::RunScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                               std::map<int, Submission>& subs, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const int root = static_cast<int>(a.root);
+  const size_t bytes = Bytes(a, all[root].count);
+  const char* buf = nullptr;
+  auto local_root = subs.find(root);
+  if (local_root != subs.end()) buf = local_root->second.in;
+  if (topology_.num_hosts > 1 && bytes > 0) {
+    const int root_host = topology_.rank_host[root];
+    // The root's input is only read: the other hosts receive into scratch, and the root's
+    // host sends from a copy only because Gloo's broadcast takes one in/out buffer.
+    scratch_a_.resize(bytes);
+    char* data = scratch_a_.data();
+    if (local_root != subs.end()) std::memcpy(data, local_root->second.in, bytes);
+    algorithm_ = "local+gloo_broadcast";
+    COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(data, bytes, root_host, timeout));
+    buf = data;
+  }
+  const std::vector<int64_t> off = Offsets(splits[root].input);
+  copies_.clear();
+  for (auto& [rank, sub] : subs) {
+    const size_t b = Bytes(a, splits[root].input[rank]);
+    if (b > 0) copies_.push_back({sub.out, buf + Bytes(a, off[rank]), b});
+  }
+  backends::RunCopies(*pool_, copies_);
+  return absl::OkStatus();
+}
+
+// REDUCE_SCATTER. One host: each local rank's block is reduced straight from every rank's
+// input into its output. Across hosts: the whole input is reduced (as all_reduce) into
+// scratch, then each local rank copies its block. Inputs are only read.
+absl::Status Hierarchical::RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                     std::map<int, Submission>& subs, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  if (a.count == 0) return absl::OkStatus();
+  const bool avg = static_cast<ReduceOp>(a.reduce_op) == ReduceOp::kAvg;
+  const std::vector<int64_t>& pieces = splits[subs.begin()->first].input;
+  const std::vector<int64_t> off = Offsets(pieces);
+  const char* acc = nullptr;
+  if (topology_.num_hosts > 1) {
+    scratch_a_.resize(Bytes(a, a.count));
+    COLLSERVE_RETURN_IF_ERROR(
+        ReduceAcrossHosts(a, subs, 0, scratch_a_.data(), static_cast<size_t>(a.count), timeout));
+    acc = scratch_a_.data();
+  }
+  for (auto& [rank, sub] : subs) {
+    const size_t n = static_cast<size_t>(pieces[rank]);
+    if (n == 0) continue;
+    const size_t block = Bytes(a, off[rank]);
+    backends::LocalReduce& r = LocalReduceOf(a, subs, block, n);
+    if (acc != nullptr) {  // already reduced: copy (and divide)
+      r.op = ReduceOp::kSum;
+      r.srcs.assign(1, acc + block);
+      r.premul.clear();
+    }
+    r.divisor = avg ? topology_.world_size : 1;
+    r.dsts.push_back(sub.out);
+    backends::RunLocalReduce(*pool_, r);
+  }
+  return absl::OkStatus();
+}
+
+
+}  // namespace collserve::engine

@@ -1,0 +1,103 @@
+// The data step of each collective, once every rank's arguments agree: local ranks'
+// tensors are combined in shared memory (backends/local_ops.h), the hosts exchange one
+// partial result each through the group's Communicator, and the result is written where
+// every local rank reads it (docs/architecture.md, "The data flow of one all_reduce").
+//
+// Algorithms across hosts, per op:
+//   all_reduce: "direct" (one all-gather of every host's partial sum, then a local
+//     reduction in host order: one message step for (h-1) times the bytes) below
+//     direct_max_bytes x (h-1); above, Gloo's ring (2(h-1) steps, 2(h-1)/h of the bytes,
+//     pipelined with the local reduction) from ring_min_bytes, else Gloo's bcube.
+//   reduce, reduce_scatter: local reduction, then all_reduce across hosts.
+//   broadcast, scatter: the root's host broadcasts.
+//   all_gather, gather, all_to_all: an all-gather-v of each host's concatenated inputs.
+//
+// Thread safety: one thread (the group's executor) uses an object at a time.
+#ifndef COLLSERVE_ENGINE_HIERARCHICAL_H_
+#define COLLSERVE_ENGINE_HIERARCHICAL_H_
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "backends/communicator.h"
+#include "backends/local_ops.h"
+#include "engine/collective_args.h"
+#include "engine/submission.h"
+#include "engine/topology.h"
+
+namespace collserve::engine {
+
+struct AlgorithmOptions {
+  // All-reduce across hosts: "auto", "direct", "ring" or "bcube".
+  std::string allreduce_algorithm = "auto";
+  // "auto" sends directly while bytes x (hosts - 1) <= direct_max_bytes ...
+  size_t direct_max_bytes = 1 << 20;
+  // ... and takes the ring from ring_min_bytes up (bcube below).
+  size_t ring_min_bytes = 1 << 20;
+};
+
+// INVALID_ARGUMENT unless `algorithm` is auto, direct, ring or bcube.
+absl::Status ValidateAllReduceAlgorithm(const std::string& algorithm);
+
+class Hierarchical {
+ public:
+  // `topology` and `pool` must outlive this object.
+  Hierarchical(const Topology& topology, backends::ThreadPool* pool, AlgorithmOptions options)
+      : topology_(topology), pool_(pool), options_(std::move(options)) {}
+
+  // The communicator among the group's hosts (null with one host); must outlive the calls.
+  void set_communicator(backends::Communicator* comm) { comm_ = comm; }
+
+  // Runs the data step of the op in `all` (every rank's agreed arguments, by rank; `splits`
+  // likewise for ops with NeedsSplits) over the local ranks' submissions `subs` (by rank).
+  // On success every local output holds the result. Errors are the communicator's
+  // (DEADLINE_EXCEEDED, UNAVAILABLE, FAILED_PRECONDITION); then outputs are undefined, as
+  // after a failed NCCL collective. Sets *algorithm to how it ran ("local",
+  // "local+gloo_ring", ...; a static string).
+  absl::Status Run(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                   std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm);
+
+ private:
+  absl::Status RunReduce(const std::vector<RankArgs>& all, std::map<int, Submission>& subs, absl::Duration timeout);
+  absl::Status RunBroadcast(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
+                            absl::Duration timeout);
+  absl::Status RunGatherLike(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                             std::map<int, Submission>& subs, absl::Duration timeout);
+  absl::Status RunScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                          std::map<int, Submission>& subs, absl::Duration timeout);
+  absl::Status RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                std::map<int, Submission>& subs, absl::Duration timeout);
+  // Across hosts: the local ranks' inputs (offset by `offset` bytes, scaled by PREMUL_SUM's
+  // factors) reduced into `acc` (count elements), then all-reduced with the other hosts
+  // (SUM for AVG/PREMUL_SUM; the caller divides). Sets algorithm_.
+  absl::Status ReduceAcrossHosts(const RankArgs& a, std::map<int, Submission>& subs, size_t offset, char* acc,
+                                 size_t count, absl::Duration timeout);
+  // Gloo's all_reduce algorithm for `bytes` across hosts; sets algorithm_.
+  backends::AllReduceAlgorithm ChooseAllReduce(size_t bytes);
+  // Whether an all_reduce of `bytes` across `num_hosts` takes the direct exchange.
+  bool UseDirect(size_t bytes, int num_hosts) const;
+  // The LocalReduce of `a`'s op over the local inputs (offset by `offset` bytes), count
+  // elements, with no destinations yet; reuses local_reduce_.
+  backends::LocalReduce& LocalReduceOf(const RankArgs& a, std::map<int, Submission>& subs, size_t offset,
+                                       size_t count);
+
+  const Topology& topology_;
+  backends::ThreadPool* const pool_;
+  const AlgorithmOptions options_;
+  backends::Communicator* comm_ = nullptr;
+  const char* algorithm_ = "local";
+  // Reused by every collective so that repeated calls allocate no tensor-sized memory.
+  backends::LocalReduce local_reduce_;
+  std::vector<backends::CopyJob> copies_;
+  std::vector<const void*> comm_inputs_;
+  std::vector<void*> comm_outputs_;
+  std::vector<char> scratch_a_, scratch_b_;
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_HIERARCHICAL_H_

@@ -1,0 +1,76 @@
+// What the engine needs from the process it runs in, as interfaces: the client sessions it
+// answers (Session), the coordinator it rendezvouses through (CoordinatorLink) and where
+// its metrics go (EngineObserver). The sidecar implements them over gRPC and prometheus
+// (server/sidecar/); tests implement them in memory (tests/engine/).
+#ifndef COLLSERVE_ENGINE_INTERFACES_H_
+#define COLLSERVE_ENGINE_INTERFACES_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/rendezvous_store.h"
+#include "engine/types.h"
+
+namespace collserve::engine {
+
+// One rank's session: the engine's way back to the client. Thread-safe; no call blocks
+// (implementations queue). After the session ended (Close, or the client went away) every
+// call is a no-op.
+class Session {
+ public:
+  virtual ~Session() = default;
+  // The group is ready: sent once, before any completion.
+  virtual void OnAttached(const AttachedInfo& info) = 0;
+  // One request's answer; completions of one session are queued in the order given.
+  virtual void OnCompletion(Completion completion) = 0;
+  // Ends the session with `status` once queued messages are out. Idempotent.
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+// The coordinator as the engine sees it. Thread-safe.
+class CoordinatorLink {
+ public:
+  virtual ~CoordinatorLink() = default;
+  struct JoinParams {
+    std::string job;
+    std::string group;
+    int world_size = 0;
+    int rank = 0;
+    absl::Duration timeout;  // the rendezvous deadline (the group's init timeout)
+  };
+  // Starts the rendezvous of local rank `params.rank` at the coordinator; `done` runs once,
+  // on any thread, with the membership of the formed generation or the error
+  // (DEADLINE_EXCEEDED naming the missing ranks, UNAVAILABLE, ...). Returns a function
+  // that withdraws the join (the coordinator then drops the rank from the forming group;
+  // `done` still runs, with CANCELLED); calling it after `done` is harmless.
+  virtual std::function<void()> Join(const JoinParams& params,
+                                     std::function<void(absl::StatusOr<Membership>)> done) = 0;
+  // Tells the coordinator that `rank` left `group` (fire and forget; never blocks).
+  virtual void Leave(const std::string& job, const std::string& group, int rank) = 0;
+  // A store in `job`'s namespace for the backends' rendezvous (addresses, unique ids).
+  // Never null: an unreachable coordinator gives a store whose calls fail.
+  virtual std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) = 0;
+};
+
+// How tensor bytes reached the engine (collserve_tensor_bytes_total's path label).
+enum class BytePath { kArena, kStaged, kInline };
+
+// Where the engine reports what it did. Thread-safe; calls must not block (they are made
+// on the data path, some with a group's lock held). Every method has a no-op default.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  // One local rank's request completed with `status` (op: a CollectiveOp value).
+  virtual void OnCompleted(CollectiveOp op, const absl::Status& status) {}
+  // `bytes` of a local rank's tensors (inputs and outputs) entered a collective via `path`.
+  virtual void OnTensorBytes(BytePath path, uint64_t bytes) {}
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_INTERFACES_H_

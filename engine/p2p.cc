@@ -1,0 +1,267 @@
+#include "engine/p2p.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/types.h"
+
+namespace collserve::engine {
+namespace {
+
+// Slots of the inter-host protocol (Communicator::Send/Recv). A message to a rank on another
+// host is a header on kHeaderSlot followed, if it has bytes, by the payload on kPayloadSlot,
+// both from the sender's host; each host's sender thread sends one message at a time, so
+// payloads follow their headers in order.
+constexpr uint32_t kHeaderSlot = 1;
+constexpr uint32_t kPayloadSlot = 2;
+constexpr int64_t kHeaderMagic = 0x636f6c6c70327031;  // "collp2p1"
+struct P2PHeader {
+  int64_t magic;
+  int64_t src;
+  int64_t dst;
+  int64_t tag;
+  int64_t dtype;
+  int64_t count;
+};
+static_assert(sizeof(P2PHeader) <= 64, "fits the header buffer");
+
+std::string Source(int peer) { return peer < 0 ? std::string("any source") : absl::StrCat("rank ", peer); }
+
+bool Matches(const Request& recv, int recv_rank, int src, int dst, int64_t tag) {
+  return dst == recv_rank && (recv.peer == -1 || recv.peer == src) && recv.tag == tag;
+}
+
+}  // namespace
+
+PointToPoint::PointToPoint(const Topology& topology, absl::Duration op_timeout, EngineObserver* observer,
+                           std::function<void(const absl::Status&)> on_failure)
+    : topology_(topology), op_timeout_(op_timeout), observer_(observer), on_failure_(std::move(on_failure)) {}
+
+PointToPoint::~PointToPoint() { Stop(); }
+
+void PointToPoint::Start(backends::Communicator* comm) {
+  comm_ = comm;
+  timer_ = std::thread([this] { TimerMain(); });
+  if (topology_.num_hosts > 1 && comm_ != nullptr) {
+    sender_ = std::thread([this] { SendMain(); });
+    receiver_ = std::thread([this] { RecvMain(); });
+  }
+}
+
+void PointToPoint::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    ++changes_;
+  }
+  if (comm_ != nullptr) comm_->AbortRecv();
+  if (timer_.joinable()) timer_.join();
+  if (sender_.joinable()) sender_.join();
+  if (receiver_.joinable()) receiver_.join();
+  comm_ = nullptr;  // the owner may destroy it now: a second Stop must not touch it
+}
+
+void PointToPoint::Fail(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return;
+  failure_ = status;
+  for (PendingSend& p : sends_) Complete(p.sub, status, observer_);
+  for (PendingSend& p : outgoing_) Complete(p.sub, status, observer_);
+  for (Submission& r : recvs_) Complete(r, status, observer_);
+  sends_.clear();
+  outgoing_.clear();
+  recvs_.clear();
+  staged_.clear();
+  ++changes_;
+}
+
+void PointToPoint::Submit(Submission sub) {
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) {
+    Complete(sub, failure_, observer_);
+    return;
+  }
+  const int rank = sub.rank;
+  const int peer = sub.args.peer;
+  const int64_t tag = sub.args.tag;
+  ++changes_;
+  if (sub.args.op == CollectiveOp::kSend) {
+    if (topology_.rank_host[peer] != topology_.host_index) {
+      outgoing_.push_back(PendingSend{order_++, std::move(sub)});
+      return;
+    }
+    for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+      if (Matches(it->args, it->rank, rank, peer, tag)) {
+        Submission recv = std::move(*it);
+        recvs_.erase(it);
+        DeliverLocked(recv, rank, sub.args.dtype, sub.args.count, sub.in, &sub);
+        return;
+      }
+    }
+    sends_.push_back(PendingSend{order_++, std::move(sub)});
+    return;
+  }
+  // RECV: the earliest message for this rank from the source with the tag.
+  auto send = std::find_if(sends_.begin(), sends_.end(), [&](const PendingSend& s) {
+    return Matches(sub.args, rank, s.sub.rank, s.sub.args.peer, s.sub.args.tag);
+  });
+  auto staged = std::find_if(staged_.begin(), staged_.end(), [&](const StagedMessage& m) {
+    return Matches(sub.args, rank, m.src, m.dst, m.tag);
+  });
+  if (send != sends_.end() && (staged == staged_.end() || send->order < staged->order)) {
+    PendingSend s = std::move(*send);
+    sends_.erase(send);
+    DeliverLocked(sub, s.sub.rank, s.sub.args.dtype, s.sub.args.count, s.sub.in, &s.sub);
+  } else if (staged != staged_.end()) {
+    StagedMessage m = std::move(*staged);
+    staged_.erase(staged);
+    DeliverLocked(sub, m.src, m.dtype, m.count, m.bytes.data(), nullptr);
+  } else {
+    recvs_.push_back(std::move(sub));
+  }
+}
+
+void PointToPoint::DeliverLocked(Submission& recv, int src, int64_t dtype, int64_t count, const char* bytes,
+                                 Submission* send) {
+  absl::Status status;
+  const Request& r = recv.args;
+  if (dtype != r.dtype || count != r.count) {
+    const auto name = [](int64_t d) {
+      return IsValidDataType(static_cast<int>(d)) ? std::string(DataTypeName(static_cast<DataType>(d)))
+                                                  : absl::StrCat("dtype#", d);
+    };
+    status = absl::InvalidArgumentError(absl::StrCat("rank ", src, " sent ", count, " ", name(dtype), " elements (tag ",
+                                                     r.tag, ") but rank ", recv.rank, " receives ", r.count, " ",
+                                                     name(r.dtype), " elements"));
+  } else {
+    if (recv.out_bytes > 0) std::memcpy(recv.out, bytes, recv.out_bytes);
+    recv.source = src;
+  }
+  Complete(recv, status, observer_);
+  if (send != nullptr) Complete(*send, status, observer_);
+}
+
+void PointToPoint::TimerMain() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (auto it = sends_.begin(); it != sends_.end();) {
+      const Request& c = it->sub.args;
+      if (it->sub.deadline <= now) {
+        Complete(it->sub,
+                 absl::DeadlineExceededError(absl::StrCat("send from rank ", it->sub.rank, " to rank ", c.peer,
+                                                          " (tag ", c.tag, ") timed out: rank ", c.peer,
+                                                          " did not post a matching recv in time")),
+                 observer_);
+        it = sends_.erase(it);
+      } else {
+        next = std::min(next, it->sub.deadline);
+        ++it;
+      }
+    }
+    for (auto it = recvs_.begin(); it != recvs_.end();) {
+      if (it->deadline <= now) {
+        Complete(*it,
+                 absl::DeadlineExceededError(absl::StrCat("recv on rank ", it->rank, " from ", Source(it->args.peer),
+                                                          " (tag ", it->args.tag,
+                                                          ") timed out: no matching send arrived in time")),
+                 observer_);
+        it = recvs_.erase(it);
+      } else {
+        next = std::min(next, it->deadline);
+        ++it;
+      }
+    }
+    const uint64_t seen = changes_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || changes_ != seen; };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+  }
+}
+
+void PointToPoint::SendMain() {
+  for (;;) {
+    PendingSend send;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !outgoing_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      send = std::move(outgoing_.front());
+      outgoing_.pop_front();
+    }
+    const Request& c = send.sub.args;
+    const int dst_host = topology_.rank_host[c.peer];
+    P2PHeader header{kHeaderMagic, send.sub.rank, c.peer, c.tag, c.dtype, c.count};
+    const absl::Duration timeout = std::max(send.sub.deadline - absl::Now(), absl::Milliseconds(1));
+    absl::Status s = comm_->Send(&header, sizeof header, dst_host, kHeaderSlot, timeout);
+    if (s.ok() && send.sub.in_bytes > 0) {
+      s = comm_->Send(send.sub.in, send.sub.in_bytes, dst_host, kPayloadSlot, timeout);
+    }
+    if (!s.ok()) {
+      s = absl::Status(s.code(), absl::StrCat("send from rank ", send.sub.rank, " to rank ", c.peer, " (tag ", c.tag,
+                                              ") across hosts failed: ", s.message()));
+      Complete(send.sub, s, observer_);
+      on_failure_(s);
+      return;
+    }
+    Complete(send.sub, absl::OkStatus(), observer_);
+  }
+}
+
+void PointToPoint::RecvMain() {
+  std::vector<int> peers;
+  for (int h = 0; h < topology_.num_hosts; ++h) {
+    if (h != topology_.host_index) peers.push_back(h);
+  }
+  for (;;) {
+    int from = -1;
+    absl::Status s = comm_->Recv(header_, sizeof(P2PHeader), peers, kHeaderSlot, &from, absl::InfiniteDuration());
+    if (s.code() == absl::StatusCode::kCancelled) return;
+    P2PHeader h;
+    std::memcpy(&h, header_, sizeof h);
+    // The header comes from another host: check every field before it sizes anything.
+    if (s.ok() && (h.magic != kHeaderMagic || !IsValidDataType(static_cast<int>(h.dtype)) || h.count < 0 ||
+                   h.count > (int64_t{1} << 40) || h.src < 0 || h.src >= topology_.world_size ||
+                   topology_.local_ranks.count(static_cast<int>(h.dst)) == 0)) {
+      s = absl::InternalError(absl::StrCat("malformed point-to-point header from host ", from));
+    }
+    payload_.clear();
+    if (s.ok() && h.count > 0) {
+      payload_.resize(static_cast<size_t>(h.count) * ElementSize(static_cast<DataType>(h.dtype)));
+      int payload_from = -1;
+      s = comm_->Recv(payload_.data(), payload_.size(), {from}, kPayloadSlot, &payload_from, op_timeout_);
+      if (s.code() == absl::StatusCode::kCancelled) return;
+    }
+    if (!s.ok()) {
+      bool stopping;
+      {
+        absl::MutexLock lock(&mu_);
+        stopping = stop_;
+      }
+      if (!stopping) {
+        on_failure_(absl::Status(s.code(), absl::StrCat("point-to-point receive across hosts failed: ", s.message())));
+      }
+      return;
+    }
+    absl::MutexLock lock(&mu_);
+    if (!failure_.ok()) continue;  // the group failed: drop it, as every pending recv was failed
+    ++changes_;
+    const int src = static_cast<int>(h.src);
+    const int dst = static_cast<int>(h.dst);
+    auto recv = std::find_if(recvs_.begin(), recvs_.end(),
+                             [&](const Submission& r) { return Matches(r.args, r.rank, src, dst, h.tag); });
+    if (recv != recvs_.end()) {
+      Submission r = std::move(*recv);
+      recvs_.erase(recv);
+      DeliverLocked(r, src, h.dtype, h.count, payload_.data(), nullptr);
+    } else {
+      staged_.push_back(StagedMessage{src, dst, h.tag, h.dtype, h.count, order_++, std::move(payload_)});
+    }
+  }
+}
+
+}  // namespace collserve::engine

@@ -1,0 +1,97 @@
+// Point-to-point (send/recv) for the local ranks of one group generation: matching on this
+// host, and a small wire protocol over the communicator's tagged slots to ranks on other
+// hosts.
+//
+// Matching follows MPI's non-overtaking rule, which torch's send/recv follow: a send and a
+// recv match when the recv's source is the sender (or any, -1) and the tags are equal;
+// among candidates the earliest to arrive wins, so messages from one sender with one tag
+// are received in the order sent. A send to a rank on this host completes when it is
+// received; a send to another host completes when its bytes are handed to the transport.
+// A mismatch in dtype or count fails both sides with INVALID_ARGUMENT naming them.
+//
+// Threads: a timer (deadlines), and with several hosts a sender and a receiver. Thread-safe.
+#ifndef COLLSERVE_ENGINE_P2P_H_
+#define COLLSERVE_ENGINE_P2P_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/communicator.h"
+#include "engine/interfaces.h"
+#include "engine/submission.h"
+#include "engine/topology.h"
+
+namespace collserve::engine {
+
+class PointToPoint {
+ public:
+  // `on_failure` is called (without this object's lock) when the transport between hosts
+  // fails; the owner then fails its group, which calls Fail here. `observer` may be null.
+  PointToPoint(const Topology& topology, absl::Duration op_timeout, EngineObserver* observer,
+               std::function<void(const absl::Status&)> on_failure);
+  ~PointToPoint();  // Stop()
+
+  // Starts the threads; `comm` (may be null with one host) must outlive Stop().
+  void Start(backends::Communicator* comm);
+  // A SEND or RECV of a local rank whose request passed ValidateRequest and ResolveBuffers.
+  // Completes through the submission's session; after Fail, at once with the failure.
+  void Submit(Submission sub);
+  // Completes every pending send and recv with `status`, as every later Submit. Idempotent
+  // (the first status stays).
+  void Fail(const absl::Status& status);
+  // Stops and joins the threads (idempotent). The communicator may be destroyed after.
+  void Stop();
+
+ private:
+  struct PendingSend {  // a local rank's send, not yet received (or not yet sent across hosts)
+    uint64_t order = 0;
+    Submission sub;
+  };
+  struct StagedMessage {  // a remote rank's message for a local rank, not yet received
+    int src = 0;
+    int dst = 0;
+    int64_t tag = 0;
+    int64_t dtype = 0;
+    int64_t count = 0;
+    uint64_t order = 0;
+    std::string bytes;
+  };
+
+  // Delivers a message to `recv`; completes it (and `send`, for a local send).
+  void DeliverLocked(Submission& recv, int src, int64_t dtype, int64_t count, const char* bytes, Submission* send)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TimerMain();
+  void SendMain();
+  void RecvMain();
+
+  const Topology& topology_;
+  const absl::Duration op_timeout_;
+  EngineObserver* const observer_;
+  const std::function<void(const absl::Status&)> on_failure_;
+  backends::Communicator* comm_ = nullptr;
+
+  absl::Mutex mu_;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t order_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the timer thread
+  std::deque<PendingSend> sends_ ABSL_GUARDED_BY(mu_);     // to local ranks
+  std::deque<PendingSend> outgoing_ ABSL_GUARDED_BY(mu_);  // to ranks on other hosts
+  std::deque<StagedMessage> staged_ ABSL_GUARDED_BY(mu_);
+  std::deque<Submission> recvs_ ABSL_GUARDED_BY(mu_);
+  // The receiver thread's buffers: a cancelled Recv may still write them until the
+  // communicator is destroyed, so they live as long as this object.
+  char header_[64] = {};
+  std::string payload_;
+  std::thread timer_, sender_, receiver_;
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_P2P_H_

@@ -1,0 +1,46 @@
+// One local rank's request as the engine holds it from Submit until its completion: the
+// request, where its tensors are mapped, and the session to answer.
+#ifndef COLLSERVE_ENGINE_SUBMISSION_H_
+#define COLLSERVE_ENGINE_SUBMISSION_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/shm.h"
+#include "engine/interfaces.h"
+#include "engine/types.h"
+
+namespace collserve::engine {
+
+struct Submission {
+  int rank = -1;  // the local rank that issued it
+  std::shared_ptr<Session> session;
+  Request args;
+  char* in = nullptr;   // the input (in-place ops: input and result)
+  size_t in_bytes = 0;
+  char* out = nullptr;  // out-of-place ops: the output
+  size_t out_bytes = 0;
+  std::vector<std::shared_ptr<ShmSegment>> segments;  // keep the mappings alive while queued/running
+  // Inline input and output bytes. Behind pointers because `in` and `out` point into them
+  // and a Submission moves (queue, executor): moving a short std::string copies its bytes
+  // to a new place (the small-string optimization), a unique_ptr does not.
+  std::unique_ptr<std::string> inline_in;
+  std::unique_ptr<std::string> inline_out;
+  bool inline_mode = false;
+  absl::Status error;      // invalid request: reported to every rank
+  absl::Time deadline;
+  int source = -1;         // RECV: the rank the message came from
+  const char* algorithm = "";  // how it ran (Completion.algorithm)
+};
+
+// Answers `sub` on its session with `status` (and, for a successful inline request, the
+// result bytes) and tells `observer` (may be null). Thread-safe; never blocks.
+void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer);
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_SUBMISSION_H_

@@ -1,0 +1,126 @@
+// The collective engine's vocabulary: one rank's request, its completion, the membership
+// of a group. Plain C++ (no gRPC, protobuf or prometheus types): the sidecar's RPC layer
+// translates its messages into these (server/sidecar/translate.h), and in-process tests
+// build them directly.
+//
+// Enumerations carry the values of their collserve.v1 counterparts, so translation is a
+// cast; server/sidecar/translate.cc ties them with static_asserts. Fields that come from a
+// client are untrusted: the engine validates every one (engine/collective_args.h) before it
+// touches memory.
+#ifndef COLLSERVE_ENGINE_TYPES_H_
+#define COLLSERVE_ENGINE_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace collserve::engine {
+
+// The operations of a group (collserve.v1.CollectiveOp; see collectives.proto for each
+// op's shapes).
+enum class CollectiveOp : int {
+  kUnspecified = 0,
+  kAllReduce = 1,
+  kBroadcast = 2,
+  kBarrier = 3,
+  kReduce = 4,
+  kAllGather = 5,
+  kGather = 6,
+  kScatter = 7,
+  kReduceScatter = 8,
+  kAllToAll = 9,
+  kMonitoredBarrier = 10,
+  kSend = 11,
+  kRecv = 12,
+};
+
+// torch-style op name: "all_reduce", "reduce_scatter", ...; "op#<n>" for an unknown value.
+std::string OpName(int op);
+inline std::string OpName(CollectiveOp op) { return OpName(static_cast<int>(op)); }
+
+// Where one tensor lives: in a shared-memory segment the client created (named; mapped by
+// the engine on first use and kept mapped until released) or inline (its bytes travel in
+// the request and the result in the completion).
+struct BufferRef {
+  std::string segment;        // POSIX shm name; "" = inline
+  int64_t segment_bytes = 0;  // the segment's size in bytes (> 0 when named)
+  int64_t offset = 0;         // byte offset of the tensor in the segment
+  std::string inline_data;    // the tensor's bytes when segment is ""
+  bool arena = false;         // the client's arena (no copy) rather than a staging copy; metrics only
+};
+
+// One rank's call (collserve.v1.Collective): counts are elements of dtype. Untrusted.
+struct Request {
+  int64_t seq = 0;  // 0, 1, 2, ... per session, no gaps
+  CollectiveOp op = CollectiveOp::kUnspecified;
+  int dtype = 0;      // a DataType value (common/types.h), unchecked
+  int64_t count = 0;  // elements of the input
+  int reduce_op = 0;  // a ReduceOp value, unchecked
+  int root = 0;
+  BufferRef buffer;   // the input (in-place ops: input and result)
+  int64_t timeout_ms = 0;  // 0 = the group's op timeout
+  std::vector<std::string> released_segments;  // segments the client dropped: unmap them
+  BufferRef output;   // out-of-place ops: where the result goes
+  int64_t output_count = 0;
+  std::vector<int64_t> input_splits;
+  std::vector<int64_t> output_splits;
+  double premul_factor = 0;  // PREMUL_SUM: this rank's factor
+  int peer = 0;              // SEND/RECV: the other rank; RECV: -1 = any source
+  int64_t tag = 0;           // SEND/RECV
+  bool wait_all_ranks = false;  // MONITORED_BARRIER
+};
+
+// The answer to one Request (collserve.v1.Completion).
+struct Completion {
+  int64_t seq = 0;
+  absl::Status status;       // the error names ranks and arguments where relevant
+  std::string inline_data;   // the result, when the request was inline and succeeded
+  int source = -1;           // RECV: the rank the message came from
+  std::string algorithm;     // how it ran: "local", "local+gloo_ring", ...; "" = not run
+};
+
+// Sent once per session when its group is ready (collserve.v1.Attached).
+struct AttachedInfo {
+  int64_t generation = 0;
+  bool shared_memory = false;  // the client may name shared-memory segments
+  int num_hosts = 0;
+  int local_world_size = 0;
+  std::string host_id;
+};
+
+// What a rank asks for when it attaches (collserve.v1.Attach, after the RPC layer's checks).
+struct AttachRequest {
+  std::string job;    // "" = "default"
+  std::string group;  // non-empty
+  int rank = -1;
+  int world_size = 0;
+  absl::Duration init_timeout = absl::Seconds(300);  // rendezvous + backend connect
+  absl::Duration op_timeout = absl::Seconds(300);    // default per-collective timeout
+  // Shared-memory probe: a segment the client created holding `probe_nonce` (16 bytes);
+  // the engine offers shared memory only if it can read the nonce there.
+  std::string probe_segment;
+  std::string probe_nonce;
+  // The backend among the group's hosts ("gloo", "nccl"); "" = the registry's default for
+  // CPU tensors (backends/registry.h).
+  std::string backend;
+};
+
+// One rank of a formed group (collserve.v1.Member).
+struct Member {
+  int rank = 0;
+  std::string host_id;       // the sidecar serving it
+  std::string host_address;  // where that sidecar's backend listens
+};
+
+// The answer of a rendezvous (collserve.v1.JoinResponse): every rank of the generation.
+struct Membership {
+  int64_t generation = 0;
+  std::vector<Member> members;
+};
+
+}  // namespace collserve::engine
+
+#endif  // COLLSERVE_ENGINE_TYPES_H_

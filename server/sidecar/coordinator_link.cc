@@ -1,0 +1,115 @@
+#include "server/sidecar/coordinator_link.h"
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "collserve/client.h"
+#include "common/grpc_status.h"
+#include "server/sidecar/translate.h"
+
+namespace collserve::server {
+namespace {
+
+namespace pb = ::collserve::v1;
+
+// backends::RendezvousStore over the coordinator's Store (client SDK).
+class StoreRendezvous : public backends::RendezvousStore {
+ public:
+  explicit StoreRendezvous(std::unique_ptr<client::StoreClient> store) : store_(std::move(store)) {}
+  absl::Status Set(const std::string& key, const std::string& value) override { return store_->Set(key, value); }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return store_->Get(key, timeout);
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return store_->Wait(keys, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override { return store_->Add(key, delta); }
+
+ private:
+  std::unique_ptr<client::StoreClient> store_;
+};
+
+// A store whose every call fails with the connect error.
+class UnreachableStore : public backends::RendezvousStore {
+ public:
+  explicit UnreachableStore(absl::Status s) : s_(std::move(s)) {}
+  absl::Status Set(const std::string&, const std::string&) override { return s_; }
+  absl::StatusOr<std::string> Get(const std::string&, absl::Duration) override { return s_; }
+  absl::Status Wait(const std::vector<std::string>&, absl::Duration) override { return s_; }
+  absl::StatusOr<int64_t> Add(const std::string&, int64_t) override { return s_; }
+
+ private:
+  absl::Status s_;
+};
+
+}  // namespace
+
+GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
+                                         std::string host_id, std::string host_address)
+    : registry_(pb::Registry::NewStub(channel)),
+      coordinator_address_(std::move(coordinator_address)),
+      host_id_(std::move(host_id)),
+      host_address_(std::move(host_address)) {}
+
+std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
+                                                std::function<void(absl::StatusOr<engine::Membership>)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::JoinRequest req;
+    pb::JoinResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_job(params.job);
+  call->req.set_group(params.group);
+  call->req.set_world_size(params.world_size);
+  call->req.mutable_member()->set_rank(params.rank);
+  call->req.mutable_member()->set_host_id(host_id_);
+  call->req.mutable_member()->set_host_address(host_address_);
+  call->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.timeout + absl::Seconds(5)));
+  const std::string coordinator = coordinator_address_;
+  registry_->async()->Join(&call->ctx, &call->req, &call->resp,
+                           [call, coordinator, done = std::move(done)](grpc::Status s) {
+                             if (s.ok()) {
+                               done(FromProto(call->resp));
+                               return;
+                             }
+                             absl::Status st = FromGrpcStatus(s);
+                             if (st.code() == absl::StatusCode::kUnavailable) {
+                               st = absl::UnavailableError(
+                                   absl::StrCat("cannot reach the coordinator at ", coordinator, ": ", st.message()));
+                             }
+                             done(st);
+                           });
+  return [call] { call->ctx.TryCancel(); };
+}
+
+void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::LeaveRequest req;
+    pb::LeaveResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_job(job);
+  call->req.set_group(group);
+  call->req.set_rank(rank);
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  registry_->async()->Leave(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      LOG(WARNING) << "leave of rank " << call->req.rank() << " from group " << call->req.group()
+                   << " failed: " << s.error_message();
+    }
+  });
+}
+
+std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreFor(const std::string& job) {
+  client::StoreClientOptions so;
+  so.job = job;
+  so.connect_timeout = absl::Seconds(10);
+  auto store = client::StoreClient::Connect(coordinator_address_, so);
+  if (!store.ok()) return std::make_unique<UnreachableStore>(store.status());
+  return std::make_unique<StoreRendezvous>(std::move(*store));
+}
+
+}  // namespace collserve::server

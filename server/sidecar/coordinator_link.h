@@ -1,0 +1,37 @@
+// engine::CoordinatorLink over the coordinator's gRPC services: joins and leaves through
+// the Registry, backend rendezvous through the Store (client SDK).
+#ifndef COLLSERVE_SERVER_SIDECAR_COORDINATOR_LINK_H_
+#define COLLSERVE_SERVER_SIDECAR_COORDINATOR_LINK_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "collserve/v1/registry.grpc.pb.h"
+#include "engine/interfaces.h"
+
+namespace collserve::server {
+
+// Thread-safe. Join's deadline is the rendezvous timeout plus 5 s; Leave's 10 s.
+class GrpcCoordinatorLink : public engine::CoordinatorLink {
+ public:
+  // `host_id` and `host_address` are this sidecar's, as members of every group it joins.
+  GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address, std::string host_id,
+                      std::string host_address);
+  std::function<void()> Join(const JoinParams& params,
+                             std::function<void(absl::StatusOr<engine::Membership>)> done) override;
+  void Leave(const std::string& job, const std::string& group, int rank) override;
+  std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) override;
+
+ private:
+  std::unique_ptr<collserve::v1::Registry::Stub> registry_;
+  const std::string coordinator_address_;
+  const std::string host_id_;
+  const std::string host_address_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_COORDINATOR_LINK_H_

@@ -1,0 +1,29 @@
+// The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
+// collserve_collectives_total{op, code} and collserve_tensor_bytes_total{path}.
+#ifndef COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
+#define COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+#include "engine/interfaces.h"
+
+namespace collserve::server {
+
+// Thread-safe (prometheus-cpp's counters are); never blocks beyond a family's label lookup.
+class PrometheusObserver : public engine::EngineObserver {
+ public:
+  // Registers the families on `registry`, which must outlive this object.
+  explicit PrometheusObserver(prometheus::Registry& registry);
+  void OnCompleted(engine::CollectiveOp op, const absl::Status& status) override;
+  void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
+
+ private:
+  prometheus::Family<prometheus::Counter>& collectives_;
+  prometheus::Counter* bytes_[3];  // by BytePath
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_

@@ -1,0 +1,25 @@
+// The sidecar's RPC layer <-> the engine: collserve.v1 messages to and from engine types
+// (engine/types.h). Enumerations are tied by static_asserts in translate.cc.
+#ifndef COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_
+#define COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_
+
+#include "collserve/v1/collectives.pb.h"
+#include "collserve/v1/registry.pb.h"
+#include "engine/types.h"
+
+namespace collserve::server {
+
+// Moves the request out of `c` (its inline bytes are moved, not copied). Never fails: the
+// engine validates every field.
+engine::Request FromProto(collserve::v1::Collective&& c);
+// The attach as the engine takes it (init/op timeouts of 0 become 300 s).
+engine::AttachRequest FromProto(const collserve::v1::Attach& a);
+engine::Membership FromProto(const collserve::v1::JoinResponse& r);
+
+// Moves the completion's inline bytes into the message.
+collserve::v1::SessionResponse ToProto(engine::Completion&& c);
+collserve::v1::SessionResponse ToProto(const engine::AttachedInfo& a);
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_

@@ -1,0 +1,361 @@
+// The collective engine in one process: 2 simulated hosts x 2 ranks (and other layouts)
+// on a fake coordinator, with the real Gloo backend on loopback between the hosts. Every
+// collective and send/recv, the desync checks, timeouts, and a rank or host that goes away.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "common/shm.h"
+#include "tests/engine/engine_testing.h"
+
+namespace collserve::testing {
+namespace {
+
+using engine::CollectiveOp;
+using engine::Completion;
+using ::testing::HasSubstr;
+
+std::vector<float> Iota(size_t n, float start) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+TEST(EngineTest, AllReduceTwoHostsTwoRanksEveryAlgorithm) {
+  TestCluster cluster(2);
+  auto ranks = cluster.Form("ar", 4);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  // 8 elements take the direct exchange; 400k floats (1.6 MB) Gloo's ring.
+  for (size_t n : {size_t{8}, size_t{400000}}) {
+    OnEveryRank(*ranks, [&](TestRank& r) {
+      Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, Iota(n, static_cast<float>(r.rank))));
+      ASSERT_TRUE(c.status.ok()) << c.status;
+      std::vector<float> out = FloatsOf(c.inline_data);
+      ASSERT_EQ(out.size(), n);
+      for (size_t i = 0; i < n; i += 997) EXPECT_EQ(out[i], 4.0f * i + 6.0f) << i;
+      EXPECT_EQ(c.algorithm, n == 8 ? "local+gloo_direct" : "local+gloo_ring");
+    });
+  }
+}
+
+TEST(EngineTest, AllReduceThroughSharedMemory) {
+  TestCluster cluster(1);
+  constexpr int kWorld = 2;
+  std::vector<std::unique_ptr<ShmSegment>> segments;
+  std::vector<TestRank> ranks(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto probe = ShmSegment::Create(16);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    std::memcpy((*probe)->data(), "0123456789abcdef", 16);
+    engine::AttachRequest a;
+    a.group = "shm";
+    a.rank = r;
+    a.world_size = kWorld;
+    a.probe_segment = (*probe)->name();
+    a.probe_nonce = "0123456789abcdef";
+    ranks[r].rank = r;
+    ranks[r].session = std::make_shared<RecordingSession>();
+    auto g = cluster.engine(0).Attach(a, ranks[r].session);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ranks[r].group = *g;
+    auto seg = ShmSegment::Create(4096);
+    ASSERT_TRUE(seg.ok());
+    segments.push_back(std::move(*seg));
+  }
+  for (TestRank& r : ranks) {
+    auto attached = r.session->WaitAttached(absl::Seconds(30));
+    ASSERT_TRUE(attached.ok()) << attached.status();
+    EXPECT_TRUE(attached->shared_memory);
+  }
+  OnEveryRank(ranks, [&](TestRank& r) {
+    float* data = reinterpret_cast<float*>(segments[r.rank]->data() + 64);
+    for (int i = 0; i < 10; ++i) data[i] = static_cast<float>(r.rank + i);
+    engine::Request req = FloatRequest(CollectiveOp::kAllReduce, {});
+    req.count = 10;
+    req.buffer = engine::BufferRef{segments[r.rank]->name(), 4096, 64, "", false};
+    Completion c = r.Call(req);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_TRUE(c.inline_data.empty());
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(data[i], 2.0f * i + 1.0f);
+  });
+}
+
+TEST(EngineTest, EveryCollectiveTwoHostsTwoRanks) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("all", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  constexpr int kWorld = 4;
+  OnEveryRank(ranks, [&](TestRank& r) {
+    const float me = static_cast<float>(r.rank);
+    // broadcast from rank 2 (host 1)
+    Completion c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kBroadcast, {me, me});
+      q.root = 2;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(2.0f, 2.0f));
+    // reduce (MAX) to rank 1: only the root's tensor changes
+    c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kReduce, {me, -me});
+      q.reduce_op = static_cast<int>(ReduceOp::kMax);
+      q.root = 1;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    if (r.rank == 1) {
+      EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(3.0f, 0.0f));
+    } else {
+      EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(me, -me));
+    }
+    // all_gather with uneven sizes: rank r sends r + 1 elements
+    c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kAllGather, std::vector<float>(r.rank + 1, me));
+      q.output_splits = {1, 2, 3, 4};
+      q.output_count = 10;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(0, 1, 1, 2, 2, 2, 3, 3, 3, 3));
+    // gather to rank 3
+    c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kGather, {me * 10});
+      q.root = 3;
+      if (r.rank == 3) {
+        q.output_splits = {1, 1, 1, 1};
+        q.output_count = 4;
+      }
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    if (r.rank == 3) {
+      EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(0, 10, 20, 30));
+    }
+    // scatter from rank 0: rank r gets 2 elements r, r
+    c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kScatter, r.rank == 0 ? std::vector<float>{0, 0, 1, 1, 2, 2, 3, 3}
+                                                                : std::vector<float>{});
+      q.root = 0;
+      if (r.rank == 0) q.input_splits = {2, 2, 2, 2};
+      q.output_count = 2;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(me, me));
+    // reduce_scatter: every rank sends [0..7]; rank r gets 4 x [2r, 2r+1]
+    c = r.Call([&] {
+      auto q = FloatRequest(CollectiveOp::kReduceScatter, Iota(8, 0));
+      q.input_splits = {2, 2, 2, 2};
+      q.output_count = 2;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(8 * me, 8 * me + 4));
+    // all_to_all: rank i sends (10 i + j) to rank j
+    c = r.Call([&] {
+      std::vector<float> in;
+      for (int j = 0; j < kWorld; ++j) in.push_back(10 * me + j);
+      auto q = FloatRequest(CollectiveOp::kAllToAll, in);
+      q.input_splits = {1, 1, 1, 1};
+      q.output_splits = {1, 1, 1, 1};
+      q.output_count = 4;
+      return q;
+    }());
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(me, 10 + me, 20 + me, 30 + me));
+    // barrier
+    engine::Request barrier;
+    barrier.op = CollectiveOp::kBarrier;
+    c = r.Call(barrier);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+  });
+}
+
+TEST(EngineTest, SendRecvOnOneHostAndAcrossHosts) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("p2p", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  // A ring: each rank sends to rank + 1 (0->1 on one host, 1->2 across hosts, ...) and
+  // receives from any source.
+  OnEveryRank(*formed, [&](TestRank& r) {
+    engine::Request send = FloatRequest(CollectiveOp::kSend, {static_cast<float>(r.rank), 7});
+    send.peer = (r.rank + 1) % 4;
+    send.tag = 5;
+    send.seq = r.next_seq++;
+    engine::Request recv = FloatRequest(CollectiveOp::kRecv, {});
+    recv.count = 2;
+    recv.peer = -1;
+    recv.tag = 5;
+    recv.seq = r.next_seq++;
+    r.group->Submit(r.rank, send);
+    r.group->Submit(r.rank, recv);
+    Completion s = r.session->WaitCompletion(send.seq, absl::Seconds(30));
+    Completion c = r.session->WaitCompletion(recv.seq, absl::Seconds(30));
+    ASSERT_TRUE(s.status.ok()) << s.status;
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    const int from = (r.rank + 3) % 4;
+    EXPECT_EQ(c.source, from);
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(static_cast<float>(from), 7.0f));
+  });
+}
+
+TEST(EngineTest, DisagreementNamesTheRanksAndTheGroupStaysUsable) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("desync", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [&](TestRank& r) {
+    // rank 3 (host 1) calls with 5 elements, the others with 4
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, std::vector<float>(r.rank == 3 ? 5 : 4, 1)));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("count=4 on ranks [0, 1, 2] but count=5 on ranks [3]"));
+    // ... and an all_to_all whose sizes do not fit
+    engine::Request q = FloatRequest(CollectiveOp::kAllToAll, {1, 2, 3, 4});
+    q.input_splits = {1, 1, 1, 1};
+    q.output_splits = r.rank == 2 ? std::vector<int64_t>{2, 0, 1, 1} : std::vector<int64_t>{1, 1, 1, 1};
+    q.output_count = 4;
+    c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("rank 0 sends 1 elements to rank 2, but rank 2 expects 2"));
+    // nothing moved: the next collective works
+    c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1, 2}));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(4.0f, 8.0f));
+  });
+}
+
+TEST(EngineTest, InvalidRequestIsAnErrorOnEveryRankNeverATouch) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("invalid", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [&](TestRank& r) {
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    if (r.rank == 1) {
+      // count x element size wraps around size_t: rejected before any memory is touched
+      q.count = (int64_t{1} << 62) + 1;
+    }
+    Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("ranks [1] sent invalid requests"));
+    if (r.rank == 1) {
+      EXPECT_THAT(c.status.message(), HasSubstr("exceeds the largest tensor"));
+    }
+  });
+}
+
+TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("timeout", 4, /*op_timeout=*/absl::Seconds(2));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank> callers(formed->begin(), formed->begin() + 3);  // rank 3 never calls
+  const absl::Time start = absl::Now();
+  OnEveryRank(callers, [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}));
+    EXPECT_FALSE(c.status.ok());
+    if (r.host == 1) {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded) << c.status;
+      EXPECT_THAT(c.status.message(), HasSubstr("local ranks [3] did not call it"));
+    }
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+TEST(EngineTest, MonitoredBarrierNamesTheMissingRank) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("monitored", 4, absl::Seconds(2));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank> callers = {(*formed)[0], (*formed)[1], (*formed)[3]};  // rank 2 is missing
+  OnEveryRank(callers, [&](TestRank& r) {
+    engine::Request q;
+    q.op = CollectiveOp::kMonitoredBarrier;
+    q.timeout_ms = 1000;
+    q.wait_all_ranks = true;
+    Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("rank 2 failed to pass monitored_barrier"));
+  });
+}
+
+TEST(EngineTest, RankThatLeavesFailsTheOthersAndIsReported) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("leave", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  (*formed)[2].group->OnSessionClosed(2);
+  std::vector<TestRank> rest = {(*formed)[0], (*formed)[1], (*formed)[3]};
+  OnEveryRank(rest, [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(45));
+    EXPECT_FALSE(c.status.ok());
+    EXPECT_NE(c.status.code(), absl::StatusCode::kDeadlineExceeded) << "failed by the test's wait: " << c.status;
+    if (r.host == 1) {
+      EXPECT_THAT(c.status.message(), HasSubstr("rank 2 of group \"leave\" disconnected"));
+    }
+  });
+  bool left = false;
+  for (const auto& [job, group, rank] : cluster.coordinator().leaves()) left |= group == "leave" && rank == 2;
+  EXPECT_TRUE(left);
+}
+
+TEST(EngineTest, HostThatGoesAwayFailsTheOtherHost) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("host", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  cluster.engine(1).Shutdown();
+  std::vector<TestRank> host0 = {(*formed)[0], (*formed)[1]};
+  const absl::Time start = absl::Now();
+  OnEveryRank(host0, [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(45));
+    EXPECT_FALSE(c.status.ok());
+    EXPECT_NE(c.status.code(), absl::StatusCode::kDeadlineExceeded) << "failed by the test's wait: " << c.status;
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+}
+
+TEST(EngineTest, AttachErrors) {
+  TestCluster cluster(1);
+  engine::AttachRequest a;
+  a.group = "g";
+  a.rank = 2;
+  a.world_size = 2;
+  EXPECT_EQ(cluster.engine(0).Attach(a, std::make_shared<RecordingSession>()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  a.rank = 0;
+  a.backend = "mpi";
+  auto unknown = cluster.engine(0).Attach(a, std::make_shared<RecordingSession>());
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("gloo"));
+  a.backend = "";
+  a.init_timeout = absl::Seconds(1);
+  auto session = std::make_shared<RecordingSession>();
+  ASSERT_TRUE(cluster.engine(0).Attach(a, session).ok());
+  EXPECT_EQ(cluster.engine(0).Attach(a, std::make_shared<RecordingSession>()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // rank 1 never comes: the rendezvous times out and closes the session
+  auto attached = session->WaitAttached(absl::Seconds(20));
+  EXPECT_EQ(attached.status().code(), absl::StatusCode::kDeadlineExceeded) << attached.status();
+  EXPECT_THAT(attached.status().message(), HasSubstr("missing ranks [1]"));
+}
+
+TEST(BackendRegistryTest, ResolvesByNameAndDeviceType) {
+  backends::BackendRegistry registry;
+  ASSERT_TRUE(backends::AddBuiltinBackends(registry).ok());
+  EXPECT_EQ(*registry.Resolve("", DeviceType::kCpu), "gloo");
+  EXPECT_EQ(*registry.Resolve("gloo", DeviceType::kCpu), "gloo");
+  EXPECT_EQ(registry.Resolve("gloo", DeviceType::kCuda).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Resolve("mpi", DeviceType::kCpu).status().code(), absl::StatusCode::kNotFound);
+  const std::vector<std::string> names = registry.Names();
+  const bool nccl = std::find(names.begin(), names.end(), "nccl") != names.end();
+  if (nccl) {
+    EXPECT_EQ(*registry.Resolve("", DeviceType::kCuda), "nccl");
+  } else {
+    EXPECT_EQ(registry.Resolve("", DeviceType::kCuda).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(registry.Register("gloo", {DeviceType::kCpu}, [](backends::RendezvousStore&,
+                                                            const backends::ConnectParams&) {
+              return absl::StatusOr<std::unique_ptr<backends::Communicator>>(absl::UnimplementedError(""));
+            }).code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace collserve::testing

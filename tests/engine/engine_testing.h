@@ -1,0 +1,310 @@
+// In-process harness for the collective engine, in the style of Gloo's tests (every host on
+// threads of one process): a fake coordinator (rendezvous in memory), one Engine per
+// simulated host with the real Gloo backend on loopback, and ranks whose sessions record
+// what the engine sends them.
+#ifndef COLLSERVE_TESTS_ENGINE_ENGINE_TESTING_H_
+#define COLLSERVE_TESTS_ENGINE_ENGINE_TESTING_H_
+
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "backends/registry.h"
+#include "engine/engine.h"
+#include "tests/testing/in_memory_rendezvous_store.h"
+
+namespace collserve::testing {
+
+// Rendezvous for every simulated host: a join completes when world_size ranks of the group
+// joined (generation 1), after its timeout (DEADLINE_EXCEEDED naming the missing ranks), or
+// when withdrawn (CANCELLED). Thread-safe.
+class FakeCoordinator {
+ public:
+  ~FakeCoordinator() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // The link of host `host_id` (owned by the caller, must not outlive this object).
+  std::unique_ptr<engine::CoordinatorLink> LinkFor(const std::string& host_id) {
+    return std::make_unique<Link>(this, host_id);
+  }
+
+  // The (job, group, rank) of every Leave, in order.
+  std::vector<std::tuple<std::string, std::string, int>> leaves() {
+    absl::MutexLock lock(&mu_);
+    return leaves_;
+  }
+
+  InMemoryRendezvousStore& store() { return store_; }
+
+ private:
+  struct Forming {
+    int world_size = 0;
+    std::map<int, std::string> joined;  // rank -> host
+    std::set<int> cancelled;
+    bool formed = false;
+    engine::Membership membership;
+  };
+
+  class Link : public engine::CoordinatorLink {
+   public:
+    Link(FakeCoordinator* c, std::string host) : c_(c), host_(std::move(host)) {}
+    std::function<void()> Join(const JoinParams& p, std::function<void(absl::StatusOr<engine::Membership>)> done) override {
+      return c_->Join(host_, p, std::move(done));
+    }
+    void Leave(const std::string& job, const std::string& group, int rank) override {
+      absl::MutexLock lock(&c_->mu_);
+      c_->leaves_.emplace_back(job, group, rank);
+    }
+    std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) override {
+      return std::make_unique<Prefixed>(&c_->store_, job);
+    }
+
+   private:
+    FakeCoordinator* c_;
+    std::string host_;
+  };
+  class Prefixed : public backends::RendezvousStore {
+   public:
+    Prefixed(backends::RendezvousStore* s, std::string job) : s_(s), p_(job + "/") {}
+    absl::Status Set(const std::string& k, const std::string& v) override { return s_->Set(p_ + k, v); }
+    absl::StatusOr<std::string> Get(const std::string& k, absl::Duration t) override { return s_->Get(p_ + k, t); }
+    absl::Status Wait(const std::vector<std::string>& keys, absl::Duration t) override {
+      std::vector<std::string> full;
+      for (const auto& k : keys) full.push_back(p_ + k);
+      return s_->Wait(full, t);
+    }
+    absl::StatusOr<int64_t> Add(const std::string& k, int64_t d) override { return s_->Add(p_ + k, d); }
+
+   private:
+    backends::RendezvousStore* s_;
+    std::string p_;
+  };
+
+  std::function<void()> Join(const std::string& host, const engine::CoordinatorLink::JoinParams& p,
+                             std::function<void(absl::StatusOr<engine::Membership>)> done) {
+    const std::string key = p.job + "/" + p.group;
+    auto cancelled = std::make_shared<bool>(false);
+    absl::MutexLock lock(&mu_);
+    threads_.emplace_back([this, host, p, key, done = std::move(done), cancelled] {
+      absl::StatusOr<engine::Membership> result;
+      {
+        absl::MutexLock lock(&mu_);
+        Forming& f = groups_[key];
+        f.world_size = p.world_size;
+        f.joined[p.rank] = host;
+        if (static_cast<int>(f.joined.size()) == f.world_size && !f.formed) {
+          f.formed = true;
+          f.membership.generation = ++generation_;
+          for (const auto& [rank, h] : f.joined) f.membership.members.push_back(engine::Member{rank, h, "127.0.0.1"});
+        }
+        auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || *cancelled || groups_[key].formed; };
+        mu_.AwaitWithTimeout(absl::Condition(&over), p.timeout);
+        Forming& g = groups_[key];
+        if (g.formed) {
+          result = g.membership;
+        } else {
+          g.joined.erase(p.rank);
+          if (*cancelled) {
+            result = absl::CancelledError("join withdrawn");
+          } else {
+            std::vector<int> missing;
+            for (int r = 0; r < p.world_size; ++r) {
+              if (g.joined.count(r) == 0 && r != p.rank) missing.push_back(r);
+            }
+            result = absl::DeadlineExceededError(absl::StrCat("rendezvous timed out; missing ranks [",
+                                                              absl::StrJoin(missing, ", "), "]"));
+          }
+        }
+      }
+      done(std::move(result));
+    });
+    return [this, cancelled] {
+      absl::MutexLock lock(&mu_);
+      *cancelled = true;
+    };
+  }
+
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, Forming> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::tuple<std::string, std::string, int>> leaves_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  InMemoryRendezvousStore store_;
+};
+
+// A session that records what the engine sends. Thread-safe.
+class RecordingSession : public engine::Session {
+ public:
+  void OnAttached(const engine::AttachedInfo& info) override {
+    absl::MutexLock lock(&mu_);
+    attached_ = info;
+  }
+  void OnCompletion(engine::Completion c) override {
+    absl::MutexLock lock(&mu_);
+    if (!closed_) completions_[c.seq] = std::move(c);
+  }
+  void Close(const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    if (!closed_) close_status_ = status;
+    closed_ = true;
+  }
+
+  // The attach's outcome: OK once attached, the close status if closed first, or
+  // DEADLINE_EXCEEDED after `timeout`.
+  absl::StatusOr<engine::AttachedInfo> WaitAttached(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return attached_.has_value() || closed_; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) return absl::DeadlineExceededError("not attached");
+    if (attached_.has_value()) return *attached_;
+    return close_status_;
+  }
+  // The completion of `seq`, or DEADLINE_EXCEEDED in its status after `timeout`.
+  engine::Completion WaitCompletion(int64_t seq, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return completions_.count(seq) > 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      engine::Completion c;
+      c.seq = seq;
+      c.status = absl::DeadlineExceededError(absl::StrCat("test: no completion for seq ", seq));
+      return c;
+    }
+    return completions_[seq];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::optional<engine::AttachedInfo> attached_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, engine::Completion> completions_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+};
+
+// One rank of a test group.
+struct TestRank {
+  int rank = 0;
+  int host = 0;
+  std::shared_ptr<RecordingSession> session;
+  std::shared_ptr<engine::Group> group;
+  int64_t next_seq = 0;
+
+  // Submits `r` as this rank's next request and waits for its completion.
+  engine::Completion Call(engine::Request r, absl::Duration timeout = absl::Seconds(60)) {
+    r.seq = next_seq++;
+    group->Submit(rank, std::move(r));
+    return session->WaitCompletion(r.seq, timeout);
+  }
+};
+
+// `hosts` simulated hosts (Engines "host0", "host1", ...) on one fake coordinator.
+class TestCluster {
+ public:
+  explicit TestCluster(int hosts, const std::function<void(engine::EngineOptions&)>& tweak = nullptr) {
+    absl::Status s = backends::AddBuiltinBackends(backends_);
+    if (!s.ok()) std::abort();
+    for (int h = 0; h < hosts; ++h) {
+      links_.push_back(coordinator_.LinkFor(absl::StrCat("host", h)));
+      engine::EngineOptions o;
+      o.host_id = absl::StrCat("host", h);
+      o.data_threads = 2;
+      if (tweak) tweak(o);
+      auto e = engine::Engine::Create(o, links_.back().get(), &backends_, nullptr);
+      if (!e.ok()) std::abort();
+      engines_.push_back(std::move(*e));
+    }
+  }
+  ~TestCluster() {
+    for (auto& e : engines_) e->Shutdown();
+  }
+
+  // Attaches `world_size` ranks to group `name` (rank r on host r * hosts / world_size,
+  // so 4 ranks on 2 hosts are [0, 1] and [2, 3]) and waits until all are attached.
+  absl::StatusOr<std::vector<TestRank>> Form(const std::string& name, int world_size,
+                                             absl::Duration op_timeout = absl::Seconds(30)) {
+    std::vector<TestRank> ranks(world_size);
+    const int hosts = static_cast<int>(engines_.size());
+    for (int r = 0; r < world_size; ++r) {
+      TestRank& t = ranks[r];
+      t.rank = r;
+      t.host = r * hosts / world_size;
+      t.session = std::make_shared<RecordingSession>();
+      engine::AttachRequest a;
+      a.job = "test";
+      a.group = name;
+      a.rank = r;
+      a.world_size = world_size;
+      a.init_timeout = absl::Seconds(30);
+      a.op_timeout = op_timeout;
+      auto g = engines_[t.host]->Attach(a, t.session);
+      if (!g.ok()) return g.status();
+      t.group = *g;
+    }
+    for (TestRank& t : ranks) {
+      auto attached = t.session->WaitAttached(absl::Seconds(60));
+      if (!attached.ok()) return attached.status();
+    }
+    return ranks;
+  }
+
+  engine::Engine& engine(int host) { return *engines_[host]; }
+  FakeCoordinator& coordinator() { return coordinator_; }
+
+ private:
+  FakeCoordinator coordinator_;
+  backends::BackendRegistry backends_;
+  std::vector<std::unique_ptr<engine::CoordinatorLink>> links_;
+  std::vector<std::unique_ptr<engine::Engine>> engines_;
+};
+
+// Runs fn(rank) for every rank on its own thread (Gloo's spawn) and joins them.
+inline void OnEveryRank(std::vector<TestRank>& ranks, const std::function<void(TestRank&)>& fn) {
+  std::vector<std::thread> threads;
+  for (TestRank& r : ranks) threads.emplace_back([&fn, &r] { fn(r); });
+  for (std::thread& t : threads) t.join();
+}
+
+// Inline tensors of float32.
+inline engine::BufferRef Floats(const std::vector<float>& v) {
+  engine::BufferRef b;
+  b.inline_data.assign(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  return b;
+}
+inline std::vector<float> FloatsOf(const std::string& bytes) {
+  std::vector<float> v(bytes.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+// A float32 request of `op` with input `in` (count = in.size()).
+inline engine::Request FloatRequest(engine::CollectiveOp op, const std::vector<float>& in) {
+  engine::Request r;
+  r.op = op;
+  r.dtype = static_cast<int>(DataType::kFloat32);
+  r.count = static_cast<int64_t>(in.size());
+  r.reduce_op = static_cast<int>(ReduceOp::kSum);
+  r.buffer = Floats(in);
+  return r;
+}
+
+}  // namespace collserve::testing
+
+#endif  // COLLSERVE_TESTS_ENGINE_ENGINE_TESTING_H_
