@@ -1,7 +1,8 @@
 // ProcessGroup over one collserve.v1.Collectives/Session stream to the sidecar.
 //
 // One stream per (group, rank). Requests are written in issue order with consecutive seq
-// numbers; a reader thread completes the Work of each Completion. Tensor bytes go through
+// numbers; a reader thread hands each Completion to a lane thread (one for collectives, one
+// for send/recv) that copies its result out and completes the Work. Tensor bytes go through
 // shared-memory segments (created here, mapped by the sidecar) when the sidecar shares
 // /dev/shm with us (probed at attach), inline in the messages otherwise.
 #include <grpcpp/grpcpp.h>
@@ -235,6 +236,8 @@ class SessionProcessGroup : public ProcessGroup {
     if (!reader_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) ctx_.TryCancel();
     if (reader_.joinable()) reader_.join();
     FailAll(absl::CancelledError("process group destroyed"));
+    collective_lane_.reset();  // finishes what it holds, then joins
+    p2p_lane_.reset();
   }
 
   absl::Status Init() {
@@ -288,6 +291,8 @@ class SessionProcessGroup : public ProcessGroup {
     shared_memory_ = resp.attached().shared_memory();
     num_hosts_ = resp.attached().num_hosts();
     local_world_size_ = resp.attached().local_world_size();
+    collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
+    p2p_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
     reader_ = std::thread([this] { ReadLoop(); });
     return absl::OkStatus();
   }
@@ -634,6 +639,7 @@ class SessionProcessGroup : public ProcessGroup {
     c->set_timeout_ms(absl::ToInt64Milliseconds(r.timeout > absl::ZeroDuration() ? r.timeout : options_.op_timeout));
 
     auto pending = std::make_unique<Pending>();
+    pending->p2p = r.op == pb::SEND || r.op == pb::RECV;
     pending->out_offset = out_offset;
     pending->out_bytes = r.in_place ? (in_zero ? 0 : in_bytes) : (out_zero ? 0 : out_region);
     if (pending->out_bytes > 0) pending->outputs = std::move(r.outputs);
@@ -728,6 +734,65 @@ class SessionProcessGroup : public ProcessGroup {
     size_t out_bytes = 0;   // of the result
     std::unique_ptr<ShmSegment> segment;
     bool collective = false;  // counts in staged_collectives_ while it holds `segment`
+    bool p2p = false;         // send/recv: completes on the point-to-point lane
+  };
+  // A completion read from the stream, handed to a lane.
+  struct Done {
+    std::unique_ptr<Pending> pending;
+    pb::Completion completion;
+  };
+
+  // A thread that finishes completions in the order it is given them: copies a staged or
+  // inline result into the caller's tensors, completes the Work (running its callbacks)
+  // and returns the staging segment. Collectives and point-to-point ops have a lane each,
+  // so neither a large copy-out nor a slow callback holds up reading the stream or the
+  // other lane; within a lane, completions keep their order (collectives of one group
+  // complete in issue order). Thread-safe.
+  class Lane {
+   public:
+    explicit Lane(std::function<void(Done&)> finish) : finish_(std::move(finish)), thread_([this] { Main(); }) {}
+    ~Lane() {
+      {
+        absl::MutexLock lock(&mu_);
+        stop_ = true;
+      }
+      thread_.join();
+    }
+    void Push(Done done) {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(std::move(done));
+    }
+    // Blocks until every pushed completion is finished (or `deadline`).
+    void Drain(absl::Time deadline) {
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
+      mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+    }
+    bool OnThisThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+   private:
+    void Main() {
+      absl::MutexLock lock(&mu_);
+      for (;;) {
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;  // stopped and drained
+        Done done = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        mu_.Unlock();
+        finish_(done);
+        mu_.Lock();
+        busy_ = false;
+      }
+    }
+
+    const std::function<void(Done&)> finish_;
+    absl::Mutex mu_;
+    std::deque<Done> queue_ ABSL_GUARDED_BY(mu_);
+    bool stop_ ABSL_GUARDED_BY(mu_) = false;
+    bool busy_ ABSL_GUARDED_BY(mu_) = false;
+    std::thread thread_;  // last: starts after the members it uses
   };
 
   absl::Status FinishWithError(absl::string_view what) {
@@ -747,9 +812,10 @@ class SessionProcessGroup : public ProcessGroup {
     {
       absl::MutexLock lock(&segments_mu_);
       const size_t cap = static_cast<size_t>(std::max<int64_t>(options_.max_staging_bytes, 0));
-      // Never on the reader thread (a completion callback issuing a collective): only it
-      // returns segments.
-      if (collective && cap > 0 && std::this_thread::get_id() != reader_.get_id()) {
+      // Never on a completion lane (a completion callback issuing a collective): the lanes
+      // return the segments.
+      const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
+      if (collective && cap > 0 && !on_lane) {
         auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
           return staged_collectives_ == 0 || staged_bytes_ + rounded <= cap;
         };
@@ -795,45 +861,56 @@ class SessionProcessGroup : public ProcessGroup {
     }
   }
 
+  // Copies the result of a completed operation into the caller's tensors and completes its
+  // Work. On a lane's thread.
+  void Finish(Done& done) {
+    Pending* p = done.pending.get();
+    const pb::Completion& c = done.completion;
+    absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
+    if (status.ok() && p->out_bytes > 0) {
+      const char* result = nullptr;
+      if (p->segment != nullptr) {
+        result = p->segment->data() + p->out_offset;
+      } else if (c.inline_data().size() == p->out_bytes) {
+        result = c.inline_data().data();
+      } else {
+        status = absl::InternalError(absl::StrCat("the sidecar returned ", c.inline_data().size(),
+                                                  " bytes for a ", p->out_bytes, "-byte result"));
+      }
+      size_t off = 0;
+      for (const auto& [ptr, b] : p->outputs) {
+        if (result == nullptr || off + b > p->out_bytes) break;
+        if (b > 0) std::memcpy(ptr, result + off, b);
+        off += b;
+      }
+    }
+    if (status.ok()) {
+      p->work->SetSourceRank(c.source());
+      p->work->SetAlgorithm(c.algorithm());
+    }
+    p->work->Complete(std::move(status));
+    // After Complete: a collective waiting for room sees this one completed.
+    ReleaseSegment(std::move(p->segment), p->collective);
+  }
+
   void ReadLoop() {
     pb::SessionResponse resp;
     while (stream_->Read(&resp)) {
       if (!resp.has_completion()) continue;
-      const pb::Completion& c = resp.completion();
-      std::unique_ptr<Pending> p;
+      Done done;
       {
         absl::MutexLock lock(&pending_mu_);
-        auto it = pending_.find(c.seq());
+        auto it = pending_.find(resp.completion().seq());
         if (it == pending_.end()) continue;
-        p = std::move(it->second);
+        done.pending = std::move(it->second);
         pending_.erase(it);
       }
-      absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
-      if (status.ok() && p->out_bytes > 0) {
-        const char* result = nullptr;
-        if (p->segment != nullptr) {
-          result = p->segment->data() + p->out_offset;
-        } else if (c.inline_data().size() == p->out_bytes) {
-          result = c.inline_data().data();
-        } else {
-          status = absl::InternalError(absl::StrCat("the sidecar returned ", c.inline_data().size(),
-                                                    " bytes for a ", p->out_bytes, "-byte result"));
-        }
-        size_t off = 0;
-        for (const auto& [ptr, b] : p->outputs) {
-          if (result == nullptr || off + b > p->out_bytes) break;
-          if (b > 0) std::memcpy(ptr, result + off, b);
-          off += b;
-        }
-      }
-      if (status.ok()) {
-        p->work->SetSourceRank(c.source());
-        p->work->SetAlgorithm(c.algorithm());
-      }
-      p->work->Complete(std::move(status));
-      // After Complete: a collective waiting for room sees this one completed.
-      ReleaseSegment(std::move(p->segment), p->collective);
+      done.completion = std::move(*resp.mutable_completion());
+      (done.pending->p2p ? p2p_lane_ : collective_lane_)->Push(std::move(done));
     }
+    // What was read completes first (in order), then the rest fails.
+    collective_lane_->Drain(absl::Now() + absl::Seconds(30));
+    p2p_lane_->Drain(absl::Now() + absl::Seconds(30));
     grpc::Status final_status = stream_->Finish();
     absl::Status why = final_status.ok()
                            ? absl::UnavailableError("the sidecar ended the session")
@@ -895,6 +972,8 @@ class SessionProcessGroup : public ProcessGroup {
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);
   bool store_tried_ ABSL_GUARDED_BY(store_mu_) = false;
 
+  std::unique_ptr<Lane> collective_lane_;  // set before reader_ starts; joined in the destructor
+  std::unique_ptr<Lane> p2p_lane_;
   std::thread reader_;
   absl::Notification reader_done_;
 };

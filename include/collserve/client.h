@@ -96,7 +96,9 @@ class Work {
   // True once the operation has completed (successfully or not). Never blocks.
   virtual bool IsCompleted() = 0;
   // Runs `callback(status)` once the operation completes: immediately on the calling
-  // thread if it already has, else on the SDK's completion thread (so it must not block).
+  // thread if it already has, else on one of the SDK's completion threads (one finishes the
+  // group's collectives in issue order, another its sends and receives), so it must not
+  // block: a blocked callback holds up every later completion of its kind.
   // Waiters are woken before callbacks run (as c10::ivalue::Future does): a callback may
   // still be running when Wait() returns, so it must own what it touches.
   virtual void OnCompletion(std::function<void(const absl::Status&)> callback) = 0;

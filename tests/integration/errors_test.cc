@@ -496,3 +496,27 @@ TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
 
 }  // namespace
 }  // namespace collserve::testing
+
+namespace collserve::testing {
+namespace {
+
+// A completion callback that blocks (it should not) holds up only its own kind of
+// completion: collectives and send/recv finish on separate SDK threads, so a recv whose
+// message arrived completes while a collective's callback still runs.
+TEST(SdkCompletionTest, RecvCompletesWhileACollectiveCallbackRuns) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto r0 = cluster->StartRank(0, 2, 0, {"--mode=lanes"});
+  auto r1 = cluster->StartRank(1, 2, 0, {"--mode=lanes"});
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  for (auto* p : {&*r0, &*r1}) {
+    auto code = (*p)->Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << (*p)->Output() << cluster->Logs();
+    EXPECT_EQ(*code, 0) << (*p)->Output() << cluster->Logs();
+  }
+  EXPECT_NE((*r0)->Output().find("value=42"), std::string::npos) << (*r0)->Output();
+  EXPECT_NE((*r0)->Output().find("big[0]=2 callback saw the recv=1"), std::string::npos) << (*r0)->Output();
+}
+
+}  // namespace
+}  // namespace collserve::testing
