@@ -81,6 +81,19 @@ class Communicator {
   virtual absl::Status AllGatherV(const void* in, void* out, const std::vector<size_t>& bytes,
                                   absl::Duration timeout) = 0;
 
+  // All-to-all with a size per pair of hosts (MPI_Alltoallv): this host sends send_bytes[j]
+  // bytes to host j (the pieces concatenated in host order at `in`) and receives
+  // recv_bytes[j] bytes from host j into `out`, concatenated in host order. Host i's
+  // send_bytes[j] must equal host j's recv_bytes[i]. Same errors as AllReduce, plus
+  // INVALID_ARGUMENT when a vector does not have size() entries. Gloo: gloo::alltoallv.
+  // Backends without it return UNIMPLEMENTED and stay usable (callers fall back to
+  // AllGatherV).
+  virtual absl::Status AllToAllV(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                 const std::vector<size_t>& recv_bytes, absl::Duration timeout) {
+    (void)in, (void)send_bytes, (void)out, (void)recv_bytes, (void)timeout;
+    return absl::UnimplementedError("this backend has no all-to-all with sizes");
+  }
+
   // Point-to-point between hosts, on numbered slots (0 <= slot < 2^24) separate from the
   // collectives' (so it may run on other threads while collectives run; Send, Recv and
   // AbortRecv are thread-safe). Send: `bytes` at `data` to host `peer`; returns once the

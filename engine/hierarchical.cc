@@ -235,6 +235,12 @@ absl::Status Hierarchical::RunGatherLike(const std::vector<RankArgs>& all, const
                                   std::map<int, Submission>& subs, absl::Duration timeout) {
   const int world = topology_.world_size;
   const RankArgs& a = all[0];
+  if (topology_.num_hosts > 1 && OpOf(a) != CollectiveOp::kAllGather) {
+    // gather and all_to_all: each host receives only the pieces for its own ranks.
+    absl::Status s = ExchangePieces(all, splits, subs, timeout);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+    // The backend has no all-to-all: every host gets every input (below).
+  }
   std::vector<const char*> src(world, nullptr);
   for (const auto& [rank, sub] : subs) src[rank] = sub.in;
   if (topology_.num_hosts > 1) {
@@ -285,6 +291,98 @@ absl::Status Hierarchical::RunGatherLike(const std::vector<RankArgs>& all, const
       const size_t b = Bytes(a, all[r].count);
       if (b > 0) copies_.push_back({out + off, src[r], b});
       off += b;
+    }
+  }
+  backends::RunCopies(*pool_, copies_);
+  return absl::OkStatus();
+}
+
+absl::Status Hierarchical::ExchangePieces(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                          std::map<int, Submission>& subs, absl::Duration timeout) {
+  const RankArgs& a = all[0];
+  const bool gather = OpOf(a) == CollectiveOp::kGather;
+  const int root = static_cast<int>(a.root);
+  // Prefix sums, for this host's ranks only (a world x world table would not fit large
+  // groups): where each piece starts in a local rank's input and output.
+  std::map<int, std::vector<int64_t>> in_prefix, out_prefix;
+  std::vector<int64_t> count_prefix;
+  if (gather) {
+    count_prefix.assign(all.size() + 1, 0);
+    for (size_t k = 0; k < all.size(); ++k) count_prefix[k + 1] = count_prefix[k] + all[k].count;
+  } else {
+    for (const auto& [rank, sub] : subs) {
+      in_prefix[rank] = Offsets(splits[rank].input);
+      out_prefix[rank] = Offsets(splits[rank].output);
+    }
+  }
+  // The bytes rank i sends to rank j, and (for a local i) where they start in i's input.
+  auto piece = [&](int i, int j, size_t* in_off) -> size_t {
+    if (gather) {
+      *in_off = 0;
+      return j == root ? Bytes(a, all[i].count) : 0;
+    }
+    auto local = in_prefix.find(i);
+    *in_off = local != in_prefix.end() ? Bytes(a, local->second[j]) : 0;
+    return Bytes(a, splits[i].input[j]);
+  };
+  // Where rank i's piece goes in local rank j's output.
+  auto out_offset = [&](int i, int j) -> size_t {
+    return Bytes(a, gather ? count_prefix[i] : out_prefix.at(j)[i]);
+  };
+  const int hosts = topology_.num_hosts;
+  const int me = topology_.host_index;
+  const std::vector<std::vector<int>>& by_host = topology_.ranks_by_host;
+  std::vector<size_t> send(hosts, 0), recv(hosts, 0);
+  size_t in_off = 0;
+  for (int g = 0; g < hosts; ++g) {
+    if (g == me) continue;
+    for (int i : by_host[me]) {
+      for (int j : by_host[g]) send[g] += piece(i, j, &in_off);
+    }
+    for (int i : by_host[g]) {
+      for (int j : by_host[me]) recv[g] += piece(i, j, &in_off);
+    }
+  }
+  size_t total_send = 0, total_recv = 0;
+  for (int h = 0; h < hosts; ++h) {
+    total_send += send[h];
+    total_recv += recv[h];
+  }
+  scratch_a_.resize(std::max<size_t>(total_send, 1));
+  scratch_b_.resize(std::max<size_t>(total_recv, 1));
+  // Pack: for each other host, its ranks' pieces from each local rank, in rank order.
+  copies_.clear();
+  size_t off = 0;
+  for (int g = 0; g < hosts; ++g) {
+    if (g == me) continue;
+    for (int i : by_host[me]) {
+      for (int j : by_host[g]) {
+        const size_t b = piece(i, j, &in_off);
+        if (b > 0) copies_.push_back({scratch_a_.data() + off, subs.at(i).in + in_off, b});
+        off += b;
+      }
+    }
+  }
+  backends::RunCopies(*pool_, copies_);
+  algorithm_ = gather ? "local+gloo_alltoallv_to_root" : "local+gloo_alltoallv";
+  COLLSERVE_RETURN_IF_ERROR(comm_->AllToAllV(scratch_a_.data(), send, scratch_b_.data(), recv, timeout));
+  // Unpack what arrived, and copy the pieces among this host's own ranks.
+  copies_.clear();
+  off = 0;
+  for (int h = 0; h < hosts; ++h) {
+    if (h == me) continue;
+    for (int i : by_host[h]) {
+      for (int j : by_host[me]) {
+        const size_t b = piece(i, j, &in_off);
+        if (b > 0) copies_.push_back({subs.at(j).out + out_offset(i, j), scratch_b_.data() + off, b});
+        off += b;
+      }
+    }
+  }
+  for (int i : by_host[me]) {
+    for (int j : by_host[me]) {
+      const size_t b = piece(i, j, &in_off);
+      if (b > 0) copies_.push_back({subs.at(j).out + out_offset(i, j), subs.at(i).in + in_off, b});
     }
   }
   backends::RunCopies(*pool_, copies_);

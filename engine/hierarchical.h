@@ -10,7 +10,9 @@
 //     pipelined with the local reduction) from ring_min_bytes, else Gloo's bcube.
 //   reduce, reduce_scatter: local reduction, then all_reduce across hosts.
 //   broadcast, scatter: the root's host broadcasts.
-//   all_gather, gather, all_to_all: an all-gather-v of each host's concatenated inputs.
+//   all_gather: an all-gather-v of each host's concatenated inputs.
+//   gather, all_to_all: an all-to-all-v in which each host receives only its ranks' pieces
+//     (backends without one: as all_gather).
 //
 // Thread safety: one thread (the group's executor) uses an object at a time.
 #ifndef COLLSERVE_ENGINE_HIERARCHICAL_H_
@@ -67,6 +69,10 @@ class Hierarchical {
                             absl::Duration timeout);
   absl::Status RunGatherLike(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                              std::map<int, Submission>& subs, absl::Duration timeout);
+  // gather and all_to_all across hosts: one all-to-all-v in which each host sends every
+  // other host only the pieces its ranks receive. UNIMPLEMENTED if the backend has none.
+  absl::Status ExchangePieces(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                              std::map<int, Submission>& subs, absl::Duration timeout);
   absl::Status RunScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                           std::map<int, Submission>& subs, absl::Duration timeout);
   absl::Status RunReduceScatter(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,

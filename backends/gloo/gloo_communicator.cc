@@ -8,6 +8,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -227,6 +228,39 @@ class GlooCommunicator : public Communicator {
       ::gloo::allgatherv(opts);
     } catch (const std::exception& e) {
       return SetFailure(FromGlooException(e, start, timeout, "all_gather"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllToAllV(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                         const std::vector<size_t>& recv_bytes, absl::Duration timeout) override {
+    if (absl::Status s = Failure(); !s.ok()) return s;
+    if (send_bytes.size() != static_cast<size_t>(size()) || recv_bytes.size() != static_cast<size_t>(size())) {
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV needs ", size(), " sizes, got ", send_bytes.size(),
+                                                     " and ", recv_bytes.size()));
+    }
+    size_t sent = 0, received = 0;
+    for (size_t b : send_bytes) sent += b;
+    for (size_t b : recv_bytes) received += b;
+    // Every host computes the same sizes: the tag advances on all of them or none.
+    if (size() == 1) {
+      if (sent > 0) std::memcpy(out, in, sent);
+      return absl::OkStatus();
+    }
+    const absl::Time start = absl::Now();
+    try {
+      // Gloo needs real buffers even when this host sends or receives nothing.
+      char dummy_in = 0, dummy_out = 0;
+      ::gloo::AlltoallvOptions opts(context_);
+      opts.setTimeout(ToMillis(timeout));
+      opts.setTag(next_tag_++);
+      opts.setInput(sent > 0 ? const_cast<char*>(static_cast<const char*>(in)) : &dummy_in,
+                    std::vector<int64_t>(send_bytes.begin(), send_bytes.end()));
+      opts.setOutput(received > 0 ? static_cast<char*>(out) : &dummy_out,
+                     std::vector<int64_t>(recv_bytes.begin(), recv_bytes.end()));
+      ::gloo::alltoallv(opts);
+    } catch (const std::exception& e) {
+      return SetFailure(FromGlooException(e, start, timeout, "all_to_all"));
     }
     return absl::OkStatus();
   }

@@ -195,6 +195,33 @@ TEST(GlooCommunicatorTest, AllGatherVWithUnevenAndZeroSizes) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(GlooCommunicatorTest, AllToAllVWithUnevenAndZeroSizes) {
+  InMemoryRendezvousStore store;
+  constexpr int kSize = 3;
+  auto comms = ConnectAll(store, "a2av", kSize);
+  // Host h sends (h + g) % 3 bytes of letter 'a' + 3h + g to host g (some pieces empty).
+  auto piece = [](int h, int g) { return std::string((h + g) % 3, static_cast<char>('a' + 3 * h + g)); };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      std::string in, want;
+      std::vector<size_t> send, recv;
+      for (int g = 0; g < kSize; ++g) {
+        in += piece(r, g);
+        send.push_back(piece(r, g).size());
+        want += piece(g, r);
+        recv.push_back(piece(g, r).size());
+      }
+      std::string out(want.size(), '?');
+      ASSERT_TRUE(comms[r]->AllToAllV(in.data(), send, out.data(), recv, absl::Seconds(20)).ok());
+      EXPECT_EQ(out, want) << "host " << r;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(comms[0]->AllToAllV(nullptr, {1}, nullptr, {1}, absl::Seconds(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(GlooCommunicatorTest, SendRecvOnSlotsWithAnySourceWhileCollectivesRun) {
   InMemoryRendezvousStore store;
   constexpr int kSize = 3;

@@ -173,6 +173,48 @@ TEST(EngineTest, EveryCollectiveTwoHostsTwoRanks) {
   });
 }
 
+TEST(EngineTest, UnevenAllToAllAndGatherAcrossThreeHostsSendOnlyWhatEachHostNeeds) {
+  TestCluster cluster(3);
+  constexpr int kWorld = 5;  // hosts: [0, 1], [2, 3], [4]
+  auto formed = cluster.Form("uneven", kWorld);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [&](TestRank& r) {
+    const int i = r.rank;
+    // all_to_all: rank i sends (i + j) % 3 elements of value 100 i + j to rank j.
+    std::vector<float> in;
+    engine::Request q = FloatRequest(CollectiveOp::kAllToAll, {});
+    for (int j = 0; j < kWorld; ++j) {
+      q.input_splits.push_back((i + j) % 3);
+      q.output_splits.push_back((j + i) % 3);
+      for (int k = 0; k < (i + j) % 3; ++k) in.push_back(100.0f * i + j);
+    }
+    q.buffer = Floats(in);
+    q.count = static_cast<int64_t>(in.size());
+    q.output_count = q.count;  // symmetric splits
+    Completion c = r.Call(q);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "local+gloo_alltoallv");
+    std::vector<float> want;
+    for (int j = 0; j < kWorld; ++j) {
+      for (int k = 0; k < (i + j) % 3; ++k) want.push_back(100.0f * j + i);
+    }
+    EXPECT_EQ(FloatsOf(c.inline_data), want) << "rank " << i;
+    // gather to rank 2 (the middle host): rank i sends i elements of value i.
+    engine::Request g = FloatRequest(CollectiveOp::kGather, std::vector<float>(i, static_cast<float>(i)));
+    g.root = 2;
+    if (i == 2) {
+      g.output_splits = {0, 1, 2, 3, 4};
+      g.output_count = 10;
+    }
+    c = r.Call(g);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "local+gloo_alltoallv_to_root");
+    if (i == 2) {
+      EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(1, 2, 2, 3, 3, 3, 4, 4, 4, 4));
+    }
+  });
+}
+
 TEST(EngineTest, SendRecvOnOneHostAndAcrossHosts) {
   TestCluster cluster(2);
   auto formed = cluster.Form("p2p", 4);
