@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -124,17 +125,25 @@ void Group::ExecutorMain() {
   comm_.reset();  // closes the pairs so peer hosts fail fast
 }
 
-absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> mine, absl::Duration timeout) {
+absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> mine, const char* payload,
+                                                          size_t* stride, absl::Duration timeout) {
   if (topology_.num_hosts > 1) {
     const size_t max_local = static_cast<size_t>(topology_.max_local);
+    const size_t args_bytes = sizeof(RankArgs) * max_local;
+    const size_t block = args_bytes + Hierarchical::kFusedBytes;
     mine.resize(max_local);  // padding: rank -1
-    std::vector<RankArgs> gathered(max_local * topology_.num_hosts);
-    COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(mine.data(), gathered.data(), sizeof(RankArgs) * max_local, timeout));
+    exchange_send_.resize(block);
+    std::memcpy(exchange_send_.data(), mine.data(), args_bytes);
+    std::memcpy(exchange_send_.data() + args_bytes, payload, Hierarchical::kFusedBytes);
+    exchange_recv_.resize(block * topology_.num_hosts);
+    COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(exchange_send_.data(), exchange_recv_.data(), block, timeout));
+    *stride = block;
     mine.clear();
     // Remote bytes: keep only well-formed entries of ranks that host serves.
     for (int h = 0; h < topology_.num_hosts; ++h) {
       for (size_t i = 0; i < max_local; ++i) {
-        const RankArgs& a = gathered[h * max_local + i];
+        RankArgs a;
+        std::memcpy(&a, exchange_recv_.data() + h * block + i * sizeof(RankArgs), sizeof a);
         if (a.rank >= 0 && a.rank < topology_.world_size && topology_.rank_host[a.rank] == h) mine.push_back(a);
       }
     }
@@ -217,7 +226,14 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     a.arrived = 0;
     mine.push_back(a);
   }
-  auto exchanged = ExchangeArgs(std::move(mine), timeout);
+  // A small all_reduce's partial result rides with the arguments (Hierarchical::Fused).
+  const bool several_hosts = topology_.num_hosts > 1;
+  if (several_hosts) {
+    fused_partial_.assign(Hierarchical::kFusedBytes, 0);
+    algorithms_->ReducePartial(subs, fused_partial_.data());
+  }
+  size_t stride = 0;
+  auto exchanged = ExchangeArgs(std::move(mine), fused_partial_.data(), &stride, timeout);
   if (!exchanged.ok()) {
     absl::Status s = exchanged.status();
     if (monitored && s.code() == absl::StatusCode::kDeadlineExceeded) {
@@ -270,9 +286,15 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     return;  // nothing moved: the group stays usable
   }
 
-  // 2. The data step.
+  // 2. The data step (already done for a fused all_reduce but the final reduction).
   const char* algorithm = "local";
-  absl::Status status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
+  absl::Status status;
+  if (several_hosts && Hierarchical::Fused(all[0])) {
+    const size_t args_bytes = sizeof(RankArgs) * static_cast<size_t>(topology_.max_local);
+    algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + args_bytes, stride, &algorithm);
+  } else {
+    status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
+  }
   if (!status.ok()) {
     status = absl::Status(status.code(),
                           absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name, "\": ", status.message()));

@@ -110,8 +110,12 @@ class Group {
   // Runs the collectives at position `seq` of every local rank (absent: local ranks that
   // did not call a MONITORED_BARRIER in time).
   void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent);
-  // Every rank's arguments, from every host (one all-gather), sorted by rank.
-  absl::StatusOr<std::vector<RankArgs>> ExchangeArgs(std::vector<RankArgs> mine, absl::Duration timeout);
+  // Every rank's arguments, from every host (one all-gather), sorted by rank. With several
+  // hosts each host's message also carries Hierarchical::kFusedBytes of `payload` (a small
+  // all_reduce's partial result); afterwards exchange_recv_ holds every host's message
+  // (stride: the returned *stride, payload at the end of each).
+  absl::StatusOr<std::vector<RankArgs>> ExchangeArgs(std::vector<RankArgs> mine, const char* payload,
+                                                     size_t* stride, absl::Duration timeout);
   // Every rank's splits across hosts (ops with NeedsSplits), indexed by rank.
   absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs,
                                                          absl::Duration timeout);
@@ -141,6 +145,9 @@ class Group {
   std::unique_ptr<PointToPoint> p2p_;
   std::unique_ptr<backends::Communicator> comm_;  // executor and p2p threads; reset after they stop
   std::unique_ptr<Hierarchical> algorithms_;      // executor thread only
+  // Executor thread only: the argument exchange's buffers, reused by every collective.
+  std::vector<char> exchange_send_, exchange_recv_;
+  std::vector<char> fused_partial_;
   std::thread executor_;
 };
 

@@ -17,6 +17,44 @@ absl::Status ValidateAllReduceAlgorithm(const std::string& algorithm) {
       absl::StrCat("all_reduce algorithm \"", algorithm, "\": use auto, direct, ring or bcube"));
 }
 
+bool Hierarchical::Fused(const RankArgs& a) {
+  const size_t es = ElementSize(static_cast<DataType>(a.dtype));
+  return OpOf(a) == CollectiveOp::kAllReduce && a.count > 0 && es > 0 &&
+         static_cast<uint64_t>(a.count) <= kFusedBytes / es;
+}
+
+void Hierarchical::ReducePartial(std::map<int, Submission>& subs, char* dst) {
+  if (subs.empty()) return;
+  const Request& first = subs.begin()->second.args;
+  for (const auto& [rank, sub] : subs) {
+    const Request& r = sub.args;
+    if (!sub.error.ok() || r.op != CollectiveOp::kAllReduce || r.dtype != first.dtype || r.count != first.count ||
+        r.reduce_op != first.reduce_op) {
+      return;
+    }
+  }
+  const RankArgs a = ArgsOf(subs.begin()->first, first, true);
+  if (!Fused(a)) return;
+  backends::LocalReduce& partial = LocalReduceOf(a, subs, 0, static_cast<size_t>(a.count));
+  partial.dsts.push_back(dst);
+  backends::RunLocalReduce(*pool_, partial);
+}
+
+void Hierarchical::FinishFused(const RankArgs& a, std::map<int, Submission>& subs, const char* partials,
+                               size_t stride, const char** algorithm) {
+  const ReduceOp op = static_cast<ReduceOp>(a.reduce_op);
+  const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+  backends::LocalReduce& total = LocalReduceOf(a, subs, 0, static_cast<size_t>(a.count));
+  total.op = wire_op;
+  total.premul.clear();
+  total.srcs.clear();
+  for (int h = 0; h < topology_.num_hosts; ++h) total.srcs.push_back(partials + static_cast<size_t>(h) * stride);
+  total.divisor = op == ReduceOp::kAvg ? topology_.world_size : 1;
+  for (auto& [rank, sub] : subs) total.dsts.push_back(sub.in);
+  backends::RunLocalReduce(*pool_, total);
+  *algorithm = "local+gloo_fused";
+}
+
 absl::Status Hierarchical::Run(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm) {
   algorithm_ = "local";

@@ -54,6 +54,23 @@ class Hierarchical {
   // The communicator among the group's hosts (null with one host); must outlive the calls.
   void set_communicator(backends::Communicator* comm) { comm_ = comm; }
 
+  // A small all_reduce across hosts rides with the argument exchange (executor.cc): every
+  // host appends its partial result, padded to kFusedBytes, to its ranks' arguments, so
+  // once the arguments agree the data is already there (one exchange instead of two).
+  // The choice depends only on the agreed arguments, so every host makes the same one.
+  static constexpr size_t kFusedBytes = 1024;
+  // Whether the agreed op `a` takes that path: ALL_REDUCE of at most kFusedBytes.
+  static bool Fused(const RankArgs& a);
+  // Writes this host's partial result (the local inputs reduced, PREMUL_SUM factors
+  // applied) to `dst` (kFusedBytes) if the local ranks' requests `subs` are valid and agree
+  // on a fused all_reduce; else leaves `dst` alone (the exchange then finds the
+  // disagreement).
+  void ReducePartial(std::map<int, Submission>& subs, char* dst);
+  // After an exchange whose agreed op is Fused: reduces every host's partial (host h's at
+  // partials + h * stride) in host order into every local rank's tensor; sets *algorithm.
+  void FinishFused(const RankArgs& a, std::map<int, Submission>& subs, const char* partials, size_t stride,
+                   const char** algorithm);
+
   // Runs the data step of the op in `all` (every rank's agreed arguments, by rank; `splits`
   // likewise for ops with NeedsSplits) over the local ranks' submissions `subs` (by rank).
   // On success every local output holds the result. Errors are the communicator's

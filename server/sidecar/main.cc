@@ -33,8 +33,9 @@ ABSL_FLAG(int, data_threads, 0,
 ABSL_FLAG(std::string, allreduce_algorithm, "auto",
           "Algorithm of all_reduce across hosts (as NCCL_ALGO): direct (one all-gather of the hosts' partial "
           "results, then a local reduction), ring or bcube (Gloo's), or auto: direct while bytes x (hosts - 1) "
-          "<= --direct_max_bytes, else ring from --ring_min_bytes up, else bcube. Completions and "
-          "collserve-perf report which one ran.");
+          "<= --direct_max_bytes, else ring from --ring_min_bytes up, else bcube. An all_reduce of at most "
+          "1 KiB always travels with the argument exchange (\"fused\": one exchange per call). Completions "
+          "and collserve-perf report which one ran.");
 ABSL_FLAG(int64_t, direct_max_bytes, 1 << 20, "With --allreduce_algorithm=auto: the largest bytes x (hosts - 1) "
           "sent by the direct exchange.");
 ABSL_FLAG(int64_t, ring_min_bytes, 1 << 20, "With --allreduce_algorithm=auto: the smallest all_reduce (bytes) "

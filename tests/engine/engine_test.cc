@@ -26,17 +26,38 @@ TEST(EngineTest, AllReduceTwoHostsTwoRanksEveryAlgorithm) {
   TestCluster cluster(2);
   auto ranks = cluster.Form("ar", 4);
   ASSERT_TRUE(ranks.ok()) << ranks.status();
-  // 8 elements take the direct exchange; 400k floats (1.6 MB) Gloo's ring.
-  for (size_t n : {size_t{8}, size_t{400000}}) {
+  // 8 elements ride with the argument exchange; 1000 take the direct exchange; 400k
+  // floats (1.6 MB) Gloo's ring.
+  for (size_t n : {size_t{8}, size_t{1000}, size_t{400000}}) {
     OnEveryRank(*ranks, [&](TestRank& r) {
       Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, Iota(n, static_cast<float>(r.rank))));
       ASSERT_TRUE(c.status.ok()) << c.status;
       std::vector<float> out = FloatsOf(c.inline_data);
       ASSERT_EQ(out.size(), n);
       for (size_t i = 0; i < n; i += 997) EXPECT_EQ(out[i], 4.0f * i + 6.0f) << i;
-      EXPECT_EQ(c.algorithm, n == 8 ? "local+gloo_direct" : "local+gloo_ring");
+      EXPECT_EQ(c.algorithm, n == 8 ? "local+gloo_fused" : n == 1000 ? "local+gloo_direct" : "local+gloo_ring");
     });
   }
+}
+
+TEST(EngineTest, SmallAllReduceAvgAndPremulSumAcrossHosts) {
+  TestCluster cluster(2);
+  auto ranks = cluster.Form("small", 4);
+  ASSERT_TRUE(ranks.ok()) << ranks.status();
+  OnEveryRank(*ranks, [&](TestRank& r) {
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {static_cast<float>(r.rank), 8});
+    q.reduce_op = static_cast<int>(ReduceOp::kAvg);
+    Completion c = r.Call(q);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "local+gloo_fused");
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(1.5f, 8.0f));
+    q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    q.reduce_op = static_cast<int>(ReduceOp::kPremulSum);
+    q.premul_factor = r.rank + 1;  // 1 + 2 + 3 + 4 = 10
+    c = r.Call(q);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(10.0f, 20.0f));
+  });
 }
 
 TEST(EngineTest, AllReduceThroughSharedMemory) {
@@ -260,6 +281,13 @@ TEST(EngineTest, DisagreementNamesTheRanksAndTheGroupStaysUsable) {
     c = r.Call(q);
     EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
     EXPECT_THAT(c.status.message(), HasSubstr("rank 0 sends 1 elements to rank 2, but rank 2 expects 2"));
+    // each host agrees within itself but the hosts differ (the small all_reduce's data
+    // already travelled with the arguments, and is not used)
+    std::vector<float> mine(r.host == 0 ? 4 : 3, 5);
+    c = r.Call(FloatRequest(CollectiveOp::kAllReduce, mine));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("count=3 on ranks [2, 3] but count=4 on ranks [0, 1]"));
+    EXPECT_TRUE(c.inline_data.empty());
     // nothing moved: the next collective works
     c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1, 2}));
     ASSERT_TRUE(c.status.ok()) << c.status;
