@@ -60,19 +60,15 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   // still in flight then.
   std::function<void()> cancel =
       env_.coordinator->Join(join, [this, rank](absl::StatusOr<Membership> result) { OnJoined(rank, result); });
+  bool session_gone;
   {
     absl::MutexLock lock(&mu_);
     auto it = locals_.find(rank);
-    if (it == locals_.end()) {
-      // The session ended before the join started: withdraw it (below, without the lock).
-    } else if (!it->second.joined && state_ != State::kFailed) {
-      it->second.cancel_join = std::move(cancel);
-      return absl::OkStatus();
-    } else {
-      return absl::OkStatus();
-    }
+    session_gone = it == locals_.end();
+    if (!session_gone && !it->second.joined && state_ != State::kFailed) it->second.cancel_join = std::move(cancel);
   }
-  if (cancel) cancel();
+  // The session ended before the join started: withdraw it.
+  if (session_gone && cancel) cancel();
   return absl::OkStatus();
 }
 
