@@ -17,14 +17,23 @@ busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
   (b) the sidecar's peak resident memory (VmHWM) during a 64 MiB all_reduce among 4 local
       ranks, against the limit 2 x tensor bytes x local ranks + 64 MiB.
   (c) two hosts made with network namespaces (a bridge, one veth per host, needs root and
-      `ip`), 2 ranks each: all_reduce from 256 KiB to 64 MiB. Each host runs its own
+      `ip`), 2 ranks each: all_reduce from 256 KiB to 64 MiB (target 2.5x), then the 8-byte
+      all_reduce against a bare Gloo allreduce between the same two hosts
+      (build/bench/collserve-gloo-latency: Gloo alone, one process per host; target 1.5x
+      its latency at most). Each host runs its own
       `collserve launch --nnodes 2` (its own sidecar); a coordinator with a TCPStore
       endpoint runs on host 1 and serves torch's env:// rendezvous too. Torch's Gloo
       binds to the hosts' eth0 (GLOO_SOCKET_IFNAME). Messages between the namespaces cost a few
       hundred microseconds with spikes of tens of milliseconds on a small VM, so (c) runs at
       least 20 iterations per size and --reps paired repetitions, and judges the median ratio.
+  (d) four such hosts, 1 rank each: all_reduce from 1 MiB to 64 MiB (target 1.5x), with the
+      algorithm the sidecars chose.
+  (e) DistributedDataParallel training (bench/ddp_step.py, a ~25M-parameter MLP, 4 ranks on
+      one host, unmodified torch code) with backend "collserve" against "gloo": the median
+      step time of each, --reps paired repetitions (target: collserve's steps 1.5x faster).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [-n 10] [-w 3] [--reps 3] [--skip one_host,rss,two_hosts]
+    PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [-n 10] [-w 3] [--reps 3]
+        [--skip one_host,rss,two_hosts,four_hosts,ddp]
         [--sidecar_flag=--ring_segment_bytes=N ...]  (flags for the sidecars of (c))
 """
 import argparse
@@ -37,9 +46,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# (op, sizes as -b/-e/-f, target busbw ratio)
-CASES = [("all_reduce", "1M", "64M", 64, 3.0), ("all_gather", "1M", "64M", 64, 2.0),
-         ("broadcast", "1M", "64M", 64, 2.0), ("reduce_scatter", "1M", "64M", 64, 2.0)]
+# (op, sizes as -b/-e/-f, target busbw ratio in the arena, target with ordinary memory)
+CASES = [("all_reduce", "1M", "64M", 64, 3.0, 4.0), ("all_gather", "1M", "64M", 64, 2.0, 2.0),
+         ("broadcast", "1M", "64M", 64, 2.0, 2.0), ("reduce_scatter", "1M", "64M", 64, 2.0, 2.0)]
 
 
 def rows(text):
@@ -119,8 +128,8 @@ def one_host(a, build):
     ours, torch = tools(build)
     print(f"## (a) one host, {a.nproc} ranks, -n {a.n} -w {a.w}; busbw in GB/s (nccl-tests' definition)")
     print(f"{'op':<16}{'size':>10}{'torch gloo':>12}{'collserve':>12}{'ratio':>8}{'target':>8}"
-          f"{'heap':>10}{'ratio':>8}")
-    for op, b, e, f, target in CASES:
+          f"{'heap':>10}{'ratio':>8}{'target':>8}")
+    for op, b, e, f, target, heap_target in CASES:
         common = ["-b", b, "-e", e, "-f", str(f), "-n", str(a.n), "-w", str(a.w), "-o", op]
         theirs = rows(finish(launch([*torch, *common], a.nproc, build), "torch_perf"))
         mine = rows(finish(launch([*ours, *common, "-m", "arena"], a.nproc, build), "collserve-perf"))
@@ -130,8 +139,8 @@ def one_host(a, build):
             gloo_all_reduce = theirs
         for size in sorted(mine):
             t, m, h = theirs[size][1], mine[size][1], heap[size][1]
-            print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}{h:>10.3f}{h / t:>8.2f}",
-                  flush=True)
+            print(f"{op:<16}{size:>10}{t:>12.3f}{m:>12.3f}{m / t:>8.2f}{'>=' + str(target):>8}{h:>10.3f}{h / t:>8.2f}"
+                  f"{'>=' + str(heap_target):>8}", flush=True)
     common = ["-b", "8", "-e", "8", "-n", str(a.n * 10), "-w", str(a.w), "-o", "all_reduce"]
     t = rows(finish(launch([*torch, *common], a.nproc, build), "torch_perf"))[8][0]
     m = rows(finish(launch([*ours, *common], a.nproc, build), "collserve-perf"))[8][0]
@@ -212,10 +221,11 @@ def sh(cmd):
     subprocess.run(cmd, shell=True, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-class TwoHosts:
-    """Namespaces <p>sw (a bridge) and <p>h1, <p>h2, each with eth0 = 10.233.<x>.<i>/24."""
+class Hosts:
+    """Namespaces <p>sw (a bridge) and <p>h1 .. <p>h<n>, each with eth0 = 10.233.<x>.<i>/24."""
 
-    def __init__(self):
+    def __init__(self, n):
+        self.n = n
         self.p = f"csb{os.getpid() % 100000}"
         self.subnet = f"10.233.{os.getpid() % 250}."
         self.made = []
@@ -231,7 +241,7 @@ class TwoHosts:
         sh(f"ip netns add {sw}")
         self.made.append(sw)
         sh(f"ip -n {sw} link add br0 type bridge && ip -n {sw} link set br0 up")
-        for i in (1, 2):
+        for i in range(1, self.n + 1):
             ns = self.host(i)
             sh(f"ip netns add {ns}")
             self.made.append(ns)
@@ -248,9 +258,9 @@ class TwoHosts:
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
 
 
-def run_two_hosts(net, build, cmd, nproc, sidecar_flags=()):
+def run_hosts(net, build, cmd, nproc, sidecar_flags=()):
     """One launcher per host; a fresh coordinator (gRPC + TCPStore endpoint) on host 1."""
-    d = tempfile.mkdtemp(prefix="collserve-2h.")
+    d = tempfile.mkdtemp(prefix="collserve-hosts.")
     coord = None
     try:
         coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
@@ -260,12 +270,13 @@ def run_two_hosts(net, build, cmd, nproc, sidecar_flags=()):
                                  stderr=subprocess.DEVNULL)
         wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
+        hosts = range(1, net.n + 1)
         procs = [launch(cmd, nproc, build, env=env, prefix=["ip", "netns", "exec", net.host(h)],
-                        extra=["--nnodes", "2", "--node_rank", str(h - 1), "--coordinator", f"{net.ip(1)}:29400",
-                               "--tcpstore_port", "29401", "--gloo_hostname", net.ip(h),
+                        extra=["--nnodes", str(net.n), "--node_rank", str(h - 1), "--coordinator",
+                               f"{net.ip(1)}:29400", "--tcpstore_port", "29401", "--gloo_hostname", net.ip(h),
                                *[f"--sidecar_flag={f}" for f in sidecar_flags]])
-                 for h in (1, 2)]
-        outs = [finish(p, f"{cmd[0]} on host {h}") for h, p in zip((1, 2), procs)]
+                 for h in hosts]
+        outs = [finish(p, f"{cmd[0]} on host {h}") for h, p in zip(hosts, procs)]
         return outs[0]
     finally:
         if coord is not None:
@@ -274,23 +285,33 @@ def run_two_hosts(net, build, cmd, nproc, sidecar_flags=()):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def two_hosts(a, build):
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        print("## (c) two hosts: skipped (network namespaces need root and `ip`)")
-        return
+def bare_gloo_latency(net, build, n):
+    """Median us of a bare 8-byte Gloo allreduce, one process per host (collserve-gloo-latency)."""
+    d = tempfile.mkdtemp(prefix="collserve-gloo.")
+    try:
+        procs = [subprocess.Popen(["ip", "netns", "exec", net.host(h), os.path.join(build, "bench", "collserve-gloo-latency"),
+                                   f"--store_dir={d}", f"--rank={h - 1}", f"--world_size={net.n}",
+                                   f"--hostname={net.ip(h)}", "--bytes=8", f"-n={n}", "-w=20"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for h in range(1, net.n + 1)]
+        outs = [finish(p, f"collserve-gloo-latency on host {h}", timeout=600) for h, p in enumerate(procs, 1)]
+        fields = dict(kv.split("=") for kv in outs[0].split()[1:])
+        return float(fields["median_us"])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def paired(a, net, build, common, nproc, target, title):
+    """--reps paired repetitions of torch_perf and collserve-perf on `net`; prints the table."""
     ours, torch = tools(build)
-    n = max(a.n, 20)  # per-message latency between the namespaces is noisy: more iterations
-    common = ["-b", "256K", "-e", "64M", "-f", "4", "-n", str(n), "-w", str(a.w), "-o", "all_reduce"]
-    print(f"## (c) two hosts (network namespaces over a veth bridge), 2 ranks each, all_reduce, -n {n} -w {a.w}; "
-          f"{a.reps} paired repetitions (torch then collserve, alternating which goes first); the target is judged "
-          f"on the median ratio")
+    print(f"{title}; {a.reps} paired repetitions (torch then collserve, alternating which goes first); the "
+          f"target is judged on the median ratio")
     theirs, mine = [], []
-    with TwoHosts() as net:
-        for rep in range(a.reps):
-            pair = [("torch", torch), ("collserve", ours)]
-            for name, tool in (pair if rep % 2 == 0 else pair[::-1]):
-                flags = a.sidecar_flag if name == "collserve" else ()
-                (theirs if name == "torch" else mine).append(rows(run_two_hosts(net, build, [*tool, *common], 2, flags)))
+    for rep in range(a.reps):
+        pair = [("torch", torch), ("collserve", ours)]
+        for name, tool in (pair if rep % 2 == 0 else pair[::-1]):
+            flags = a.sidecar_flag if name == "collserve" else ()
+            (theirs if name == "torch" else mine).append(rows(run_hosts(net, build, [*tool, *common], nproc, flags)))
     print(f"{'op':<12}{'size':>10}{'torch gloo':>12}{'collserve':>11}  {'ratio per repetition':<22}{'median':>7}"
           f"{'target':>8}  algorithm")
     for size in sorted(mine[0]):
@@ -299,7 +320,71 @@ def two_hosts(a, build):
         m = sorted(r[size][1] for r in mine)[len(mine) // 2]
         each = " ".join(f"{m[size][1] / t[size][1]:.2f}" for t, m in zip(theirs, mine))
         print(f"{'all_reduce':<12}{size:>10}{t:>12.3f}{m:>11.3f}  {each:<22}{ratios[len(ratios) // 2]:>7.2f}"
-              f"{'>=1.5':>8}  {mine[0][size][2]}", flush=True)
+              f"{'>=' + str(target):>8}  {mine[0][size][2]}", flush=True)
+
+
+def namespaces_ok(part):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        print(f"## {part}: skipped (network namespaces need root and `ip`)")
+        return False
+    return True
+
+
+def two_hosts(a, build):
+    if not namespaces_ok("(c) two hosts"):
+        return
+    n = max(a.n, 20)  # per-message latency between the namespaces is noisy: more iterations
+    common = ["-b", "256K", "-e", "64M", "-f", "4", "-n", str(n), "-w", str(a.w), "-o", "all_reduce"]
+    with Hosts(2) as net:
+        paired(a, net, build, common, 2, 2.5,
+               f"## (c) two hosts (network namespaces over a veth bridge), 2 ranks each, all_reduce, -n {n} -w {a.w}")
+        # The 8-byte all_reduce against a bare Gloo allreduce between the same two hosts.
+        ours, _ = tools(build)
+        small = ["-b", "8", "-e", "8", "-n", "200", "-w", "20", "-o", "all_reduce"]
+        gloo, mine = [], []
+        for rep in range(a.reps):
+            gloo.append(bare_gloo_latency(net, build, 200))
+            mine.append(rows(run_hosts(net, build, [*ours, *small], 2, a.sidecar_flag))[8][0])
+        each = " ".join(f"{m / g:.2f}" for g, m in zip(gloo, mine))
+        g, m = sorted(gloo)[len(gloo) // 2], sorted(mine)[len(mine) // 2]
+        r = sorted(m / g for g, m in zip(gloo, mine))[len(mine) // 2]
+        print(f"# 8-byte all_reduce, 2 hosts x 2 ranks: collserve {m:.1f} us (mean per op, median of {a.reps}); bare "
+              f"Gloo allreduce between the two hosts (collserve-gloo-latency, 1 process per host) {g:.1f} us (median "
+              f"per op); collserve / Gloo per repetition {each}, median {r:.2f} (target <= 1.5)", flush=True)
+
+
+def four_hosts(a, build):
+    if not namespaces_ok("(d) four hosts"):
+        return
+    n = max(a.n, 20)
+    common = ["-b", "1M", "-e", "64M", "-f", "4", "-n", str(n), "-w", str(a.w), "-o", "all_reduce"]
+    with Hosts(4) as net:
+        paired(a, net, build, common, 1, 1.5,
+               f"## (d) four hosts (network namespaces over a veth bridge), 1 rank each, all_reduce, -n {n} -w {a.w}")
+
+
+def ddp(a, build):
+    """DDP training steps (bench/ddp_step.py), backend collserve against gloo, paired."""
+    script = os.path.join(HERE, "ddp_step.py")
+    print(f"## (e) DistributedDataParallel step time, {a.nproc} ranks on one host, unmodified torch code, "
+          f"backend \"collserve\" against \"gloo\" (bench/ddp_step.py: ~25M-parameter MLP, batch 8); "
+          f"{a.reps} paired repetitions")
+    res = {"gloo": [], "collserve": [], "none": []}
+    for rep in range(a.reps):
+        order = ["gloo", "collserve", "none"] if rep % 2 == 0 else ["none", "collserve", "gloo"]
+        for backend in order:
+            out = finish(launch([script, "--backend", backend], a.nproc, build), f"ddp_step --backend {backend}")
+            res[backend].append(json.loads(out.strip().splitlines()[-1]))
+    g = [r["median_ms"] for r in res["gloo"]]
+    c = [r["median_ms"] for r in res["collserve"]]
+    each = " ".join(f"{x / y:.2f}" for x, y in zip(g, c))
+    speedups = sorted(x / y for x, y in zip(g, c))
+    print(f"# {res['gloo'][0]['parameters']} parameters; median step: gloo {sorted(g)[len(g) // 2]:.1f} ms, "
+          f"collserve {sorted(c)[len(c) // 2]:.1f} ms; gloo / collserve per repetition {each}, median "
+          f"{speedups[len(speedups) // 2]:.2f} (target >= 1.5)", flush=True)
+    z = sorted(r["median_ms"] for r in res["none"])[len(res["none"]) // 2]
+    print(f"# the same steps with no communication at all (--backend none, 4 ranks at once): {z:.1f} ms; the "
+          f"most any backend can speed gloo's step up here: {sorted(g)[len(g) // 2] / z:.2f}x", flush=True)
 
 
 def main():
@@ -310,8 +395,9 @@ def main():
     p.add_argument("-w", type=int, default=3)
     p.add_argument("--sidecar_flag", action="append", default=[],
                    help="a flag for collserve's sidecars in (c), e.g. --sidecar_flag=--ring_segment_bytes=4194304")
-    p.add_argument("--reps", type=int, default=3, help="paired repetitions in (c)")
-    p.add_argument("--skip", default="", help="comma-separated parts to skip: one_host, rss, two_hosts")
+    p.add_argument("--reps", type=int, default=3, help="paired repetitions in (c), (d) and (e)")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: one_host, rss, two_hosts, "
+                                              "four_hosts, ddp")
     a = p.parse_args()
     build = os.path.abspath(a.build)
     skip = set(filter(None, a.skip.split(",")))
@@ -321,6 +407,10 @@ def main():
         rss(a, build)
     if "two_hosts" not in skip:
         two_hosts(a, build)
+    if "four_hosts" not in skip:
+        four_hosts(a, build)
+    if "ddp" not in skip:
+        ddp(a, build)
 
 
 if __name__ == "__main__":

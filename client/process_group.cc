@@ -36,8 +36,13 @@ namespace pb = ::collserve::v1;
 constexpr absl::Duration kClientGrace = absl::Seconds(10);
 // Segments are rounded up to this, so tensors of similar size reuse one.
 constexpr size_t kSegmentGranularity = 1 << 20;
-// Free segments kept for reuse.
-constexpr size_t kMaxFreeSegments = 4;
+// Free segments kept for reuse: at most this many, and at most max_staging_bytes of them
+// (kDefaultFreeBytes when that is unbounded), so that the ops a caller keeps in flight find
+// their segments mapped and touched (on both sides) the next time round instead of creating
+// new ones: a new segment costs shm_open, ftruncate, mmap and a page fault per 4 KiB page
+// in the rank and again in the sidecar.
+constexpr size_t kMaxFreeSegments = 32;
+constexpr size_t kDefaultFreeBytes = size_t{128} << 20;
 constexpr int64_t kMaxMessageBytes = 1 << 30;
 
 class WorkImpl : public Work {
@@ -316,6 +321,13 @@ class SessionProcessGroup : public ProcessGroup {
     Request r(pb::BROADCAST, dtype);
     r.root = root;
     r.InPlace(data, count);
+    // Only the root's bytes go in and only the others' come back: a staged tensor is copied
+    // once on each rank, not twice.
+    if (root == options_.rank) {
+      r.outputs.clear();
+    } else {
+      r.input_unused = true;
+    }
     return Issue(std::move(r));
   }
 
@@ -522,6 +534,7 @@ class SessionProcessGroup : public ProcessGroup {
     bool wait_all_ranks = false;
     absl::Duration timeout = absl::ZeroDuration();  // 0 = the op timeout
     bool in_place = false;
+    bool input_unused = false;  // the op ignores this rank's input bytes: stage without copying
     int64_t count = 0;         // input elements
     int64_t output_count = 0;  // output elements (out-of-place)
     std::vector<std::pair<const void*, size_t>> inputs;
@@ -651,7 +664,7 @@ class SessionProcessGroup : public ProcessGroup {
         pending->segment = std::move(*seg);
         size_t off = 0;
         for (const auto& [p, b] : r.inputs) {
-          if (stage_in > 0 && b > 0) std::memcpy(pending->segment->data() + off, p, b);
+          if (stage_in > 0 && b > 0 && !r.input_unused) std::memcpy(pending->segment->data() + off, p, b);
           off += b;
         }
       }
@@ -831,6 +844,7 @@ class SessionProcessGroup : public ProcessGroup {
       if (best != free_segments_.end()) {
         std::unique_ptr<ShmSegment> seg = std::move(*best);
         free_segments_.erase(best);
+        free_bytes_ -= seg->size();
         staged_bytes_ += seg->size();
         return seg;
       }
@@ -851,12 +865,16 @@ class SessionProcessGroup : public ProcessGroup {
     absl::MutexLock lock(&segments_mu_);
     staged_bytes_ -= seg->size();
     if (collective) --staged_collectives_;
+    free_bytes_ += seg->size();
     free_segments_.push_back(std::move(seg));
-    if (free_segments_.size() > kMaxFreeSegments) {
+    const size_t free_cap =
+        options_.max_staging_bytes > 0 ? static_cast<size_t>(options_.max_staging_bytes) : kDefaultFreeBytes;
+    while (free_segments_.size() > kMaxFreeSegments || (free_segments_.size() > 1 && free_bytes_ > free_cap)) {
       // Drop the smallest; the next request tells the sidecar to unmap it.
       auto smallest = std::min_element(free_segments_.begin(), free_segments_.end(),
                                         [](const auto& a, const auto& b) { return a->size() < b->size(); });
       released_names_.push_back((*smallest)->name());
+      free_bytes_ -= (*smallest)->size();
       free_segments_.erase(smallest);
     }
   }
@@ -965,6 +983,7 @@ class SessionProcessGroup : public ProcessGroup {
   absl::Mutex segments_mu_;
   std::vector<std::unique_ptr<ShmSegment>> free_segments_ ABSL_GUARDED_BY(segments_mu_);
   std::vector<std::string> released_names_ ABSL_GUARDED_BY(segments_mu_);  // dropped, not yet reported
+  size_t free_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;      // of free_segments_
   size_t staged_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;    // of segments held by operations in flight
   int staged_collectives_ ABSL_GUARDED_BY(segments_mu_) = 0;  // collectives holding one
 

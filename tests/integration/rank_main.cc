@@ -262,22 +262,30 @@ int main(int argc, char** argv) {
   if (mode == "lanes") {
     // A collective's completion callback that waits for a recv to complete: the recv's
     // completion must not be stuck behind the collective's (they finish on separate
-    // threads). World size 2; rank 1 sends after the all_reduce.
+    // threads). World size 2; rank 1 sends once its all_reduce is done (so rank 0's
+    // all_reduce completes first). Rank 0 posts the recv before the all_reduce: were the
+    // all_reduce done before its callback is attached, the callback runs on this thread
+    // and must not wait for a recv not yet posted.
     const int rank = (*pg)->GetRank();
     std::vector<float> big(1 << 20, 1.0f);  // a 4 MiB result to copy out
     int32_t msg = 0;
     auto recv_done = std::make_shared<absl::Notification>();
     auto waited = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<collserve::client::Work> recv;
+    if (rank == 0) {
+      recv = (*pg)->Recv(&msg, 1, collserve::DataType::kInt32, 1);
+      recv->OnCompletion([recv_done](const absl::Status&) { recv_done->Notify(); });
+    }
     auto work = (*pg)->AllReduce(big, ReduceOp::kSum);
     if (rank == 0) {
       work->OnCompletion([recv_done, waited](const absl::Status&) {
         waited->store(recv_done->WaitForNotificationWithTimeout(absl::Seconds(20)));
       });
-      auto recv = (*pg)->Recv(&msg, 1, collserve::DataType::kInt32, 1);
-      recv->OnCompletion([recv_done](const absl::Status&) { recv_done->Notify(); });
       absl::Status s = recv->Wait(absl::Seconds(30));
       std::printf("recv: %s value=%d\n", StatusLine(s).c_str(), msg);
     } else {
+      std::printf("all_reduce first: %s\n", StatusLine(work->Wait(absl::Seconds(30))).c_str());
+      absl::SleepFor(absl::Milliseconds(200));
       msg = 42;
       std::printf("send: %s\n", StatusLine((*pg)->Send(&msg, 1, collserve::DataType::kInt32, 0)->Wait()).c_str());
     }
