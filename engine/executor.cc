@@ -2,7 +2,10 @@
 // collectives of every local rank in seq order. For each seq: wait until every local rank
 // submitted it (or its deadline), exchange every rank's arguments across hosts, check that
 // they agree (a disagreement is INVALID_ARGUMENT on every rank, and nothing moves), then
-// run the data step (hierarchical.h).
+// run the data step (hierarchical.h). The exchange also carries the arguments of the
+// collectives the local ranks already queued behind this one (up to LookaheadDepth()):
+// when every rank of every host had queued them, they run with no exchange of their own,
+// so ops issued back to back cost one round between hosts each (their data step), not two.
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -70,6 +73,7 @@ void Group::ExecutorMain() {
   for (int64_t seq = 0;; ++seq) {
     std::map<int, Submission> subs;
     std::vector<int> absent;
+    std::vector<std::vector<RankArgs>> ahead;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -116,8 +120,21 @@ void Group::ExecutorMain() {
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
+      // The arguments of what every local rank queued next ride with this exchange (not
+      // needed when this collective has none: its own arguments were prefetched).
+      if (topology_.num_hosts > 1 && prefetched_.empty() && absent.empty()) {
+        for (size_t d = 0; d < static_cast<size_t>(LookaheadDepth()); ++d) {
+          std::vector<RankArgs> next;
+          for (const auto& [rank, local] : locals_) {
+            if (local.queue.size() <= d || local.queue[d].args.op == CollectiveOp::kMonitoredBarrier) break;
+            next.push_back(ArgsOf(rank, local.queue[d].args, local.queue[d].error.ok()));
+          }
+          if (next.size() != locals_.size()) break;
+          ahead.push_back(std::move(next));
+        }
+      }
     }
-    RunCollective(seq, subs, absent);
+    RunCollective(seq, subs, absent, ahead);
     absl::MutexLock lock(&mu_);
     if (state_ == State::kFailed) break;
   }
@@ -125,33 +142,67 @@ void Group::ExecutorMain() {
   comm_.reset();  // closes the pairs so peer hosts fail fast
 }
 
-absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> mine, const char* payload,
-                                                          size_t* stride, absl::Duration timeout) {
+int Group::LookaheadDepth() const {
+  const size_t per_op = sizeof(RankArgs) * static_cast<size_t>(std::max(topology_.max_local, 1));
+  return static_cast<int>(std::clamp<size_t>((size_t{16} << 10) / per_op, 1, 8) - 1);
+}
+
+absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> mine,
+                                                          const std::vector<std::vector<RankArgs>>& ahead,
+                                                          const char* payload, size_t* stride,
+                                                          absl::Duration timeout) {
+  // Sorted by rank, one entry per rank, exactly world_size of them; else empty.
+  const auto complete = [this](std::vector<RankArgs>& args) {
+    std::sort(args.begin(), args.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank < b.rank; });
+    args.erase(std::unique(args.begin(), args.end(),
+                           [](const RankArgs& a, const RankArgs& b) { return a.rank == b.rank; }),
+               args.end());
+    return args.size() == static_cast<size_t>(topology_.world_size);
+  };
   if (topology_.num_hosts > 1) {
+    // Each host's message: its ranks' arguments of this collective, then of the next
+    // `depth` ones (rank -1 where it has none queued), then the fused payload.
     const size_t max_local = static_cast<size_t>(topology_.max_local);
+    const size_t depth = static_cast<size_t>(LookaheadDepth());
     const size_t args_bytes = sizeof(RankArgs) * max_local;
-    const size_t block = args_bytes + Hierarchical::kFusedBytes;
-    mine.resize(max_local);  // padding: rank -1
-    exchange_send_.resize(block);
-    std::memcpy(exchange_send_.data(), mine.data(), args_bytes);
-    std::memcpy(exchange_send_.data() + args_bytes, payload, Hierarchical::kFusedBytes);
+    payload_offset_ = args_bytes * (1 + depth);
+    const size_t block = payload_offset_ + Hierarchical::kFusedBytes;
+    exchange_send_.assign(block, 0);
+    const auto put = [&](std::vector<RankArgs> args, size_t slot) {
+      args.resize(max_local);  // padding: rank -1
+      std::memcpy(exchange_send_.data() + slot * args_bytes, args.data(), args_bytes);
+    };
+    put(std::move(mine), 0);
+    for (size_t d = 0; d < depth; ++d) put(d < ahead.size() ? ahead[d] : std::vector<RankArgs>(), 1 + d);
+    std::memcpy(exchange_send_.data() + payload_offset_, payload, Hierarchical::kFusedBytes);
     exchange_recv_.resize(block * topology_.num_hosts);
     COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(exchange_send_.data(), exchange_recv_.data(), block, timeout));
+    if (env_.observer != nullptr) env_.observer->OnArgumentExchange();
     *stride = block;
-    mine.clear();
     // Remote bytes: keep only well-formed entries of ranks that host serves.
-    for (int h = 0; h < topology_.num_hosts; ++h) {
-      for (size_t i = 0; i < max_local; ++i) {
-        RankArgs a;
-        std::memcpy(&a, exchange_recv_.data() + h * block + i * sizeof(RankArgs), sizeof a);
-        if (a.rank >= 0 && a.rank < topology_.world_size && topology_.rank_host[a.rank] == h) mine.push_back(a);
+    const auto slot_of_every_host = [&](size_t slot) {
+      std::vector<RankArgs> args;
+      for (int h = 0; h < topology_.num_hosts; ++h) {
+        for (size_t i = 0; i < max_local; ++i) {
+          RankArgs a;
+          std::memcpy(&a, exchange_recv_.data() + h * block + slot * args_bytes + i * sizeof(RankArgs), sizeof a);
+          if (a.rank >= 0 && a.rank < topology_.world_size && topology_.rank_host[a.rank] == h) args.push_back(a);
+        }
       }
+      return args;
+    };
+    mine = slot_of_every_host(0);
+    // The next collectives every rank had queued, in order, up to the first that some rank
+    // had not, or that needs this exchange's payload (a fused all_reduce). Every host reads
+    // the same bytes, so every host prefetches the same ones.
+    prefetched_.clear();
+    for (size_t d = 0; d < depth; ++d) {
+      std::vector<RankArgs> next = slot_of_every_host(1 + d);
+      if (!complete(next) || Hierarchical::Fused(next[0])) break;
+      prefetched_.push_back(std::move(next));
     }
   }
-  std::sort(mine.begin(), mine.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank < b.rank; });
-  mine.erase(std::unique(mine.begin(), mine.end(), [](const RankArgs& a, const RankArgs& b) { return a.rank == b.rank; }),
-             mine.end());
-  if (mine.size() != static_cast<size_t>(topology_.world_size)) {
+  if (!complete(mine)) {
     return absl::InternalError(absl::StrCat("the argument exchange gave ", mine.size(), " ranks' arguments, not ",
                                             topology_.world_size));
   }
@@ -201,7 +252,8 @@ absl::StatusOr<std::vector<RankSplits>> Group::ExchangeSplits(const std::map<int
   return splits;
 }
 
-void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent) {
+void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent,
+                          const std::vector<std::vector<RankArgs>>& ahead) {
   absl::Time deadline = absl::InfiniteFuture();
   for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
   absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
@@ -228,12 +280,25 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   // A small all_reduce's partial result rides with the arguments (Hierarchical::Fused).
   const bool several_hosts = topology_.num_hosts > 1;
-  if (several_hosts) {
-    fused_partial_.assign(Hierarchical::kFusedBytes, 0);
-    algorithms_->ReducePartial(subs, fused_partial_.data());
-  }
+  absl::StatusOr<std::vector<RankArgs>> exchanged;
   size_t stride = 0;
-  auto exchanged = ExchangeArgs(std::move(mine), fused_partial_.data(), &stride, timeout);
+  if (!prefetched_.empty()) {
+    // An earlier exchange carried every rank's arguments of this collective.
+    exchanged = std::move(prefetched_.front());
+    prefetched_.pop_front();
+    for (const RankArgs& a : mine) {
+      if (std::memcmp(&a, &(*exchanged)[a.rank], sizeof a) != 0) {
+        exchanged = absl::InternalError(absl::StrCat("rank ", a.rank, "'s arguments changed after they were sent"));
+        break;
+      }
+    }
+  } else {
+    if (several_hosts) {
+      fused_partial_.assign(Hierarchical::kFusedBytes, 0);
+      algorithms_->ReducePartial(subs, fused_partial_.data());
+    }
+    exchanged = ExchangeArgs(std::move(mine), ahead, fused_partial_.data(), &stride, timeout);
+  }
   if (!exchanged.ok()) {
     absl::Status s = exchanged.status();
     if (monitored && s.code() == absl::StatusCode::kDeadlineExceeded) {
@@ -289,9 +354,8 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   // 2. The data step (already done for a fused all_reduce but the final reduction).
   const char* algorithm = "local";
   absl::Status status;
-  if (several_hosts && Hierarchical::Fused(all[0])) {
-    const size_t args_bytes = sizeof(RankArgs) * static_cast<size_t>(topology_.max_local);
-    algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + args_bytes, stride, &algorithm);
+  if (several_hosts && Hierarchical::Fused(all[0])) {  // never prefetched: stride is set
+    algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + payload_offset_, stride, &algorithm);
   } else {
     status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
   }

@@ -108,14 +108,25 @@ class Group {
   // Connects the backend among the group's hosts; null with one host.
   absl::StatusOr<std::unique_ptr<backends::Communicator>> Connect();
   // Runs the collectives at position `seq` of every local rank (absent: local ranks that
-  // did not call a MONITORED_BARRIER in time).
-  void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent);
+  // did not call a MONITORED_BARRIER in time). `ahead`: the local ranks' arguments of the
+  // collectives queued after this one (ahead[d] for seq + 1 + d, every local rank's), at
+  // most LookaheadDepth(); they ride with this collective's argument exchange.
+  void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent,
+                     const std::vector<std::vector<RankArgs>>& ahead);
   // Every rank's arguments, from every host (one all-gather), sorted by rank. With several
-  // hosts each host's message also carries Hierarchical::kFusedBytes of `payload` (a small
+  // hosts each host's message also carries the arguments of the collectives its ranks
+  // queued after this one (`ahead`) and Hierarchical::kFusedBytes of `payload` (a small
   // all_reduce's partial result); afterwards exchange_recv_ holds every host's message
-  // (stride: the returned *stride, payload at the end of each).
-  absl::StatusOr<std::vector<RankArgs>> ExchangeArgs(std::vector<RankArgs> mine, const char* payload,
-                                                     size_t* stride, absl::Duration timeout);
+  // (stride: the returned *stride, payload at payload_offset_ of each), and prefetched_
+  // the agreed-upon arguments of the next collectives that every rank of every host had
+  // queued (so that they need no exchange of their own).
+  absl::StatusOr<std::vector<RankArgs>> ExchangeArgs(std::vector<RankArgs> mine,
+                                                     const std::vector<std::vector<RankArgs>>& ahead,
+                                                     const char* payload, size_t* stride, absl::Duration timeout);
+  // How many queued collectives' arguments ride with one exchange: up to 7, fewer for
+  // groups with many local ranks (at most 16 KiB of arguments per host's message). The same
+  // on every host (it depends only on the topology).
+  int LookaheadDepth() const;
   // Every rank's splits across hosts (ops with NeedsSplits), indexed by rank.
   absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs,
                                                          absl::Duration timeout);
@@ -147,7 +158,11 @@ class Group {
   std::unique_ptr<Hierarchical> algorithms_;      // executor thread only
   // Executor thread only: the argument exchange's buffers, reused by every collective.
   std::vector<char> exchange_send_, exchange_recv_;
+  size_t payload_offset_ = 0;  // of the fused payload in each host's message
   std::vector<char> fused_partial_;
+  // Every rank's arguments (sorted by rank) of the next collectives, learned from an earlier
+  // exchange's lookahead: front() is the next seq's. Such a collective skips its exchange.
+  std::deque<std::vector<RankArgs>> prefetched_;
   std::thread executor_;
 };
 

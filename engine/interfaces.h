@@ -69,6 +69,10 @@ class EngineObserver {
   virtual void OnCompleted(CollectiveOp op, const absl::Status& status) {}
   // `bytes` of a local rank's tensors (inputs and outputs) entered a collective via `path`.
   virtual void OnTensorBytes(BytePath path, uint64_t bytes) {}
+  // A group exchanged its ranks' arguments with its other hosts (one round between hosts,
+  // before a collective's data step; collectives whose arguments rode with an earlier
+  // exchange have none). Called on the group's executor thread.
+  virtual void OnArgumentExchange() {}
 };
 
 }  // namespace collserve::engine

@@ -17,7 +17,17 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
   bytes_[static_cast<int>(engine::BytePath::kArena)] = &tensor_bytes.Add({{"path", "arena"}});
   bytes_[static_cast<int>(engine::BytePath::kStaged)] = &tensor_bytes.Add({{"path", "staged"}});
   bytes_[static_cast<int>(engine::BytePath::kInline)] = &tensor_bytes.Add({{"path", "inline"}});
+  exchanges_ = &prometheus::BuildCounter()
+                    .Name("collserve_argument_exchanges_total")
+                    .Help("Rounds between hosts in which a group's sidecars exchanged their ranks' arguments "
+                          "before a collective's data step. Collectives issued back to back share one: their "
+                          "arguments ride with the exchange of the first (so this grows slower than "
+                          "collserve_collectives_total / local ranks).")
+                    .Register(registry)
+                    .Add({});
 }
+
+void PrometheusObserver::OnArgumentExchange() { exchanges_->Increment(); }
 
 void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status) {
   collectives_.Add({{"op", engine::OpName(op)}, {"code", absl::StatusCodeToString(status.code())}}).Increment();

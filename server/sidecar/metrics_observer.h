@@ -1,5 +1,6 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
-// collserve_collectives_total{op, code} and collserve_tensor_bytes_total{path}.
+// collserve_collectives_total{op, code}, collserve_tensor_bytes_total{path} and
+// collserve_argument_exchanges_total.
 #ifndef COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
 #define COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
 
@@ -18,9 +19,11 @@ class PrometheusObserver : public engine::EngineObserver {
   explicit PrometheusObserver(prometheus::Registry& registry);
   void OnCompleted(engine::CollectiveOp op, const absl::Status& status) override;
   void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
+  void OnArgumentExchange() override;
 
  private:
   prometheus::Family<prometheus::Counter>& collectives_;
+  prometheus::Counter* exchanges_;
   prometheus::Counter* bytes_[3];  // by BytePath
 };
 

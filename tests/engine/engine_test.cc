@@ -295,6 +295,54 @@ TEST(EngineTest, DisagreementNamesTheRanksAndTheGroupStaysUsable) {
   });
 }
 
+TEST(EngineTest, BackToBackCollectivesShareOneArgumentExchange) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("ahead", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  const int64_t before = cluster.exchanges(0), before1 = cluster.exchanges(1);
+  // 8 all_reduces of 1000 floats (too large to ride with the exchange themselves) issued
+  // back to back by every rank before waiting for any; op 5 disagrees (rank 2 passes 999).
+  constexpr int kOps = 8;
+  for (int k = 0; k < kOps; ++k) {
+    for (TestRank& r : ranks) {
+      engine::Request q = FloatRequest(CollectiveOp::kAllReduce,
+                                       std::vector<float>(k == 5 && r.rank == 2 ? 999 : 1000, float(r.rank + k)));
+      q.seq = r.next_seq++;
+      r.group->Submit(r.rank, std::move(q));
+    }
+  }
+  for (TestRank& r : ranks) {
+    for (int k = 0; k < kOps; ++k) {
+      Completion c = r.session->WaitCompletion(k, absl::Seconds(60));
+      if (k == 5) {
+        EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+        EXPECT_THAT(std::string(c.status.message()), HasSubstr("count=999 on ranks [2]"));
+        EXPECT_THAT(std::string(c.status.message()), HasSubstr("count=1000 on ranks [0, 1, 3]"));
+        continue;
+      }
+      ASSERT_TRUE(c.status.ok()) << "op " << k << ": " << c.status;
+      std::vector<float> out = FloatsOf(c.inline_data);
+      ASSERT_EQ(out.size(), 1000u);
+      EXPECT_EQ(out[0], 6.0f + 4 * k) << "op " << k;
+      EXPECT_EQ(out[999], 6.0f + 4 * k) << "op " << k;
+    }
+  }
+  // The first exchange carries what every rank had queued by then; by the second at the
+  // latest every op is queued everywhere, and the rest ride with it: 2 rounds (3 if the
+  // submitting thread stalled for a whole round trip), not 8.
+  const int64_t exchanges = cluster.exchanges(0) - before;
+  EXPECT_GE(exchanges, 1);
+  EXPECT_LE(exchanges, 3);
+  EXPECT_EQ(cluster.exchanges(1) - before1, exchanges);  // the hosts stay in step
+  // A collective issued alone still works (and exchanges its own arguments).
+  OnEveryRank(ranks, [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, std::vector<float>(2000, 1)));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(FloatsOf(c.inline_data)[1999], 4.0f);
+  });
+}
+
 TEST(EngineTest, InvalidRequestIsAnErrorOnEveryRankNeverATouch) {
   TestCluster cluster(2);
   auto formed = cluster.Form("invalid", 4);

@@ -6,6 +6,7 @@
 #define COLLSERVE_TESTS_ENGINE_ENGINE_TESTING_H_
 
 #include <cstring>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -215,6 +216,16 @@ struct TestRank {
   }
 };
 
+// Counts what an engine reports. Thread-safe.
+class CountingObserver : public engine::EngineObserver {
+ public:
+  void OnArgumentExchange() override { exchanges_.fetch_add(1); }
+  int64_t exchanges() const { return exchanges_.load(); }
+
+ private:
+  std::atomic<int64_t> exchanges_{0};
+};
+
 // `hosts` simulated hosts (Engines "host0", "host1", ...) on one fake coordinator.
 class TestCluster {
  public:
@@ -227,7 +238,8 @@ class TestCluster {
       o.host_id = absl::StrCat("host", h);
       o.data_threads = 2;
       if (tweak) tweak(o);
-      auto e = engine::Engine::Create(o, links_.back().get(), &backends_, nullptr);
+      observers_.push_back(std::make_unique<CountingObserver>());
+      auto e = engine::Engine::Create(o, links_.back().get(), &backends_, observers_.back().get());
       if (!e.ok()) std::abort();
       engines_.push_back(std::move(*e));
     }
@@ -266,12 +278,15 @@ class TestCluster {
   }
 
   engine::Engine& engine(int host) { return *engines_[host]; }
+  // Argument exchanges host `host`'s groups ran so far.
+  int64_t exchanges(int host) const { return observers_[host]->exchanges(); }
   FakeCoordinator& coordinator() { return coordinator_; }
 
  private:
   FakeCoordinator coordinator_;
   backends::BackendRegistry backends_;
   std::vector<std::unique_ptr<engine::CoordinatorLink>> links_;
+  std::vector<std::unique_ptr<CountingObserver>> observers_;  // before engines_: outlives them
   std::vector<std::unique_ptr<engine::Engine>> engines_;
 };
 
