@@ -286,7 +286,8 @@ def run_hosts(net, build, cmd, nproc, sidecar_flags=()):
 
 
 def bare_gloo_latency(net, build, n):
-    """Median us of a bare 8-byte Gloo allreduce, one process per host (collserve-gloo-latency)."""
+    """Mean us per op of a bare 8-byte Gloo allreduce, one process per host (collserve-gloo-latency);
+    the mean, like collserve-perf's time column."""
     d = tempfile.mkdtemp(prefix="collserve-gloo.")
     try:
         procs = [subprocess.Popen(["ip", "netns", "exec", net.host(h), os.path.join(build, "bench", "collserve-gloo-latency"),
@@ -296,7 +297,7 @@ def bare_gloo_latency(net, build, n):
                  for h in range(1, net.n + 1)]
         outs = [finish(p, f"collserve-gloo-latency on host {h}", timeout=600) for h, p in enumerate(procs, 1)]
         fields = dict(kv.split("=") for kv in outs[0].split()[1:])
-        return float(fields["median_us"])
+        return float(fields["mean_us"])
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -349,8 +350,8 @@ def two_hosts(a, build):
         g, m = sorted(gloo)[len(gloo) // 2], sorted(mine)[len(mine) // 2]
         r = sorted(m / g for g, m in zip(gloo, mine))[len(mine) // 2]
         print(f"# 8-byte all_reduce, 2 hosts x 2 ranks: collserve {m:.1f} us (mean per op, median of {a.reps}); bare "
-              f"Gloo allreduce between the two hosts (collserve-gloo-latency, 1 process per host) {g:.1f} us (median "
-              f"per op); collserve / Gloo per repetition {each}, median {r:.2f} (target <= 1.5)", flush=True)
+              f"Gloo allreduce between the two hosts (collserve-gloo-latency, 1 process per host) {g:.1f} us (mean "
+              f"per op, median of {a.reps}); collserve / Gloo per repetition {each}, median {r:.2f} (target <= 1.5)", flush=True)
 
 
 def four_hosts(a, build):
