@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <exception>
 
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace collserve::server {
@@ -17,6 +20,26 @@ void BlockTerminationSignals() {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a peer that went away is an error status, not a crash
+}
+
+namespace {
+// The part of a flag's source path from the repository's server/ folder on ("server/...").
+absl::string_view RepositoryPath(absl::string_view path) {
+  const size_t at = path.rfind("server/");
+  return at == absl::string_view::npos ? path : path.substr(at);
+}
+}  // namespace
+
+void SetDaemonUsage(const char* program, const char* usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  const auto ours = [](absl::string_view path) { return absl::StrContains(path, "server/"); };
+  config.contains_helpshort_flags = ours;
+  config.contains_help_flags = ours;
+  config.normalize_filename = [](absl::string_view path) { return std::string(RepositoryPath(path)); };
+  const std::string version = absl::StrCat(program, " ", COLLSERVE_VERSION, "\n");
+  config.version_string = [version] { return version; };
+  absl::SetFlagsUsageConfig(config);
 }
 
 int WaitForTerminationSignal() {

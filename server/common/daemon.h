@@ -16,6 +16,14 @@ namespace collserve::server {
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it creates later, so
 // that WaitForTerminationSignal() receives them. Call first thing in main().
 void BlockTerminationSignals();
+
+// Sets the daemon's usage text and absl's help output: --help and --helpshort list the
+// daemon's own flags (those defined under server/ of this repository; absl's default
+// matched only a file named like the binary and printed "No flags matched."), with file
+// names relative to the repository rather than build paths, and --version prints
+// "<program> <collserve version>" (the CMake project version). Call before
+// absl::ParseCommandLine, from main only (not thread-safe).
+void SetDaemonUsage(const char* program, const char* usage);
 // Waits for SIGTERM or SIGINT; returns the signal number.
 int WaitForTerminationSignal();
 

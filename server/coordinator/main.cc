@@ -29,7 +29,8 @@ ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, i
 
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
-  absl::SetProgramUsageMessage("collserve coordinator: key-value store + group registry for rendezvous.");
+  collserve::server::SetDaemonUsage(
+      "collserve-coordinator", "collserve coordinator: key-value store + group registry for rendezvous.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     std::cerr << s << "\n";

@@ -46,7 +46,8 @@ ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written her
 
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
-  absl::SetProgramUsageMessage("collserve sidecar: runs the collectives of the training processes on this host.");
+  collserve::server::SetDaemonUsage(
+      "collserve-sidecar", "collserve sidecar: runs the collectives of the training processes on this host.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     std::cerr << s << "\n";
