@@ -8,9 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -380,20 +383,29 @@ std::string HttpGet(int port, const std::string& path) {
   return body;
 }
 
-// A port nothing listens on now (bound to 0, then released).
+// A port nothing listens on now, for a server the test starts later. It is drawn below the
+// kernel's ephemeral range (ip_local_port_range), so the ports other processes get from
+// bind(0) and connect() in the meantime cannot take it.
 int UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  int low = 32768;
+  if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (fscanf(f, "%d", &low) != 1) low = 32768;
+    fclose(f);
   }
-  close(fd);
-  return port;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(std::max(1024, low - 12000), low - 1);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = pick(rng);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return 0;
 }
 
 // The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's

@@ -5,6 +5,7 @@ backend, the reference tutorial's and blog's programs with only the backend name
 and the embedded services' cleanup. Ranks are real processes on loopback."""
 import ast
 import os
+import random
 import re
 import shutil
 import socket
@@ -31,9 +32,25 @@ pytestmark = pytest.mark.skipif(
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now, for a server some rank binds later. It is drawn below the
+    kernel's ephemeral range (ip_local_port_range), so the ports other tests' processes get
+    from bind(0) and connect() meanwhile cannot take it (CI once lost a torch TCPStore's
+    port that way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))  # where torch's TCPStore server binds
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def embedded_dirs():
