@@ -20,7 +20,7 @@ class CoordinatorImpl : public Coordinator {
     auto store = store::NewMemoryStore(options.store);
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
-    registry_ = std::make_unique<GroupRegistry>();
+    registry_ = std::make_unique<GroupRegistry>(options.registry);
     metrics_registry_ = std::make_shared<prometheus::Registry>();
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     store_service_ = std::make_unique<StoreService>(*store_, *rpc_metrics_);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/coordinator/group_registry.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -22,6 +23,8 @@ struct CoordinatorOptions {
   std::string tcpstore_address;
   // The job namespace of keys written through that endpoint.
   std::string tcpstore_job = "default";
+  // Bounds on the group registry (world_size, groups held).
+  GroupRegistryLimits registry;
 };
 
 // Thread-safe.

@@ -7,7 +7,7 @@
 
 namespace collserve::server {
 
-GroupRegistry::GroupRegistry() : timer_([this] { TimerLoop(); }) {}
+GroupRegistry::GroupRegistry(GroupRegistryLimits limits) : limits_(limits), timer_([this] { TimerLoop(); }) {}
 
 GroupRegistry::~GroupRegistry() {
   std::vector<Completion> done;
@@ -46,6 +46,10 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
   if (world_size <= 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " must be > 0")));
   }
+  if (world_size > limits_.max_world_size) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " exceeds the coordinator's ",
+                                                        "--max_world_size of ", limits_.max_world_size)));
+  }
   if (member.rank < 0 || member.rank >= world_size) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "rank ", member.rank, " is out of range for group \"", group, "\" of world_size ", world_size)));
@@ -58,6 +62,11 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
     const Key key(job, group);
     auto it = groups_.find(key);
     if (it == groups_.end()) {
+      if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
+        return fail(absl::ResourceExhaustedError(absl::StrCat(
+            "the coordinator holds ", groups_.size(), " groups, its --max_groups limit; group \"", group,
+            "\" cannot be created until one ends")));
+      }
       Group g;
       g.name = group;
       g.world_size = world_size;
@@ -194,13 +203,27 @@ void GroupRegistry::TimerLoop() {
         continue;
       }
       // Missing: never joined. Ranks that joined but gave up earlier are named apart.
-      std::vector<int> missing;
+      std::vector<int> missing;  // the first kMaxNamedMissingRanks
+      int missing_count = 0;
       for (int r = 0; r < g.world_size; ++r) {
-        if (g.members.count(r) == 0 && g.gave_up.count(r) == 0) missing.push_back(r);
+        if (g.members.count(r) != 0 || g.gave_up.count(r) != 0) continue;
+        if (++missing_count <= kMaxNamedMissingRanks) missing.push_back(r);
       }
+      const std::string more =
+          missing_count > kMaxNamedMissingRanks ? absl::StrCat(" and ", missing_count - kMaxNamedMissingRanks, " more")
+                                                : std::string();
       std::string gave_up;
       if (!g.gave_up.empty()) {
-        gave_up = absl::StrCat("; ranks [", absl::StrJoin(g.gave_up, ", "), "] joined but timed out earlier");
+        std::vector<int> named;
+        for (int r : g.gave_up) {
+          if (named.size() == static_cast<size_t>(kMaxNamedMissingRanks)) break;
+          named.push_back(r);
+        }
+        gave_up = absl::StrCat("; ranks [", absl::StrJoin(named, ", "), "]",
+                               g.gave_up.size() > named.size()
+                                   ? absl::StrCat(" and ", g.gave_up.size() - named.size(), " more")
+                                   : std::string(),
+                               " joined but timed out earlier");
       }
       const int joined = static_cast<int>(g.members.size() + g.gave_up.size());
       for (int rank : late) {
@@ -212,7 +235,7 @@ void GroupRegistry::TimerLoop() {
                 "rendezvous of group \"", g.name, "\" timed out after ",
                 absl::FormatDuration(absl::Trunc(now - g.started, absl::Milliseconds(1))), ": ",
                 joined, " of ", g.world_size, " ranks joined; missing ranks: [",
-                absl::StrJoin(missing, ", "), "]", gave_up)));
+                absl::StrJoin(missing, ", "), "]", more, gave_up)));
       }
       auto next_it = std::next(it);
       for (int rank : late) {

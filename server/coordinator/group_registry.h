@@ -40,16 +40,30 @@ struct GroupView {
   std::vector<MemberInfo> members;  // ordered by rank
 };
 
+// Bounds on what joins may ask the registry to hold (every request is untrusted input).
+struct GroupRegistryLimits {
+  // Largest world_size a group may have (torch jobs reach tens of thousands of ranks).
+  int max_world_size = 1 << 16;
+  // Groups (forming or formed, every job together) the registry holds at once.
+  int max_groups = 10000;
+};
+
+// How many missing ranks a rendezvous timeout names; the rest are counted.
+inline constexpr int kMaxNamedMissingRanks = 32;
+
 class GroupRegistry {
  public:
   // Called once with the formed group's view, or with: INVALID_ARGUMENT (bad rank,
-  // world_size, names), ALREADY_EXISTS (rank taken in this generation),
+  // world_size, names; a world_size over limits.max_world_size names the limit),
+  // RESOURCE_EXHAUSTED (a new group while limits.max_groups are held; names the limit),
+  // ALREADY_EXISTS (rank taken in this generation),
   // FAILED_PRECONDITION (the group is BROKEN and has not been fully left),
-  // DEADLINE_EXCEEDED (names the missing ranks), CANCELLED (CancelJoin, or the rank left),
+  // DEADLINE_EXCEEDED (names the first kMaxNamedMissingRanks missing ranks and counts the
+  // rest), CANCELLED (CancelJoin, or the rank left),
   // UNAVAILABLE (registry destroyed).
   using JoinCallback = absl::AnyInvocable<void(absl::StatusOr<GroupView>) &&>;
 
-  GroupRegistry();
+  explicit GroupRegistry(GroupRegistryLimits limits = {});
   ~GroupRegistry();  // fails pending joins with UNAVAILABLE
   GroupRegistry(const GroupRegistry&) = delete;
   GroupRegistry& operator=(const GroupRegistry&) = delete;
@@ -92,6 +106,7 @@ class GroupRegistry {
   // Removes a forming member (and its waiter) after a timeout/cancel; erases empty groups.
   void RemoveForming(std::map<Key, Group>::iterator it, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const GroupRegistryLimits limits_;
   absl::Mutex mu_;
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);

@@ -26,6 +26,11 @@ ABSL_FLAG(std::string, tcpstore_address, "",
 ABSL_FLAG(std::string, tcpstore_job, "default", "The job namespace of keys written through --tcpstore_address.");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
+ABSL_FLAG(int, max_world_size, 1 << 16,
+          "Largest world_size a group may have; a join asking for more is INVALID_ARGUMENT naming this limit.");
+ABSL_FLAG(int, max_groups, 10000,
+          "Groups (forming or formed, all jobs together) held at once; a join that would create one more is "
+          "RESOURCE_EXHAUSTED naming this limit.");
 
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
@@ -39,6 +44,12 @@ int main(int argc, char** argv) {
 
   collserve::server::CoordinatorOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  options.registry.max_world_size = absl::GetFlag(FLAGS_max_world_size);
+  options.registry.max_groups = absl::GetFlag(FLAGS_max_groups);
+  if (options.registry.max_world_size < 1 || options.registry.max_groups < 1) {
+    std::cerr << "--max_world_size and --max_groups must be >= 1\n";
+    return 2;
+  }
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);

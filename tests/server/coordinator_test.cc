@@ -13,10 +13,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/group_registry.h"
 #include "tests/testing/store_conformance.h"
 
 namespace collserve::testing {
@@ -204,6 +206,62 @@ TEST(CoordinatorRegistryTest, ErrorCases) {
   t.join();
   EXPECT_TRUE(first.status.ok()) << first.status.error_message();
   EXPECT_TRUE(second.status.ok()) << second.status.error_message();
+}
+
+// Issue 14, finding 3: one Join with world_size 2^31-1 made the coordinator allocate ~23 GB.
+TEST(CoordinatorRegistryTest, HugeWorldSizeIsRefusedNamingTheLimit) {
+  JoinResult r = Join(UniqueName("huge"), 2147483647, 0, "h", 100);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("world_size 2147483647 exceeds the coordinator's --max_world_size"));
+  // ... and the coordinator still serves.
+  const std::string group = UniqueName("after_huge");
+  JoinResult one = Join(group, 1, 0, "h", 3000);
+  EXPECT_TRUE(one.status.ok()) << one.status.error_message();
+}
+
+// The registry alone, with small limits.
+absl::Status JoinNow(server::GroupRegistry& registry, const std::string& group, int world, int rank,
+                     absl::Duration timeout) {
+  absl::Notification done;
+  absl::Status status;
+  server::MemberInfo m;
+  m.rank = rank;
+  m.host_id = "h";
+  registry.JoinAsync("job", group, world, m, absl::Now() + timeout, [&](absl::StatusOr<server::GroupView> v) {
+    status = v.status();
+    done.Notify();
+  });
+  if (!done.WaitForNotificationWithTimeout(timeout + absl::Seconds(30))) return absl::InternalError("no answer");
+  return status;
+}
+
+TEST(GroupRegistryLimitsTest, GroupCountIsCappedAndFreedWhenGroupsEnd) {
+  server::GroupRegistryLimits limits;
+  limits.max_groups = 2;
+  server::GroupRegistry registry(limits);
+  // Two forming groups (their first rank waits), then a third is refused at once.
+  auto forming = [&](const std::string& group) {
+    EXPECT_EQ(JoinNow(registry, group, 2, 0, absl::Seconds(1)).code(), absl::StatusCode::kDeadlineExceeded);
+  };
+  std::thread a(forming, "a");
+  std::thread b(forming, "b");
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Status c = JoinNow(registry, "c", 1, 0, absl::Seconds(1));
+  EXPECT_EQ(c.code(), absl::StatusCode::kResourceExhausted) << c;
+  EXPECT_THAT(std::string(c.message()), HasSubstr("--max_groups"));
+  a.join();
+  b.join();
+  // The timed-out groups are gone: there is room again.
+  EXPECT_TRUE(JoinNow(registry, "c", 1, 0, absl::Seconds(5)).ok());
+}
+
+TEST(GroupRegistryLimitsTest, TimeoutNamesTheFirstMissingRanksAndCountsTheRest) {
+  server::GroupRegistry registry;
+  absl::Status s = JoinNow(registry, "big", 1000, 0, absl::Milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("1 of 1000 ranks joined; missing ranks: [1, 2, 3,"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(", 31, 32] and 967 more"));
+  EXPECT_LT(s.message().size(), 400u);
 }
 
 TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
