@@ -47,6 +47,8 @@ absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
     Wal::Options wal_options;
     wal_options.dir = options.data_dir;
     wal_options.compact_bytes = test_options.wal_compact_bytes;
+    wal_options.repair = options.wal_repair;
+    wal_options.warn = options.log_warning;
     COLLSERVE_ASSIGN_OR_RETURN(wal, Wal::Open(wal_options, &data));
   }
   return std::unique_ptr<MemoryStore>(new MemoryStore(options, std::move(wal), std::move(data)));

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,13 @@ struct StoreOptions {
   // a restart). When set, every mutation is appended to the log and fdatasync'ed before
   // the call returns, so an acknowledged write survives a crash of the process or machine.
   std::string data_dir;
+  // With data_dir: open a log damaged anywhere but in a torn last record by moving the
+  // damaged tail aside (Wal::Options::repair; its writes are lost). Default: refuse with
+  // DATA_LOSS and leave the files as they are.
+  bool wal_repair = false;
+  // Where opening the log reports what it dropped or moved aside, one line each (default:
+  // standard error).
+  std::function<void(const std::string&)> log_warning;
 };
 
 // Identifies a pending WaitAsync() so it can be cancelled.

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -38,8 +40,12 @@ std::string ErrnoText(int err) {
   return StrErrorResult(buf, strerror_r(err, buf, sizeof(buf)));
 }
 
+// UNAVAILABLE, except a full disk or quota: RESOURCE_EXHAUSTED (the store is out of room,
+// not unreachable; clients must not retry it as a network error).
 absl::Status IoError(absl::string_view what, absl::string_view path, int err) {
-  return absl::UnavailableError(absl::StrCat(what, " ", path, ": ", ErrnoText(err)));
+  std::string message = absl::StrCat(what, " ", path, ": ", ErrnoText(err));
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(std::move(message));
+  return absl::UnavailableError(std::move(message));
 }
 
 std::string JoinPath(absl::string_view dir, absl::string_view name) {
@@ -168,6 +174,14 @@ absl::Status SyncDir(absl::string_view dir) {
   return status;
 }
 
+void Warn(const Wal::Options& options, const std::string& message) {
+  if (options.warn) {
+    options.warn(message);
+  } else {
+    std::fprintf(stderr, "collserve wal: %s\n", message.c_str());
+  }
+}
+
 bool AllZero(absl::string_view data) {
   for (char c : data) {
     if (c != '\0') return false;
@@ -192,11 +206,44 @@ bool DecodePayload(absl::string_view payload, std::vector<WalOp>* ops) {
   return true;
 }
 
-// Replays the records in `data` into `*state`. With `tolerate_torn_tail`, a bad record that
-// is the last one in the file (or is followed only by zero bytes) ends the replay and
-// `*valid_bytes` says where; anywhere else it is DATA_LOSS.
-absl::Status Replay(absl::string_view data, absl::string_view path, bool tolerate_torn_tail,
-                    KeyValueMap* state, size_t* valid_bytes) {
+// CRC bytes ValidRecordAfter may check before it gives up and answers "maybe".
+constexpr size_t kResyncBudgetBytes = size_t{64} << 20;
+
+// Whether a well-formed record (header, checksum and payload) starts anywhere after `pos`.
+// A torn append leaves only a prefix of the last record, so none can follow it; one that
+// does means the bad record at `pos` was damaged in place (say a flipped bit in its length
+// field), and dropping everything after it would lose acknowledged writes. Answers true
+// ("maybe") once it has checksummed kResyncBudgetBytes without an answer.
+bool ValidRecordAfter(absl::string_view data, size_t pos) {
+  std::vector<WalOp> ops;
+  size_t budget = kResyncBudgetBytes;
+  for (size_t q = pos + 1; q + kHeaderBytes <= data.size(); ++q) {
+    const uint32_t length = GetFixed32(data.data() + q);
+    if (length == 0 || length > data.size() - q - kHeaderBytes) continue;
+    if (length > budget) return true;
+    budget -= length;
+    const absl::string_view payload = data.substr(q + kHeaderBytes, length);
+    if (RecordCrc(data.data() + q, payload) == GetFixed32(data.data() + q + 4) && DecodePayload(payload, &ops)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Where replay stopped at a bad record.
+struct BadRecord {
+  size_t offset = 0;
+  std::string reason;
+  bool torn_tail = false;  // the last append, torn by a crash: nothing follows it
+};
+
+// Replays the records in `data` into `*state` and sets `*valid_bytes` to the end of the
+// last good one. A bad record is reported in `*bad` (OK is returned); it is a torn tail when
+// it reaches (or runs past) the end of the file or is followed only by zero bytes, and no
+// well-formed record follows it. A record whose checksum matches but whose payload does not
+// decode is DATA_LOSS at once.
+absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap* state, size_t* valid_bytes,
+                    std::optional<BadRecord>* bad) {
   std::vector<WalOp> ops;
   size_t pos = 0;
   while (pos < data.size()) {
@@ -226,12 +273,13 @@ absl::Status Replay(absl::string_view data, absl::string_view path, bool tolerat
       }
     }
     if (reason != nullptr) {
-      if (tolerate_torn_tail && (reaches_end || AllZero(data.substr(pos)))) {
-        *valid_bytes = pos;
-        return absl::OkStatus();
-      }
-      return absl::DataLossError(
-          absl::StrCat(reason, " at offset ", pos, " of ", path, " (", data.size(), " bytes)"));
+      *valid_bytes = pos;
+      BadRecord b;
+      b.offset = pos;
+      b.reason = reason;
+      b.torn_tail = (reaches_end || AllZero(data.substr(pos))) && !ValidRecordAfter(data, pos);
+      *bad = std::move(b);
+      return absl::OkStatus();
     }
     for (const WalOp& op : ops) {
       if (op.type == WalOp::kPut) {
@@ -292,8 +340,13 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
     ::close(snapshot_fd);
     COLLSERVE_RETURN_IF_ERROR(status);
     size_t valid = 0;
-    COLLSERVE_RETURN_IF_ERROR(
-        Replay(data, snapshot_path, /*tolerate_torn_tail=*/false, state, &valid));
+    std::optional<BadRecord> bad;
+    COLLSERVE_RETURN_IF_ERROR(Replay(data, snapshot_path, state, &valid, &bad));
+    if (bad.has_value()) {
+      // Written whole and renamed into place: any damage is real loss, repair or not.
+      return absl::DataLossError(absl::StrCat(bad->reason, " at offset ", bad->offset, " of ", snapshot_path, " (",
+                                              data.size(), " bytes); the snapshot cannot be repaired"));
+    }
   } else if (errno != ENOENT) {
     return IoError("cannot open", snapshot_path, errno);
   }
@@ -301,11 +354,36 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
   std::string data;
   COLLSERVE_RETURN_IF_ERROR(ReadAll(log_fd, log_path, &data));
   size_t valid = 0;
-  COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, /*tolerate_torn_tail=*/true, state, &valid));
-  if (valid < data.size()) {
-    // Cut the torn tail off so that new records follow the last good one.
+  std::optional<BadRecord> bad;
+  COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, state, &valid, &bad));
+  if (bad.has_value()) {
+    const size_t tail = data.size() - bad->offset;
+    if (!bad->torn_tail && !options.repair) {
+      // Never truncated: the operator decides (--wal_repair moves the damage aside).
+      return absl::DataLossError(absl::StrCat(
+          bad->reason, " at offset ", bad->offset, " of ", log_path, " (", data.size(), " bytes; ", tail,
+          " bytes from there on were not replayed); the log is left as it is: restart with repair to move ",
+          "the damaged tail aside and lose the writes in it"));
+    }
+    if (bad->torn_tail) {
+      Warn(options, absl::StrCat("dropping a torn last record (", bad->reason, ") of ", tail, " bytes at offset ",
+                                 bad->offset, " of ", log_path, ": an append a crash interrupted, never acknowledged"));
+    } else {
+      // Repair: keep the damaged bytes in a file of their own, then cut them off.
+      const std::string aside = JoinPath(options.dir, absl::StrCat(kLogName, ".damaged-", bad->offset));
+      const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) return IoError("cannot create", aside, errno);
+      absl::Status written = WriteAll(fd, data.substr(bad->offset), aside);
+      if (written.ok() && ::fsync(fd) != 0) written = IoError("cannot fsync", aside, errno);
+      ::close(fd);
+      COLLSERVE_RETURN_IF_ERROR(written);
+      COLLSERVE_RETURN_IF_ERROR(SyncDir(options.dir));
+      Warn(options, absl::StrCat("repair: ", bad->reason, " at offset ", bad->offset, " of ", log_path, "; moved the ",
+                                 tail, " bytes from there on (their writes are lost) to ", aside));
+    }
+    // Cut the tail off so that new records follow the last good one.
     if (::ftruncate(log_fd, static_cast<off_t>(valid)) != 0) {
-      return IoError("cannot truncate torn tail of", log_path, errno);
+      return IoError("cannot truncate the bad tail of", log_path, errno);
     }
     if (::fdatasync(log_fd) != 0) return IoError("cannot fdatasync", log_path, errno);
   }

@@ -54,16 +54,29 @@ class Wal {
     // The log is compacted into a snapshot once it is larger than this many bytes AND more
     // than twice the live data. Default: kDefaultCompactBytes. Tests lower it.
     int64_t compact_bytes = kDefaultCompactBytes;
+    // Open a log with a damaged record that is not a torn tail by moving the bytes from
+    // that record on to "wal.damaged-<offset>" in `dir` and cutting them off the log: the
+    // writes in them are lost, knowingly. Default: refuse (DATA_LOSS) and change nothing.
+    bool repair = false;
+    // Where Open reports what it dropped or moved aside (a torn tail, a repair), one line
+    // each. Default (empty): standard error. Called on the thread that calls Open.
+    std::function<void(const std::string&)> warn;
   };
 
   // Opens the log in `options.dir`, replaying the snapshot and then the log into `*state`
   // (which must be empty). Holds an flock on the log until destroyed, so a second Wal on
-  // the same directory fails. A torn last record (a crash mid-append) and a zero-filled
-  // tail are cut off the file and ignored. DATA_LOSS: a bad record anywhere else, or any
-  // bad record in the snapshot. UNAVAILABLE: a file or the directory cannot be created,
-  // read, written or locked. Limitation (as in LevelDB): a corrupt length field that
-  // points past the end of the file looks like a torn last record, so the records after
-  // it are dropped rather than reported.
+  // the same directory fails.
+  //
+  // Only a torn tail is dropped: a bad last record that reaches (or runs past) the end of
+  // the file, or one followed only by zero bytes, and after which no well-formed record
+  // starts anywhere (a crash mid-append leaves a prefix of one record, never a record
+  // after it). It is cut off the file and reported through options.warn with its offset
+  // and size. Any other bad record (a flipped bit in an early record's length field, which
+  // points past the end, included: the records after it are found) is DATA_LOSS naming
+  // the offset, and the files are left untouched, unless options.repair moves the damaged
+  // tail aside. Any bad record in the snapshot is DATA_LOSS, repair or not.
+  // UNAVAILABLE: a file or the directory cannot be created, read, written or locked;
+  // RESOURCE_EXHAUSTED: the disk or quota is full.
   static absl::StatusOr<std::unique_ptr<Wal>> Open(const Options& options, KeyValueMap* state);
 
   ~Wal();
@@ -74,8 +87,9 @@ class Wal {
   // may acknowledge the mutation once this returns OK. A failed write is cut back off the
   // file and leaves the log usable; after a failed fdatasync() the log refuses every later
   // append (the kernel may have dropped the dirty pages), so the store stops accepting
-  // writes until restarted. UNAVAILABLE on I/O errors; INVALID_ARGUMENT if the record
-  // would exceed 4 GiB. Blocks on the disk.
+  // writes until restarted. RESOURCE_EXHAUSTED when the disk or quota is full (ENOSPC,
+  // EDQUOT), UNAVAILABLE on other I/O errors; INVALID_ARGUMENT if the record would exceed
+  // 4 GiB. Blocks on the disk.
   absl::Status Append(const std::vector<WalOp>& ops);
 
   // Compacts when the log is over compact_bytes and over twice `live_bytes` (the sum of key

@@ -26,6 +26,10 @@ ABSL_FLAG(std::string, tcpstore_address, "",
 ABSL_FLAG(std::string, tcpstore_job, "default", "The job namespace of keys written through --tcpstore_address.");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
+ABSL_FLAG(bool, wal_repair, false,
+          "Start even if --data_dir's log is damaged before its last record: move the damaged tail to "
+          "wal.damaged-<offset> in --data_dir and lose the writes in it. Without it such a log is refused "
+          "(DATA_LOSS naming the offset) and left untouched; a torn last record is always dropped and logged.");
 ABSL_FLAG(int, max_world_size, 1 << 16,
           "Largest world_size a group may have; a join asking for more is INVALID_ARGUMENT naming this limit.");
 ABSL_FLAG(int, max_groups, 10000,
@@ -53,6 +57,8 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
+  options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);
 
