@@ -1,14 +1,24 @@
 #include "server/common/daemon.h"
 
+#include <arpa/inet.h>
 #include <glog/logging.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <system_error>
 
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace collserve::server {
@@ -87,5 +97,103 @@ absl::Status WritePortFile(const std::string& path, int port) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+std::string ErrnoMessage(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// A unix socket address for `path`; false if it does not fit sun_path.
+bool UnixAddress(const std::string& path, sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr->sun_path)) return false;
+  std::memcpy(addr->sun_path, path.data(), path.size());
+  return true;
+}
+
+}  // namespace
+
+std::string WhyCannotListen(const std::string& address) {
+  if (absl::StartsWith(address, "unix:")) {
+    const std::string path = address.substr(5);
+    sockaddr_un addr;
+    if (!UnixAddress(path, &addr)) return absl::StrCat("the path is longer than ", sizeof(addr.sun_path) - 1, " bytes");
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) return "the path exists";
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return ErrnoMessage(errno);
+    std::string why;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) why = ErrnoMessage(errno);
+    ::close(fd);
+    if (why.empty()) ::unlink(path.c_str());
+    return why;
+  }
+  // host:port, [host]:port
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return "no port in the address";
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return ::gai_strerror(rc);
+  }
+  std::string why;
+  for (addrinfo* ai = found; ai != nullptr && why.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) why = ErrnoMessage(errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return why;
+}
+
+absl::Status ClaimUnixSocketPath(const std::string& path) {
+  sockaddr_un addr;
+  if (!UnixAddress(path, &addr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix socket path \"", path, "\" is empty or longer than ", sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  if (const size_t slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
+    ::mkdir(path.substr(0, slash).c_str(), 0755);  // an error shows when binding
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();  // free
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " exists and is not a socket; refusing to replace it (choose another --unix_socket)"));
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", ErrnoMessage(errno)));
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (live || (err != ECONNREFUSED && err != ENOENT)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "another server is ", live ? "serving" : "holding", " unix:", path, live ? "" : absl::StrCat(" (", ErrnoMessage(err), ")"),
+        "; stop it first or choose another --unix_socket"));
+  }
+  // Nobody listens: left behind by a daemon that died.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot remove the stale socket ", path, ": ", ErrnoMessage(errno)));
+  }
+  LOG(WARNING) << "removed the stale socket " << path << " (nothing was listening on it)";
+  return absl::OkStatus();
+}
+
+FileId FileIdOf(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return {};
+  return FileId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+void RefuseSharedPorts(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0); }
 
 }  // namespace collserve::server

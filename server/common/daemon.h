@@ -3,12 +3,15 @@
 #ifndef COLLSERVE_SERVER_COMMON_DAEMON_H_
 #define COLLSERVE_SERVER_COMMON_DAEMON_H_
 
+#include <grpcpp/server_builder.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace collserve::server {
@@ -34,6 +37,30 @@ absl::Status InitLogging(const char* argv0, const std::string& level);
 // if the address cannot be bound.
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry);
+
+// Why `address` ("host:port", "[v6]:port" or "unix:/path") cannot be listened on, for a
+// daemon whose gRPC server failed to start: binds a plain socket to it and returns the
+// error ("Address already in use", ...), or "" if the bind works now. Never fails.
+std::string WhyCannotListen(const std::string& address);
+
+// Makes `path` free for a unix socket the daemon is about to bind, or says why it is not:
+// FAILED_PRECONDITION if a live server accepts connections on it (another daemon owns it;
+// it is left alone) or if it is something other than a socket; a socket nobody answers on
+// (left by a daemon that died) is removed. Creates the parent directory (mode 0755).
+absl::Status ClaimUnixSocketPath(const std::string& path);
+
+// Identity of a filesystem object, to remove at exit only the socket this daemon created
+// (not one a later daemon created at the same path). {0, 0} if `path` does not exist.
+struct FileId {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  bool operator==(const FileId& o) const { return device == o.device && inode == o.inode; }
+};
+FileId FileIdOf(const std::string& path);
+
+// Configures a gRPC ServerBuilder the way both daemons need: SO_REUSEPORT off, so that a
+// second daemon on a port already served fails to start instead of silently sharing it.
+void RefuseSharedPorts(grpc::ServerBuilder& builder);
 
 // Writes `port` to `path` atomically (temp file + rename), so a reader never sees a
 // partial number. INTERNAL on I/O errors.

@@ -28,6 +28,7 @@ class CoordinatorImpl : public Coordinator {
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
+    RefuseSharedPorts(builder);
     builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
     builder.SetMaxSendMessageSize(256 << 20);
@@ -35,7 +36,9 @@ class CoordinatorImpl : public Coordinator {
     builder.RegisterService(registry_service_.get());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || port_ == 0) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address));
+      const std::string why = WhyCannotListen(options.listen_address);
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,
+                                                 why.empty() ? "" : absl::StrCat(": ", why)));
     }
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Store", true);
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Registry", true);

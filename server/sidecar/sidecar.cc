@@ -198,10 +198,10 @@ class SidecarImpl : public Sidecar {
     service_ = std::make_unique<CollectivesService>(this);
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
+    RefuseSharedPorts(builder);
     if (!options_.unix_socket.empty()) {
-      const std::string dir = options_.unix_socket.substr(0, options_.unix_socket.rfind('/'));
-      if (!dir.empty()) mkdir(dir.c_str(), 0755);
-      unlink(options_.unix_socket.c_str());  // a stale socket from a dead sidecar
+      // Never take over a socket another sidecar serves; a dead one's is removed.
+      if (absl::Status s = ClaimUnixSocketPath(options_.unix_socket); !s.ok()) return s;
       builder.AddListeningPort(absl::StrCat("unix:", options_.unix_socket), grpc::InsecureServerCredentials());
     }
     if (!options_.listen_address.empty()) {
@@ -212,9 +212,17 @@ class SidecarImpl : public Sidecar {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr || (!options_.listen_address.empty() && port_ == 0)) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", options_.unix_socket, " / ",
-                                                 options_.listen_address));
+      std::string why;
+      if (!options_.listen_address.empty()) why = WhyCannotListen(options_.listen_address);
+      if (why.empty() && !options_.unix_socket.empty()) {
+        why = WhyCannotListen(absl::StrCat("unix:", options_.unix_socket));
+      }
+      return absl::UnavailableError(absl::StrCat("cannot listen on ",
+                                                 options_.unix_socket.empty() ? "" : "unix:" + options_.unix_socket,
+                                                 options_.unix_socket.empty() || options_.listen_address.empty() ? "" : " and ",
+                                                 options_.listen_address, why.empty() ? "" : ": " + why));
     }
+    if (!options_.unix_socket.empty()) socket_id_ = FileIdOf(options_.unix_socket);
     if (!options_.unix_socket.empty() && options_.unix_socket_mode >= 0 &&
         chmod(options_.unix_socket.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
       return absl::UnavailableError(absl::StrCat("chmod ", options_.unix_socket, ": ", std::strerror(errno)));
@@ -240,7 +248,10 @@ class SidecarImpl : public Sidecar {
     }
     engine_.reset();
     exposer_.reset();
-    if (!options_.unix_socket.empty()) unlink(options_.unix_socket.c_str());
+    // Only the socket this sidecar created: a later sidecar may have bound the path since.
+    if (!options_.unix_socket.empty() && !(socket_id_ == FileId{}) && FileIdOf(options_.unix_socket) == socket_id_) {
+      unlink(options_.unix_socket.c_str());
+    }
   }
 
   // Handles the first message of a session. Returns the group on success.
@@ -261,6 +272,7 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
+  FileId socket_id_;  // of the unix socket this sidecar bound
 
   friend class SessionReactor;
 };
