@@ -36,10 +36,12 @@ absl::StatusOr<std::unique_ptr<Store>> NewMemoryStore(const StoreOptions& option
 
 absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
     const StoreOptions& options, const MemoryStoreTestOptions& test_options) {
-  if (options.max_key_bytes <= 0 || options.max_value_bytes < 0 || options.max_keys <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("store limits must be positive: max_key_bytes=", options.max_key_bytes,
-                     " max_value_bytes=", options.max_value_bytes, " max_keys=", options.max_keys));
+  if (options.max_key_bytes <= 0 || options.max_value_bytes < 0 || options.max_keys <= 0 ||
+      options.max_total_bytes <= 0 || options.max_job_keys <= 0 || options.max_job_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store limits must be positive: max_key_bytes=", options.max_key_bytes, " max_value_bytes=",
+        options.max_value_bytes, " max_keys=", options.max_keys, " max_total_bytes=", options.max_total_bytes,
+        " max_job_keys=", options.max_job_keys, " max_job_bytes=", options.max_job_bytes));
   }
   KeyValueMap data;
   std::unique_ptr<Wal> wal;
@@ -56,9 +58,7 @@ absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
 
 MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data)
     : options_(options), data_(std::move(data)), wal_(std::move(wal)) {
-  for (const auto& [key, value] : data_) {
-    live_bytes_ += static_cast<int64_t>(key.size() + value.size());
-  }
+  for (const auto& [key, value] : data_) CountLocked(key, static_cast<int64_t>(key.size() + value.size()), +1);
   timer_thread_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -120,26 +120,79 @@ absl::Status MemoryStore::CheckRoomLocked(int64_t new_keys, absl::string_view ke
   return absl::OkStatus();
 }
 
+static absl::string_view JobOfKey(absl::string_view key) { return key.substr(0, std::min(key.find('/'), key.size())); }
+
+void MemoryStore::CountLocked(absl::string_view key, int64_t bytes, int sign) {
+  live_bytes_ += sign * bytes;
+  auto [it, inserted] = jobs_.try_emplace(std::string(JobOfKey(key)));
+  it->second.keys += sign;
+  it->second.bytes += sign * bytes;
+  if (it->second.keys == 0) jobs_.erase(it);
+}
+
+absl::Status MemoryStore::CheckQuotasLocked(const std::vector<WalOp>& ops) const {
+  // The size each key touched will have (-1: absent), applying ops in order.
+  std::map<absl::string_view, int64_t> after;
+  for (const WalOp& op : ops) {
+    after[op.key] = op.type == WalOp::kPut ? static_cast<int64_t>(op.key.size() + op.value.size()) : -1;
+  }
+  int64_t total = live_bytes_;
+  struct Delta {
+    int64_t keys = 0;
+    int64_t bytes = 0;
+    absl::string_view key;  // one key of the job being written, for the message
+  };
+  std::map<absl::string_view, Delta> job_delta;
+  for (const auto& [key, size] : after) {
+    auto it = data_.find(key);
+    const int64_t before = it == data_.end() ? -1 : static_cast<int64_t>(it->first.size() + it->second.size());
+    Delta& d = job_delta[JobOfKey(key)];
+    if (d.key.empty()) d.key = key;
+    d.keys += (size >= 0) - (before >= 0);
+    d.bytes += std::max<int64_t>(size, 0) - std::max<int64_t>(before, 0);
+    total += std::max<int64_t>(size, 0) - std::max<int64_t>(before, 0);
+  }
+  const absl::string_view first = ops.front().key;
+  if (total > live_bytes_ && total > options_.max_total_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("store holds ", live_bytes_, " bytes of at most ",
+                                                     options_.max_total_bytes, " (max_total_bytes); writing key ",
+                                                     QuoteKey(first), " would hold ", total));
+  }
+  for (const auto& [job, d] : job_delta) {
+    auto it = jobs_.find(std::string(job));
+    const JobUsage held = it == jobs_.end() ? JobUsage{} : it->second;
+    if (d.keys > 0 && held.keys + d.keys > options_.max_job_keys) {
+      return absl::ResourceExhaustedError(absl::StrCat("job \"", absl::CHexEscape(job), "\" holds ", held.keys,
+                                                       " keys of at most ", options_.max_job_keys,
+                                                       " (max_job_keys); cannot create key ", QuoteKey(d.key)));
+    }
+    if (d.bytes > 0 && held.bytes + d.bytes > options_.max_job_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat("job \"", absl::CHexEscape(job), "\" holds ", held.bytes,
+                                                       " bytes of at most ", options_.max_job_bytes,
+                                                       " (max_job_bytes); writing key ", QuoteKey(d.key),
+                                                       " would hold ", held.bytes + d.bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- mutation core -------------------------------------------------------------------
 
 absl::Status MemoryStore::ApplyLocked(const std::vector<WalOp>& ops, Ready* ready) {
   if (ops.empty()) return absl::OkStatus();
+  COLLSERVE_RETURN_IF_ERROR(CheckQuotasLocked(ops));
   if (wal_ != nullptr) COLLSERVE_RETURN_IF_ERROR(wal_->Append(ops));
   for (const WalOp& op : ops) {
     if (op.type == WalOp::kPut) {
       auto [it, inserted] = data_.try_emplace(std::string(op.key));
-      if (inserted) {
-        live_bytes_ += static_cast<int64_t>(it->first.size());
-      } else {
-        live_bytes_ -= static_cast<int64_t>(it->second.size());
-      }
+      if (!inserted) CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), -1);
       it->second.assign(op.value.data(), op.value.size());
-      live_bytes_ += static_cast<int64_t>(op.value.size());
+      CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), +1);
       WakeLocked(it->first, ready);
     } else {
       auto it = data_.find(op.key);
       if (it == data_.end()) continue;
-      live_bytes_ -= static_cast<int64_t>(it->first.size() + it->second.size());
+      CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), -1);
       data_.erase(it);
     }
   }

@@ -118,6 +118,10 @@ class MemoryStore final : public Store {
   // waits they complete into `*ready`. Nothing is applied if logging fails.
   absl::Status ApplyLocked(const std::vector<WalOp>& ops, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED if applying `ops` would raise the bytes held, or a job's keys or
+  // bytes, past max_total_bytes, max_job_keys or max_job_bytes (a write that lowers them
+  // always passes).
+  absl::Status CheckQuotasLocked(const std::vector<WalOp>& ops) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED if creating `new_keys` more keys would pass max_keys.
   absl::Status CheckRoomLocked(int64_t new_keys, absl::string_view key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -136,6 +140,14 @@ class MemoryStore final : public Store {
   absl::CondVar timer_cv_;  // signalled when the earliest deadline moves or on shutdown
   KeyValueMap data_ ABSL_GUARDED_BY(mu_);
   int64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;    // sum of key and value sizes in data_
+  // What each job (the part of a key before its first '/') holds.
+  struct JobUsage {
+    int64_t keys = 0;
+    int64_t bytes = 0;
+  };
+  std::unordered_map<std::string, JobUsage> jobs_ ABSL_GUARDED_BY(mu_);
+  // Records that `key` (of `bytes` key plus value bytes) was added (+1) or removed (-1).
+  void CountLocked(absl::string_view key, int64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);  // null when memory-only
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);

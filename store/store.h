@@ -36,6 +36,14 @@ struct StoreOptions {
   int64_t max_value_bytes = 64 << 20;
   // Most keys held at once. A write that would create one more gets RESOURCE_EXHAUSTED.
   int64_t max_keys = 1 << 20;
+  // Most bytes (keys plus values) held at once, all jobs together. A write that would
+  // hold more gets RESOURCE_EXHAUSTED naming the limit; one that holds less never does.
+  int64_t max_total_bytes = int64_t{1} << 30;
+  // Per job, where a key's job is the part before its first '/' (the coordinator stores
+  // job J's key k as "J/k"; a key without '/' is in job ""): most keys and most bytes
+  // (keys plus values) one job holds. Same rules as max_keys and max_total_bytes.
+  int64_t max_job_keys = int64_t{1} << 18;
+  int64_t max_job_bytes = int64_t{256} << 20;
   // Directory for the write-ahead log and snapshots. Empty = memory only (nothing survives
   // a restart). When set, every mutation is appended to the log and fdatasync'ed before
   // the call returns, so an acknowledged write survives a crash of the process or machine.

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <glog/logging.h>
+#include <grpcpp/resource_quota.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -195,5 +197,21 @@ FileId FileIdOf(const std::string& path) {
 }
 
 void RefuseSharedPorts(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0); }
+
+void LimitRpcMemory(grpc::ServerBuilder& builder, const std::string& name, int64_t bytes) {
+  grpc::ResourceQuota quota(name);
+  quota.Resize(static_cast<size_t>(bytes));
+  builder.SetResourceQuota(quota);
+}
+
+MemoryTrimmer::MemoryTrimmer(absl::Duration period)
+    : thread_([this, period] {
+        while (!stop_.WaitForNotificationWithTimeout(period)) ::malloc_trim(0);
+      }) {}
+
+MemoryTrimmer::~MemoryTrimmer() {
+  stop_.Notify();
+  thread_.join();
+}
 
 }  // namespace collserve::server

@@ -10,9 +10,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 
 namespace collserve::server {
 
@@ -61,6 +64,27 @@ FileId FileIdOf(const std::string& path);
 // Configures a gRPC ServerBuilder the way both daemons need: SO_REUSEPORT off, so that a
 // second daemon on a port already served fails to start instead of silently sharing it.
 void RefuseSharedPorts(grpc::ServerBuilder& builder);
+
+// Bounds the memory gRPC may use for the RPCs of `builder`'s server to `bytes` (a gRPC
+// ResourceQuota): a client sending an oversized message is cut off after about that much,
+// instead of the server buffering the whole message before its size check (gRPC checks
+// the receive-size limit only once a message is complete).
+void LimitRpcMemory(grpc::ServerBuilder& builder, const std::string& name, int64_t bytes);
+
+// Gives memory the process freed back to the system every `period` (malloc_trim): after a
+// burst of large messages glibc keeps the freed heap, so a refused 1 GiB message left
+// hundreds of MB resident for good. Runs on a thread of its own until destroyed.
+class MemoryTrimmer {
+ public:
+  explicit MemoryTrimmer(absl::Duration period);
+  ~MemoryTrimmer();
+  MemoryTrimmer(const MemoryTrimmer&) = delete;
+  MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 // Writes `port` to `path` atomically (temp file + rename), so a reader never sees a
 // partial number. INTERNAL on I/O errors.

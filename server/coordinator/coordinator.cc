@@ -17,6 +17,12 @@ class CoordinatorImpl : public Coordinator {
   ~CoordinatorImpl() override { Shutdown(absl::Seconds(5)); }
 
   absl::Status Init(const CoordinatorOptions& options) {
+    if (options.rpc_memory_bytes <= options.store.max_value_bytes + (1 << 20)) {
+      return absl::InvalidArgumentError(absl::StrCat("rpc_memory_bytes (", options.rpc_memory_bytes,
+                                                     ") must exceed max_value_bytes (", options.store.max_value_bytes,
+                                                     ") + 1 MiB: one Set of the largest value must fit"));
+    }
+    trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
     auto store = store::NewMemoryStore(options.store);
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
@@ -29,6 +35,7 @@ class CoordinatorImpl : public Coordinator {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     RefuseSharedPorts(builder);
+    LimitRpcMemory(builder, "collserve-coordinator", options.rpc_memory_bytes);
     builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
     builder.SetMaxSendMessageSize(256 << 20);
@@ -87,6 +94,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MemoryTrimmer> trimmer_;
   std::unique_ptr<TcpStoreServer> tcpstore_;  // declared after store_: destroyed first
   int port_ = 0;
 };

@@ -25,13 +25,17 @@ struct CoordinatorOptions {
   std::string tcpstore_job = "default";
   // Bounds on the group registry (world_size, groups held).
   GroupRegistryLimits registry;
+  // Memory gRPC may hold for the RPCs in flight, in bytes (LimitRpcMemory): connections
+  // sending more are cut off. Must exceed store.max_value_bytes + 1 MiB (one largest Set).
+  int64_t rpc_memory_bytes = int64_t{512} << 20;
 };
 
 // Thread-safe.
 class Coordinator {
  public:
   // Opens the store (replaying data_dir) and starts serving. Errors: from NewMemoryStore,
-  // UNAVAILABLE if an address cannot be bound, INVALID_ARGUMENT for a bad tcpstore_job.
+  // UNAVAILABLE if an address cannot be bound (naming why), INVALID_ARGUMENT for a bad
+  // tcpstore_job or an rpc_memory_bytes too small for one largest value.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
   virtual ~Coordinator() = default;  // Shutdown() if still running
   // The bound gRPC port.

@@ -26,6 +26,14 @@ ABSL_FLAG(std::string, tcpstore_address, "",
 ABSL_FLAG(std::string, tcpstore_job, "default", "The job namespace of keys written through --tcpstore_address.");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
+ABSL_FLAG(int64_t, max_keys, 1 << 20, "Most keys the store holds, all jobs together.");
+ABSL_FLAG(int64_t, max_store_bytes, int64_t{1} << 30,
+          "Most bytes (keys plus values) the store holds, all jobs together; a write past it is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_job_keys, int64_t{1} << 18, "Most keys one job's namespace holds.");
+ABSL_FLAG(int64_t, max_job_bytes, int64_t{256} << 20, "Most bytes (keys plus values) one job's namespace holds.");
+ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{512} << 20,
+          "Memory gRPC may hold for the RPCs in flight, in bytes: a client that sends more (an oversized message "
+          "is buffered whole before its size is checked) is cut off. Must exceed --max_value_bytes + 1 MiB.");
 ABSL_FLAG(bool, wal_repair, false,
           "Start even if --data_dir's log is damaged before its last record: move the damaged tail to "
           "wal.damaged-<offset> in --data_dir and lose the writes in it. Without it such a log is refused "
@@ -57,7 +65,12 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  options.store.max_keys = absl::GetFlag(FLAGS_max_keys);
+  options.store.max_total_bytes = absl::GetFlag(FLAGS_max_store_bytes);
+  options.store.max_job_keys = absl::GetFlag(FLAGS_max_job_keys);
+  options.store.max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes);
   options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
+  options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);

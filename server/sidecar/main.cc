@@ -42,6 +42,10 @@ ABSL_FLAG(int64_t, ring_min_bytes, 1 << 20, "With --allreduce_algorithm=auto: th
           "that takes Gloo's ring.");
 ABSL_FLAG(int64_t, ring_segment_bytes, 8 << 20, "Largest piece (bytes) Gloo's ring sends at once; 0 = Gloo's 1 MiB. "
           "Every piece costs a message round trip per ring step, so larger pieces win where latency is high.");
+ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{2} << 30,
+          "Memory gRPC may hold for the sessions' messages in flight, in bytes: a client that sends more (an "
+          "oversized message is buffered whole before its size is checked) is cut off. Must exceed 1 GiB, the "
+          "message limit.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
 
 int main(int argc, char** argv) {
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
   options.gloo_hostname = absl::GetFlag(FLAGS_gloo_hostname);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.data_threads = absl::GetFlag(FLAGS_data_threads);
+  options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.allreduce_algorithm = absl::GetFlag(FLAGS_allreduce_algorithm);
   if (absl::GetFlag(FLAGS_ring_min_bytes) < 0 || absl::GetFlag(FLAGS_ring_segment_bytes) < 0 ||
       absl::GetFlag(FLAGS_direct_max_bytes) < 0) {

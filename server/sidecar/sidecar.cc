@@ -197,8 +197,14 @@ class SidecarImpl : public Sidecar {
 
     service_ = std::make_unique<CollectivesService>(this);
     grpc::EnableDefaultHealthCheckService(true);
+    if (options_.rpc_memory_bytes <= kMaxMessageBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("rpc_memory_bytes (", options_.rpc_memory_bytes,
+                                                     ") must exceed the ", kMaxMessageBytes, "-byte message limit"));
+    }
+    trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
     grpc::ServerBuilder builder;
     RefuseSharedPorts(builder);
+    LimitRpcMemory(builder, "collserve-sidecar", options_.rpc_memory_bytes);
     if (!options_.unix_socket.empty()) {
       // Never take over a socket another sidecar serves; a dead one's is removed.
       if (absl::Status s = ClaimUnixSocketPath(options_.unix_socket); !s.ok()) return s;
@@ -271,6 +277,7 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<CollectivesService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MemoryTrimmer> trimmer_;
   int port_ = 0;
   FileId socket_id_;  // of the unix socket this sidecar bound
 

@@ -48,6 +48,10 @@ struct SidecarOptions {
   size_t direct_max_bytes = 1 << 20;
   size_t ring_min_bytes = 1 << 20;
   size_t ring_segment_bytes = 8 << 20;
+  // Memory gRPC may hold for the sessions' messages in flight, in bytes (LimitRpcMemory);
+  // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
+  // of remote clients).
+  int64_t rpc_memory_bytes = int64_t{2} << 30;
   // How long to wait for the coordinator at start.
   absl::Duration coordinator_connect_timeout = absl::Seconds(30);
 };

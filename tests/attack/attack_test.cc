@@ -1,9 +1,11 @@
 // The attack suite (issue 14): each finding replayed against real daemons on loopback,
 // over raw gRPC or raw sockets, asserting that the daemon answers with the right error,
 // names the limit, and still serves afterwards.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +16,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -272,6 +275,112 @@ TEST(AttackTest, CorruptWalRefusesToStartAndIsNeverTruncated) {
   std::stringstream after;
   after << std::ifstream(data + "/wal", std::ios::binary).rdbuf();
   EXPECT_EQ(after.str(), wal) << "the log was changed";
+}
+
+// Resident memory of process `pid`, in bytes (VmRSS).
+int64_t RssBytes(pid_t pid, const std::string& field = "VmRSS:") {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size())) * 1024;
+  }
+  return -1;
+}
+
+// Sends a Store.Set whose value has `value_bytes` zero bytes, without holding them in this
+// process: the value is one static slice over an untouched anonymous mapping.
+grpc::Status SendHugeSet(const std::string& address, size_t value_bytes) {
+  void* zeros = ::mmap(nullptr, value_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (zeros == MAP_FAILED) return grpc::Status(grpc::StatusCode::INTERNAL, "mmap failed");
+  std::string head = "\x12\x01k\x1a";  // key (field 2) = "k", then field 3's tag and length
+  for (uint64_t v = value_bytes; ; v >>= 7) {
+    head.push_back(static_cast<char>(v >= 0x80 ? (v & 0x7f) | 0x80 : v));
+    if (v < 0x80) break;
+  }
+  grpc::Slice slices[] = {grpc::Slice(head), grpc::Slice(zeros, value_bytes, grpc::Slice::STATIC_SLICE)};
+  grpc::ByteBuffer request(slices, 2);
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);
+  grpc::GenericStub stub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  grpc::CompletionQueue cq;
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&ctx, "/collserve.v1.Store/Set", request, &cq);
+  call->StartCall();
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  ::munmap(zeros, value_bytes);
+  return status;
+}
+
+// Finding 4: a refused 1 GiB gRPC message left ~400 MB of coordinator RSS each (1.5 GB
+// after three concurrent ones), never given back.
+TEST(AttackTest, OversizedMessagesAreRefusedWithoutHoldingTheirBytes) {
+  auto cluster = StartCluster(0, {"--rpc_memory_bytes=134217728"});
+  ASSERT_NE(cluster, nullptr);
+  ExpectStoreServes(cluster->coordinator_address());
+  const pid_t pid = cluster->coordinator().pid();
+  const int64_t before = RssBytes(pid);
+  std::vector<std::thread> senders;
+  std::vector<grpc::Status> results(3);
+  for (int i = 0; i < 3; ++i) {
+    senders.emplace_back([&, i] { results[i] = SendHugeSet(cluster->coordinator_address(), size_t{1} << 30); });
+  }
+  for (auto& t : senders) t.join();
+  for (const grpc::Status& s : results) {
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  }
+  // Three concurrent 1 GiB messages never made it hold much more than its 128 MiB for RPCs.
+  const int64_t peak = RssBytes(pid, "VmHWM:");
+  EXPECT_LT(peak - before, int64_t{256} << 20) << "peak RSS " << peak << ", before " << before;
+  ExpectStoreServes(cluster->coordinator_address());
+  // What it held is given back within a few seconds.
+  const absl::Time deadline = absl::Now() + absl::Seconds(15);
+  int64_t after = RssBytes(pid);
+  while (after - before >= (int64_t{32} << 20) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(200));
+    after = RssBytes(pid);
+  }
+  EXPECT_LT(after - before, int64_t{32} << 20) << "RSS before " << before << ", after " << after;
+  // A value just under --max_value_bytes (64 MiB) still fits.
+  grpc::Status large = SendHugeSet(cluster->coordinator_address(), size_t{60} << 20);
+  EXPECT_TRUE(large.ok()) << large.error_message();
+}
+
+// Finding 4: nothing bounded what the store holds (16 x 60 MiB values were accepted).
+TEST(AttackTest, StoreBytesArePerJobAndTotalQuotas) {
+  auto cluster = StartCluster(0, {"--max_job_bytes=50000000", "--max_store_bytes=70000000"});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = pb::Store::NewStub(grpc::CreateChannel(cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
+  auto set = [&](const std::string& job, const std::string& key, size_t bytes) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(30)));
+    pb::SetRequest req;
+    req.set_job(job);
+    req.set_key(key);
+    req.set_value(std::string(bytes, 'v'));
+    pb::SetResponse resp;
+    return stub->Set(&ctx, req, &resp);
+  };
+  int accepted = 0;
+  grpc::Status s;
+  for (int i = 0; i < 16 && (s = set("greedy", absl::StrCat("k", i), 10 << 20)).ok(); ++i) ++accepted;
+  EXPECT_EQ(accepted, 4);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("job \"greedy\" holds 41943076 bytes of at most 50000000 (max_job_bytes)"));
+  // Another job still has room, up to the store's total.
+  EXPECT_TRUE(set("other", "a", 10 << 20).ok());
+  EXPECT_TRUE(set("other", "b", 10 << 20).ok());
+  s = set("other", "c", 10 << 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("(max_total_bytes)"));
+  ExpectStoreServes(cluster->coordinator_address());
 }
 
 }  // namespace

@@ -503,6 +503,61 @@ TEST(MemoryStoreTest, CreatingKeysPastMaxKeysIsResourceExhausted) {
   EXPECT_THAT(store->Set("d", "4"), IsOk());
 }
 
+// Issue 14, finding 4: 16 x 60 MiB values were accepted; nothing bounded the store's bytes.
+TEST(MemoryStoreTest, TotalBytesAreCappedAndLoweringWritesAlwaysPass) {
+  StoreOptions options;
+  options.max_total_bytes = 100;
+  auto store = OpenStore(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_THAT(store->Set("a", std::string(60, 'x')), IsOk());  // 61 bytes held
+  const absl::Status status = store->Set("b", std::string(40, 'y'));
+  EXPECT_THAT(status, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(status.message(), "store holds 61 bytes of at most 100 (max_total_bytes); writing key \"b\" would hold 102");
+  EXPECT_THAT(store->Check({"b"}), IsOkAndHolds(false));
+  EXPECT_THAT(store->Append("a", std::string(40, 'z')), StatusIs(StatusCode::kResourceExhausted));
+  // Writes that shrink what is held pass, and make room.
+  EXPECT_THAT(store->Set("a", "small"), IsOk());
+  EXPECT_THAT(store->Set("b", std::string(40, 'y')), IsOk());
+  ASSERT_THAT(store->DeleteKey("b"), IsOkAndHolds(true));
+  EXPECT_THAT(store->MultiSet({"c", "d"}, {std::string(30, 'c'), std::string(30, 'd')}), IsOk());
+}
+
+TEST(MemoryStoreTest, EachJobIsCappedInKeysAndBytesWithoutTouchingOthers) {
+  StoreOptions options;
+  options.max_job_keys = 2;
+  options.max_job_bytes = 50;
+  auto store = OpenStore(options);
+  ASSERT_NE(store, nullptr);
+  ASSERT_THAT(store->MultiSet({"j1/a", "j1/b"}, {"1", "2"}), IsOk());
+  absl::Status status = store->Set("j1/c", "3");
+  EXPECT_THAT(status, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(status.message(), "job \"j1\" holds 2 keys of at most 2 (max_job_keys); cannot create key \"j1/c\"");
+  status = store->Set("j1/a", std::string(60, 'x'));
+  EXPECT_THAT(status, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("job \"j1\" holds 10 bytes of at most 50 (max_job_bytes)"));
+  // Another job has its own room; a multi-key write names the job over its limit.
+  EXPECT_THAT(store->MultiSet({"j2/a", "j2/b"}, {"1", "2"}), IsOk());
+  status = store->MultiSet({"j1/a", "j3/big"}, {"1", std::string(60, 'x')});
+  EXPECT_THAT(std::string(status.message()), HasSubstr("job \"j3\" holds 0 bytes of at most 50"));
+  // Deleting a job's key makes room in that job.
+  ASSERT_THAT(store->DeleteKey("j1/b"), IsOkAndHolds(true));
+  EXPECT_THAT(store->Set("j1/c", "3"), IsOk());
+}
+
+TEST(MemoryStoreDurabilityTest, QuotasCountWhatTheLogReplays) {
+  ScopedTempDir dir;
+  StoreOptions options = DurableOptions(dir);
+  options.max_job_keys = 2;
+  {
+    auto store = OpenStore(options);
+    ASSERT_NE(store, nullptr);
+    ASSERT_THAT(store->MultiSet({"j/a", "j/b"}, {"1", "2"}), IsOk());
+  }
+  auto store = OpenStore(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_THAT(store->Set("j/c", "3"), StatusIs(StatusCode::kResourceExhausted));
+}
+
 TEST(MemoryStoreTest, NonPositiveLimitsAreInvalidArgument) {
   StoreOptions options;
   options.max_keys = 0;
