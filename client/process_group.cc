@@ -6,6 +6,7 @@
 // shared-memory segments (created here, mapped by the sidecar) when the sidecar shares
 // /dev/shm with us (probed at attach), inline in the messages otherwise.
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/fd_channel.h"
 #include "common/shm.h"
 #include "common/types.h"
 
@@ -127,13 +129,6 @@ class WorkImpl : public Work {
   const absl::Time deadline_;
 };
 
-std::string Nonce() {
-  std::random_device rd;
-  std::string s(16, '\0');
-  for (char& c : s) c = static_cast<char>(rd() & 0xff);
-  return s;
-}
-
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
@@ -224,6 +219,7 @@ class SessionProcessGroup : public ProcessGroup {
   }
 
   ~SessionProcessGroup() override {
+    if (fd_channel_ >= 0) close(fd_channel_);  // registrations only; the sidecar keeps its mappings
     if (!reader_.joinable()) {
       // Init failed before the session started: end the stream if it is still open.
       if (stream_ != nullptr && !finished_) {
@@ -258,12 +254,6 @@ class SessionProcessGroup : public ProcessGroup {
     stub_ = pb::Collectives::NewStub(channel_);
     stream_ = stub_->Session(&ctx_);
 
-    // Probe whether the sidecar sees our shared memory.
-    const std::string nonce = Nonce();
-    absl::StatusOr<std::unique_ptr<ShmSegment>> probe =
-        options_.shared_memory ? ShmSegment::Create(4096)
-                               : absl::StatusOr<std::unique_ptr<ShmSegment>>(
-                                     absl::FailedPreconditionError("shared memory disabled"));
     pb::SessionRequest req;
     pb::Attach* attach = req.mutable_attach();
     attach->set_job(options_.job);
@@ -272,11 +262,7 @@ class SessionProcessGroup : public ProcessGroup {
     attach->set_world_size(options_.world_size);
     attach->set_init_timeout_ms(absl::ToInt64Milliseconds(options_.init_timeout));
     attach->set_op_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
-    if (probe.ok()) {
-      std::memcpy((*probe)->data(), nonce.data(), nonce.size());
-      attach->set_probe_segment((*probe)->name());
-      attach->set_probe_nonce(nonce);
-    }
+    attach->set_shared_memory(options_.shared_memory);
     if (!stream_->Write(req)) return FinishWithError("the sidecar closed the session at attach");
 
     // Watchdog: the sidecar bounds rendezvous by init_timeout; if it does not answer at
@@ -294,6 +280,17 @@ class SessionProcessGroup : public ProcessGroup {
       return absl::InternalError("the sidecar answered attach with something else");
     }
     shared_memory_ = resp.attached().shared_memory();
+    if (shared_memory_) {
+      // Segments go to the sidecar as descriptors; if its channel cannot be reached (say,
+      // the socket's directory is not visible here), tensors go inline instead.
+      auto sock = fdchannel::Connect(resp.attached().fd_socket(), resp.attached().session_token(),
+                                     absl::Now() + absl::Seconds(10));
+      if (sock.ok()) {
+        fd_channel_ = *sock;
+      } else {
+        shared_memory_ = false;
+      }
+    }
     num_hosts_ = resp.attached().num_hosts();
     local_world_size_ = resp.attached().local_world_size();
     collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
@@ -721,7 +718,7 @@ class SessionProcessGroup : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(size_t bytes) override {
     if (bytes == 0) return absl::InvalidArgumentError("AllocateShared needs bytes > 0");
     if (!shared_memory_) return std::shared_ptr<SharedBuffer>(std::make_shared<HeapBuffer>(bytes));
-    auto seg = ShmSegment::Create(bytes);
+    auto seg = NewRegisteredSegment(bytes);
     if (!seg.ok()) return seg.status();
     return std::shared_ptr<SharedBuffer>(std::make_shared<ArenaBuffer>(arena_, std::move(*seg), bytes));
   }
@@ -850,11 +847,25 @@ class SessionProcessGroup : public ProcessGroup {
       }
       staged_bytes_ += rounded;
     }
-    auto seg = ShmSegment::Create(rounded);
+    auto seg = NewRegisteredSegment(rounded);
     if (!seg.ok()) {
       absl::MutexLock lock(&segments_mu_);
       staged_bytes_ -= rounded;
       if (collective) --staged_collectives_;
+    }
+    return seg;
+  }
+
+  // A new segment of `bytes`, registered with the sidecar (its descriptor passed over the
+  // shared-memory channel), so that requests may name it. Thread-safe.
+  absl::StatusOr<std::unique_ptr<ShmSegment>> NewRegisteredSegment(size_t bytes) {
+    auto seg = ShmSegment::Create(bytes);
+    if (!seg.ok()) return seg.status();
+    absl::MutexLock lock(&fd_channel_mu_);
+    absl::Status s = fdchannel::RegisterSegment(fd_channel_, (*seg)->name(), (*seg)->size(), (*seg)->fd(),
+                                                absl::Now() + absl::Seconds(30));
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("registering a ", bytes, "-byte shared-memory segment: ", s.message()));
     }
     return seg;
   }
@@ -965,6 +976,8 @@ class SessionProcessGroup : public ProcessGroup {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<pb::SessionRequest, pb::SessionResponse>> stream_;
   bool shared_memory_ = false;
+  absl::Mutex fd_channel_mu_;  // one registration at a time
+  int fd_channel_ = -1;        // the shared-memory channel (with shared_memory_)
   bool finished_ = false;  // Finish() called during Init
   int num_hosts_ = 0;
   int local_world_size_ = 0;

@@ -7,93 +7,70 @@
 
 #include <atomic>
 #include <cerrno>
-#include <cstring>
-#include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
 namespace collserve {
 namespace {
 
-std::string ErrnoText(int err) { return std::strerror(err); }
+std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
-std::string NewName() {
-  static std::atomic<uint64_t> counter{0};
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return absl::StrCat("/collserve-", getpid(), "-", counter.fetch_add(1), "-",
-                      absl::Hex(rng() & 0xffffffffull));
-}
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("shared-memory segment of 0 bytes");
-  std::string name = NewName();
-  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("shm_open(", name, "): ", ErrnoText(errno)));
-  }
+  static std::atomic<uint64_t> counter{0};
+  std::string name = absl::StrCat("memfd-", getpid(), "-", counter.fetch_add(1));
+  const int fd = memfd_create("collserve", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("memfd_create: ", ErrnoText(errno)));
+  const char* step = nullptr;
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    int err = errno;
+    step = "ftruncate";
+  } else if (fcntl(fd, F_ADD_SEALS, kSeals) != 0) {
+    step = "sealing";
+  }
+  void* p = step != nullptr ? MAP_FAILED : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (step == nullptr && p == MAP_FAILED) step = "mmap";
+  if (step != nullptr) {
+    const int err = errno;
     close(fd);
-    shm_unlink(name.c_str());
     return absl::ResourceExhaustedError(
-        absl::StrCat("ftruncate(", name, ", ", bytes, " bytes): ", ErrnoText(err)));
+        absl::StrCat(step, " of a ", bytes, "-byte shared-memory segment: ", ErrnoText(err)));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
-  close(fd);
-  if (p == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(
-        absl::StrCat("mmap(", name, ", ", bytes, " bytes): ", ErrnoText(err)));
-  }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, static_cast<char*>(p), bytes, true));
+  return std::unique_ptr<ShmSegment>(new ShmSegment(std::move(name), static_cast<char*>(p), bytes, fd));
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name,
-                                                             size_t bytes) {
-  if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("bad shared-memory segment name \"", name, "\""));
-  }
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT) {
-      return absl::NotFoundError(absl::StrCat("no shared-memory segment ", name));
-    }
-    return absl::UnavailableError(absl::StrCat("shm_open(", name, "): ", ErrnoText(err)));
-  }
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::FromFd(std::string name, int fd, size_t min_bytes) {
   struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < bytes || bytes == 0) {
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory segment ", name, " holds ",
-                                                   st.st_size, " bytes, not ", bytes));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "segment \"", name, "\" is not a memfd sealed against shrinking (a file that can shrink under the mapping ",
+        "is refused)"));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int err = errno;
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (size == 0 || size < min_bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("segment \"", name, "\" holds ", size, " bytes, not at least ", min_bytes == 0 ? 1 : min_bytes));
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
   close(fd);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("mmap(", name, ", ", bytes, " bytes): ", ErrnoText(err)));
+        absl::StrCat("mmap of segment \"", name, "\" (", size, " bytes): ", ErrnoText(err)));
   }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, static_cast<char*>(p), bytes, false));
-}
-
-void ShmSegment::Remove(const std::string& name) {
-  if (!name.empty() && name[0] == '/' && name.find('/', 1) == std::string::npos) shm_unlink(name.c_str());
-}
-
-void ShmSegment::Unlink() {
-  if (linked_) {
-    shm_unlink(name_.c_str());
-    linked_ = false;
-  }
+  return std::unique_ptr<ShmSegment>(new ShmSegment(std::move(name), static_cast<char*>(p), size, -1));
 }
 
 ShmSegment::~ShmSegment() {
   if (data_ != nullptr) munmap(data_, size_);
-  Unlink();
+  if (fd_ >= 0) close(fd_);
 }
 
 }  // namespace collserve

@@ -1,5 +1,6 @@
 #include "engine/buffers.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/types.h"
@@ -7,25 +8,27 @@
 
 namespace collserve::engine {
 
-absl::StatusOr<char*> SegmentTable::Map(const BufferRef& b, size_t bytes, Submission& sub) {
-  if (b.offset < 0 || b.segment_bytes <= 0 || static_cast<uint64_t>(b.offset) > static_cast<uint64_t>(b.segment_bytes) ||
-      bytes > static_cast<uint64_t>(b.segment_bytes) - static_cast<uint64_t>(b.offset)) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor of ", bytes, " bytes at offset ", b.offset,
-                                                   " does not fit segment ", b.segment, " of ", b.segment_bytes,
-                                                   " bytes"));
+absl::Status SegmentTable::Add(std::shared_ptr<ShmSegment> segment) {
+  if (segments_.count(segment->name()) == 0 && segments_.size() >= kMaxMappedSegments) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rank holds ", segments_.size(), " shared-memory segments, the limit (", kMaxMappedSegments, ")"));
   }
+  const std::string name = segment->name();
+  segments_.insert_or_assign(name, std::move(segment));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> SegmentTable::Map(const BufferRef& b, size_t bytes, Submission& sub) {
   auto seg = segments_.find(b.segment);
-  if (seg == segments_.end() || seg->second->size() < static_cast<size_t>(b.segment_bytes)) {
-    if (seg == segments_.end() && segments_.size() >= kMaxMappedSegments) {
-      return absl::ResourceExhaustedError(absl::StrCat("rank uses more than ", kMaxMappedSegments,
-                                                       " shared-memory segments at once"));
-    }
-    auto opened = ShmSegment::Open(b.segment, static_cast<size_t>(b.segment_bytes));
-    if (!opened.ok()) return opened.status();
-    // Mapped: the name is no longer needed, and removing it now means a client that dies
-    // leaves nothing behind in /dev/shm. The client keeps naming it; we keep the mapping.
-    ShmSegment::Remove(b.segment);
-    seg = segments_.insert_or_assign(b.segment, std::shared_ptr<ShmSegment>(std::move(*opened))).first;
+  if (seg == segments_.end()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "segment \"", absl::CHexEscape(b.segment.substr(0, 64)),
+        "\" was not registered by this session (segments are passed as descriptors, never by name)"));
+  }
+  const uint64_t size = seg->second->size();
+  if (b.offset < 0 || static_cast<uint64_t>(b.offset) > size || bytes > size - static_cast<uint64_t>(b.offset)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor of ", bytes, " bytes at offset ", b.offset,
+                                                   " does not fit segment ", b.segment, " of ", size, " bytes"));
   }
   sub.segments.push_back(seg->second);
   return seg->second->data() + b.offset;
@@ -39,12 +42,20 @@ absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObser
   // RECV's tensor is its output; SEND's its input.
   const bool in_place = IsInPlace(op);
   sub.in_bytes = op == CollectiveOp::kRecv ? 0 : static_cast<size_t>(c.count) * es;
-  sub.out_bytes = in_place ? 0 : static_cast<size_t>(op == CollectiveOp::kRecv ? c.count : c.output_count) * es;
+  // SEND has no output (whatever its output_count says: a fuzzer's SEND with an output_count
+  // of 2^39 once made the sidecar allocate a 1 TB inline result).
+  sub.out_bytes = in_place || op == CollectiveOp::kSend
+                      ? 0
+                      : static_cast<size_t>(op == CollectiveOp::kRecv ? c.count : c.output_count) * es;
   if (c.buffer.segment.empty()) {
     // Inline: the input arrives in the request, the result goes back in the completion.
     if (c.buffer.inline_data.size() != sub.in_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("inline tensor holds ", c.buffer.inline_data.size(),
                                                      " bytes, but count and dtype need ", sub.in_bytes));
+    }
+    if (sub.out_bytes > kMaxInlineBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("an inline result of ", sub.out_bytes, " bytes exceeds the ",
+                                                     kMaxInlineBytes, "-byte limit of one message"));
     }
     sub.inline_mode = true;
     sub.inline_in = std::make_unique<std::string>(std::move(c.buffer.inline_data));

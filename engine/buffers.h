@@ -1,6 +1,7 @@
-// Sessions' buffers: the shared-memory segments one local rank has named, mapped on first
-// use and kept until the client releases them, and the resolution of a request's tensors
-// to memory the engine may read and write.
+// Sessions' buffers: the shared-memory segments one local rank has registered (the RPC
+// layer maps the descriptors the client passed, common/fd_channel.h), kept until the client
+// releases them, and the resolution of a request's tensors to memory the engine may read
+// and write. A request can only name segments its own session registered.
 #ifndef COLLSERVE_ENGINE_BUFFERS_H_
 #define COLLSERVE_ENGINE_BUFFERS_H_
 
@@ -20,14 +21,18 @@ namespace collserve::engine {
 // collective in flight and one per SharedBuffer, and reports the ones it drops.
 inline constexpr size_t kMaxMappedSegments = 1024;
 
-// One rank's mapped segments, by name. Not thread-safe (the group's lock guards it).
+// Largest result returned inline (in the completion message): one gRPC message's limit.
+inline constexpr size_t kMaxInlineBytes = size_t{1} << 30;
+
+// One rank's registered segments, by name. Not thread-safe (the group's lock guards it).
 class SegmentTable {
  public:
-  // Maps `bytes` at `offset` of the segment named by `b` (opening it on first use, then
-  // removing its name so that nothing is left in /dev/shm if the client dies), keeps the
-  // mapping alive in `sub`, and returns the address. INVALID_ARGUMENT (the range does not
-  // fit the segment), NOT_FOUND / UNAVAILABLE (shm_open/mmap failed), RESOURCE_EXHAUSTED
-  // (more than kMaxMappedSegments).
+  // Adds a segment the rank registered (replacing one of the same name).
+  // RESOURCE_EXHAUSTED beyond kMaxMappedSegments.
+  absl::Status Add(std::shared_ptr<ShmSegment> segment);
+  // The address of `bytes` at `b.offset` of the registered segment named `b.segment`;
+  // keeps the mapping alive in `sub`. PERMISSION_DENIED (this session registered no such
+  // segment), INVALID_ARGUMENT (the range does not fit the segment's real size).
   absl::StatusOr<char*> Map(const BufferRef& b, size_t bytes, Submission& sub);
   // Unmaps a segment the client released (a queued request that uses it keeps its mapping).
   void Release(const std::string& name) { segments_.erase(name); }
@@ -39,7 +44,8 @@ class SegmentTable {
 // Sets sub.in/in_bytes and sub.out/out_bytes from the request's buffers: the mapped
 // segments (local sessions) or the inline bytes (moved out of the request). Requires
 // ValidateRequest(sub.args).ok(). Reports the bytes to `observer` (may be null).
-// INVALID_ARGUMENT if an inline tensor's size does not match count and dtype; else as Map.
+// INVALID_ARGUMENT if an inline tensor's size does not match count and dtype, or an inline
+// result would exceed kMaxInlineBytes; else as Map.
 absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer);
 
 }  // namespace collserve::engine

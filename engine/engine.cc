@@ -42,12 +42,7 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
   }
   auto backend = backends_->Resolve(request.backend, DeviceType::kCpu);
   if (!backend.ok()) return backend.status();
-  bool shm = false;
-  if (!request.probe_segment.empty() && request.probe_nonce.size() == 16) {
-    auto probe = ShmSegment::Open(request.probe_segment, 16);
-    shm = probe.ok() && std::memcmp((*probe)->data(), request.probe_nonce.data(), 16) == 0;
-    if (shm) ShmSegment::Remove(request.probe_segment);
-  }
+  const bool shm = request.shared_memory;
   GroupParams params;
   params.job = request.job.empty() ? "default" : request.job;
   params.name = request.group;

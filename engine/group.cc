@@ -169,6 +169,16 @@ void Group::Submit(int rank, Request request) {
   ++submissions_;
 }
 
+absl::Status Group::AddSegment(int rank, std::shared_ptr<ShmSegment> segment) {
+  absl::MutexLock lock(&mu_);
+  auto it = locals_.find(rank);
+  if (it == locals_.end() || !it->second.shared_memory) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of group \"", params_.name,
+                                                      "\" is not attached here with shared memory"));
+  }
+  return it->second.segments.Add(std::move(segment));
+}
+
 void Group::Fail(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   FailLocked(status);

@@ -82,6 +82,11 @@ class Group {
   // session. Never blocks on the data path.
   void Submit(int rank, Request request);
 
+  // Adds a shared-memory segment `rank`'s client registered (its descriptor, mapped by the
+  // RPC layer); later requests of that rank may name it. FAILED_PRECONDITION if the rank is
+  // not attached here or may not use shared memory; RESOURCE_EXHAUSTED past the limit.
+  absl::Status AddSegment(int rank, std::shared_ptr<ShmSegment> segment);
+
   // The rank's session ended (client closed it or died).
   void OnSessionClosed(int rank);
 

@@ -85,7 +85,7 @@ struct Completion {
 // Sent once per session when its group is ready (collserve.v1.Attached).
 struct AttachedInfo {
   int64_t generation = 0;
-  bool shared_memory = false;  // the client may name shared-memory segments
+  bool shared_memory = false;  // the client may register segments and name them
   int num_hosts = 0;
   int local_world_size = 0;
   std::string host_id;
@@ -99,10 +99,10 @@ struct AttachRequest {
   int world_size = 0;
   absl::Duration init_timeout = absl::Seconds(300);  // rendezvous + backend connect
   absl::Duration op_timeout = absl::Seconds(300);    // default per-collective timeout
-  // Shared-memory probe: a segment the client created holding `probe_nonce` (16 bytes);
-  // the engine offers shared memory only if it can read the nonce there.
-  std::string probe_segment;
-  std::string probe_nonce;
+  // Whether the rank may use shared memory: the RPC layer says so only for a client on
+  // this host that can pass segment descriptors (Group::AddSegment); otherwise every
+  // tensor must be inline and a request naming a segment is PERMISSION_DENIED.
+  bool shared_memory = false;
   // The backend among the group's hosts ("gloo", "nccl"); "" = the registry's default for
   // CPU tensors (backends/registry.h).
   std::string backend;

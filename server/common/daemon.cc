@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -115,49 +116,22 @@ bool UnixAddress(const std::string& path, sockaddr_un* addr) {
 
 }  // namespace
 
-std::string WhyCannotListen(const std::string& address) {
-  if (absl::StartsWith(address, "unix:")) {
-    const std::string path = address.substr(5);
-    sockaddr_un addr;
-    if (!UnixAddress(path, &addr)) return absl::StrCat("the path is longer than ", sizeof(addr.sun_path) - 1, " bytes");
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0) return "the path exists";
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ErrnoMessage(errno);
-    std::string why;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) why = ErrnoMessage(errno);
-    ::close(fd);
-    if (why.empty()) ::unlink(path.c_str());
-    return why;
+uint64_t RaiseFileLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      limit = raised;
+    } else {
+      LOG(WARNING) << "cannot raise the open-file limit from " << limit.rlim_cur << ": " << ErrnoMessage(errno);
+    }
   }
-  // host:port, [host]:port
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return "no port in the address";
-  std::string host = address.substr(0, colon);
-  const std::string port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port.c_str(), &hints, &found);
-      rc != 0) {
-    return ::gai_strerror(rc);
-  }
-  std::string why;
-  for (addrinfo* ai = found; ai != nullptr && why.empty(); ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) why = ErrnoMessage(errno);
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return why;
+  return limit.rlim_cur;
 }
 
-absl::Status ClaimUnixSocketPath(const std::string& path) {
+absl::Status ClaimUnixSocketPath(const std::string& path, int type) {
   sockaddr_un addr;
   if (!UnixAddress(path, &addr)) {
     return absl::InvalidArgumentError(
@@ -172,7 +146,7 @@ absl::Status ClaimUnixSocketPath(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " exists and is not a socket; refusing to replace it (choose another --unix_socket)"));
   }
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::UnavailableError(absl::StrCat("socket(): ", ErrnoMessage(errno)));
   const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   const int err = errno;
@@ -195,8 +169,6 @@ FileId FileIdOf(const std::string& path) {
   if (::lstat(path.c_str(), &st) != 0) return {};
   return FileId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
 }
-
-void RefuseSharedPorts(grpc::ServerBuilder& builder) { builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0); }
 
 void LimitRpcMemory(grpc::ServerBuilder& builder, const std::string& name, int64_t bytes) {
   grpc::ResourceQuota quota(name);

@@ -30,6 +30,10 @@ void BlockTerminationSignals();
 // "<program> <collserve version>" (the CMake project version). Call before
 // absl::ParseCommandLine, from main only (not thread-safe).
 void SetDaemonUsage(const char* program, const char* usage);
+// Raises the soft limit on open descriptors to the hard limit (every connection holds one;
+// running out makes accept fail). Returns the new soft limit; never fails (logs instead).
+uint64_t RaiseFileLimit();
+
 // Waits for SIGTERM or SIGINT; returns the signal number.
 int WaitForTerminationSignal();
 
@@ -41,16 +45,12 @@ absl::Status InitLogging(const char* argv0, const std::string& level);
 absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry);
 
-// Why `address` ("host:port", "[v6]:port" or "unix:/path") cannot be listened on, for a
-// daemon whose gRPC server failed to start: binds a plain socket to it and returns the
-// error ("Address already in use", ...), or "" if the bind works now. Never fails.
-std::string WhyCannotListen(const std::string& address);
-
 // Makes `path` free for a unix socket the daemon is about to bind, or says why it is not:
 // FAILED_PRECONDITION if a live server accepts connections on it (another daemon owns it;
 // it is left alone) or if it is something other than a socket; a socket nobody answers on
 // (left by a daemon that died) is removed. Creates the parent directory (mode 0755).
-absl::Status ClaimUnixSocketPath(const std::string& path);
+// `type`: the socket type the daemon will bind (a live server of another type counts too).
+absl::Status ClaimUnixSocketPath(const std::string& path, int type = 1 /* SOCK_STREAM */);
 
 // Identity of a filesystem object, to remove at exit only the socket this daemon created
 // (not one a later daemon created at the same path). {0, 0} if `path` does not exist.
@@ -60,10 +60,6 @@ struct FileId {
   bool operator==(const FileId& o) const { return device == o.device && inode == o.inode; }
 };
 FileId FileIdOf(const std::string& path);
-
-// Configures a gRPC ServerBuilder the way both daemons need: SO_REUSEPORT off, so that a
-// second daemon on a port already served fails to start instead of silently sharing it.
-void RefuseSharedPorts(grpc::ServerBuilder& builder);
 
 // Bounds the memory gRPC may use for the RPCs of `builder`'s server to `bytes` (a gRPC
 // ResourceQuota): a client sending an oversized message is cut off after about that much,

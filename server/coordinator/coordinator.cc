@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
+#include "server/common/grpc_listener.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_server.h"
 
@@ -34,26 +35,26 @@ class CoordinatorImpl : public Coordinator {
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
-    RefuseSharedPorts(builder);
     LimitRpcMemory(builder, "collserve-coordinator", options.rpc_memory_bytes);
-    builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
+    auto listener = GrpcListener::Bind(options.listen_address);
+    if (!listener.ok()) return listener.status();
+    listener_ = std::move(*listener);
+    listener_->RegisterWith(builder, grpc::InsecureServerCredentials());
+    port_ = listener_->port();
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(store_service_.get());
     builder.RegisterService(registry_service_.get());
     server_ = builder.BuildAndStart();
-    if (server_ == nullptr || port_ == 0) {
-      const std::string why = WhyCannotListen(options.listen_address);
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen_address,
-                                                 why.empty() ? "" : absl::StrCat(": ", why)));
-    }
+    if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
+    listener_->Start();
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Store", true);
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Registry", true);
     auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
     if (!options.tcpstore_address.empty()) {
-      TcpStoreOptions t;
+      TcpStoreOptions t = options.tcpstore;
       t.listen_address = options.tcpstore_address;
       t.job = options.tcpstore_job;
       t.max_key_bytes = options.store.max_key_bytes;
@@ -76,6 +77,7 @@ class CoordinatorImpl : public Coordinator {
 
   void Shutdown(absl::Duration grace) override {
     if (tcpstore_ != nullptr) tcpstore_->Shutdown();
+    listener_.reset();  // no new connections
     if (server_ == nullptr) return;
     server_->GetHealthCheckService()->Shutdown();
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
@@ -93,6 +95,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<GrpcListener> listener_;  // hands its connections to server_
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<MemoryTrimmer> trimmer_;
   std::unique_ptr<TcpStoreServer> tcpstore_;  // declared after store_: destroyed first

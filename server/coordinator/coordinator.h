@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/coordinator/group_registry.h"
+#include "server/coordinator/tcpstore_server.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -23,6 +24,9 @@ struct CoordinatorOptions {
   std::string tcpstore_address;
   // The job namespace of keys written through that endpoint.
   std::string tcpstore_job = "default";
+  // That endpoint's connection limits and timeouts (its listen_address, job and size
+  // limits are set from the fields above and `store`).
+  TcpStoreOptions tcpstore;
   // Bounds on the group registry (world_size, groups held).
   GroupRegistryLimits registry;
   // Memory gRPC may hold for the RPCs in flight, in bytes (LimitRpcMemory): connections

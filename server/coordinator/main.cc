@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/time/time.h"
 #include "server/common/daemon.h"
 #include "server/coordinator/coordinator.h"
 
@@ -24,6 +25,14 @@ ABSL_FLAG(std::string, tcpstore_address, "",
           "host:port for a TCPStore-compatible endpoint (torch 1.13 and >= 2.2 wire protocols), so that "
           "torch's own TCPStore clients use this store; empty = off; port 0 picks a free port.");
 ABSL_FLAG(std::string, tcpstore_job, "default", "The job namespace of keys written through --tcpstore_address.");
+ABSL_FLAG(int, tcpstore_max_connections, 4096,
+          "Most TCPStore connections open at once (at most half the descriptor limit).");
+ABSL_FLAG(int, tcpstore_max_connections_per_peer, 256, "Most TCPStore connections from one peer address.");
+ABSL_FLAG(absl::Duration, tcpstore_frame_timeout, absl::Seconds(30),
+          "A TCPStore request must arrive whole, and a reply be read, within this; else the connection is closed.");
+ABSL_FLAG(absl::Duration, tcpstore_idle_timeout, absl::ZeroDuration(),
+          "Close TCPStore connections idle (no request, no pending WAIT) this long; 0 = never (torch's clients "
+          "keep one connection for the whole job and do not reconnect).");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
 ABSL_FLAG(int64_t, max_keys, 1 << 20, "Most keys the store holds, all jobs together.");
@@ -53,6 +62,7 @@ int main(int argc, char** argv) {
     std::cerr << s << "\n";
     return 2;
   }
+  collserve::server::RaiseFileLimit();
 
   collserve::server::CoordinatorOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
@@ -74,6 +84,10 @@ int main(int argc, char** argv) {
   options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);
+  options.tcpstore.max_connections = absl::GetFlag(FLAGS_tcpstore_max_connections);
+  options.tcpstore.max_connections_per_peer = absl::GetFlag(FLAGS_tcpstore_max_connections_per_peer);
+  options.tcpstore.frame_timeout = absl::GetFlag(FLAGS_tcpstore_frame_timeout);
+  options.tcpstore.idle_timeout = absl::GetFlag(FLAGS_tcpstore_idle_timeout);
 
   auto coordinator = collserve::server::Coordinator::Start(options);
   if (!coordinator.ok()) {

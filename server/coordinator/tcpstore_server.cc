@@ -1,258 +1,103 @@
-// TCPStore wire protocol served over the coordinator's store (see tcpstore_server.h).
-//
-// Byte layout (torch/csrc/distributed/c10d/TCPStore.cpp, TCPStoreBackend.cpp; torch 1.13.1
-// and 2.6.0; ../shared/research/torch_interop.md §1.2-1.8). No frame headers: a request is
-// a 1-byte opcode and fields laid out per opcode; integers are host order (little-endian).
-//   string/bytes: uint64 length, then the bytes      key list: uint64 n, then n strings
-//   int64: 8 bytes, two's complement                  enums: 1 byte
-// Opcodes and replies (1.13 value / >= 2.2 value):
-//   -/0   VALIDATE   uint32 magic 0x3C85F7CE (bytes 00 CE F7 85 3C on the wire); no reply.
-//                    It opens every >= 2.2 connection; its presence selects that dialect.
-//   0/1   SET        key, value; no reply
-//   1/2   COMPARE_SET key, expected, desired; reply: value (current after the call, or
-//                    `expected` when the key is missing and `expected` is not empty)
-//   2/3   GET        key; reply: value (empty if missing, as torch 2.x's libuv server)
-//   3/4   ADD        key, int64 delta; reply: int64 new value (stored as ASCII decimal)
-//   4/5   CHECK      key list; reply: uint8 READY=0 / NOT_READY=1
-//   5/6   WAIT       key list; reply: uint8 STOP_WAITING=0 once every key exists (deferred;
-//                    the connection keeps being served meanwhile)
-//   6/7   GETNUMKEYS no fields; reply: int64 (keys of the job, "init/" included)
-//   7/-   WATCH_KEY  key (1.13's callback connection); reply: uint8 KEY_CALLBACK_REGISTERED=3.
-//                    No change events follow: torch 1.13's Python API cannot register
-//                    watches and c10d never does; the connection is kept open, silent,
-//                    because closing it makes a 1.13 client abort or spin.
-//   8/8   DELETE_KEY key; reply: int64 keys deleted (0 or 1)
-//   -/9   APPEND     key, bytes; no reply
-//   -/10  MULTI_GET  key list; reply: one value per key (empty if missing)
-//   -/11  MULTI_SET  int64 n, then n x (key, value); no reply
-//   -/12  CANCEL_WAIT no fields; cancels this connection's pending WAITs; reply: uint8
-//                    WAIT_CANCELED=1 (after any STOP_WAITING already sent)
-//   -/13  PING       uint32 nonce; reply: the same 4 bytes
-// Not served (closes the connection as an unknown opcode): torch >= 2.7's QUEUE_PUSH/POP/LEN
-// (14-16, libuv server only) and later LIST_KEYS/BARRIER. A torch 2.1-era client (no
-// VALIDATE, APPEND=8) cannot be told from 1.13 on the wire and is not supported.
+// The coordinator's TCPStore endpoint: an event loop over non-blocking sockets that decodes
+// requests with tcpstore_protocol.h and serves them from the store (see tcpstore_server.h).
 #include "server/coordinator/tcpstore_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <list>
+#include <map>
+#include <memory>
 #include <set>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "server/coordinator/services.h"
+#include "server/coordinator/tcpstore_protocol.h"
 
 namespace collserve::server {
 namespace {
 
-constexpr uint32_t kValidationMagic = 0x3C85F7CE;
+using tcpstore::EncodeBytes;
+using tcpstore::EncodeInt;
+using tcpstore::Op;
 
-enum class Op {
-  kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatchKey, kDeleteKey,
-  kAppend, kMultiGet, kMultiSet, kCancelWait, kPing, kUnknown
+// How long accepting pauses after running out of descriptors.
+constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
+constexpr size_t kReadChunk = 64 << 10;
+
+// Replies waiting to be sent: appended by the loop and by the store's WAIT callbacks,
+// sent by the loop. Shared with those callbacks, which may outlive the connection.
+struct Outbox {
+  absl::Mutex mu;
+  std::string bytes ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  std::set<store::WaitId> waits ABSL_GUARDED_BY(mu);  // pending WAITs
 };
 
-// torch 1.13 (and 2.0) QueryType.
-Op DecodeV1(uint8_t code) {
-  static constexpr Op kOps[] = {Op::kSet,   Op::kCompareSet, Op::kGet,      Op::kAdd,      Op::kCheck,
-                                Op::kWait,  Op::kNumKeys,    Op::kWatchKey, Op::kDeleteKey};
-  return code < sizeof(kOps) / sizeof(kOps[0]) ? kOps[code] : Op::kUnknown;
-}
-
-// torch >= 2.2 QueryType (2.6 verified; 2.8 appends queue ops we do not serve).
-Op DecodeV2(uint8_t code) {
-  static constexpr Op kOps[] = {Op::kValidate,  Op::kSet,      Op::kCompareSet, Op::kGet,        Op::kAdd,
-                                Op::kCheck,     Op::kWait,     Op::kNumKeys,    Op::kDeleteKey,  Op::kAppend,
-                                Op::kMultiGet,  Op::kMultiSet, Op::kCancelWait, Op::kPing};
-  return code < sizeof(kOps) / sizeof(kOps[0]) ? kOps[code] : Op::kUnknown;
-}
-
-// A protocol violation: closes the connection with `reason` logged.
-struct Violation {
-  std::string reason;
+struct Connection {
+  int fd = -1;
+  std::string peer;     // "ip:port"
+  std::string peer_ip;  // for the per-peer cap
+  std::string in;       // received, not yet consumed
+  size_t need = 1;      // decode again once `in` holds this many bytes
+  tcpstore::Dialect dialect = tcpstore::Dialect::kUndecided;
+  absl::Time last_request;                           // for idle_timeout
+  absl::Time frame_started = absl::InfiniteFuture();  // first byte of an unfinished request
+  absl::Time out_stalled = absl::InfiniteFuture();    // replies waiting since
+  std::shared_ptr<Outbox> out = std::make_shared<Outbox>();
 };
 
-// One client connection. Shared with the store's WAIT callbacks, which may outlive the
-// connection's thread (they then find it closed and do nothing).
-class Connection {
- public:
-  Connection(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
-  ~Connection() { close(fd_); }
-
-  int fd() const { return fd_; }
-  const std::string& peer() const { return peer_; }
-
-  // Sends all of `bytes`; false once the connection is closed or broken.
-  bool Send(absl::string_view bytes) ABSL_LOCKS_EXCLUDED(write_mu_) {
-    absl::MutexLock lock(&write_mu_);
-    if (closed_) return false;
-    while (!bytes.empty()) {
-      ssize_t n = send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        closed_ = true;
-        return false;
-      }
-      bytes.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
-  }
-
-  // Stops sends and unblocks the reader (Shutdown, or the end of the connection's thread).
-  // shutdown() first, outside the lock: it also unblocks a Send() stuck on a client that
-  // stopped reading (which holds the lock).
-  void Close() ABSL_LOCKS_EXCLUDED(write_mu_) {
-    shutdown(fd_, SHUT_RDWR);
-    absl::MutexLock lock(&write_mu_);
-    closed_ = true;
-  }
-
-  // ---- buffered reads; throw nothing: a Violation or end-of-stream is reported by status ----
-  // Makes `n` bytes available in the buffer. Returns false at end of stream or on error;
-  // `*at_boundary` tells whether no byte of a new frame had been read.
-  bool Fill(size_t n) {
-    while (buffer_.size() - offset_ < n) {
-      if (offset_ > 0 && offset_ == buffer_.size()) {
-        buffer_.clear();
-        offset_ = 0;
-      }
-      char chunk[64 << 10];
-      const size_t want = std::min(sizeof(chunk), std::max<size_t>(n - (buffer_.size() - offset_), 4096));
-      ssize_t got = recv(fd_, chunk, want, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      buffer_.append(chunk, static_cast<size_t>(got));
-    }
-    return true;
-  }
-  absl::string_view Peek(size_t n) const { return absl::string_view(buffer_).substr(offset_, n); }
-  void Consume(size_t n) { offset_ += n; }
-  size_t Buffered() const { return buffer_.size() - offset_; }
-
-  absl::Mutex waits_mu;
-  std::set<store::WaitId> waits ABSL_GUARDED_BY(waits_mu);
-
- private:
-  const int fd_;
-  const std::string peer_;
-  absl::Mutex write_mu_;
-  bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
-  std::string buffer_;
-  size_t offset_ = 0;
-};
-
-// Reads the fields of one request from a Connection. Any failure (end of stream inside a
-// frame, a length over the limits) is sticky: `error` says why and every later read fails.
-class FrameReader {
- public:
-  FrameReader(Connection& conn, const TcpStoreOptions& options) : conn_(conn), options_(options) {}
-
-  std::string error;
-  bool ok() const { return error.empty(); }
-
-  template <typename T>
-  T Scalar(const char* what) {
-    T v{};
-    if (!ok()) return v;
-    if (!conn_.Fill(sizeof(T))) {
-      error = absl::StrCat("truncated frame: the connection ended inside ", what);
-      return v;
-    }
-    std::memcpy(&v, conn_.Peek(sizeof(T)).data(), sizeof(T));
-    conn_.Consume(sizeof(T));
-    return v;
-  }
-
-  std::string Bytes(int64_t limit, const char* what) {
-    const uint64_t len = Scalar<uint64_t>(what);
-    if (!ok()) return "";
-    if (len > static_cast<uint64_t>(limit)) {
-      error = absl::StrCat(what, " of ", len, " bytes exceeds the limit of ", limit);
-      return "";
-    }
-    std::string out;
-    out.reserve(len);
-    while (out.size() < len) {
-      const size_t step = std::min<size_t>(len - out.size(), 1 << 20);
-      if (!conn_.Fill(step)) {
-        error = absl::StrCat("truncated frame: the connection ended inside ", what, " (",
-                             out.size() + conn_.Buffered(), " of ", len, " bytes)");
-        return "";
-      }
-      absl::string_view part = conn_.Peek(step);
-      out.append(part.data(), part.size());
-      conn_.Consume(step);
-    }
-    return out;
-  }
-
-  std::string Key() { return Bytes(options_.max_key_bytes, "key"); }
-  std::string Value() { return Bytes(options_.max_value_bytes, "value"); }
-
-  int64_t Count(const char* what) {
-    const uint64_t n = Scalar<uint64_t>(what);
-    if (ok() && n > static_cast<uint64_t>(options_.max_keys_per_request)) {
-      error = absl::StrCat(what, " of ", n, " exceeds the limit of ", options_.max_keys_per_request);
-      return 0;
-    }
-    return static_cast<int64_t>(n);
-  }
-
-  std::vector<std::string> Keys() {
-    const int64_t n = Count("key count");
-    std::vector<std::string> keys;
-    for (int64_t i = 0; i < n && ok(); ++i) keys.push_back(Key());
-    return keys;
-  }
-
- private:
-  Connection& conn_;
-  const TcpStoreOptions& options_;
-};
-
-std::string EncodeBytes(absl::string_view v) {
-  const uint64_t len = v.size();
-  std::string out(reinterpret_cast<const char*>(&len), sizeof(len));
-  out.append(v.data(), v.size());
-  return out;
-}
-
-std::string EncodeInt(int64_t v) { return std::string(reinterpret_cast<const char*>(&v), sizeof(v)); }
-
-std::string PeerName(const sockaddr_storage& addr) {
+std::string PeerIp(const sockaddr_storage& addr) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
   if (addr.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    port = ntohs(a->sin_port);
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&addr)->sin_addr, host, sizeof(host));
   } else if (addr.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-    port = ntohs(a->sin6_port);
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_addr, host, sizeof(host));
   }
-  return absl::StrCat(host, ":", port);
+  return host;
+}
+
+int PeerPort(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  return 0;
 }
 
 class TcpStoreServerImpl : public TcpStoreServer {
  public:
   TcpStoreServerImpl(store::Store& store, TcpStoreOptions options)
-      : store_(store), options_(std::move(options)), prefix_(absl::StrCat(options_.job, "/")) {}
+      : store_(store), options_(std::move(options)), prefix_(absl::StrCat(options_.job, "/")) {
+    limits_.max_key_bytes = options_.max_key_bytes;
+    limits_.max_value_bytes = options_.max_value_bytes;
+    limits_.max_keys_per_request = options_.max_keys_per_request;
+    // Never let connections take more than half of the process's descriptors.
+    rlimit nofile{};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+      max_connections_ = static_cast<int>(std::min<rlim_t>(static_cast<rlim_t>(options_.max_connections),
+                                                           std::max<rlim_t>(nofile.rlim_cur / 2, 16)));
+    } else {
+      max_connections_ = options_.max_connections;
+    }
+  }
   ~TcpStoreServerImpl() override { Shutdown(); }
 
   absl::Status Listen() {
@@ -287,8 +132,11 @@ class TcpStoreServerImpl : public TcpStoreServer {
     getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &len);
     port_ = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
                                              : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
-    if (pipe(wake_) != 0) return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    fcntl(fd_, F_SETFL, fcntl(fd_, F_GETFL) | O_NONBLOCK);
+    wake_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
+    spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
 
@@ -300,24 +148,15 @@ class TcpStoreServerImpl : public TcpStoreServer {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       stopping_ = true;
-      for (auto& [id, conn] : connections_) conn->Close();
     }
-    if (accept_thread_.joinable()) {
-      const char byte = 0;
-      (void)!write(wake_[1], &byte, 1);
-      accept_thread_.join();
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](absl::flat_hash_map<int64_t, std::shared_ptr<Connection>>* c) { return c->empty(); }, &connections_));
+    if (thread_.joinable()) {
+      Wake();
+      thread_.join();
     }
     if (fd_ >= 0) close(fd_);
-    if (wake_[0] >= 0) {
-      close(wake_[0]);
-      close(wake_[1]);
-    }
-    fd_ = wake_[0] = wake_[1] = -1;
+    if (wake_ >= 0) close(wake_);
+    if (spare_fd_ >= 0) close(spare_fd_);
+    fd_ = wake_ = spare_fd_ = -1;
   }
 
  private:
@@ -350,76 +189,257 @@ class TcpStoreServerImpl : public TcpStoreServer {
     return BindTo(AF_INET, reinterpret_cast<sockaddr*>(&a4), sizeof(a4), false);
   }
 
-  void AcceptLoop() {
-    while (true) {
-      pollfd fds[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-      if (poll(fds, 2, -1) < 0) {
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_, &one, sizeof(one));
+  }
+
+  bool Stopping() {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
+
+  // The loop: accepts, reads and decodes requests, serves them, sends replies, and closes
+  // connections that break the rules. Runs until Shutdown.
+  void Loop() {
+    std::list<Connection> conns;
+    std::map<std::string, int> per_peer;
+    int64_t buffered = 0;  // sum of conns' `in`
+    absl::Time accept_paused_until = absl::InfinitePast();
+    std::vector<pollfd> fds;
+    std::vector<std::list<Connection>::iterator> polled;
+    while (!Stopping()) {
+      const absl::Time now = absl::Now();
+      // Deadlines: unfinished requests, unread replies, idle connections, the accept pause.
+      absl::Time wake_at = accept_paused_until > now ? accept_paused_until : absl::InfiniteFuture();
+      for (auto it = conns.begin(); it != conns.end();) {
+        std::string why;
+        if (now - it->frame_started >= options_.frame_timeout) {
+          why = absl::StrCat("a request was not completed within ", absl::FormatDuration(options_.frame_timeout));
+        } else if (now - it->out_stalled >= options_.frame_timeout) {
+          why = absl::StrCat("the client did not read its replies for ", absl::FormatDuration(options_.frame_timeout));
+        } else if (options_.idle_timeout > absl::ZeroDuration() && now - it->last_request >= options_.idle_timeout &&
+                   it->in.empty() && !HasWaits(*it)) {
+          why = absl::StrCat("idle for ", absl::FormatDuration(options_.idle_timeout));
+        }
+        if (!why.empty()) {
+          protocol_errors_.fetch_add(1);
+          LOG(WARNING) << "tcpstore: closing the connection from " << it->peer << " (job " << options_.job
+                       << "): " << why;
+          buffered -= static_cast<int64_t>(it->in.size());
+          CloseConnection(*it, per_peer);
+          it = conns.erase(it);
+          continue;
+        }
+        wake_at = std::min({wake_at, it->frame_started + options_.frame_timeout,
+                            it->out_stalled + options_.frame_timeout});
+        if (options_.idle_timeout > absl::ZeroDuration()) wake_at = std::min(wake_at, it->last_request + options_.idle_timeout);
+        ++it;
+      }
+      fds.clear();
+      polled.clear();
+      fds.push_back({wake_, POLLIN, 0});
+      fds.push_back({accept_paused_until > now ? -1 : fd_, POLLIN, 0});
+      const bool may_read = buffered < options_.max_buffered_bytes;
+      for (auto it = conns.begin(); it != conns.end(); ++it) {
+        short events = 0;
+        if (may_read || it->in.empty()) events |= POLLIN;
+        if (PendingOut(*it)) events |= POLLOUT;
+        fds.push_back({it->fd, events, 0});
+        polled.push_back(it);
+      }
+      const int timeout_ms = wake_at == absl::InfiniteFuture()
+                                 ? -1
+                                 : static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(wake_at - now) + 1, 0, 1 << 30));
+      if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
         if (errno == EINTR) continue;
         LOG(ERROR) << "tcpstore: poll: " << strerror(errno);
-        return;
-      }
-      if (fds[1].revents != 0) return;
-      sockaddr_storage addr{};
-      socklen_t len = sizeof(addr);
-      int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto conn = std::make_shared<Connection>(fd, PeerName(addr));
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
-      if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-        LOG(WARNING) << "tcpstore: refusing a connection from " << conn->peer() << ": "
-                     << options_.max_connections << " connections are open";
+        absl::SleepFor(absl::Milliseconds(100));
         continue;
       }
-      const int64_t id = next_id_++;
-      connections_.emplace(id, conn);
-      std::thread([this, id, conn] { Serve(id, conn); }).detach();
+      if (fds[0].revents != 0) {
+        uint64_t drained;
+        (void)!read(wake_, &drained, sizeof(drained));
+      }
+      for (size_t i = 0; i < polled.size(); ++i) {
+        auto it = polled[i];
+        const short re = fds[i + 2].revents;
+        std::string why;
+        bool eof = false;
+        if (re & (POLLIN | POLLHUP | POLLERR)) {
+          const size_t before = it->in.size();
+          eof = !ReadInto(*it, &why);
+          buffered += static_cast<int64_t>(it->in.size()) - static_cast<int64_t>(before);
+          if (why.empty()) {
+            const size_t held = it->in.size();
+            why = Decode(*it);
+            buffered -= static_cast<int64_t>(held) - static_cast<int64_t>(it->in.size());
+          }
+        }
+        if (why.empty() && !Flush(*it)) eof = true;
+        if (why.empty() && !eof) continue;
+        if (!why.empty()) {
+          protocol_errors_.fetch_add(1);
+          LOG(WARNING) << "tcpstore: closing the connection from " << it->peer << " (job " << options_.job
+                       << "): " << why;
+        }
+        buffered -= static_cast<int64_t>(it->in.size());
+        CloseConnection(*it, per_peer);
+        conns.erase(it);
+      }
+      // Replies queued by WAIT callbacks on connections that had nothing to read.
+      for (Connection& c : conns) {
+        if (PendingOut(c)) Flush(c);
+      }
+      if (fds[1].revents != 0) Accept(conns, per_peer, &accept_paused_until);
+    }
+    for (Connection& c : conns) CloseConnection(c, per_peer);
+  }
+
+  void Accept(std::list<Connection>& conns, std::map<std::string, int>& per_peer, absl::Time* paused_until) {
+    for (int accepted = 0; accepted < 64; ++accepted) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      const int fd = accept4(fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          // Out of descriptors: shed the connection at the head of the queue (so it fails
+          // fast rather than hangs) with the spare descriptor, and pause accepting.
+          LOG(WARNING) << "tcpstore: accept: " << strerror(errno) << "; shedding a connection and pausing "
+                       << absl::FormatDuration(kAcceptBackoff);
+          if (spare_fd_ >= 0) {
+            close(spare_fd_);
+            const int shed = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+            if (shed >= 0) close(shed);
+            spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+          }
+          *paused_until = absl::Now() + kAcceptBackoff;
+        }
+        return;  // EAGAIN, or an error of one connection
+      }
+      const std::string ip = PeerIp(addr);
+      const std::string peer = absl::StrCat(ip, ":", PeerPort(addr));
+      std::string refused;
+      if (static_cast<int>(conns.size()) >= max_connections_) {
+        refused = absl::StrCat(max_connections_, " connections are open (the limit)");
+      } else if (per_peer[ip] >= options_.max_connections_per_peer) {
+        refused = absl::StrCat(per_peer[ip], " connections from ", ip, " are open (the per-peer limit)");
+      }
+      if (!refused.empty()) {
+        LOG(WARNING) << "tcpstore: refusing a connection from " << peer << ": " << refused;
+        if (per_peer[ip] == 0) per_peer.erase(ip);
+        close(fd);
+        continue;
+      }
+      const int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      ++per_peer[ip];
+      Connection& c = conns.emplace_back();
+      c.fd = fd;
+      c.peer = peer;
+      c.peer_ip = ip;
+      c.last_request = absl::Now();
     }
   }
 
-  // The connection's thread: detects the dialect, then serves requests until the stream
-  // ends or a request is malformed.
-  void Serve(int64_t id, std::shared_ptr<Connection> conn) {
-    std::string reason = ServeRequests(conn);
-    if (!reason.empty()) {
-      protocol_errors_.fetch_add(1);
-      LOG(WARNING) << "tcpstore: closing the connection from " << conn->peer() << " (job " << options_.job
-                   << "): " << reason;
+  // Reads what is there (non-blocking). False at end of stream or on an error (with no
+  // bytes of a request pending, a clean close; else `*why`).
+  bool ReadInto(Connection& c, std::string* why) {
+    for (int round = 0; round < 16; ++round) {
+      char chunk[kReadChunk];
+      const ssize_t n = recv(c.fd, chunk, sizeof(chunk), 0);
+      if (n > 0) {
+        if (c.in.empty()) c.frame_started = absl::Now();
+        c.in.append(chunk, static_cast<size_t>(n));
+        if (static_cast<size_t>(n) < sizeof(chunk)) return true;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+      if (!c.in.empty()) *why = absl::StrCat("truncated frame: the connection ended inside a request (", c.in.size(), " bytes)");
+      return false;
     }
-    conn->Close();
-    CancelWaits(*conn);
-    absl::MutexLock lock(&mu_);
-    connections_.erase(id);
+    return true;
   }
 
-  // Returns "" when the client closed the connection between requests, else the reason.
-  std::string ServeRequests(const std::shared_ptr<Connection>& self) {
-    Connection& conn = *self;
-    if (!conn.Fill(1)) return "";
-    bool v2 = false;
-    if (conn.Peek(1)[0] == 0 && conn.Fill(5)) {
-      uint32_t magic;
-      std::memcpy(&magic, conn.Peek(5).data() + 1, sizeof(magic));
-      if (magic == kValidationMagic) {
-        v2 = true;
-        conn.Consume(5);
+  // Decodes and serves every complete request in `c.in`. Returns "" or why the connection
+  // must close.
+  std::string Decode(Connection& c) {
+    size_t pos = 0;
+    std::string why;
+    while (c.in.size() - pos >= c.need && why.empty()) {
+      tcpstore::Request request;
+      const tcpstore::ParseResult r =
+          tcpstore::ParseRequest(absl::string_view(c.in).substr(pos), limits_, &c.dialect, &request);
+      if (r.status == tcpstore::Parse::kError) return r.error;
+      if (r.status == tcpstore::Parse::kIncomplete) {
+        c.need = r.needed;
+        break;
       }
+      pos += r.consumed;
+      c.need = 1;
+      c.last_request = absl::Now();
+      why = Handle(request, c);
     }
-    while (true) {
-      if (!conn.Fill(1)) return conn.Buffered() == 0 ? "" : "truncated frame";
-      const uint8_t code = static_cast<uint8_t>(conn.Peek(1)[0]);
-      conn.Consume(1);
-      const Op op = v2 ? DecodeV2(code) : DecodeV1(code);
-      if (op == Op::kUnknown) {
-        return absl::StrCat("unknown opcode ", code, v2 ? " (torch >= 2.2 dialect)" : " (torch 1.13 dialect)");
+    c.in.erase(0, pos);
+    if (c.in.empty()) {
+      c.frame_started = absl::InfiniteFuture();
+      c.in.shrink_to_fit();
+    } else if (pos > 0) {
+      c.frame_started = absl::Now();  // a new request began in what was left
+    }
+    return why;
+  }
+
+  void Queue(Connection& c, absl::string_view bytes) {
+    absl::MutexLock lock(&c.out->mu);
+    c.out->bytes.append(bytes.data(), bytes.size());
+  }
+
+  bool PendingOut(Connection& c) {
+    absl::MutexLock lock(&c.out->mu);
+    return !c.out->bytes.empty();
+  }
+
+  bool HasWaits(Connection& c) {
+    absl::MutexLock lock(&c.out->mu);
+    return !c.out->waits.empty();
+  }
+
+  // Sends what the outbox holds, without blocking. False if the connection broke.
+  bool Flush(Connection& c) {
+    absl::MutexLock lock(&c.out->mu);
+    std::string& out = c.out->bytes;
+    size_t sent = 0;
+    bool broken = false;
+    while (sent < out.size()) {
+      const ssize_t n = send(c.fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
       }
-      FrameReader in(conn, options_);
-      std::string reason = Handle(op, in, self);
-      if (!in.ok()) return in.error;
-      if (!reason.empty()) return reason;
+      if (n < 0 && errno == EINTR) continue;
+      broken = !(n < 0 && errno == EAGAIN);
+      break;
     }
+    out.erase(0, sent);
+    if (out.empty()) {
+      c.out_stalled = absl::InfiniteFuture();
+    } else if (sent > 0 || c.out_stalled == absl::InfiniteFuture()) {
+      c.out_stalled = absl::Now();
+    }
+    return !broken;
+  }
+
+  void CloseConnection(Connection& c, std::map<std::string, int>& per_peer) {
+    std::set<store::WaitId> waits;
+    {
+      absl::MutexLock lock(&c.out->mu);
+      c.out->closed = true;
+      waits.swap(c.out->waits);
+    }
+    for (store::WaitId w : waits) store_.CancelWait(w);
+    close(c.fd);
+    if (--per_peer[c.peer_ip] <= 0) per_peer.erase(c.peer_ip);
   }
 
   std::string Ns(const std::string& key) const { return prefix_ + key; }
@@ -430,145 +450,95 @@ class TcpStoreServerImpl : public TcpStoreServer {
     return out;
   }
 
-  // Serves one request whose opcode was read. Returns "" or why the connection must close.
-  std::string Handle(Op op, FrameReader& in, const std::shared_ptr<Connection>& self) {
-    Connection& conn = *self;
-    auto failed = [](const char* what, const absl::Status& s) { return absl::StrCat(what, " failed: ", s.ToString()); };
-    switch (op) {
-      case Op::kValidate: {
-        const uint32_t magic = in.Scalar<uint32_t>("VALIDATE magic");
-        if (in.ok() && magic != kValidationMagic) return absl::StrCat("VALIDATE with a wrong magic ", magic);
-        return "";
-      }
-      case Op::kPing: {
-        const uint32_t nonce = in.Scalar<uint32_t>("PING nonce");
-        if (!in.ok()) return "";
-        conn.Send(absl::string_view(reinterpret_cast<const char*>(&nonce), sizeof(nonce)));
-        return "";
-      }
-      case Op::kSet: {
-        std::string key = in.Key(), value = in.Value();
-        if (!in.ok()) return "";
-        if (absl::Status s = store_.Set(Ns(key), value); !s.ok()) return failed("SET", s);
-        return "";
-      }
-      case Op::kAppend: {
-        std::string key = in.Key(), value = in.Value();
-        if (!in.ok()) return "";
-        if (absl::Status s = store_.Append(Ns(key), value); !s.ok()) return failed("APPEND", s);
-        return "";
-      }
-      case Op::kCompareSet: {
-        std::string key = in.Key(), expected = in.Value(), desired = in.Value();
-        if (!in.ok()) return "";
-        absl::StatusOr<std::string> v = store_.CompareSet(Ns(key), expected, desired);
-        if (!v.ok()) return failed("COMPARE_SET", v.status());
-        conn.Send(EncodeBytes(*v));
-        return "";
-      }
-      case Op::kGet: {
-        std::string key = in.Key();
-        if (!in.ok()) return "";
-        conn.Send(EncodeBytes(GetOrEmpty(key)));
-        return "";
-      }
-      case Op::kAdd: {
-        std::string key = in.Key();
-        const int64_t delta = in.Scalar<int64_t>("ADD delta");
-        if (!in.ok()) return "";
-        absl::StatusOr<int64_t> v = store_.Add(Ns(key), delta);
-        if (!v.ok()) return failed("ADD", v.status());
-        conn.Send(EncodeInt(*v));
-        return "";
-      }
-      case Op::kCheck: {
-        std::vector<std::string> keys = in.Keys();
-        if (!in.ok()) return "";
-        absl::StatusOr<bool> ready = keys.empty() ? absl::StatusOr<bool>(true) : store_.Check(Ns(keys));
-        if (!ready.ok()) return failed("CHECK", ready.status());
-        conn.Send(std::string(1, *ready ? '\0' : '\1'));
-        return "";
-      }
-      case Op::kWait: {
-        std::vector<std::string> keys = in.Keys();
-        if (!in.ok()) return "";
-        StartWait(keys, self);
-        return "";
-      }
-      case Op::kCancelWait: {
-        CancelWaits(conn);
-        conn.Send(std::string(1, '\1'));  // WAIT_CANCELED
-        return "";
-      }
-      case Op::kNumKeys: {
-        absl::StatusOr<int64_t> n = store_.NumKeys(prefix_);
-        if (!n.ok()) return failed("GETNUMKEYS", n.status());
-        conn.Send(EncodeInt(*n));
-        return "";
-      }
-      case Op::kDeleteKey: {
-        std::string key = in.Key();
-        if (!in.ok()) return "";
-        absl::StatusOr<bool> deleted = store_.DeleteKey(Ns(key));
-        if (!deleted.ok()) return failed("DELETE_KEY", deleted.status());
-        conn.Send(EncodeInt(*deleted ? 1 : 0));
-        return "";
-      }
-      case Op::kWatchKey: {
-        in.Key();
-        if (!in.ok()) return "";
-        conn.Send(std::string(1, '\3'));  // KEY_CALLBACK_REGISTERED; no events (see the top)
-        return "";
-      }
-      case Op::kMultiGet: {
-        std::vector<std::string> keys = in.Keys();
-        if (!in.ok()) return "";
-        std::string reply;
-        for (const std::string& k : keys) reply += EncodeBytes(GetOrEmpty(k));
-        conn.Send(reply);
-        return "";
-      }
-      case Op::kMultiSet: {
-        const int64_t n = in.Count("MULTI_SET count");
-        std::vector<std::string> keys, values;
-        for (int64_t i = 0; i < n && in.ok(); ++i) {
-          keys.push_back(Ns(in.Key()));
-          values.push_back(in.Value());
-        }
-        if (!in.ok()) return "";
-        if (n == 0) return "";
-        if (absl::Status s = store_.MultiSet(keys, values); !s.ok()) return failed("MULTI_SET", s);
-        return "";
-      }
-      case Op::kUnknown:
-        break;
-    }
-    return "unknown opcode";
-  }
-
-  // Cancels the connection's pending WAITs (their callbacks then send nothing).
-  void CancelWaits(Connection& conn) {
-    std::vector<store::WaitId> waits;
-    {
-      absl::MutexLock lock(&conn.waits_mu);
-      waits.assign(conn.waits.begin(), conn.waits.end());
-      conn.waits.clear();
-    }
-    for (store::WaitId w : waits) store_.CancelWait(w);
-  }
-
   std::string GetOrEmpty(const std::string& key) {
     absl::StatusOr<std::string> v = store_.Get(Ns(key), absl::ZeroDuration());
     return v.ok() ? *std::move(v) : std::string();
   }
 
-  // WAIT: STOP_WAITING is sent by the store's callback once every key exists (inline if
-  // they already do). The wait has no server-side deadline (torch's timeouts are the
-  // client's); it ends with the connection or a CANCEL_WAIT.
-  void StartWait(const std::vector<std::string>& keys, const std::shared_ptr<Connection>& self) {
-    Connection& conn = *self;
+  // Serves one request. Returns "" or why the connection must close.
+  std::string Handle(tcpstore::Request& q, Connection& c) {
+    auto failed = [](const char* what, const absl::Status& s) { return absl::StrCat(what, " failed: ", s.ToString()); };
+    switch (q.op) {
+      case Op::kValidate:
+        return "";
+      case Op::kPing:
+        Queue(c, absl::string_view(reinterpret_cast<const char*>(&q.nonce), sizeof(q.nonce)));
+        return "";
+      case Op::kSet:
+        if (absl::Status s = store_.Set(Ns(q.keys[0]), q.values[0]); !s.ok()) return failed("SET", s);
+        return "";
+      case Op::kAppend:
+        if (absl::Status s = store_.Append(Ns(q.keys[0]), q.values[0]); !s.ok()) return failed("APPEND", s);
+        return "";
+      case Op::kCompareSet: {
+        absl::StatusOr<std::string> v = store_.CompareSet(Ns(q.keys[0]), q.values[0], q.values[1]);
+        if (!v.ok()) return failed("COMPARE_SET", v.status());
+        Queue(c, EncodeBytes(*v));
+        return "";
+      }
+      case Op::kGet:
+        Queue(c, EncodeBytes(GetOrEmpty(q.keys[0])));
+        return "";
+      case Op::kAdd: {
+        absl::StatusOr<int64_t> v = store_.Add(Ns(q.keys[0]), q.delta);
+        if (!v.ok()) return failed("ADD", v.status());
+        Queue(c, EncodeInt(*v));
+        return "";
+      }
+      case Op::kCheck: {
+        absl::StatusOr<bool> ready = q.keys.empty() ? absl::StatusOr<bool>(true) : store_.Check(Ns(q.keys));
+        if (!ready.ok()) return failed("CHECK", ready.status());
+        Queue(c, std::string(1, *ready ? '\0' : '\1'));
+        return "";
+      }
+      case Op::kWait:
+        StartWait(q.keys, c);
+        return "";
+      case Op::kCancelWait: {
+        std::set<store::WaitId> waits;
+        {
+          absl::MutexLock lock(&c.out->mu);
+          waits.swap(c.out->waits);
+        }
+        for (store::WaitId w : waits) store_.CancelWait(w);
+        Queue(c, std::string(1, '\1'));  // WAIT_CANCELED
+        return "";
+      }
+      case Op::kNumKeys: {
+        absl::StatusOr<int64_t> n = store_.NumKeys(prefix_);
+        if (!n.ok()) return failed("GETNUMKEYS", n.status());
+        Queue(c, EncodeInt(*n));
+        return "";
+      }
+      case Op::kDeleteKey: {
+        absl::StatusOr<bool> deleted = store_.DeleteKey(Ns(q.keys[0]));
+        if (!deleted.ok()) return failed("DELETE_KEY", deleted.status());
+        Queue(c, EncodeInt(*deleted ? 1 : 0));
+        return "";
+      }
+      case Op::kWatchKey:
+        Queue(c, std::string(1, '\3'));  // KEY_CALLBACK_REGISTERED; no events (tcpstore_protocol.h)
+        return "";
+      case Op::kMultiGet: {
+        std::string reply;
+        for (const std::string& k : q.keys) reply += EncodeBytes(GetOrEmpty(k));
+        Queue(c, reply);
+        return "";
+      }
+      case Op::kMultiSet:
+        if (q.keys.empty()) return "";
+        if (absl::Status s = store_.MultiSet(Ns(q.keys), q.values); !s.ok()) return failed("MULTI_SET", s);
+        return "";
+    }
+    return "unknown opcode";
+  }
+
+  // WAIT: STOP_WAITING is queued by the store's callback once every key exists (inline if
+  // they already do) and sent by the loop. No server-side deadline (torch's timeouts are
+  // the client's); it ends with the connection or a CANCEL_WAIT.
+  void StartWait(const std::vector<std::string>& keys, Connection& c) {
     if (keys.empty()) {
-      conn.Send(std::string(1, '\0'));
+      Queue(c, std::string(1, '\0'));
       return;
     }
     struct State {
@@ -576,32 +546,39 @@ class TcpStoreServerImpl : public TcpStoreServer {
       bool done = false;
     };
     auto state = std::make_shared<State>();
-    const store::WaitId id = store_.WaitAsync(
-        Ns(keys), absl::InfiniteFuture(), [self, state](absl::Status s) {
-          {
-            absl::MutexLock lock(&state->mu);
-            state->done = true;
-          }
-          if (s.ok()) self->Send(std::string(1, '\0'));  // STOP_WAITING
-        });
+    std::shared_ptr<Outbox> out = c.out;
+    const store::WaitId id = store_.WaitAsync(Ns(keys), absl::InfiniteFuture(), [this, out, state](absl::Status s) {
+      {
+        absl::MutexLock lock(&state->mu);
+        state->done = true;
+      }
+      if (!s.ok()) return;
+      // Under the lock: once the loop has closed the connection (it does so for every
+      // connection before Shutdown returns), no callback touches the server any more.
+      absl::MutexLock lock(&out->mu);
+      if (out->closed) return;
+      out->bytes.push_back('\0');  // STOP_WAITING
+      Wake();
+    });
     absl::MutexLock lock(&state->mu);
     if (state->done) return;
-    absl::MutexLock waits_lock(&conn.waits_mu);
-    conn.waits.insert(id);
+    absl::MutexLock out_lock(&out->mu);
+    out->waits.insert(id);
   }
 
   store::Store& store_;
   const TcpStoreOptions options_;
   const std::string prefix_;
+  tcpstore::Limits limits_;
+  int max_connections_ = 0;
   int fd_ = -1;
-  int wake_[2] = {-1, -1};
+  int wake_ = -1;      // eventfd: WAIT replies queued, or Shutdown
+  int spare_fd_ = -1;  // given up to shed a connection when out of descriptors
   int port_ = 0;
-  std::thread accept_thread_;
+  std::thread thread_;
   std::atomic<int64_t> protocol_errors_{0};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<int64_t, std::shared_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

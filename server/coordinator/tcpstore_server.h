@@ -1,24 +1,25 @@
 // TcpStoreServer: the coordinator's second listener, speaking torch.distributed's TCPStore
-// wire protocol over the coordinator's store, so that torch's own TCPStore clients
-// (is_master=False; torchrun agent stores with TORCHELASTIC_USE_AGENT_STORE=True) rendezvous
-// through the coordinator's durable store.
-//
-// Protocol source: torch/csrc/distributed/c10d/TCPStore.cpp and TCPStoreBackend.cpp (torch
-// 1.13.1 and 2.6.0), as written up with captures in ../shared/research/torch_interop.md §1.
-// The byte layout served is documented at the top of tcpstore_server.cc. Both dialects are
-// served on one port, detected per connection: torch >= 2.2 opens with VALIDATE
-// (00 CE F7 85 3C); anything else is torch 1.13 (and 2.0).
+// wire protocol (tcpstore_protocol.h) over the coordinator's store, so that torch's own
+// TCPStore clients (is_master=False; torchrun agent stores with
+// TORCHELASTIC_USE_AGENT_STORE=True) rendezvous through the coordinator's durable store.
+// Both dialects are served on one port, detected per connection: torch >= 2.2 opens with
+// VALIDATE (00 CE F7 85 3C); anything else is torch 1.13 (and 2.0).
 //
 // Keys written through this endpoint live in one job's namespace (TcpStoreOptions::job),
 // exactly as the gRPC Store's keys of that job: "job/<key as sent>", so a TCPStore key
 // "/k" is key "/k" of job J for the SDK's StoreClient.
 //
-// Bad input never crashes the coordinator: a malformed or truncated frame, a length over
-// the limits or an unknown opcode closes that one connection and logs why (glog WARNING).
+// Bad input never crashes or starves the coordinator: a malformed frame, a length over the
+// limits or an unknown opcode closes that one connection and logs why (glog WARNING), and
+// so does a request not completed within frame_timeout (a client trickling bytes), a client
+// that stops reading its replies for that long, and (with idle_timeout) an idle one.
+// Connections are capped in total and per peer address; input buffered across connections is
+// bounded (reading pauses beyond it); an accept that runs out of descriptors (EMFILE) backs
+// off instead of spinning.
 //
-// Thread safety: Start/port/Shutdown may be called from any thread. One thread accepts;
-// each connection has a thread of its own (requests on one connection are sequential in
-// this protocol); WAIT replies are sent from the store's callback threads.
+// Thread safety: Start/port/Shutdown may be called from any thread. One thread serves every
+// connection (an event loop over non-blocking sockets); WAIT replies are queued by the
+// store's callback threads and sent by the loop.
 #ifndef COLLSERVE_SERVER_COORDINATOR_TCPSTORE_SERVER_H_
 #define COLLSERVE_SERVER_COORDINATOR_TCPSTORE_SERVER_H_
 
@@ -27,6 +28,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -42,8 +44,20 @@ struct TcpStoreOptions {
   int64_t max_value_bytes = 64 << 20;
   // Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (torch 2.x's libuv server: 128 Ki).
   int64_t max_keys_per_request = 128 * 1024;
-  // Most connections open at once; more are closed at accept (and logged).
+  // Most connections open at once (also at most half the process's descriptor limit),
+  // and from one peer address; more are closed at accept (and logged).
   int max_connections = 4096;
+  int max_connections_per_peer = 256;
+  // A request whose first byte arrived must be complete within this; a reply the client
+  // does not read must leave within this.
+  absl::Duration frame_timeout = absl::Seconds(30);
+  // Connections with no request and no pending WAIT for this long are closed. Zero = never:
+  // torch's clients keep their store connection for the whole job, mostly idle, and do
+  // not reconnect.
+  absl::Duration idle_timeout = absl::ZeroDuration();
+  // Bytes of unfinished requests buffered across every connection; beyond it reading pauses
+  // until requests complete (or time out).
+  int64_t max_buffered_bytes = int64_t{512} << 20;
 };
 
 class TcpStoreServer {

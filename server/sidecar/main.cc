@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     std::cerr << s << "\n";
     return 2;
   }
+  collserve::server::RaiseFileLimit();
   collserve::server::SidecarOptions options;
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,15 +13,20 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/registry.h"
 #include "collserve/v1/collectives.grpc.pb.h"
+#include "common/fd_channel.h"
 #include "common/grpc_status.h"
 #include "engine/engine.h"
 #include "server/common/daemon.h"
+#include "server/common/grpc_listener.h"
 #include "server/sidecar/coordinator_link.h"
+#include "server/sidecar/fd_channel_server.h"
 #include "server/sidecar/metrics_observer.h"
 #include "server/sidecar/translate.h"
 
@@ -39,7 +45,26 @@ class SessionReactor;
 
 class SessionHandle : public engine::Session {
  public:
-  void OnAttached(const engine::AttachedInfo& info) override { Send(ToProto(info)); }
+  // Held back until Ready(): the client must not learn its token before the token is bound
+  // to the group (the group may form before Engine::Attach returns).
+  void OnAttached(const engine::AttachedInfo& info) override {
+    absl::MutexLock lock(&mu_);
+    if (!ready_) {
+      pending_attached_ = info;
+      return;
+    }
+    SendAttachedLocked(info);
+  }
+  // The session's group is known (and its token bound, for shared memory): sends a held
+  // Attached.
+  void Ready(std::string fd_socket, std::string token) {
+    absl::MutexLock lock(&mu_);
+    ready_ = true;
+    fd_socket_ = std::move(fd_socket);
+    token_ = std::move(token);
+    if (pending_attached_.has_value()) SendAttachedLocked(*pending_attached_);
+    pending_attached_.reset();
+  }
   void OnCompletion(engine::Completion completion) override { Send(ToProto(std::move(completion))); }
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
@@ -53,13 +78,20 @@ class SessionHandle : public engine::Session {
   }
 
  private:
+  void SendAttachedLocked(const engine::AttachedInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<engine::AttachedInfo> pending_attached_ ABSL_GUARDED_BY(mu_);
+  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
+  std::string token_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse> {
  public:
-  SessionReactor(SidecarImpl* sidecar) : sidecar_(sidecar), handle_(std::make_shared<SessionHandle>()) {
+  SessionReactor(SidecarImpl* sidecar, std::string peer)
+      : sidecar_(sidecar), peer_(std::move(peer)), handle_(std::make_shared<SessionHandle>()) {
     handle_->Bind(this);
     StartRead(&request_);
   }
@@ -117,7 +149,9 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
 
  private:
   SidecarImpl* sidecar_;
+  const std::string peer_;  // gRPC's peer string: "unix:..." on the unix socket
   std::shared_ptr<SessionHandle> handle_;
+  std::string token_;  // the shared-memory channel token, if granted
   pb::SessionRequest request_;
   std::shared_ptr<engine::Group> group_;  // set once attached
   int rank_ = -1;
@@ -130,6 +164,17 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_;
 };
+
+void SessionHandle::SendAttachedLocked(const engine::AttachedInfo& info) {
+  pb::SessionResponse response = ToProto(info);
+  if (info.shared_memory && !token_.empty()) {
+    response.mutable_attached()->set_fd_socket(fd_socket_);
+    response.mutable_attached()->set_session_token(token_);
+  } else {
+    response.mutable_attached()->set_shared_memory(false);
+  }
+  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response));
+}
 
 void SessionHandle::Send(pb::SessionResponse response) {
   absl::MutexLock lock(&mu_);
@@ -146,7 +191,7 @@ class CollectivesService final : public pb::Collectives::CallbackService {
   explicit CollectivesService(SidecarImpl* sidecar) : sidecar_(sidecar) {}
   grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse>* Session(
       grpc::CallbackServerContext* ctx) override {
-    return new SessionReactor(sidecar_);
+    return new SessionReactor(sidecar_, ctx->peer());
   }
 
  private:
@@ -203,32 +248,33 @@ class SidecarImpl : public Sidecar {
     }
     trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
     grpc::ServerBuilder builder;
-    RefuseSharedPorts(builder);
     LimitRpcMemory(builder, "collserve-sidecar", options_.rpc_memory_bytes);
     if (!options_.unix_socket.empty()) {
       // Never take over a socket another sidecar serves; a dead one's is removed.
       if (absl::Status s = ClaimUnixSocketPath(options_.unix_socket); !s.ok()) return s;
-      builder.AddListeningPort(absl::StrCat("unix:", options_.unix_socket), grpc::InsecureServerCredentials());
+      // Local clients pass their shared memory as descriptors on a socket next to it.
+      const std::string fd_path = fdchannel::PathFor(options_.unix_socket);
+      if (absl::Status s = ClaimUnixSocketPath(fd_path, SOCK_SEQPACKET); !s.ok()) return s;
+      auto fd_channel = FdChannelServer::Start(fd_path, options_.unix_socket_mode);
+      if (!fd_channel.ok()) return fd_channel.status();
+      fd_channel_ = std::move(*fd_channel);
+      auto listener = GrpcListener::Bind(absl::StrCat("unix:", options_.unix_socket));
+      if (!listener.ok()) return listener.status();
+      listeners_.push_back(std::move(*listener));
     }
     if (!options_.listen_address.empty()) {
-      builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(), &port_);
+      auto listener = GrpcListener::Bind(options_.listen_address);
+      if (!listener.ok()) return listener.status();
+      port_ = (*listener)->port();
+      listeners_.push_back(std::move(*listener));
     }
+    for (auto& l : listeners_) l->RegisterWith(builder, grpc::InsecureServerCredentials());
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
-    if (server_ == nullptr || (!options_.listen_address.empty() && port_ == 0)) {
-      std::string why;
-      if (!options_.listen_address.empty()) why = WhyCannotListen(options_.listen_address);
-      if (why.empty() && !options_.unix_socket.empty()) {
-        why = WhyCannotListen(absl::StrCat("unix:", options_.unix_socket));
-      }
-      return absl::UnavailableError(absl::StrCat("cannot listen on ",
-                                                 options_.unix_socket.empty() ? "" : "unix:" + options_.unix_socket,
-                                                 options_.unix_socket.empty() || options_.listen_address.empty() ? "" : " and ",
-                                                 options_.listen_address, why.empty() ? "" : ": " + why));
-    }
-    if (!options_.unix_socket.empty()) socket_id_ = FileIdOf(options_.unix_socket);
+    if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
+    for (auto& l : listeners_) l->Start();
     if (!options_.unix_socket.empty() && options_.unix_socket_mode >= 0 &&
         chmod(options_.unix_socket.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
       return absl::UnavailableError(absl::StrCat("chmod ", options_.unix_socket, ": ", std::strerror(errno)));
@@ -245,6 +291,7 @@ class SidecarImpl : public Sidecar {
 
   void Shutdown(absl::Duration grace) override {
     if (server_ != nullptr) {
+      listeners_.clear();  // no new sessions (and the unix socket is removed if still ours)
       // Fails every session with UNAVAILABLE (the streams then finish), then drains.
       if (engine_ != nullptr) engine_->Shutdown();
       server_->GetHealthCheckService()->Shutdown();
@@ -252,18 +299,32 @@ class SidecarImpl : public Sidecar {
       server_->Wait();
       server_.reset();
     }
+    listeners_.clear();
+    fd_channel_.reset();  // after the sessions (they forget their tokens when they end)
     engine_.reset();
     exposer_.reset();
-    // Only the socket this sidecar created: a later sidecar may have bound the path since.
-    if (!options_.unix_socket.empty() && !(socket_id_ == FileId{}) && FileIdOf(options_.unix_socket) == socket_id_) {
-      unlink(options_.unix_socket.c_str());
-    }
   }
 
-  // Handles the first message of a session. Returns the group on success.
-  absl::StatusOr<std::shared_ptr<engine::Group>> Attach(const pb::Attach& attach,
-                                                        std::shared_ptr<engine::Session> session) {
-    return engine_->Attach(FromProto(attach), std::move(session));
+  // Handles the first message of a session from `peer`. Returns the group on success;
+  // `*token` is the session's shared-memory channel token when shared memory was granted
+  // (asked for, on the unix socket), else empty.
+  absl::StatusOr<std::shared_ptr<engine::Group>> Attach(const pb::Attach& attach, const std::string& peer,
+                                                        std::shared_ptr<SessionHandle> session, std::string* token) {
+    engine::AttachRequest request = FromProto(attach);
+    request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
+    if (request.shared_memory) *token = fd_channel_->NewToken();
+    auto group = engine_->Attach(request, session);
+    if (!group.ok()) {
+      if (!token->empty()) fd_channel_->Forget(*token);
+      token->clear();
+      return group.status();
+    }
+    if (!token->empty()) fd_channel_->Bind(*token, *group, attach.rank());
+    session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", *token);
+    return group;
+  }
+  void SessionEnded(const std::string& token) {
+    if (!token.empty() && fd_channel_ != nullptr) fd_channel_->Forget(token);
   }
 
  private:
@@ -278,8 +339,9 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<MemoryTrimmer> trimmer_;
+  std::unique_ptr<FdChannelServer> fd_channel_;  // with a unix socket
+  std::vector<std::unique_ptr<GrpcListener>> listeners_;  // unix socket, TCP: hand connections to server_
   int port_ = 0;
-  FileId socket_id_;  // of the unix socket this sidecar bound
 
   friend class SessionReactor;
 };
@@ -296,7 +358,7 @@ void SessionReactor::OnReadDone(bool ok) {
       RequestFinish(absl::FailedPreconditionError("the first message of a session must be attach"));
       return;
     }
-    auto group = sidecar_->Attach(request_.attach(), handle_);
+    auto group = sidecar_->Attach(request_.attach(), peer_, handle_, &token_);
     if (!group.ok()) {
       RequestFinish(group.status());
       return;
@@ -316,6 +378,7 @@ void SessionReactor::OnReadDone(bool ok) {
 
 void SessionReactor::OnDone() {
   handle_->Detach();
+  sidecar_->SessionEnded(token_);
   if (group_ != nullptr && !read_done_) group_->OnSessionClosed(rank_);
   delete this;
 }

@@ -67,8 +67,6 @@ engine::AttachRequest FromProto(const pb::Attach& a) {
   r.world_size = a.world_size();
   r.init_timeout = a.init_timeout_ms() > 0 ? absl::Milliseconds(a.init_timeout_ms()) : absl::Seconds(300);
   r.op_timeout = a.op_timeout_ms() > 0 ? absl::Milliseconds(a.op_timeout_ms()) : absl::Seconds(300);
-  r.probe_segment = a.probe_segment();
-  r.probe_nonce = a.probe_nonce();
   r.backend = a.backend();
   return r;
 }

@@ -5,6 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -25,6 +29,8 @@
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
+#include "common/fd_channel.h"
+#include "common/shm.h"
 #include "tests/testing/process.h"
 
 namespace collserve::testing {
@@ -57,7 +63,7 @@ void ExpectStoreServes(const std::string& address) {
 // A raw Session stream: attach (world_size 1, so no other rank is needed), then requests.
 class RawSession {
  public:
-  explicit RawSession(const std::string& address, const std::string& group) {
+  explicit RawSession(const std::string& address, const std::string& group, bool shared_memory = false) {
     stub_ = pb::Collectives::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     ctx_.set_deadline(In(absl::Seconds(60)));
     stream_ = stub_->Session(&ctx_);
@@ -68,8 +74,10 @@ class RawSession {
     a->set_world_size(1);
     a->set_init_timeout_ms(20000);
     a->set_op_timeout_ms(20000);
+    a->set_shared_memory(shared_memory);
     pb::SessionResponse resp;
     attached_ = stream_->Write(req) && stream_->Read(&resp) && resp.has_attached();
+    if (attached_) attached_info_ = resp.attached();
   }
   ~RawSession() {
     stream_->WritesDone();
@@ -77,6 +85,7 @@ class RawSession {
     stream_->Finish();
   }
   bool attached() const { return attached_; }
+  const pb::Attached& info() const { return attached_info_; }
   // Sends `c` with the next seq and returns its completion (code -1: the stream ended).
   pb::Completion Call(pb::Collective c) {
     c.set_seq(seq_++);
@@ -95,6 +104,7 @@ class RawSession {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<pb::SessionRequest, pb::SessionResponse>> stream_;
   bool attached_ = false;
+  pb::Attached attached_info_;
   int64_t seq_ = 0;
 };
 
@@ -381,6 +391,230 @@ TEST(AttackTest, StoreBytesArePerJobAndTotalQuotas) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("(max_total_bytes)"));
   ExpectStoreServes(cluster->coordinator_address());
+}
+
+pb::Collective SegmentAllReduce(const std::string& segment, int64_t count) {
+  pb::Collective c = InlineAllReduce(count, "");
+  c.mutable_buffer()->set_segment(segment);
+  c.mutable_buffer()->set_segment_bytes(4096);
+  return c;
+}
+
+// Finding 2: the sidecar opened, mapped, read, wrote and unlinked any shared-memory name a
+// client sent, from a TCP session too. Now a TCP session gets no shared memory, and a
+// unix-socket session can only name segments whose descriptors it passed.
+TEST(AttackTest, SharedMemoryIsNeverOpenedByNameAndNeverOfferedOverTcp) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  // Another user's segment, by name, the way the attack named it.
+  const std::string victim = absl::StrCat("/collserve-attack-victim-", getpid());
+  const int vfd = shm_open(victim.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(vfd, 0);
+  ASSERT_EQ(ftruncate(vfd, 4096), 0);
+  ASSERT_EQ(pwrite(vfd, "secret", 6, 0), 6);
+  struct Unlink {
+    std::string name;
+    ~Unlink() { shm_unlink(name.c_str()); }
+  } unlink_victim{victim};
+  {
+    RawSession tcp(cluster->sidecar_tcp_address(0), "tcp-shm", /*shared_memory=*/true);
+    ASSERT_TRUE(tcp.attached());
+    EXPECT_FALSE(tcp.info().shared_memory());
+    EXPECT_TRUE(tcp.info().session_token().empty());
+    // (A rank's own bad request fails the collective on every rank: INVALID_ARGUMENT with
+    // the reason.)
+    pb::Completion c = tcp.Call(SegmentAllReduce(victim, 1));
+    EXPECT_EQ(c.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT)) << c.message();
+    EXPECT_THAT(c.message(), HasSubstr("this session may not use shared memory: send tensors inline"));
+  }
+  {
+    RawSession local(cluster->sidecar_address(0), "unix-shm", /*shared_memory=*/true);
+    ASSERT_TRUE(local.attached());
+    EXPECT_TRUE(local.info().shared_memory());
+    pb::Completion c = local.Call(SegmentAllReduce(victim, 1));
+    EXPECT_EQ(c.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT)) << c.message();
+    EXPECT_THAT(c.message(), HasSubstr("was not registered by this session"));
+  }
+  // The victim's segment is still there, unchanged.
+  char buf[6] = {};
+  const int again = shm_open(victim.c_str(), O_RDONLY, 0);
+  ASSERT_GE(again, 0) << "the sidecar removed another process's segment";
+  EXPECT_EQ(pread(again, buf, 6, 0), 6);
+  close(again);
+  close(vfd);
+  EXPECT_EQ(std::string(buf, 6), "secret");
+}
+
+// The descriptor channel admits only a session's own token, and only sealed memfds: a file
+// that can shrink under the sidecar's mapping would make it fault (SIGBUS).
+TEST(AttackTest, DescriptorChannelRefusesStrangersAndShrinkableFiles) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  RawSession session(cluster->sidecar_address(0), "fd-channel", /*shared_memory=*/true);
+  ASSERT_TRUE(session.attached());
+  ASSERT_TRUE(session.info().shared_memory());
+  const std::string path = session.info().fd_socket();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto stranger = fdchannel::Connect(path, std::string(fdchannel::kTokenBytes, 'x'), deadline);
+  EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied) << stranger.status();
+  auto sock = fdchannel::Connect(path, session.info().session_token(), deadline);
+  ASSERT_TRUE(sock.ok()) << sock.status();
+  // An unsealed memfd and a regular file: refused, and the channel keeps serving.
+  const int unsealed = memfd_create("attack", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(unsealed, 4096), 0);
+  absl::Status s = fdchannel::RegisterSegment(*sock, "unsealed", 4096, unsealed, deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  const std::string file = cluster->dir() + "/plain-file";
+  std::ofstream(file) << std::string(4096, 'f');
+  const int plain = open(file.c_str(), O_RDWR);
+  s = fdchannel::RegisterSegment(*sock, "plain", 4096, plain, deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  close(unsealed);
+  close(plain);
+  // A proper segment registers, and a collective on it works.
+  auto seg = ShmSegment::Create(4096);
+  ASSERT_TRUE(seg.ok());
+  const float v[2] = {2.5f, -1.0f};
+  std::memcpy((*seg)->data(), v, sizeof(v));
+  ASSERT_TRUE(fdchannel::RegisterSegment(*sock, (*seg)->name(), 4096, (*seg)->fd(), deadline).ok());
+  pb::Completion c = session.Call(SegmentAllReduce((*seg)->name(), 2));
+  EXPECT_EQ(c.code(), 0) << c.message();
+  EXPECT_EQ(std::memcmp((*seg)->data(), v, sizeof(v)), 0);
+  close(*sock);
+}
+
+// A raw TCP connection to 127.0.0.1:port (-1 on failure).
+int ConnectTcp(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Whether the server closed `fd` (a read returns end of stream) within `within`.
+bool ClosedByServer(int fd, absl::Duration within) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(within))) <= 0) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+// torch >= 2.2's VALIDATE, then a PING; true if the nonce comes back.
+bool Pings(int fd) {
+  const char validate[5] = {0, static_cast<char>(0xCE), static_cast<char>(0xF7), static_cast<char>(0x85), 0x3C};
+  const char ping[5] = {13, 'p', 'i', 'n', 'g'};
+  if (::send(fd, validate, 5, MSG_NOSIGNAL) != 5 || ::send(fd, ping, 5, MSG_NOSIGNAL) != 5) return false;
+  char back[4] = {};
+  return ::recv(fd, back, 4, MSG_WAITALL) == 4 && std::memcmp(back, "ping", 4) == 0;
+}
+
+// A cluster whose coordinator also serves the TCPStore protocol, with `flags`; its port.
+std::unique_ptr<Cluster> StartTcpStore(const std::vector<std::string>& flags, int* port) {
+  auto cluster = StartCluster(0);
+  if (cluster == nullptr) return nullptr;
+  std::vector<std::string> all = {"--tcpstore_address=127.0.0.1:0",
+                                  absl::StrCat("--tcpstore_port_file=", cluster->dir(), "/tcpstore.port")};
+  all.insert(all.end(), flags.begin(), flags.end());
+  EXPECT_TRUE(cluster->RestartCoordinator(all).ok());
+  std::ifstream in(cluster->dir() + "/tcpstore.port");
+  in >> *port;
+  return *port > 0 ? std::move(cluster) : nullptr;
+}
+
+// Finding 5: the TCPStore endpoint took 4096 idle connections (one thread each) and then
+// refused legitimate clients; a client trickling a request held its connection forever.
+TEST(AttackTest, TcpStoreCapsConnectionsPerPeerAndClosesTricklingRequests) {
+  int port = 0;
+  auto cluster = StartTcpStore({"--tcpstore_max_connections_per_peer=8", "--tcpstore_frame_timeout=1s"}, &port);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<int> held;
+  for (int i = 0; i < 8; ++i) {
+    held.push_back(ConnectTcp(port));
+    ASSERT_GE(held.back(), 0);
+    ASSERT_TRUE(Pings(held.back())) << "connection " << i;
+  }
+  const int ninth = ConnectTcp(port);
+  ASSERT_GE(ninth, 0);  // the kernel accepts; the server closes it at once
+  EXPECT_TRUE(ClosedByServer(ninth, absl::Seconds(5)));
+  ::close(ninth);
+  // One of the eight trickles a SET (its opcode and 2 of 8 length bytes), then stalls.
+  const char partial[3] = {1, 5, 0};
+  ASSERT_EQ(::send(held[0], partial, 3, MSG_NOSIGNAL), 3);
+  EXPECT_TRUE(ClosedByServer(held[0], absl::Seconds(5))) << "a trickled request was not timed out";
+  ::close(held[0]);
+  held.erase(held.begin());
+  // Its place is free again, and the others still work.
+  const int again = ConnectTcp(port);
+  ASSERT_GE(again, 0);
+  EXPECT_TRUE(Pings(again));
+  held.push_back(again);
+  for (int fd : held) {
+    EXPECT_TRUE(Pings(fd));
+    ::close(fd);
+  }
+}
+
+// Finding 5: after one EMFILE on the gRPC listener the coordinator never accepted a gRPC
+// connection again. With 64 descriptors, 150 connections exhaust them; once they close,
+// both endpoints serve again, and the TCPStore accept loop did not spin meanwhile.
+TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
+  auto cluster = StartCluster(0);
+  ASSERT_NE(cluster, nullptr);
+  cluster->coordinator().Kill(SIGKILL);
+  ASSERT_TRUE(cluster->coordinator().Wait(absl::Seconds(10)).ok());
+  const std::string dir = cluster->dir();
+  auto coordinator = Process::Start(
+      {"/usr/bin/prlimit", "--nofile=64:64", CoordinatorBinary(), "--listen_address=127.0.0.1:0",
+       absl::StrCat("--port_file=", dir, "/small.port"), "--tcpstore_address=127.0.0.1:0",
+       absl::StrCat("--tcpstore_port_file=", dir, "/small-tcpstore.port"), "--metrics_address=", "--log_level=warning"},
+      {}, dir + "/small-coordinator.log");
+  ASSERT_TRUE(coordinator.ok());
+  int grpc_port = 0, tcp_port = 0;
+  for (int i = 0; i < 100 && (grpc_port == 0 || tcp_port == 0); ++i) {
+    std::ifstream(dir + "/small.port") >> grpc_port;
+    std::ifstream(dir + "/small-tcpstore.port") >> tcp_port;
+    if (grpc_port == 0 || tcp_port == 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GT(grpc_port, 0);
+  ASSERT_GT(tcp_port, 0);
+  const std::string address = absl::StrCat("127.0.0.1:", grpc_port);
+  ExpectStoreServes(address);
+  std::vector<int> flood;
+  for (int i = 0; i < 75; ++i) {
+    for (int port : {grpc_port, tcp_port}) {
+      const int fd = ConnectTcp(port);
+      if (fd >= 0) flood.push_back(fd);
+    }
+  }
+  absl::SleepFor(absl::Seconds(1));
+  // While out of descriptors the coordinator backs off instead of spinning.
+  auto cpu_seconds = [&] {
+    std::ifstream stat(absl::StrCat("/proc/", (*coordinator)->pid(), "/stat"));
+    std::string field;
+    double ticks = 0;
+    for (int i = 1; i <= 15 && stat >> field; ++i) {
+      if (i == 14 || i == 15) ticks += std::stod(field);
+    }
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  const double before = cpu_seconds();
+  absl::SleepFor(absl::Seconds(2));
+  EXPECT_LT(cpu_seconds() - before, 0.5) << "the coordinator spun while out of descriptors";
+  for (int fd : flood) ::close(fd);
+  absl::SleepFor(absl::Seconds(1));
+  ExpectStoreServes(address);
+  const int fd = ConnectTcp(tcp_port);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(Pings(fd));
+  ::close(fd);
 }
 
 }  // namespace

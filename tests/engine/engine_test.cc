@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <numeric>
 
 #include "common/shm.h"
@@ -66,15 +68,11 @@ TEST(EngineTest, AllReduceThroughSharedMemory) {
   std::vector<std::unique_ptr<ShmSegment>> segments;
   std::vector<TestRank> ranks(kWorld);
   for (int r = 0; r < kWorld; ++r) {
-    auto probe = ShmSegment::Create(16);
-    ASSERT_TRUE(probe.ok()) << probe.status();
-    std::memcpy((*probe)->data(), "0123456789abcdef", 16);
     engine::AttachRequest a;
     a.group = "shm";
     a.rank = r;
     a.world_size = kWorld;
-    a.probe_segment = (*probe)->name();
-    a.probe_nonce = "0123456789abcdef";
+    a.shared_memory = true;
     ranks[r].rank = r;
     ranks[r].session = std::make_shared<RecordingSession>();
     auto g = cluster.engine(0).Attach(a, ranks[r].session);
@@ -88,7 +86,13 @@ TEST(EngineTest, AllReduceThroughSharedMemory) {
     auto attached = r.session->WaitAttached(absl::Seconds(30));
     ASSERT_TRUE(attached.ok()) << attached.status();
     EXPECT_TRUE(attached->shared_memory);
+    // What the sidecar does with the descriptor the client passes: map it and register it.
+    const ShmSegment& mine = *segments[r.rank];
+    auto mapped = ShmSegment::FromFd(mine.name(), dup(mine.fd()), mine.size());
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    ASSERT_TRUE(r.group->AddSegment(r.rank, std::move(*mapped)).ok());
   }
+
   OnEveryRank(ranks, [&](TestRank& r) {
     float* data = reinterpret_cast<float*>(segments[r.rank]->data() + 64);
     for (int i = 0; i < 10; ++i) data[i] = static_cast<float>(r.rank + i);
