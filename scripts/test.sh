@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs the Debian packages, builds (Release, -j2) and runs
-# every test suite with ctest. Each test bounds its own time (ctest TIMEOUT) and stops the
+# every test suite with ctest, then runs each fuzz target for a bounded time (clang,
+# libFuzzer; scripts/fuzz.sh). Each test bounds its own time (ctest TIMEOUT) and stops the
 # processes it starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,3 +9,5 @@ bash scripts/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2
 ctest --test-dir build --output-on-failure -j2 --timeout 300
+# Fuzzing: ${COLLSERVE_FUZZ_SECONDS:-60} s per target from the seed corpus in tests/fuzz/corpus.
+bash scripts/fuzz.sh "${COLLSERVE_FUZZ_SECONDS:-60}"
