@@ -57,9 +57,13 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   join.rank = rank;
   join.timeout = params_.init_timeout;
   // The callback may run before Join returns; the canceller is stored only if the join is
-  // still in flight then.
-  std::function<void()> cancel =
-      env_.coordinator->Join(join, [this, rank](absl::StatusOr<Membership> result) { OnJoined(rank, result); });
+  // still in flight then. It may also run after the group is gone (the session ended and
+  // the emptied group was destroyed while the join was in flight: found by fuzzing the
+  // sidecar's Session stream, a use after free), hence the weak reference.
+  std::weak_ptr<Group> self = weak_from_this();
+  std::function<void()> cancel = env_.coordinator->Join(join, [self, rank](absl::StatusOr<Membership> result) {
+    if (std::shared_ptr<Group> group = self.lock()) group->OnJoined(rank, result);
+  });
   bool session_gone;
   {
     absl::MutexLock lock(&mu_);

@@ -65,7 +65,7 @@ struct GroupParams {
 };
 
 // Thread-safe. Created on the first attach of one of its ranks on this host.
-class Group {
+class Group : public std::enable_shared_from_this<Group> {
  public:
   Group(GroupEnv env, GroupParams params);
   ~Group();  // stops and joins the executor

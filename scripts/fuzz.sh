@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tcpstore_protocol wal_replay collective_request coordinator_rpc)
+[ ${#targets[@]} -gt 0 ] || targets=(tcpstore_protocol wal_replay collective_request coordinator_rpc sidecar_session)
 start=$(date +%s)
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCOLLSERVE_FUZZ=ON -DCOLLSERVE_WITH_NCCL=OFF > /tmp/collserve-fuzz-configure.log 2>&1 || { cat /tmp/collserve-fuzz-configure.log; exit 1; }
@@ -31,19 +31,19 @@ for t in "${targets[@]}"; do
   extra=()
   # The coordinator target runs a server on threads of its own: what they hold between
   # inputs is not a leak of the input.
-  [ "$t" = coordinator_rpc ] && extra=(-detect_leaks=0)
+  [ "$t" = coordinator_rpc ] || [ "$t" = sidecar_session ] && extra=(-detect_leaks=0)
   set +e
   "build-fuzz/tests/fuzz/fuzz_$t" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=3072 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/" "${extra[@]}" > "$log" 2>&1
   rc=$?
   set -e
-  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  runs=$(grep -aoE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
   crashes=$(find "$artifacts" -type f | wc -l)
   summary+=("$t: ${runs:-?} executions in ${seconds} s, ${crashes} crash/leak/timeout inputs, exit ${rc}")
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
     failed=1
     echo "fuzz: $t failed; the end of its log:"
-    tail -n 40 "$log"
+    tail -n 40 "$log" | cut -c1-300
   fi
 done
 printf 'fuzz: %s\n' "${summary[@]}"

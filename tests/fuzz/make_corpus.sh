@@ -12,7 +12,7 @@ encode() {  # encode <message> <text> -> stdout
     "$root/proto/collserve/v1/collectives.proto"
 }
 rm -rf "$corpus"
-mkdir -p "$corpus"/{tcpstore_protocol,wal_replay,collective_request,coordinator_rpc}
+mkdir -p "$corpus"/{tcpstore_protocol,wal_replay,collective_request,coordinator_rpc,sidecar_session}
 
 # TCPStore requests, both dialects (tcpstore_protocol.h has the layout).
 python3 - "$corpus/tcpstore_protocol" <<'PY'
@@ -73,4 +73,22 @@ rpc 1 GetRequest 'job: "j" key: "k" timeout_ms: -1' get
 rpc 2 AddRequest 'job: "j" key: "c" delta: 3' add
 rpc 11 JoinRequest 'job: "j" group: "g" world_size: 1 member { rank: 0 host_id: "h" } timeout_ms: 100' join
 rpc 13 DescribeRequest 'job: "j" group: "g"' describe
+# Sidecar sessions: SessionRequest messages, each behind a 2-byte little-endian length.
+session() {  # session <file> <text>...
+  local out="$corpus/sidecar_session/$1"
+  shift
+  : > "$out"
+  for text in "$@"; do
+    encode SessionRequest "$text" > "$out.msg"
+    python3 -c 'import sys,struct; d=open(sys.argv[1],"rb").read(); sys.stdout.buffer.write(struct.pack("<H", len(d)) + d)' "$out.msg" >> "$out"
+    rm -f "$out.msg"
+  done
+}
+attach='attach { group: "s" rank: 0 world_size: 1 init_timeout_ms: 1000 op_timeout_ms: 1000 }'
+session all_reduce "$attach" 'collective { seq: 0 op: ALL_REDUCE dtype: FLOAT32 reduce_op: SUM count: 2 buffer { inline_data: "\000\000\200?\000\000\000@" } }'
+session shared_memory 'attach { group: "s" rank: 0 world_size: 1 shared_memory: true }' 'collective { seq: 0 op: BROADCAST dtype: INT8 root: 0 count: 4 buffer { segment: "memfd-1-0" segment_bytes: 4096 } }'
+session barrier_then_bad_seq "$attach" 'collective { seq: 0 op: BARRIER }' 'collective { seq: 5 op: BARRIER }'
+session collective_first 'collective { seq: 0 op: ALL_REDUCE dtype: INT32 reduce_op: MAX count: 1 buffer { inline_data: "\001\000\000\000" } }'
+session attach_twice "$attach" "$attach"
+session all_gather "$attach" 'collective { seq: 0 op: ALL_GATHER dtype: UINT8 count: 3 output_count: 3 output_splits: [3] buffer { inline_data: "abc" } }'
 echo "seed corpora written to $corpus"
