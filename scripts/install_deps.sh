@@ -10,7 +10,7 @@ packages=(
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch libtorch-dev python3-sklearn
   iproute2 nftables procps util-linux
-  clang libclang-rt-14-dev protobuf-compiler
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
