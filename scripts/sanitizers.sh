@@ -31,8 +31,9 @@ TSAN_BINARIES="tests/store/memory_store_test tests/client/init_options_test test
 
 declare -a TIMES=()
 failed=0
+last_rc=0
 now() { date +%s; }
-phase() {  # phase NAME COMMAND...: runs it, records its duration; a failure is remembered
+phase() {  # phase NAME COMMAND...: runs it, records its duration and result; status in $last_rc
   local name=$1 start rc=0
   shift
   start=$(now)
@@ -41,24 +42,31 @@ phase() {  # phase NAME COMMAND...: runs it, records its duration; a failure is 
   TIMES+=("$(printf '%-28s %5ss  %s' "$name" "$(($(now) - start))" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (exit $rc)")")")
   echo "=== $name: $(($(now) - start))s, exit $rc"
   if [ $rc -ne 0 ]; then failed=1; fi
+  last_rc=$rc
   return 0
 }
 
-# Fails (and prints them) if any process wrote a sanitizer report into $1.
+# Fails (and prints them) if any process wrote a sanitizer report into $1/reports, or the
+# tests' output ($1/ctest-*.log) has a UBSan report: GCC's UBSan runtime ignores log_path
+# when ASan is linked too, so its reports go to stderr (and the process aborts).
 check_reports() {
-  local dir=$1 files
-  files=$(find "$dir" -type f -size +0 | sort)
-  if [ -z "$files" ]; then
-    echo "no sanitizer reports in $dir"
-    return 0
+  local dir=$1 files bad=0 f
+  files=$(find "$dir/reports" -type f -size +0 | sort)
+  if [ -n "$files" ]; then
+    bad=1
+    echo "SANITIZER REPORTS ($(echo "$files" | wc -l) processes; file names are <tool>.<program>.<pid>):"
+    for f in $files; do
+      echo "----- $f"
+      head -c 20000 "$f"
+    done
   fi
-  echo "SANITIZER REPORTS ($(echo "$files" | wc -l) processes; file names are <tool>.<program>.<pid>):"
-  local f
-  for f in $files; do
-    echo "----- $f"
-    head -c 20000 "$f"
-  done
-  return 1
+  if grep -h -A12 ': runtime error: ' "$dir"/ctest-*.log > "$dir/ubsan-in-test-output.txt"; then
+    bad=1
+    echo "UBSAN REPORTS in the tests' output (the first ones; all in $dir/ubsan-in-test-output.txt):"
+    grep -h ': runtime error: ' "$dir/ubsan-in-test-output.txt" | sed 's/^ *//' | sort | uniq -c | sort -rn | head -20
+  fi
+  [ $bad -eq 0 ] && echo "no sanitizer reports ($dir)"
+  return $bad
 }
 
 configure() { nice -n 10 cmake --preset "$1" >/dev/null; }
@@ -67,14 +75,16 @@ build() { nice -n 10 cmake --build "$1" -j "$JOBS"; }
 run_asan() {
   local build=$ROOT/build-asan logs=$ROOT/build-asan/sanitizer-logs
   phase "asan: configure" configure asan
+  [ $last_rc -eq 0 ] || return 0
   phase "asan: build" build "$build"
-  [ $failed -eq 0 ] || return 0
-  rm -rf "$logs" && mkdir -p "$logs"
+  [ $last_rc -eq 0 ] || return 0
+  rm -rf "$logs" && mkdir -p "$logs/reports"
   local common="halt_on_error=1:detect_leaks=1:check_initialization_order=1:log_exe_name=1"
-  local ubsan="halt_on_error=1:print_stacktrace=1:report_error_type=1:log_path=$logs/ubsan:log_exe_name=1"
+  local ubsan="halt_on_error=1:print_stacktrace=1:report_error_type=1"
   # C++ suites: full leak checking, no suppressions.
-  phase "asan: ctest (C++)" env ASAN_OPTIONS="$common:log_path=$logs/asan" UBSAN_OPTIONS="$ubsan" \
-    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure -E "$ASAN_EXCLUDE|^python_"
+  phase "asan: ctest (C++)" env ASAN_OPTIONS="$common:log_path=$logs/reports/asan" UBSAN_OPTIONS="$ubsan" \
+    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-cc.log" \
+    -E "$ASAN_EXCLUDE|^python_"
   # Python suites: /usr/bin/python3 is not instrumented, so the runtime is preloaded, with
   # libstdc++ (else the first C++ throw in a torch or pybind11 module trips ASan's __cxa_throw
   # interceptor: google/sanitizers#934). The preload reaches every program the tests start:
@@ -84,18 +94,20 @@ run_asan() {
   local preload
   preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
   phase "asan: ctest (Python)" env PATH="$SAN/bin:$PATH" LD_PRELOAD="$preload" \
-    ASAN_OPTIONS="$common:malloc_context_size=2:log_path=$logs/asan" \
+    ASAN_OPTIONS="$common:malloc_context_size=2:log_path=$logs/reports/asan" \
     LSAN_OPTIONS="suppressions=$SAN/lsan-python.supp:use_tls=0:print_suppressions=0" UBSAN_OPTIONS="$ubsan" \
-    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure -R '^python_' -E "$ASAN_EXCLUDE"
+    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-python.log" \
+    -R '^python_' -E "$ASAN_EXCLUDE"
   phase "asan: reports" check_reports "$logs"
 }
 
 run_tsan() {
   local build=$ROOT/build-tsan logs=$ROOT/build-tsan/sanitizer-logs
   phase "tsan: configure" configure tsan
+  [ $last_rc -eq 0 ] || return 0
   phase "tsan: build" build "$build"
-  [ $failed -eq 0 ] || return 0
-  rm -rf "$logs" && mkdir -p "$logs"
+  [ $last_rc -eq 0 ] || return 0
+  rm -rf "$logs" && mkdir -p "$logs/reports"
   # ctest numbers of the tests whose command is one of TSAN_BINARIES.
   local ids
   ids=$(ctest --test-dir "$build" --show-only=json-v1 | python3 -c '
@@ -111,8 +123,9 @@ print(",".join(str(i + 1) for i, t in enumerate(tests)
   fi
   echo "tsan: $(echo "$ids" | tr ',' '\n' | wc -l) tests"
   phase "tsan: ctest" env \
-    TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:history_size=4:ignore_noninstrumented_modules=1:suppressions=$SAN/tsan.supp:log_path=$logs/tsan:log_exe_name=1" \
-    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure -I "0,0,0,$ids"
+    TSAN_OPTIONS="halt_on_error=0:second_deadlock_stack=1:history_size=4:ignore_noninstrumented_modules=1:suppressions=$SAN/tsan.supp:log_path=$logs/reports/tsan:log_exe_name=1" \
+    ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-tsan.log" \
+    -I "0,0,0,$ids"
   phase "tsan: reports" check_reports "$logs"
 }
 

@@ -19,6 +19,9 @@
 // "nexting" threads and the synchronous API do). gRPC core orders the two with atomics TSan
 // cannot see, so TSan reported a race between, say, StartWrite filling in grpcpp's CallOpSet
 // and the completion thread finishing it. Start-batch releases `tag`, a completion acquires it.
+// Likewise grpc::Server::Shutdown() waits (UnrefAndWaitLocked) until every callback RPC has
+// run its reactor's OnDone() and dropped its server reference (UnrefWithPossibleNotify), with
+// an atomic count in libgrpc++: each unref releases the server, the wait acquires it.
 //
 // The real functions are looked up by their mangled names in Debian 12's absl (inline
 // namespace debian3): another absl fails the static_assert below, or aborts at the first
@@ -34,6 +37,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc/grpc.h"
+#include "grpcpp/server.h"
 
 static_assert(ABSL_LTS_RELEASE_VERSION == 20220623, "written against absl 20220623 (Debian 12)");
 
@@ -336,6 +340,22 @@ bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
 
 ABSL_NAMESPACE_END
 }  // namespace absl
+
+namespace grpc {
+
+void Server::UnrefWithPossibleNotify() {
+  REAL(void (*)(Server*), "_ZN4grpc6Server23UnrefWithPossibleNotifyEv");
+  if (Active()) __tsan_release(this);
+  real(this);
+}
+
+void Server::UnrefAndWaitLocked() {
+  REAL(void (*)(Server*), "_ZN4grpc6Server18UnrefAndWaitLockedEv");
+  real(this);
+  if (Active()) __tsan_acquire(this);
+}
+
+}  // namespace grpc
 
 extern "C" {
 
