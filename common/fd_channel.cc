@@ -100,7 +100,8 @@ Reply ReplyFor(const absl::Status& status) {
   Reply r;
   r.code = static_cast<int32_t>(status.code());
   const size_t n = std::min(status.message().size(), sizeof(r.message) - 1);
-  std::memcpy(r.message, status.message().data(), n);
+  // An OK status's message is empty and its data() may be null: memcpy's pointers must not be.
+  if (n > 0) std::memcpy(r.message, status.message().data(), n);
   return r;
 }
 

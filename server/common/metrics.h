@@ -35,9 +35,10 @@ class RpcMetrics {
 
  private:
   static const prometheus::Histogram::BucketBoundaries& Buckets() {
-    static const prometheus::Histogram::BucketBoundaries kBuckets = {
+    // Never destroyed: an RPC that finishes while exit() runs must still find it.
+    static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
         0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300};
-    return kBuckets;
+    return *kBuckets;
   }
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& duration_;

@@ -33,6 +33,11 @@ struct Target {
   std::unique_ptr<grpc::GenericStub> stub;
 };
 
+// The servers stop before the process exits: their threads must not outlive the globals
+// (gRPC's, protobuf's, glog's) that exit() destroys. Registered after those are built, so it
+// runs before their destructors.
+void StopTarget();
+
 Target& Get() {
   static Target* t = [] {
     auto* target = new Target;
@@ -51,7 +56,16 @@ Target& Get() {
         absl::StrCat("127.0.0.1:", target->coordinator->port()), grpc::InsecureChannelCredentials()));
     return target;
   }();
+  static const bool stop_registered = std::atexit(StopTarget) == 0;
+  (void)stop_registered;
   return *t;
+}
+
+void StopTarget() {
+  Target* t = &Get();
+  t->stub.reset();
+  t->coordinator->Shutdown(absl::Seconds(5));
+  delete t;
 }
 
 grpc::Status Call(const std::string& method, const std::string& bytes, absl::Duration deadline) {

@@ -35,6 +35,11 @@ struct Target {
   std::string address;
 };
 
+// The servers stop before the process exits: their threads must not outlive the globals
+// (gRPC's, protobuf's, glog's) that exit() destroys. Registered after those are built, so it
+// runs before their destructors.
+void StopTarget();
+
 Target& Get() {
   static Target* t = [] {
     auto* target = new Target;
@@ -61,7 +66,16 @@ Target& Get() {
     target->address = "unix:" + so.unix_socket;
     return target;
   }();
+  static const bool stop_registered = std::atexit(StopTarget) == 0;
+  (void)stop_registered;
   return *t;
+}
+
+void StopTarget() {
+  Target* t = &Get();
+  t->sidecar->Shutdown(absl::Seconds(5));
+  t->coordinator->Shutdown(absl::Seconds(5));
+  delete t;
 }
 
 pb::SessionRequest DefaultAttach(const std::string& group) {
