@@ -38,7 +38,6 @@ move no bytes between the process and the sidecar. Other tensors are copied thro
 staging segment (COLLSERVE_MAX_STAGING_BYTES bounds those in flight).
 """
 import atexit
-import ctypes
 import math
 import os
 import shutil
@@ -76,14 +75,6 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _set_parent_death_signal():
-    """Runs in the server's child between fork and exec: SIGTERM when the starting thread dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _start(name, argv, directory, timeout_s):
     if not _embedded["servers"]:
         # multiprocessing's fork children leave through os._exit, which skips atexit; its
@@ -91,9 +82,11 @@ def _start(name, argv, directory, timeout_s):
         from multiprocessing import util
         util.Finalize(None, _stop_embedded, exitpriority=-100)
     port_file = os.path.join(directory, f"{name}.port")
-    proc, port = start_server(name, argv + [f"--port_file={port_file}"], port_file,
-                              os.path.join(directory, f"{name}.log"), timeout_s, _embedded["servers"].append,
-                              preexec_fn=_set_parent_death_signal)
+    # --parent_pid: the server ends when the thread that started it does (PR_SET_PDEATHSIG,
+    # set by the server itself: code run between fork and exec of this multi-threaded
+    # process, a preexec_fn, can deadlock on a lock another thread held at the fork).
+    proc, port = start_server(name, argv + [f"--port_file={port_file}", f"--parent_pid={os.getpid()}"], port_file,
+                              os.path.join(directory, f"{name}.log"), timeout_s, _embedded["servers"].append)
     return port
 
 

@@ -6,6 +6,7 @@
 #include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -53,6 +54,20 @@ void SetDaemonUsage(const char* program, const char* usage) {
   const std::string version = absl::StrCat(program, " ", COLLSERVE_VERSION, "\n");
   config.version_string = [version] { return version; };
   absl::SetFlagsUsageConfig(config);
+}
+
+absl::Status ExitWithParent(int64_t parent_pid) {
+  if (parent_pid == 0) return absl::OkStatus();
+  if (parent_pid < 0) return absl::InvalidArgumentError(absl::StrCat("--parent_pid=", parent_pid, ": use a pid, or 0"));
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+    return absl::InternalError(absl::StrCat("prctl(PR_SET_PDEATHSIG): ", std::strerror(errno)));
+  }
+  // Checked after the request: a parent that ends later sends the signal.
+  if (static_cast<int64_t>(getppid()) != parent_pid) {
+    return absl::FailedPreconditionError(absl::StrCat("--parent_pid=", parent_pid,
+                                                      ": that process, which started this daemon, has already ended"));
+  }
+  return absl::OkStatus();
 }
 
 int WaitForTerminationSignal() {

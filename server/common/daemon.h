@@ -34,6 +34,17 @@ void SetDaemonUsage(const char* program, const char* usage);
 // running out makes accept fail). Returns the new soft limit; never fails (logs instead).
 uint64_t RaiseFileLimit();
 
+// For a daemon that a training process starts for itself (the SDK's embedded servers): asks
+// the kernel for SIGTERM when the thread that started this process ends
+// (prctl(PR_SET_PDEATHSIG), which exec keeps), so the daemon shuts down as on a normal
+// SIGTERM even if its parent is SIGKILLed. `parent_pid` is the pid the parent says it has;
+// FAILED_PRECONDITION if the parent already ended (this process's parent pid differs), so
+// a daemon whose starter died before this call does not run on orphaned. 0 = not started
+// by a process it should follow: does nothing. Call from main() after
+// BlockTerminationSignals() (not thread-safe). Replaces setting the signal between fork and
+// exec, which ran code in a forked child of a multi-threaded process and could deadlock there.
+absl::Status ExitWithParent(int64_t parent_pid);
+
 // Waits for SIGTERM or SIGINT; returns the signal number.
 int WaitForTerminationSignal();
 

@@ -18,6 +18,9 @@ ABSL_FLAG(std::string, data_dir, "",
           "Directory for the store's write-ahead log and snapshots; empty keeps the store in "
           "memory only (lost on restart).");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
+ABSL_FLAG(int64_t, parent_pid, 0,
+          "If set, the pid of the process that starts this daemon (a training process embedding it): the "
+          "daemon shuts down as on SIGTERM when that process ends, and refuses to start if it already has.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the bound gRPC port is written to this file once serving (for tests and "
           "launchers that use port 0).");
@@ -61,6 +64,10 @@ int main(int argc, char** argv) {
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     std::cerr << s << "\n";
     return 2;
+  }
+  if (absl::Status s = collserve::server::ExitWithParent(absl::GetFlag(FLAGS_parent_pid)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 1;
   }
   collserve::server::RaiseFileLimit();
 

@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9465",
           "host:port serving Prometheus /metrics; empty to disable.");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
+ABSL_FLAG(int64_t, parent_pid, 0,
+          "If set, the pid of the process that starts this daemon (a training process embedding it): the "
+          "daemon shuts down as on SIGTERM when that process ends, and refuses to start if it already has.");
 ABSL_FLAG(int, data_threads, 0,
           "Threads for local reductions and copies among this host's ranks (the executor included); "
           "0 = one per core, at most 8.");
@@ -56,6 +59,10 @@ int main(int argc, char** argv) {
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
     std::cerr << s << "\n";
     return 2;
+  }
+  if (absl::Status s = collserve::server::ExitWithParent(absl::GetFlag(FLAGS_parent_pid)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 1;
   }
   collserve::server::RaiseFileLimit();
   collserve::server::SidecarOptions options;

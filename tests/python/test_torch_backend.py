@@ -8,6 +8,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -300,11 +301,19 @@ def run_program(source, tmp_path, *args):
     path = tmp_path / "program.py"
     path.write_text(source)
     before = embedded_dirs()
-    r = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=180,
-                       env={k: v for k, v in os.environ.items() if k != "COLLSERVE_SIDECAR"})
-    assert r.returncode == 0, r.stdout + r.stderr
+    # In a session of its own, so that a timeout also stops the ranks it spawned.
+    proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != "COLLSERVE_SIDECAR"})
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{path} did not finish within 180 s:\n{stdout}{stderr}")
+    assert proc.returncode == 0, stdout + stderr
     assert embedded_dirs() <= before
-    return r.stdout
+    return stdout
 
 
 def tutorial_program(example):
