@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "collserve/client.h"
+#include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -245,7 +246,9 @@ class SessionProcessGroup : public ProcessGroup {
     const std::string address = options_.sidecar_address.empty()
                                     ? std::string(kDefaultSidecarAddress)
                                     : options_.sidecar_address;
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), ChannelArgs());
+    auto channel = CreateChannel(address, options_.tls, ChannelArgs());
+    if (!channel.ok()) return channel.status();
+    channel_ = std::move(*channel);
     const absl::Time init_deadline = absl::Now() + options_.init_timeout;
     if (!channel_->WaitForConnected(absl::ToChronoTime(std::min(
             init_deadline, absl::Now() + std::min(options_.init_timeout, absl::Seconds(30)))))) {
@@ -730,6 +733,7 @@ class SessionProcessGroup : public ProcessGroup {
       StoreClientOptions so;
       so.job = options_.job;
       so.timeout = options_.op_timeout;
+      so.tls = options_.tls;
       auto s = StoreClient::Connect(options_.coordinator_address, so);
       if (s.ok()) store_ = std::move(*s);
     }
@@ -1101,6 +1105,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   auto staging = MaxStagingBytesFromEnv(o.max_staging_bytes);
   if (!staging.ok()) return staging.status();
   o.max_staging_bytes = *staging;
+  auto tls = TlsOptions::FromEnv();
+  if (!tls.ok()) return tls.status();
+  o.tls = std::move(*tls);
   return o;
 }
 

@@ -4,9 +4,11 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel.h"
 #include "collserve/client.h"
 #include "collserve/v1/store.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 
 namespace collserve::client {
 namespace {
@@ -190,7 +192,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  COLLSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, CreateChannel(address, options.tls, args));
   auto deadline = std::chrono::system_clock::now() +
                   std::chrono::milliseconds(absl::ToInt64Milliseconds(options.connect_timeout));
   if (!channel->WaitForConnected(deadline)) {

@@ -172,7 +172,11 @@ void BindStore(py::module_& m) {
     o.timeout = Seconds(timeout_s);
     o.connect_timeout = Seconds(connect_timeout_s);
     absl::StatusOr<std::unique_ptr<StoreClient>> r;
-    {
+    absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
+    if (!tls.ok()) {
+      r = tls.status();
+    } else {
+      o.tls = std::move(*tls);
       py::gil_scoped_release release;
       r = StoreClient::Connect(address, o);
     }
@@ -320,10 +324,14 @@ PYBIND11_MODULE(_collserve, m) {
     o.op_timeout = absl::Seconds(op_timeout_s);
     absl::StatusOr<std::unique_ptr<ProcessGroup>> pg;
     absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
+    absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
     if (!staging.ok()) {
       pg = staging.status();
+    } else if (!tls.ok()) {
+      pg = tls.status();
     } else {
       o.max_staging_bytes = *staging;
+      o.tls = std::move(*tls);
       py::gil_scoped_release release;
       pg = collserve::client::InitProcessGroup(o);
     }

@@ -34,6 +34,26 @@ namespace collserve::client {
 // Default address of the sidecar on this host.
 inline constexpr absl::string_view kDefaultSidecarAddress = "unix:/tmp/collserve/sidecar.sock";
 
+// Transport security of the gRPC channels a client opens to a coordinator and to a sidecar's
+// TCP listener. A "unix:" address is always plaintext (a local socket; its file mode guards
+// it). With ca_file empty the channel is plaintext too. Files are PEM and are re-read while
+// the channel lives (every minute), so a rotated certificate needs no restart.
+struct TlsOptions {
+  // CA bundle that signed the servers' certificates; set = TLS. Env: COLLSERVE_TLS_CA.
+  std::string ca_file;
+  // This client's certificate chain and private key, for servers that require mutual TLS;
+  // both or neither. Env: COLLSERVE_TLS_CERT, COLLSERVE_TLS_KEY.
+  std::string cert_file;
+  std::string key_file;
+  // The name the server's certificate must carry, when it differs from the host part of the
+  // address (e.g. a Kubernetes Service name behind an IP). Env: COLLSERVE_TLS_SERVER_NAME.
+  std::string server_name;
+
+  // Reads the four variables above (unset = empty). INVALID_ARGUMENT if only one of
+  // COLLSERVE_TLS_CERT and COLLSERVE_TLS_KEY is set, or a certificate is set without a CA.
+  static absl::StatusOr<TlsOptions> FromEnv();
+};
+
 struct InitOptions {
   // The sidecar serving this process: "unix:/path" or "host:port". Default:
   // kDefaultSidecarAddress. Env: COLLSERVE_SIDECAR.
@@ -71,12 +91,16 @@ struct InitOptions {
   // may depend on this rank's later sends) but count. Env: COLLSERVE_MAX_STAGING_BYTES.
   int64_t max_staging_bytes = kDefaultMaxStagingBytes;
   static constexpr int64_t kDefaultMaxStagingBytes = int64_t{128} << 20;
+  // TLS to the sidecar (a TCP address only) and the coordinator. Env: COLLSERVE_TLS_*
+  // (TlsOptions::FromEnv).
+  TlsOptions tls;
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES.
+  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES and COLLSERVE_TLS_*.
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
-  // a positive number, or COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer.
+  // a positive number, COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer, or the
+  // TLS variables are inconsistent (TlsOptions::FromEnv).
   static absl::StatusOr<InitOptions> FromEnv();
   // COLLSERVE_MAX_STAGING_BYTES, or `fallback` when unset (for bindings that fill the
   // other fields themselves). INVALID_ARGUMENT when it is not a non-negative integer.
@@ -319,6 +343,7 @@ struct StoreClientOptions {
   std::string job = "default";                   // key namespace
   absl::Duration timeout = absl::Seconds(300);   // torch's store timeout: Get/Wait default
   absl::Duration connect_timeout = absl::Seconds(30);
+  TlsOptions tls;  // TLS to the coordinator (default: plaintext)
 };
 
 // The coordinator's key-value store with torch.distributed Store semantics (set, get,

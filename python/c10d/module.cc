@@ -35,6 +35,9 @@ c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int worl
   absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
   if (!staging.ok()) throw std::invalid_argument(std::string(staging.status().message()));
   options.max_staging_bytes = *staging;
+  absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
+  if (!tls.ok()) throw std::invalid_argument(std::string(tls.status().message()));
+  options.tls = std::move(*tls);
   return collserve::c10d_backend::CreateProcessGroup(options);
 }
 

@@ -39,7 +39,9 @@ class CoordinatorImpl : public Coordinator {
     auto listener = GrpcListener::Bind(options.listen_address);
     if (!listener.ok()) return listener.status();
     listener_ = std::move(*listener);
-    listener_->RegisterWith(builder, grpc::InsecureServerCredentials());
+    auto credentials = ServerCredentialsFor(options.tls);
+    if (!credentials.ok()) return credentials.status();
+    listener_->RegisterWith(builder, *credentials);
     port_ = listener_->port();
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
     builder.SetMaxSendMessageSize(256 << 20);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "server/common/tls.h"
 #include "server/coordinator/group_registry.h"
 #include "server/coordinator/tcpstore_server.h"
 #include "store/store.h"
@@ -32,6 +33,9 @@ struct CoordinatorOptions {
   // Memory gRPC may hold for the RPCs in flight, in bytes (LimitRpcMemory): connections
   // sending more are cut off. Must exceed store.max_value_bytes + 1 MiB (one largest Set).
   int64_t rpc_memory_bytes = int64_t{512} << 20;
+  // TLS of the gRPC API (ServerTlsOptions; default plaintext). The TCPStore endpoint speaks
+  // torch's plaintext protocol regardless.
+  ServerTlsOptions tls;
 };
 
 // Thread-safe.

@@ -8,6 +8,7 @@
 #include "absl/flags/usage.h"
 #include "absl/time/time.h"
 #include "server/common/daemon.h"
+#include "server/common/tls.h"
 #include "server/coordinator/coordinator.h"
 
 ABSL_FLAG(std::string, listen_address, "0.0.0.0:29400",
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
   options.store.max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes);
   options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
+  options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);

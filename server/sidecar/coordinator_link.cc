@@ -45,9 +45,10 @@ class UnreachableStore : public backends::RendezvousStore {
 }  // namespace
 
 GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
-                                         std::string host_id, std::string host_address)
+                                         client::TlsOptions tls, std::string host_id, std::string host_address)
     : registry_(pb::Registry::NewStub(channel)),
       coordinator_address_(std::move(coordinator_address)),
+      tls_(std::move(tls)),
       host_id_(std::move(host_id)),
       host_address_(std::move(host_address)) {}
 
@@ -107,6 +108,7 @@ std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreF
   client::StoreClientOptions so;
   so.job = job;
   so.connect_timeout = absl::Seconds(10);
+  so.tls = tls_;
   auto store = client::StoreClient::Connect(coordinator_address_, so);
   if (!store.ok()) return std::make_unique<UnreachableStore>(store.status());
   return std::make_unique<StoreRendezvous>(std::move(*store));

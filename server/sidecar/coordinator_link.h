@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "engine/interfaces.h"
 
@@ -18,8 +19,9 @@ namespace collserve::server {
 class GrpcCoordinatorLink : public engine::CoordinatorLink {
  public:
   // `host_id` and `host_address` are this sidecar's, as members of every group it joins.
-  GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address, std::string host_id,
-                      std::string host_address);
+  // `tls`: how the rendezvous store clients reach the coordinator (as `channel` does).
+  GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
+                      client::TlsOptions tls, std::string host_id, std::string host_address);
   std::function<void()> Join(const JoinParams& params,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) override;
   void Leave(const std::string& job, const std::string& group, int rank) override;
@@ -28,6 +30,7 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
  private:
   std::unique_ptr<collserve::v1::Registry::Stub> registry_;
   const std::string coordinator_address_;
+  const client::TlsOptions tls_;
   const std::string host_id_;
   const std::string host_address_;
 };

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "server/common/daemon.h"
+#include "server/common/tls.h"
 #include "server/sidecar/sidecar.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400", "The coordinator's host:port.");
@@ -50,6 +51,13 @@ ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{2} << 30,
           "oversized message is buffered whole before its size is checked) is cut off. Must exceed 1 GiB, the "
           "message limit.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
+ABSL_FLAG(std::string, coordinator_tls_ca, "",
+          "PEM CA bundle that the coordinator's certificate must chain to; set = TLS to the coordinator.");
+ABSL_FLAG(std::string, coordinator_tls_cert, "",
+          "PEM client certificate this sidecar presents to a coordinator that requires one (mutual TLS).");
+ABSL_FLAG(std::string, coordinator_tls_key, "", "PEM private key of --coordinator_tls_cert.");
+ABSL_FLAG(std::string, coordinator_tls_server_name, "",
+          "Name the coordinator's certificate must carry when it differs from --coordinator's host.");
 
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
@@ -92,6 +100,11 @@ int main(int argc, char** argv) {
   options.direct_max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_direct_max_bytes));
   options.ring_min_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_min_bytes));
   options.ring_segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_segment_bytes));
+  options.tls = collserve::server::ServerTlsOptionsFromFlags();
+  options.coordinator_tls.ca_file = absl::GetFlag(FLAGS_coordinator_tls_ca);
+  options.coordinator_tls.cert_file = absl::GetFlag(FLAGS_coordinator_tls_cert);
+  options.coordinator_tls.key_file = absl::GetFlag(FLAGS_coordinator_tls_key);
+  options.coordinator_tls.server_name = absl::GetFlag(FLAGS_coordinator_tls_server_name);
 
   auto sidecar = collserve::server::Sidecar::Start(options);
   if (!sidecar.ok()) {

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/registry.h"
+#include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/fd_channel.h"
 #include "common/grpc_status.h"
@@ -219,11 +220,14 @@ class SidecarImpl : public Sidecar {
     }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    channel_ = grpc::CreateCustomChannel(options_.coordinator_address, grpc::InsecureChannelCredentials(), args);
+    auto channel = client::CreateChannel(options_.coordinator_address, options_.coordinator_tls, args);
+    if (!channel.ok()) return channel.status();
+    channel_ = std::move(*channel);
     if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.coordinator_connect_timeout))) {
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", options_.coordinator_address));
     }
-    coordinator_ = std::make_unique<GrpcCoordinatorLink>(channel_, options_.coordinator_address, options_.host_id,
+    coordinator_ = std::make_unique<GrpcCoordinatorLink>(channel_, options_.coordinator_address,
+                                                         options_.coordinator_tls, options_.host_id,
                                                          options_.gloo_hostname);
     if (absl::Status s = backends::AddBuiltinBackends(backends_); !s.ok()) return s;
     metrics_ = std::make_shared<prometheus::Registry>();
@@ -268,7 +272,13 @@ class SidecarImpl : public Sidecar {
       port_ = (*listener)->port();
       listeners_.push_back(std::move(*listener));
     }
-    for (auto& l : listeners_) l->RegisterWith(builder, grpc::InsecureServerCredentials());
+    auto tcp_credentials = ServerCredentialsFor(options_.tls);
+    if (!tcp_credentials.ok()) return tcp_credentials.status();
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      // The unix socket (first, when there is one) is local and plaintext.
+      const bool unix_listener = i == 0 && !options_.unix_socket.empty();
+      listeners_[i]->RegisterWith(builder, unix_listener ? grpc::InsecureServerCredentials() : *tcp_credentials);
+    }
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());

@@ -17,6 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "collserve/client.h"
+#include "server/common/tls.h"
 
 namespace collserve::server {
 
@@ -54,6 +56,11 @@ struct SidecarOptions {
   int64_t rpc_memory_bytes = int64_t{2} << 30;
   // How long to wait for the coordinator at start.
   absl::Duration coordinator_connect_timeout = absl::Seconds(30);
+  // TLS of the TCP listener (listen_address; the unix socket stays plaintext) and of the
+  // channels to the coordinator (ca_file set = TLS; cert_file/key_file = this sidecar's
+  // client certificate for a coordinator that requires one).
+  ServerTlsOptions tls;
+  client::TlsOptions coordinator_tls;
 };
 
 // Thread-safe.

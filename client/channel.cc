@@ -1,0 +1,75 @@
+#include "client/channel.h"
+
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/pem.h"
+
+namespace collserve::client {
+
+namespace {
+constexpr unsigned int kRefreshSeconds = 60;  // how often the watched files are re-read
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? std::string() : std::string(v);
+}
+
+absl::Status CheckConsistent(const TlsOptions& tls, absl::string_view source) {
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": a client certificate needs both its certificate (",
+                                                   tls.cert_file.empty() ? "unset" : tls.cert_file, ") and its key (",
+                                                   tls.key_file.empty() ? "unset" : tls.key_file, ")"));
+  }
+  if (!tls.cert_file.empty() && tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": a client certificate is set but no CA to verify the server with (TLS needs the CA file)"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<TlsOptions> TlsOptions::FromEnv() {
+  TlsOptions tls;
+  tls.ca_file = Env("COLLSERVE_TLS_CA");
+  tls.cert_file = Env("COLLSERVE_TLS_CERT");
+  tls.key_file = Env("COLLSERVE_TLS_KEY");
+  tls.server_name = Env("COLLSERVE_TLS_SERVER_NAME");
+  if (absl::Status s = CheckConsistent(tls, "COLLSERVE_TLS_CA/CERT/KEY"); !s.ok()) return s;
+  return tls;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,
+                                                             grpc::ChannelArguments args) {
+  if (tls.ca_file.empty() || absl::StartsWith(address, "unix:")) {
+    if (absl::Status s = CheckConsistent(tls, "TLS options"); !s.ok()) return s;
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  if (absl::Status s = CheckConsistent(tls, "TLS options"); !s.ok()) return s;
+  if (absl::Status s = CheckPemFile("TLS CA file", tls.ca_file); !s.ok()) return s;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (tls.cert_file.empty()) {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(tls.ca_file, kRefreshSeconds);
+  } else {
+    if (absl::Status s = CheckPemFile("TLS certificate file", tls.cert_file); !s.ok()) return s;
+    if (absl::Status s = CheckPemFile("TLS key file", tls.key_file); !s.ok()) return s;
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(tls.key_file, tls.cert_file,
+                                                                                    tls.ca_file, kRefreshSeconds);
+  }
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!tls.cert_file.empty()) options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(true);
+  if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  return grpc::CreateCustomChannel(address, grpc::experimental::TlsCredentials(options), args);
+}
+
+}  // namespace collserve::client

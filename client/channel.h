@@ -1,0 +1,30 @@
+// Internal to the SDK and the sidecar (not installed): opens a gRPC channel with a client's
+// TlsOptions (collserve/client.h).
+#ifndef COLLSERVE_CLIENT_CHANNEL_H_
+#define COLLSERVE_CLIENT_CHANNEL_H_
+
+#include <grpcpp/channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "collserve/client.h"
+
+namespace collserve::client {
+
+// A channel to `address` ("host:port" or "unix:/path") with `args`. TLS when tls.ca_file is
+// set and the address is not a unix socket: the server's certificate must chain to
+// tls.ca_file and name the address's host (or tls.server_name); tls.cert_file/key_file are
+// presented when a server asks for a client certificate. The files are watched through
+// gRPC's FileWatcherCertificateProvider (re-read every 60 s). Does not connect.
+// Errors: INVALID_ARGUMENT naming the file when a TLS file is missing, unreadable or not
+// PEM, or when the options are inconsistent (a key without a certificate, a certificate
+// without a CA). Thread-safe.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,
+                                                             grpc::ChannelArguments args);
+
+}  // namespace collserve::client
+
+#endif  // COLLSERVE_CLIENT_CHANNEL_H_
