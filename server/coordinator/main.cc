@@ -37,6 +37,10 @@ ABSL_FLAG(absl::Duration, tcpstore_frame_timeout, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, tcpstore_idle_timeout, absl::ZeroDuration(),
           "Close TCPStore connections idle (no request, no pending WAIT) this long; 0 = never (torch's clients "
           "keep one connection for the whole job and do not reconnect).");
+ABSL_FLAG(std::string, tcpstore_allow, "",
+          "Peers allowed on the TCPStore endpoint: comma-separated IP networks (CIDR, e.g. "
+          "127.0.0.0/8,10.4.0.0/16); empty = any. torch's TCPStore clients send no credentials, so this and "
+          "--tcpstore_address are what keep other hosts off the job's keys.");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
 ABSL_FLAG(int64_t, max_keys, 1 << 20, "Most keys the store holds, all jobs together.");
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   options.tcpstore.max_connections_per_peer = absl::GetFlag(FLAGS_tcpstore_max_connections_per_peer);
   options.tcpstore.frame_timeout = absl::GetFlag(FLAGS_tcpstore_frame_timeout);
   options.tcpstore.idle_timeout = absl::GetFlag(FLAGS_tcpstore_idle_timeout);
+  options.tcpstore.allowed_networks = absl::GetFlag(FLAGS_tcpstore_allow);
 
   auto coordinator = collserve::server::Coordinator::Start(options);
   if (!coordinator.ok()) {

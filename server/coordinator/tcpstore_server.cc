@@ -30,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
+#include "server/common/networks.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_protocol.h"
 
@@ -84,8 +85,11 @@ int PeerPort(const sockaddr_storage& addr) {
 
 class TcpStoreServerImpl : public TcpStoreServer {
  public:
-  TcpStoreServerImpl(store::Store& store, TcpStoreOptions options)
-      : store_(store), options_(std::move(options)), prefix_(absl::StrCat(options_.job, "/")) {
+  TcpStoreServerImpl(store::Store& store, TcpStoreOptions options, NetworkList allowed)
+      : store_(store),
+        options_(std::move(options)),
+        allowed_(std::move(allowed)),
+        prefix_(absl::StrCat(options_.job, "/")) {
     limits_.max_key_bytes = options_.max_key_bytes;
     limits_.max_value_bytes = options_.max_value_bytes;
     limits_.max_keys_per_request = options_.max_keys_per_request;
@@ -320,7 +324,9 @@ class TcpStoreServerImpl : public TcpStoreServer {
       const std::string ip = PeerIp(addr);
       const std::string peer = absl::StrCat(ip, ":", PeerPort(addr));
       std::string refused;
-      if (static_cast<int>(conns.size()) >= max_connections_) {
+      if (!allowed_.empty() && !allowed_.Contains(addr)) {
+        refused = absl::StrCat(ip, " is outside the allowed networks (", allowed_.ToString(), ")");
+      } else if (static_cast<int>(conns.size()) >= max_connections_) {
         refused = absl::StrCat(max_connections_, " connections are open (the limit)");
       } else if (per_peer[ip] >= options_.max_connections_per_peer) {
         refused = absl::StrCat(per_peer[ip], " connections from ", ip, " are open (the per-peer limit)");
@@ -568,6 +574,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
 
   store::Store& store_;
   const TcpStoreOptions options_;
+  const NetworkList allowed_;  // empty = any peer
   const std::string prefix_;
   tcpstore::Limits limits_;
   int max_connections_ = 0;
@@ -587,7 +594,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(store::Sto
                                                                       const TcpStoreOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("the tcpstore job name is empty");
   if (absl::Status s = ValidateJob(options.job); !s.ok()) return s;
-  auto server = std::make_unique<TcpStoreServerImpl>(store, options);
+  auto allowed = NetworkList::Parse(options.allowed_networks);
+  if (!allowed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tcpstore allowed networks: ", allowed.status().message()));
+  }
+  auto server = std::make_unique<TcpStoreServerImpl>(store, options, std::move(*allowed));
   if (absl::Status s = server->Listen(); !s.ok()) return s;
   return std::unique_ptr<TcpStoreServer>(std::move(server));
 }

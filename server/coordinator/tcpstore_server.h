@@ -58,12 +58,18 @@ struct TcpStoreOptions {
   // Bytes of unfinished requests buffered across every connection; beyond it reading pauses
   // until requests complete (or time out).
   int64_t max_buffered_bytes = int64_t{512} << 20;
+  // Peers allowed to connect: comma-separated IP networks in CIDR notation
+  // (server/common/networks.h), e.g. "127.0.0.0/8,10.4.0.0/16"; "" = any address. torch's
+  // clients carry no credentials, so this and the bind address are what limit who can read
+  // and write the job's keys. Others are closed at accept and logged.
+  std::string allowed_networks;
 };
 
 class TcpStoreServer {
  public:
   // Binds and starts serving `store` (not owned; must outlive the server).
-  // Errors: INVALID_ARGUMENT (bad address or job), UNAVAILABLE (cannot bind).
+  // Errors: INVALID_ARGUMENT (bad address, job or allowed_networks), UNAVAILABLE (cannot
+  // bind).
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(store::Store& store, const TcpStoreOptions& options);
   virtual ~TcpStoreServer() = default;  // Shutdown()
   // The bound port.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "server/common/networks.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -300,6 +301,66 @@ TEST(TcpStoreServerStartTest, RejectsBadAddressesAndJobs) {
   o.listen_address = "127.0.0.1:0";
   o.job = "a/b";
   EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TcpStoreServerStartTest, AllowListAdmitsOnlyItsNetworks) {
+  auto store = store::NewMemoryStore(store::StoreOptions{});
+  ASSERT_TRUE(store.ok());
+  TcpStoreOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.allowed_networks = "10.0.0.0/8, 192.168.0.0/16";
+  auto outside = TcpStoreServer::Start(**store, o);
+  ASSERT_TRUE(outside.ok()) << outside.status();
+  {
+    Client c((*outside)->port());
+    ASSERT_TRUE(c.connected());  // the kernel accepts; the server then closes it unserved
+    c.Send(U8(3) + Str("init/") + I64(1));
+    EXPECT_TRUE(c.Closed()) << "a loopback client was served outside 10/8 and 192.168/16";
+  }
+  o.allowed_networks = "10.0.0.0/8,127.0.0.1";
+  auto inside = TcpStoreServer::Start(**store, o);
+  ASSERT_TRUE(inside.ok()) << inside.status();
+  Client c((*inside)->port());
+  ASSERT_TRUE(c.connected());
+  c.Send(U8(3) + Str("init/") + I64(1));
+  EXPECT_EQ(c.Read(8), I64(1));
+  o.allowed_networks = "10.0.0.0/33";
+  auto bad = TcpStoreServer::Start(**store, o);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("10.0.0.0/33"), std::string::npos) << bad.status();
+}
+
+sockaddr_storage Address(const char* ip) {
+  sockaddr_storage a{};
+  if (inet_pton(AF_INET, ip, &reinterpret_cast<sockaddr_in*>(&a)->sin_addr) == 1) {
+    a.ss_family = AF_INET;
+  } else {
+    EXPECT_EQ(inet_pton(AF_INET6, ip, &reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr), 1) << ip;
+    a.ss_family = AF_INET6;
+  }
+  return a;
+}
+
+TEST(NetworkListTest, MatchesPrefixesOfBothFamilies) {
+  auto list = NetworkList::Parse("10.4.0.0/14, 127.0.0.1, fd00::/8, 0.0.0.0/0x");
+  EXPECT_FALSE(list.ok());  // a bad prefix is named
+  list = NetworkList::Parse("10.4.0.0/14, 127.0.0.1, fd00::/8");
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->ToString(), "10.4.0.0/14,127.0.0.1/32,fd00::/8");
+  EXPECT_TRUE(list->Contains(Address("10.7.255.1")));
+  EXPECT_FALSE(list->Contains(Address("10.8.0.1")));
+  EXPECT_TRUE(list->Contains(Address("127.0.0.1")));
+  EXPECT_FALSE(list->Contains(Address("127.0.0.2")));
+  EXPECT_TRUE(list->Contains(Address("::ffff:127.0.0.1")));  // IPv4-mapped counts as IPv4
+  EXPECT_TRUE(list->Contains(Address("fd12::1")));
+  EXPECT_FALSE(list->Contains(Address("fe80::1")));
+  auto any = NetworkList::Parse("0.0.0.0/0,::/0");
+  ASSERT_TRUE(any.ok());
+  EXPECT_TRUE(any->Contains(Address("8.8.8.8")));
+  EXPECT_TRUE(any->Contains(Address("2001:db8::1")));
+  EXPECT_TRUE(NetworkList::Parse("")->empty());
+  EXPECT_FALSE(NetworkList::Parse("not-an-ip").ok());
+  EXPECT_FALSE(NetworkList::Parse("::1/129").ok());
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// An allow-list of IP networks in CIDR notation ("127.0.0.0/8", "10.1.0.0/16", "::1/128",
+// a bare address = one host), for endpoints that cannot authenticate their clients (the
+// TCPStore-compatible endpoint: torch's clients send no credentials).
+#ifndef COLLSERVE_SERVER_COMMON_NETWORKS_H_
+#define COLLSERVE_SERVER_COMMON_NETWORKS_H_
+
+#include <sys/socket.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace collserve::server {
+
+class NetworkList {
+ public:
+  // Parses comma-separated CIDRs; "" = an empty list. INVALID_ARGUMENT naming the entry for
+  // an address inet_pton does not take or a prefix beyond 32 (IPv4) / 128 (IPv6).
+  static absl::StatusOr<NetworkList> Parse(absl::string_view spec);
+  bool empty() const { return networks_.empty(); }
+  // Whether the peer address `addr` (AF_INET or AF_INET6; an IPv4-mapped IPv6 address counts
+  // as its IPv4 address) lies in one of the networks. False for other families.
+  // Thread-safe (const).
+  bool Contains(const sockaddr_storage& addr) const;
+  // The list as given, normalized ("a/b,c/d"), for messages.
+  const std::string& ToString() const { return text_; }
+
+ private:
+  struct Network {
+    bool v6 = false;
+    std::array<uint8_t, 16> bytes{};  // network address (IPv4: first 4 bytes)
+    int prefix = 0;                   // bits
+  };
+  std::vector<Network> networks_;
+  std::string text_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COMMON_NETWORKS_H_
