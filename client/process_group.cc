@@ -3,8 +3,9 @@
 // One stream per (group, rank). Requests are written in issue order with consecutive seq
 // numbers; a reader thread hands each Completion to a lane thread (one for collectives, one
 // for send/recv) that copies its result out and completes the Work. Tensor bytes go through
-// shared-memory segments (created here, mapped by the sidecar) when the sidecar shares
-// /dev/shm with us (probed at attach), inline in the messages otherwise.
+// shared-memory segments (sealed memfds created here, passed to the sidecar as descriptors
+// over the unix socket's fd channel, common/fd_channel.h) on a unix-socket session, inline
+// in the messages otherwise.
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 

