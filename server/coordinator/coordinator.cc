@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
@@ -34,6 +35,7 @@ class CoordinatorImpl : public Coordinator {
     registry_service_ = std::make_unique<RegistryService>(*registry_, *rpc_metrics_);
 
     grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
     grpc::ServerBuilder builder;
     LimitRpcMemory(builder, "collserve-coordinator", options.rpc_memory_bytes);
     auto listener = GrpcListener::Bind(options.listen_address);
@@ -52,6 +54,7 @@ class CoordinatorImpl : public Coordinator {
     listener_->Start();
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Store", true);
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Registry", true);
+    server_->GetHealthCheckService()->SetServingStatus("liveness", true);  // the probe a kubelet restarts on
     auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);

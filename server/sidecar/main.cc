@@ -51,6 +51,9 @@ ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{2} << 30,
           "oversized message is buffered whole before its size is checked) is cut off. Must exceed 1 GiB, the "
           "message limit.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
+ABSL_FLAG(absl::Duration, coordinator_connect_timeout, absl::Seconds(10),
+          "How long to wait for the coordinator at start before serving anyway, not ready (health "
+          "NOT_SERVING) until the coordinator answers; the sidecar keeps trying and never exits for it.");
 ABSL_FLAG(std::string, coordinator_tls_ca, "",
           "PEM CA bundle that the coordinator's certificate must chain to; set = TLS to the coordinator.");
 ABSL_FLAG(std::string, coordinator_tls_cert, "",
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
   options.ring_min_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_min_bytes));
   options.ring_segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_segment_bytes));
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
+  options.coordinator_connect_timeout = absl::GetFlag(FLAGS_coordinator_connect_timeout);
   options.coordinator_tls.ca_file = absl::GetFlag(FLAGS_coordinator_tls_ca);
   options.coordinator_tls.cert_file = absl::GetFlag(FLAGS_coordinator_tls_cert);
   options.coordinator_tls.key_file = absl::GetFlag(FLAGS_coordinator_tls_key);

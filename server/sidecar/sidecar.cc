@@ -1,6 +1,8 @@
 #include "server/sidecar/sidecar.h"
 
 #include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
@@ -10,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -18,6 +22,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "backends/registry.h"
 #include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
@@ -37,6 +42,11 @@ namespace {
 namespace pb = ::collserve::v1;
 
 constexpr int kMaxMessageBytes = 1 << 30;
+// Health: the service name of the liveness check (SERVING while the process serves), and
+// how often and how patiently the coordinator's health is probed for readiness.
+constexpr absl::string_view kLivenessService = "liveness";
+constexpr absl::Duration kHealthProbePeriod = absl::Seconds(2);
+constexpr absl::Duration kHealthProbeTimeout = absl::Seconds(2);
 
 class SidecarImpl;
 
@@ -224,7 +234,11 @@ class SidecarImpl : public Sidecar {
     if (!channel.ok()) return channel.status();
     channel_ = std::move(*channel);
     if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.coordinator_connect_timeout))) {
-      return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", options_.coordinator_address));
+      // Serve anyway, not ready (health NOT_SERVING) until the coordinator answers: a
+      // sidecar started before its coordinator (a Helm install) waits instead of exiting.
+      LOG(WARNING) << "the coordinator at " << options_.coordinator_address << " is not reachable after "
+                   << absl::FormatDuration(options_.coordinator_connect_timeout)
+                   << "; serving NOT_SERVING until it is (sessions fail to join meanwhile)";
     }
     coordinator_ = std::make_unique<GrpcCoordinatorLink>(channel_, options_.coordinator_address,
                                                          options_.coordinator_tls, options_.host_id,
@@ -251,6 +265,7 @@ class SidecarImpl : public Sidecar {
                                                      ") must exceed the ", kMaxMessageBytes, "-byte message limit"));
     }
     trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
     grpc::ServerBuilder builder;
     LimitRpcMemory(builder, "collserve-sidecar", options_.rpc_memory_bytes);
     if (!options_.unix_socket.empty()) {
@@ -289,7 +304,11 @@ class SidecarImpl : public Sidecar {
         chmod(options_.unix_socket.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
       return absl::UnavailableError(absl::StrCat("chmod ", options_.unix_socket, ": ", std::strerror(errno)));
     }
-    server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Collectives", true);
+    // Health: "liveness" is SERVING while the process serves; "" and
+    // "collserve.v1.Collectives" (readiness) follow the coordinator's own health.
+    server_->GetHealthCheckService()->SetServingStatus(std::string(kLivenessService), true);
+    SetReady(CoordinatorServing());
+    health_thread_ = std::thread([this] { WatchCoordinator(); });
     auto exposer = ServeMetrics(options_.metrics_address, metrics_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
@@ -299,7 +318,60 @@ class SidecarImpl : public Sidecar {
   int port() const override { return port_; }
   const std::string& host_id() const override { return options_.host_id; }
 
+  // Whether the coordinator answers grpc.health.v1.Health/Check with SERVING within
+  // kHealthProbeTimeout (an empty request: the server's overall status).
+  bool CoordinatorServing() {
+    grpc::GenericStub stub(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kHealthProbeTimeout));
+    grpc::CompletionQueue cq;
+    grpc::ByteBuffer request;  // HealthCheckRequest{} encodes to zero bytes
+    grpc::Slice empty;
+    request = grpc::ByteBuffer(&empty, 1);
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
+    call->StartCall();
+    call->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    cq.Next(&tag, &ok);
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    if (!status.ok()) return false;
+    std::vector<grpc::Slice> slices;
+    if (!response.Dump(&slices).ok()) return false;
+    std::string bytes;
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    return bytes == std::string("\x08\x01", 2);  // HealthCheckResponse{status: SERVING}
+  }
+
+  void SetReady(bool ready) {
+    for (const char* service : {"", "collserve.v1.Collectives"}) {
+      server_->GetHealthCheckService()->SetServingStatus(service, ready);
+    }
+    if (ready != ready_) {
+      if (ready) {
+        LOG(INFO) << "the coordinator at " << options_.coordinator_address << " serves: ready";
+      } else {
+        LOG(WARNING) << "the coordinator at " << options_.coordinator_address
+                     << " does not answer its health check: not ready (NOT_SERVING)";
+      }
+    }
+    ready_ = ready;
+  }
+
+  // Re-checks the coordinator every kHealthProbePeriod until Shutdown.
+  void WatchCoordinator() {
+    while (!stop_health_.WaitForNotificationWithTimeout(kHealthProbePeriod)) SetReady(CoordinatorServing());
+  }
+
   void Shutdown(absl::Duration grace) override {
+    if (health_thread_.joinable()) {
+      stop_health_.Notify();
+      health_thread_.join();
+    }
     if (server_ != nullptr) {
       listeners_.clear();  // no new sessions (and the unix socket is removed if still ours)
       // Fails every session with UNAVAILABLE (the streams then finish), then drains.
@@ -340,6 +412,9 @@ class SidecarImpl : public Sidecar {
  private:
   SidecarOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
+  std::thread health_thread_;  // WatchCoordinator
+  absl::Notification stop_health_;
+  bool ready_ = false;  // last readiness set; health thread only (and Init before it starts)
   std::unique_ptr<GrpcCoordinatorLink> coordinator_;
   backends::BackendRegistry backends_;
   std::shared_ptr<prometheus::Registry> metrics_;

@@ -54,8 +54,9 @@ struct SidecarOptions {
   // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
   // of remote clients).
   int64_t rpc_memory_bytes = int64_t{2} << 30;
-  // How long to wait for the coordinator at start.
-  absl::Duration coordinator_connect_timeout = absl::Seconds(30);
+  // How long Start waits for the coordinator's channel to connect. After it, the sidecar
+  // serves anyway, not ready (below), and keeps trying.
+  absl::Duration coordinator_connect_timeout = absl::Seconds(10);
   // TLS of the TCP listener (listen_address; the unix socket stays plaintext) and of the
   // channels to the coordinator (ca_file set = TLS; cert_file/key_file = this sidecar's
   // client certificate for a coordinator that requires one).
@@ -63,11 +64,15 @@ struct SidecarOptions {
   client::TlsOptions coordinator_tls;
 };
 
+// Health (grpc.health.v1, with gRPC server reflection on): service "liveness" is SERVING
+// while the sidecar serves; "" and "collserve.v1.Collectives" (readiness) are SERVING only
+// while the coordinator answers its own health check, probed every 2 s (2 s deadline).
 // Thread-safe.
 class Sidecar {
  public:
-  // Connects to the coordinator and starts serving. Errors: INVALID_ARGUMENT (no
-  // coordinator), UNAVAILABLE (coordinator unreachable, cannot bind).
+  // Starts serving, connected to the coordinator when it answers within
+  // coordinator_connect_timeout, else not ready until it does. Errors: INVALID_ARGUMENT (no
+  // coordinator address, bad options or TLS files), UNAVAILABLE (cannot bind).
   static absl::StatusOr<std::unique_ptr<Sidecar>> Start(const SidecarOptions& options);
   virtual ~Sidecar() = default;
   // The bound TCP port (0 if no listen_address).

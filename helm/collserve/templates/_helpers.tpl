@@ -182,7 +182,10 @@ The mount of collserve.tlsVolume: a directory, read-only, never a subPath.
 Probe handler on the gRPC port named "grpc": grpc.health.v1 in plaintext; tcpSocket when the
 port speaks TLS, because the kubelet's gRPC probe cannot do a TLS handshake (tcpSocket only
 checks that the port accepts connections, which it does once the daemon serves).
-Usage: include "collserve.probeHandler" (dict "tls" <bool> "port" <number>)
+Usage: include "collserve.probeHandler" (dict "tls" <bool> "port" <number> ["service" <name>])
+A gRPC probe checks grpc.health.v1 for "service": "" (readiness: a sidecar is SERVING only
+while its coordinator answers) or "liveness" (SERVING while the daemon serves, so a kubelet
+never restarts a sidecar because its coordinator is down).
 */}}
 {{- define "collserve.probeHandler" -}}
 {{- if .tls }}
@@ -191,6 +194,9 @@ tcpSocket:
 {{- else }}
 grpc:
   port: {{ .port }}
+  {{- with .service }}
+  service: {{ . }}
+  {{- end }}
 {{- end }}
 {{- end }}
 
