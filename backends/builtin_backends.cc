@@ -1,9 +1,13 @@
 // The backends this build links (backends/registry.h AddBuiltinBackends).
 #include "backends/gloo/gloo_communicator.h"
+#include "backends/device.h"
 #include "backends/registry.h"
 #include "common/status_macros.h"
 #ifdef COLLSERVE_WITH_NCCL
 #include "backends/nccl/nccl_communicator.h"
+#endif
+#ifdef COLLSERVE_WITH_CUDA
+#include "backends/cuda/cuda_device.h"
 #endif
 
 namespace collserve::backends {
@@ -30,6 +34,15 @@ absl::Status AddBuiltinBackends(BackendRegistry& registry) {
   COLLSERVE_RETURN_IF_ERROR(registry.SetDefault(DeviceType::kCuda, "nccl"));
 #endif
   return absl::OkStatus();
+}
+
+std::unique_ptr<DeviceRuntime> NewDeviceRuntime(std::string* why) {
+#ifdef COLLSERVE_WITH_CUDA
+  return NewCudaDeviceRuntime(why);
+#else
+  if (why != nullptr) *why = "this build has no CUDA support (COLLSERVE_WITH_CUDA)";
+  return nullptr;
+#endif
 }
 
 }  // namespace collserve::backends

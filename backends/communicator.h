@@ -114,6 +114,48 @@ class Communicator {
   }
   // Makes a blocked (or the next) Recv return CANCELLED. For shutting down a receive loop.
   virtual void AbortRecv() {}
+
+  // Device memory (backends with a GPU data path: NCCL). Each call queues the collective on
+  // `stream` (a cudaStream_t on this communicator's device) and returns without waiting;
+  // `data`, `in` and `out` are device addresses. Errors are those of queueing (a failure
+  // while it runs shows in AsyncError): INVALID_ARGUMENT (dtype/op the backend lacks),
+  // UNAVAILABLE/INTERNAL (the backend's), FAILED_PRECONDITION (aborted before). Backends
+  // without device memory return UNIMPLEMENTED.
+  //   AllReduceOnStream: in place, `count` elements; `op` as AllReduce (no kAvg).
+  //   BroadcastOnStream: in place, `bytes` from host `root`.
+  //   AllGatherOnStream: `in` (`bytes`) to `out` (size() * bytes; host i's at i * bytes).
+  //   ReduceScatterOnStream: `in` (size() * count elements) reduced; host i gets block i in
+  //     `out` (count elements).
+  //   BroadcastGroupOnStream: several broadcasts as one (ncclGroupStart/End): piece k of
+  //     `bytes[k]` at datas[k] from host roots[k].
+  virtual absl::Status AllReduceOnStream(void* data, size_t count, DataType dtype, ReduceOp op, void* stream) {
+    (void)data, (void)count, (void)dtype, (void)op, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  virtual absl::Status BroadcastOnStream(void* data, size_t bytes, int root, void* stream) {
+    (void)data, (void)bytes, (void)root, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  virtual absl::Status AllGatherOnStream(const void* in, void* out, size_t bytes, void* stream) {
+    (void)in, (void)out, (void)bytes, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  virtual absl::Status ReduceScatterOnStream(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                             void* stream) {
+    (void)in, (void)out, (void)count, (void)dtype, (void)op, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  virtual absl::Status BroadcastGroupOnStream(const std::vector<void*>& datas, const std::vector<size_t>& bytes,
+                                              const std::vector<int>& roots, void* stream) {
+    (void)datas, (void)bytes, (void)roots, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  // The first asynchronous failure of queued device-memory work (ncclCommGetAsyncError), OK
+  // while there is none. Thread-safe.
+  virtual absl::Status AsyncError() { return absl::OkStatus(); }
+  // Aborts queued device-memory work (ncclCommAbort) so that nothing waits on a peer that
+  // will not come; the communicator is unusable afterwards. Thread-safe.
+  virtual void Abort() {}
 };
 
 }  // namespace collserve::backends

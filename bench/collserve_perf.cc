@@ -56,6 +56,18 @@ ABSL_FLAG(std::string, m, "arena",
           "Where the tensors live: arena (ProcessGroup::AllocateShared, the session's shared memory: "
           "no copy between rank and sidecar, as nccl-tests' device buffers) or heap (ordinary memory: "
           "the SDK copies through a staging segment, as torch tensors are).");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, or cuda: CUDA tensors (cudaMalloc on GPU LOCAL_RANK % GPUs, float; all_reduce, broadcast, "
+          "all_gather, reduce_scatter), with raw NCCL on the same buffers and the device's copy bound in the "
+          "same output (bench/cuda_perf.cc).");
+ABSL_FLAG(bool, nccl, true, "--device=cuda: also time raw NCCL on the same buffers (where each rank has a GPU).");
+
+#ifdef COLLSERVE_PERF_CUDA
+namespace collserve_perf {
+int RunCuda(collserve::client::ProcessGroup* pg, const std::string& op, int64_t min_bytes, int64_t max_bytes,
+            int factor, int iters, int warmup, bool check, bool nccl_baseline);
+}  // namespace collserve_perf
+#endif
 
 namespace {
 
@@ -313,6 +325,19 @@ int main(int argc, char** argv) {
   if (!pg.ok()) {
     std::fprintf(stderr, "collserve-perf: init: %s\n", pg.status().ToString().c_str());
     return 1;
+  }
+  if (absl::GetFlag(FLAGS_device) == "cuda") {
+#ifdef COLLSERVE_PERF_CUDA
+    return collserve_perf::RunCuda(pg->get(), info->name, min_bytes, max_bytes, absl::GetFlag(FLAGS_f),
+                                   absl::GetFlag(FLAGS_n), absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c) != 0,
+                                   absl::GetFlag(FLAGS_nccl));
+#else
+    std::fprintf(stderr, "collserve-perf: this build has no CUDA (COLLSERVE_WITH_CUDA)\n");
+    return 2;
+#endif
+  } else if (absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "collserve-perf: --device must be cpu or cuda\n");
+    return 2;
   }
   const int rank = (*pg)->GetRank(), n = (*pg)->GetWorldSize();
   const bool root_op = info->op == Op::kBroadcast || info->op == Op::kReduce;

@@ -24,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "collserve/client.h"
 #include "client/channel.h"
+#include "client/cuda_tensors.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -60,12 +61,31 @@ class WorkImpl : public Work {
   }
 
   absl::Status Wait(absl::Duration timeout) override {
+    std::function<absl::Status()> after_wait;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time user_deadline =
+          timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+      const absl::Time until = std::min(user_deadline, deadline_);
+      mu_.AwaitWithDeadline(absl::Condition(&done_), until);
+      if (done_ && (!status_.ok() || !after_wait_)) return status_;
+      if (done_) {
+        after_wait = after_wait_;
+      } else {
+        return TimedOut(until, timeout);
+      }
+    }
+    // CUDA: the caller's stream waits for the sidecar's done event.
+    return after_wait();
+  }
+
+  // Runs after every successful Wait (before it returns). Set before the Work is shared.
+  void SetAfterWait(std::function<absl::Status()> f) {
     absl::MutexLock lock(&mu_);
-    const absl::Time user_deadline =
-        timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-    const absl::Time until = std::min(user_deadline, deadline_);
-    mu_.AwaitWithDeadline(absl::Condition(&done_), until);
-    if (done_) return status_;
+    after_wait_ = std::move(f);
+  }
+
+  absl::Status TimedOut(absl::Time until, absl::Duration timeout) const {
     if (until == deadline_) {
       return absl::DeadlineExceededError(
           "no answer from the sidecar within the op timeout (plus grace); the sidecar may be "
@@ -128,6 +148,7 @@ class WorkImpl : public Work {
   int source_ ABSL_GUARDED_BY(mu_) = -1;
   std::string algorithm_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const absl::Status&)>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::function<absl::Status()> after_wait_ ABSL_GUARDED_BY(mu_);
   const absl::Time deadline_;
 };
 
@@ -524,6 +545,7 @@ class SessionProcessGroup : public ProcessGroup {
   // One request, built by the public calls: inputs are concatenated into the input region
   // of a segment (or the inline bytes); outputs are filled, in order, from the output
   // region (in-place ops: the input region) when the sidecar answers.
+  struct Pending;
   struct Request {
     Request(pb::CollectiveOp op, DataType dtype) : op(op), dtype(dtype) {}
     pb::CollectiveOp op;
@@ -606,6 +628,88 @@ class SessionProcessGroup : public ProcessGroup {
       return absl::InvalidArgumentError(absl::StrCat(op, " with itself (rank ", peer, ") would never complete"));
     }
     return absl::OkStatus();
+  }
+
+  // One collective on CUDA tensors (docs/gpu.md): `in` (in_count elements) and, for
+  // out-of-place ops, `out` (out_count) are exported by CUDA IPC; an event recorded on
+  // `stream` orders the sidecar's work after the caller's, and a successful Wait makes
+  // `stream` wait for the sidecar's done event.
+  std::shared_ptr<Work> IssueCuda(const Request& r, const void* in, int64_t in_count, void* out, int64_t out_count,
+                                  void* stream) {
+    if (absl::Status s = r.Check(in, in_count); !s.ok()) return WorkImpl::Failed(s);
+    if (out != nullptr || out_count > 0) {
+      if (absl::Status s = r.Check(out, out_count); !s.ok()) return WorkImpl::Failed(s);
+    }
+    if (!CudaBuilt()) {
+      return WorkImpl::Failed(absl::FailedPreconditionError(
+          "this collserve build has no CUDA support (built without COLLSERVE_WITH_CUDA)"));
+    }
+    if (!shared_memory_) {
+      return WorkImpl::Failed(absl::PermissionDeniedError(
+          "CUDA tensors need a session with this host's sidecar on its unix socket with shared memory "
+          "(CUDA IPC works only between processes of one host)"));
+    }
+    const size_t es = ElementSize(r.dtype);
+    // A zero-element tensor still names its device (any address of it will do).
+    auto ein = cuda_.Export(in, static_cast<size_t>(in_count) * es);
+    if (!ein.ok()) return WorkImpl::Failed(ein.status());
+    ExportedTensor eout;
+    if (out != nullptr) {
+      auto e = cuda_.Export(out, static_cast<size_t>(out_count) * es);
+      if (!e.ok()) return WorkImpl::Failed(e.status());
+      if (e->device != ein->device) {
+        return WorkImpl::Failed(absl::InvalidArgumentError("the output is on another GPU than the input"));
+      }
+      eout = std::move(*e);
+    }
+    // An event pair is reused every CudaTensors::kSlots collectives: the previous user must
+    // have been answered (the sidecar has queued its wait and record) before it is recorded
+    // again.
+    int slot;
+    std::shared_ptr<WorkImpl> previous;
+    {
+      absl::MutexLock lock(&cuda_mu_);
+      slot = static_cast<int>(next_cuda_slot_++ % CudaTensors::kSlots);
+      previous = std::move(cuda_slot_work_[slot]);
+    }
+    if (previous != nullptr) previous->Wait(absl::InfiniteDuration()).IgnoreError();  // bounded by its op deadline
+    auto events = cuda_.Events(ein->device, slot);
+    if (!events.ok()) return WorkImpl::Failed(events.status());
+    if (absl::Status s = CudaTensors::Record(ein->device, events->ready, stream); !s.ok()) {
+      return WorkImpl::Failed(s);
+    }
+    pb::SessionRequest req;
+    pb::Collective* c = req.mutable_collective();
+    c->set_op(r.op);
+    c->set_dtype(static_cast<pb::DataType>(r.dtype));
+    c->set_count(r.count);
+    c->set_output_count(r.output_count);
+    c->set_reduce_op(static_cast<pb::ReduceOp>(r.reduce.op));
+    c->set_premul_factor(r.reduce.premul_factor);
+    c->set_root(r.root);
+    for (int64_t v : r.input_splits) c->add_input_splits(v);
+    for (int64_t v : r.output_splits) c->add_output_splits(v);
+    c->set_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
+    const auto name = [](pb::Buffer* b, const ExportedTensor& e) {
+      b->set_cuda_ipc_handle(e.ipc_handle);
+      b->set_cuda_device_uuid(e.device_uuid);
+      b->set_offset(e.offset);
+    };
+    name(c->mutable_buffer(), *ein);
+    if (out != nullptr) name(c->mutable_output(), eout);
+    c->set_cuda_ready_event(events->ready_handle);
+    c->set_cuda_done_event(events->done_handle);
+    auto work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
+    const int device = ein->device;
+    void* done = events->done;
+    work->SetAfterWait([device, stream, done] { return CudaTensors::StreamWait(device, stream, done); });
+    {
+      absl::MutexLock lock(&cuda_mu_);
+      cuda_slot_work_[slot] = work;
+    }
+    auto pending = std::make_unique<Pending>();
+    pending->work = work;
+    return Enqueue(req, std::move(pending));
   }
 
   // Sends one request on the session; the Work completes with the sidecar's answer.
@@ -691,6 +795,14 @@ class SessionProcessGroup : public ProcessGroup {
     }
     auto work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
     pending->work = work;
+    return Enqueue(req, std::move(pending));
+  }
+
+  // Numbers `req` (its collective's seq) and writes it on the session; `pending` (with its
+  // Work) completes with the sidecar's answer, or at once if the session is gone.
+  std::shared_ptr<Work> Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending) {
+    pb::Collective* c = req.mutable_collective();
+    std::shared_ptr<WorkImpl> work = pending->work;
     {
       absl::MutexLock lock(&segments_mu_);
       arena_->TakeReleased(&released_names_);
@@ -717,6 +829,52 @@ class SessionProcessGroup : public ProcessGroup {
       closed_ = true;
     }
     return work;
+  }
+
+  std::shared_ptr<Work> AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
+                                      void* stream) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::ALL_REDUCE, dtype);
+    r.reduce = op;
+    r.count = count;
+    return IssueCuda(r, data, count, nullptr, 0, stream);
+  }
+
+  std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream) override {
+    if (absl::Status s = CheckRoot("broadcast", root); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::BROADCAST, dtype);
+    r.root = root;
+    r.count = count;
+    return IssueCuda(r, data, count, nullptr, 0, stream);
+  }
+
+  std::shared_ptr<Work> AllGatherIntoTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
+                                                void* stream) override {
+    Request r(pb::ALL_GATHER, dtype);
+    r.count = count;
+    const int64_t world = options_.world_size;
+    if (count < 0 || count > (int64_t{1} << 48) / world) {
+      return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat("all_gather count ", count, " is out of range")));
+    }
+    r.output_count = count * world;
+    r.output_splits.assign(static_cast<size_t>(world), count);
+    return IssueCuda(r, input, count, output, r.output_count, stream);
+  }
+
+  std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
+                                                ReduceOpArg op, void* stream) override {
+    if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+    Request r(pb::REDUCE_SCATTER, dtype);
+    r.reduce = op;
+    const int64_t world = options_.world_size;
+    if (count < 0 || count > (int64_t{1} << 48) / world) {
+      return WorkImpl::Failed(
+          absl::InvalidArgumentError(absl::StrCat("reduce_scatter count ", count, " is out of range")));
+    }
+    r.count = count * world;
+    r.output_count = count;
+    r.input_splits.assign(static_cast<size_t>(world), count);
+    return IssueCuda(r, input, r.count, output, count, stream);
   }
 
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateShared(size_t bytes) override {
@@ -1009,6 +1167,13 @@ class SessionProcessGroup : public ProcessGroup {
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);
   bool store_tried_ ABSL_GUARDED_BY(store_mu_) = false;
 
+  // CUDA tensors: exported allocations and event pairs, and the Work that last used each
+  // pair (IssueCuda).
+  CudaTensors cuda_;
+  absl::Mutex cuda_mu_;
+  uint64_t next_cuda_slot_ ABSL_GUARDED_BY(cuda_mu_) = 0;
+  std::shared_ptr<WorkImpl> cuda_slot_work_[CudaTensors::kSlots] ABSL_GUARDED_BY(cuda_mu_);
+
   std::unique_ptr<Lane> collective_lane_;  // set before reader_ starts; joined in the destructor
   std::unique_ptr<Lane> p2p_lane_;
   std::thread reader_;
@@ -1042,6 +1207,22 @@ absl::StatusOr<absl::Duration> EnvSeconds(const char* name, absl::Duration fallb
 }
 
 }  // namespace
+
+std::shared_ptr<Work> ProcessGroup::AllReduceCuda(void*, int64_t, DataType, ReduceOpArg, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::BroadcastCuda(void*, int64_t, DataType, int, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensorCuda(void*, const void*, int64_t, DataType, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::ReduceScatterTensorCuda(void*, const void*, int64_t, DataType, ReduceOpArg,
+                                                            void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+
+bool CudaSupported() { return CudaBuilt(); }
 
 std::vector<std::shared_ptr<Work>> ProcessGroup::BatchIsendIrecv(const std::vector<P2POp>& ops) {
   std::vector<std::shared_ptr<Work>> works;

@@ -53,6 +53,7 @@ std::string DescribeValue(const char* field, int64_t v) {
     return std::string(ReduceOpName(static_cast<ReduceOp>(v)));
   }
   if (std::strcmp(field, "op") == 0) return OpName(static_cast<int>(v));
+  if (std::strcmp(field, "device") == 0) return v == 0 ? "cpu" : v == 1 ? "cuda" : absl::StrCat(v);
   return absl::StrCat(v);
 }
 
@@ -98,6 +99,7 @@ RankArgs ArgsOf(int rank, const Request& c, bool valid) {
   }
   if (UsesReduceOp(c.op)) a.reduce_op = c.reduce_op;
   if (UsesRoot(c.op)) a.root = c.root;
+  a.device = c.OnDevice() ? 1 : 0;
   return a;
 }
 
@@ -232,6 +234,7 @@ std::string Disagreement(const std::vector<RankArgs>& all) {
     if (SameCount(op)) differ({"count", &RankArgs::count});
     differ({"reduce_op", &RankArgs::reduce_op});
     differ({"root", &RankArgs::root});
+    differ({"device", &RankArgs::device});
   }
   return absl::StrJoin(parts, "; ");
 }

@@ -30,8 +30,9 @@ struct RankArgs {
   int64_t output_count = 0;
   int64_t reduce_op = 0;
   int64_t root = 0;
+  int64_t device = 0;   // where the tensors live: 0 = host memory, 1 = CUDA (Request::OnDevice)
 };
-static_assert(sizeof(RankArgs) == 72, "RankArgs is exchanged as raw bytes");
+static_assert(sizeof(RankArgs) == 80, "RankArgs is exchanged as raw bytes");
 
 // The op of exchanged args (a CollectiveOp value; remote bytes are checked by Disagreement).
 inline CollectiveOp OpOf(const RankArgs& a) { return static_cast<CollectiveOp>(a.op); }

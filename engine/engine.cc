@@ -85,6 +85,8 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.pool = pool_.get();
     env.algorithms = options_.algorithms;
     env.ring_segment_bytes = options_.ring_segment_bytes;
+    env.device = options_.device;
+    env.device_unavailable = options_.device_unavailable;
     env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
     slot = std::make_shared<Group>(std::move(env), params);
   }

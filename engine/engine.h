@@ -41,6 +41,10 @@ struct EngineOptions {
   AlgorithmOptions algorithms;
   // Gloo's ring: the largest piece (0 = Gloo's default, 1 MiB).
   size_t ring_segment_bytes = 8 << 20;
+  // CUDA tensors (backends/device.h; must outlive the engine); null: refused with
+  // FAILED_PRECONDITION naming device_unavailable.
+  backends::DeviceRuntime* device = nullptr;
+  std::string device_unavailable = "the sidecar has no CUDA runtime";
 };
 
 // Thread-safe.

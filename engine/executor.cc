@@ -139,6 +139,12 @@ void Group::ExecutorMain() {
     if (state_ == State::kFailed) break;
   }
   p2p_->Stop();
+  bool failed;
+  {
+    absl::MutexLock lock(&mu_);
+    failed = state_ == State::kFailed;
+  }
+  StopDevice(failed);
   comm_.reset();  // closes the pairs so peer hosts fail fast
 }
 
@@ -354,7 +360,9 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   // 2. The data step (already done for a fused all_reduce but the final reduction).
   const char* algorithm = "local";
   absl::Status status;
-  if (several_hosts && Hierarchical::Fused(all[0])) {  // never prefetched: stride is set
+  if (all[0].device != 0) {
+    status = RunOnDevice(all, subs, timeout, &algorithm);
+  } else if (several_hosts && Hierarchical::Fused(all[0])) {  // never prefetched: stride is set
     algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + payload_offset_, stride, &algorithm);
   } else {
     status = algorithms_->Run(all, splits, subs, timeout, &algorithm);

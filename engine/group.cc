@@ -160,7 +160,11 @@ void Group::Submit(int rank, Request request) {
   if (sub.error.ok() && !sub.args.buffer.segment.empty() && !local.shared_memory) {
     sub.error = absl::PermissionDeniedError("this session may not use shared memory: send tensors inline");
   }
-  if (sub.error.ok()) sub.error = ResolveBuffers(local.segments, sub, env_.observer);
+  if (sub.error.ok() && sub.args.OnDevice()) {
+    sub.error = ResolveDeviceBuffers(local, sub);
+  } else if (sub.error.ok()) {
+    sub.error = ResolveBuffers(local.segments, sub, env_.observer);
+  }
   if (sub.args.op == CollectiveOp::kSend || sub.args.op == CollectiveOp::kRecv) {
     if (!sub.error.ok()) {
       Complete(sub, sub.error, env_.observer);

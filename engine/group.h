@@ -50,6 +50,10 @@ struct GroupEnv {
   AlgorithmOptions algorithms;
   // Gloo's ring: the largest piece (0 = Gloo's default).
   size_t ring_segment_bytes = 0;
+  // CUDA tensors of local clients (backends/device.h); null = refused with
+  // FAILED_PRECONDITION naming device_unavailable.
+  backends::DeviceRuntime* device = nullptr;
+  std::string device_unavailable;
   // Called (once, with the group's lock held: must not block) when the group has no local
   // ranks left; the engine drops it.
   std::function<void(const std::string& job, const std::string& group)> on_empty;
@@ -102,6 +106,10 @@ class Group : public std::enable_shared_from_this<Group> {
     int64_t next_seq = 0;
     std::deque<Submission> queue;  // collectives, in issue order
     SegmentTable segments;
+    // CUDA IPC mappings and events this rank named, by handle (at most kMaxDeviceHandles
+    // each; the runtime shares one mapping per handle between ranks and groups).
+    std::map<std::string, std::shared_ptr<backends::DeviceMapping>> device_memory;
+    std::map<std::string, std::shared_ptr<backends::DeviceEvent>> device_events;
   };
   enum class State { kJoining, kConnecting, kReady, kFailed };
 
@@ -136,6 +144,19 @@ class Group : public std::enable_shared_from_this<Group> {
   absl::StatusOr<std::vector<RankSplits>> ExchangeSplits(const std::map<int, Submission>& subs,
                                                          absl::Duration timeout);
 
+  // CUDA tensors (device_step.cc). Resolves a request that names CUDA tensors: the rank's
+  // session must be local, the sidecar must have CUDA, the op one the GPU path runs; maps
+  // its memory (checking the tensor lies inside the allocation) and opens its events.
+  absl::Status ResolveDeviceBuffers(LocalRank& local, Submission& sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The data step of an agreed op on CUDA tensors: queued on the group's stream (the local
+  // step with CUDA kernels and copies, NCCL across hosts or for a lone local rank), the
+  // clients' done events recorded after it. Executor thread.
+  absl::Status RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
+                           absl::Duration timeout, const char** algorithm);
+  // Ends the GPU side when the executor stops: aborts NCCL if the group failed, then waits
+  // (bounded) for the stream and drops it and the communicator. Executor thread.
+  void StopDevice(bool failed);
+
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -168,6 +189,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // Every rank's arguments (sorted by rank) of the next collectives, learned from an earlier
   // exchange's lookahead: front() is the next seq's. Such a collective skips its exchange.
   std::deque<std::vector<RankArgs>> prefetched_;
+  // CUDA tensors, executor thread only: the group's stream (on the GPU of its local ranks)
+  // and the NCCL communicator among its hosts, created at the first CUDA collective.
+  std::unique_ptr<backends::DeviceStream> device_stream_;
+  std::unique_ptr<backends::Communicator> device_comm_;
   std::thread executor_;
 };
 

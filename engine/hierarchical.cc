@@ -19,7 +19,7 @@ absl::Status ValidateAllReduceAlgorithm(const std::string& algorithm) {
 
 bool Hierarchical::Fused(const RankArgs& a) {
   const size_t es = ElementSize(static_cast<DataType>(a.dtype));
-  return OpOf(a) == CollectiveOp::kAllReduce && a.count > 0 && es > 0 &&
+  return OpOf(a) == CollectiveOp::kAllReduce && a.device == 0 && a.count > 0 && es > 0 &&
          static_cast<uint64_t>(a.count) <= kFusedBytes / es;
 }
 
@@ -28,7 +28,7 @@ void Hierarchical::ReducePartial(std::map<int, Submission>& subs, char* dst) {
   const Request& first = subs.begin()->second.args;
   for (const auto& [rank, sub] : subs) {
     const Request& r = sub.args;
-    if (!sub.error.ok() || r.op != CollectiveOp::kAllReduce || r.dtype != first.dtype || r.count != first.count ||
+    if (!sub.error.ok() || r.OnDevice() || r.op != CollectiveOp::kAllReduce || r.dtype != first.dtype || r.count != first.count ||
         r.reduce_op != first.reduce_op) {
       return;
     }

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "backends/device.h"
 #include "common/shm.h"
 #include "engine/interfaces.h"
 #include "engine/types.h"
@@ -35,6 +36,11 @@ struct Submission {
   absl::Time deadline;
   int source = -1;         // RECV: the rank the message came from
   const char* algorithm = "";  // how it ran (Completion.algorithm)
+  // CUDA tensors (args.OnDevice()): `in`/`out` are device addresses in the sidecar (CUDA
+  // IPC mappings, kept alive by `device_refs`), on GPU `device`; the client's events.
+  int device = -1;
+  std::vector<std::shared_ptr<void>> device_refs;
+  std::shared_ptr<backends::DeviceEvent> ready_event, done_event;
 };
 
 // Answers `sub` on its session with `status` (and, for a successful inline request, the

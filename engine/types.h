@@ -50,6 +50,10 @@ struct BufferRef {
   int64_t offset = 0;         // byte offset of the tensor in the segment
   std::string inline_data;    // the tensor's bytes when segment is ""
   bool arena = false;         // the client's arena (no copy) rather than a staging copy; metrics only
+  // A CUDA tensor: the client's cudaIpcMemHandle_t bytes (64) of the allocation and the
+  // GPU's UUID (16 bytes); `offset` is from the allocation's base. "" = host memory.
+  std::string cuda_ipc_handle;
+  std::string cuda_device_uuid;
 };
 
 // One rank's call (collserve.v1.Collective): counts are elements of dtype. Untrusted.
@@ -71,6 +75,12 @@ struct Request {
   int peer = 0;              // SEND/RECV: the other rank; RECV: -1 = any source
   int64_t tag = 0;           // SEND/RECV
   bool wait_all_ranks = false;  // MONITORED_BARRIER
+  // CUDA tensors: the client's interprocess events (cudaIpcEventHandle_t bytes, 64 each):
+  // waited for before the op / recorded after it (collectives.proto).
+  std::string cuda_ready_event;
+  std::string cuda_done_event;
+  // Whether the request names CUDA tensors.
+  bool OnDevice() const { return !buffer.cuda_ipc_handle.empty(); }
 };
 
 // The answer to one Request (collserve.v1.Completion).

@@ -292,6 +292,29 @@ PYBIND11_MODULE(_collserve, m) {
              py::gil_scoped_release release;
              return pg.Recv(Ptr(p), n, Dt(dtype), src, tag);
            })
+      // CUDA tensors (docs/gpu.md): device addresses and the caller's cudaStream_t (an
+      // int; 0 = the legacy default stream). The Work's wait makes that stream wait.
+      .def("all_reduce_cuda",
+           [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int op, double factor, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.AllReduceCuda(Ptr(p), n, Dt(dtype), Op(op, factor), Ptr(stream));
+           })
+      .def("broadcast_cuda",
+           [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int root, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.BroadcastCuda(Ptr(p), n, Dt(dtype), root, Ptr(stream));
+           })
+      .def("all_gather_into_tensor_cuda",
+           [](ProcessGroup& pg, uintptr_t out, uintptr_t in, int64_t n, int dtype, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.AllGatherIntoTensorCuda(Ptr(out), Ptr(in), n, Dt(dtype), Ptr(stream));
+           })
+      .def("reduce_scatter_tensor_cuda",
+           [](ProcessGroup& pg, uintptr_t out, uintptr_t in, int64_t n, int dtype, int op, double factor,
+              uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.ReduceScatterTensorCuda(Ptr(out), Ptr(in), n, Dt(dtype), Op(op, factor), Ptr(stream));
+           })
       // new_group(ranks) -> (code, message, ProcessGroup or None for a non-member)
       .def("new_group",
            [](ProcessGroup& pg, std::vector<int> ranks) {
@@ -307,6 +330,9 @@ PYBIND11_MODULE(_collserve, m) {
       // The coordinator's store for the job (None without a coordinator address); it lives
       // as long as the group.
       .def("store", &ProcessGroup::store, py::return_value_policy::reference_internal);
+
+  // Whether this build takes CUDA tensors (the *_cuda calls).
+  m.def("cuda_available", [] { return collserve::client::CudaSupported(); });
 
   // init(...) -> (code, message, ProcessGroup or None)
   m.def("init", [](int rank, int world_size, int local_rank, const std::string& sidecar,

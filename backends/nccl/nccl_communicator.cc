@@ -1,5 +1,6 @@
 #include "backends/nccl/nccl_communicator.h"
 
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -9,10 +10,17 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace collserve::backends {
 namespace {
+
+#define COLLSERVE_NCCL_CHECK_USABLE()          \
+  do {                                         \
+    if (!failure_.ok()) return Aborted();      \
+    if (absl::Status a = AsyncError(); !a.ok()) return a; \
+  } while (0)
 
 // ncclResult_t -> absl::Status at the backend boundary (STYLE.md §3.2).
 absl::Status FromNccl(ncclResult_t r, absl::string_view what) {
@@ -68,14 +76,27 @@ absl::StatusOr<ncclRedOp_t> NcclOp(ReduceOp op, DataType dtype) {
   }
 }
 
+absl::StatusOr<std::pair<ncclDataType_t, ncclRedOp_t>> TypeAndOp(DataType dtype, ReduceOp op) {
+  auto type = NcclType(dtype);
+  if (!type.ok()) return type.status();
+  auto nop = NcclOp(op, dtype);
+  if (!nop.ok()) return nop.status();
+  return std::make_pair(*type, *nop);
+}
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
       : comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
-    if (!failure_.ok()) ncclCommAbort(comm_);
-    else ncclCommDestroy(comm_);
+    if (aborted_) {
+      // ncclCommAbort already released it.
+    } else if (!failure_.ok() || !async_failure_.ok()) {
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
     if (scratch_ != nullptr) cudaFree(scratch_);
     cudaStreamDestroy(stream_);
   }
@@ -139,7 +160,82 @@ class NcclCommunicator : public Communicator {
     });
   }
 
+  absl::Status AllReduceOnStream(void* data, size_t count, DataType dtype, ReduceOp op, void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    auto t = TypeAndOp(dtype, op);
+    if (!t.ok()) return t.status();
+    if (count == 0) return absl::OkStatus();
+    return Queued(ncclAllReduce(data, data, count, t->first, t->second, comm_, static_cast<cudaStream_t>(stream)),
+                  "ncclAllReduce");
+  }
+
+  absl::Status BroadcastOnStream(void* data, size_t bytes, int root, void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root));
+    if (bytes == 0) return absl::OkStatus();
+    return Queued(ncclBroadcast(data, data, bytes, ncclChar, root, comm_, static_cast<cudaStream_t>(stream)),
+                  "ncclBroadcast");
+  }
+
+  absl::Status AllGatherOnStream(const void* in, void* out, size_t bytes, void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    if (bytes == 0) return absl::OkStatus();
+    return Queued(ncclAllGather(in, out, bytes, ncclChar, comm_, static_cast<cudaStream_t>(stream)), "ncclAllGather");
+  }
+
+  absl::Status ReduceScatterOnStream(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                     void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    auto t = TypeAndOp(dtype, op);
+    if (!t.ok()) return t.status();
+    if (count == 0) return absl::OkStatus();
+    return Queued(ncclReduceScatter(in, out, count, t->first, t->second, comm_, static_cast<cudaStream_t>(stream)),
+                  "ncclReduceScatter");
+  }
+
+  absl::Status BroadcastGroupOnStream(const std::vector<void*>& datas, const std::vector<size_t>& bytes,
+                                      const std::vector<int>& roots, void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    if (datas.size() != bytes.size() || datas.size() != roots.size()) {
+      return absl::InvalidArgumentError("BroadcastGroupOnStream needs as many sizes and roots as pieces");
+    }
+    for (int root : roots) {
+      if (root < 0 || root >= size_) return absl::InvalidArgumentError(absl::StrCat("broadcast root host ", root));
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (size_t k = 0; r == ncclSuccess && k < datas.size(); ++k) {
+      if (bytes[k] == 0) continue;
+      r = ncclBroadcast(datas[k], datas[k], bytes[k], ncclChar, roots[k], comm_, static_cast<cudaStream_t>(stream));
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return Queued(r != ncclSuccess ? r : end, "grouped ncclBroadcast");
+  }
+
+  absl::Status AsyncError() override {
+    absl::MutexLock lock(&async_mu_);
+    if (!async_failure_.ok()) return async_failure_;
+    ncclResult_t async_err = ncclSuccess;
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &async_err);
+    if (r != ncclSuccess) async_failure_ = FromNccl(r, "ncclCommGetAsyncError");
+    else if (async_err != ncclSuccess) async_failure_ = FromNccl(async_err, "NCCL asynchronous error");
+    return async_failure_;
+  }
+
+  void Abort() override {
+    absl::MutexLock lock(&async_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    if (async_failure_.ok()) async_failure_ = absl::AbortedError("the NCCL communicator was aborted");
+    ncclCommAbort(comm_);
+  }
+
  private:
+  absl::Status Queued(ncclResult_t r, absl::string_view what) {
+    absl::Status s = FromNccl(r, what);
+    if (!s.ok()) failure_ = s;
+    return s;
+  }
+
   // Stages `in` to the device, runs `op`, waits up to `timeout` (aborting the communicator
   // on expiry, as torch's NCCL watchdog does), and copies `out_bytes` back to `out`.
   template <typename Op>
@@ -197,6 +293,9 @@ class NcclCommunicator : public Communicator {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   absl::Status failure_;
+  absl::Mutex async_mu_;
+  absl::Status async_failure_ ABSL_GUARDED_BY(async_mu_);
+  bool aborted_ = false;  // written under async_mu_; read by the destructor
 };
 
 }  // namespace

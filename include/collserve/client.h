@@ -287,6 +287,32 @@ class ProcessGroup {
   // batch_isend_irecv: issues every op (in order) and returns their Works.
   std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops);
 
+  // ---- CUDA tensors (docs/gpu.md) ----
+  // The same collectives on CUDA device memory, for a process on the sidecar's host (a
+  // unix-socket session with shared memory) in a build with CUDA (CudaSupported()). `data`,
+  // `input` and `output` are device addresses of memory from cudaMalloc (torch's caching
+  // allocator; not cudaMallocAsync pools or expandable segments); `stream` is the caller's
+  // cudaStream_t (nullptr: the legacy default stream) on that device. Semantics follow
+  // torch's ProcessGroupNCCL: the collective runs after the work already queued on `stream`
+  // (an interprocess event recorded there), on the sidecar's GPU stream (a CUDA kernel for
+  // the ranks of one host, NCCL across hosts); the Work completes once the sidecar has
+  // queued it, and a successful Work::Wait makes `stream` wait for the result (the CPU
+  // does not wait for the GPU). The tensors must stay allocated until the stream has
+  // passed the result. Shapes as the CPU calls (AllGatherIntoTensor: input `count`,
+  // output world_size * count; ReduceScatterTensor: output `count`, input world_size *
+  // count). ReduceOp: SUM, AVG, PRODUCT, MIN, MAX. Errors (in the Work): those of the CPU
+  // calls, plus FAILED_PRECONDITION (this build or the sidecar has no CUDA), INVALID_ARGUMENT
+  // (not device memory, not exportable, the local ranks of a group on different GPUs),
+  // PERMISSION_DENIED (a remote session), UNIMPLEMENTED (a ReduceOp or size layout the GPU
+  // path lacks). The defaults return UNIMPLEMENTED.
+  virtual std::shared_ptr<Work> AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
+                                              void* stream);
+  virtual std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream);
+  virtual std::shared_ptr<Work> AllGatherIntoTensorCuda(void* output, const void* input, int64_t count,
+                                                        DataType dtype, void* stream);
+  virtual std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count,
+                                                        DataType dtype, ReduceOpArg op, void* stream);
+
   // ---- Groups ----
   // new_group: a group of the given ranks (ranks of this group, distinct). Every rank of
   // this group must call NewGroup with the same ranks in the same order (as with torch);
@@ -338,6 +364,10 @@ class ProcessGroup {
 // DEADLINE_EXCEEDED (rendezvous timed out; names the missing ranks), UNAVAILABLE (no
 // sidecar/coordinator at the address).
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options);
+
+// Whether this build of the SDK takes CUDA tensors (ProcessGroup::AllReduceCuda, ...).
+// Thread-safe; never fails.
+bool CudaSupported();
 
 struct StoreClientOptions {
   std::string job = "default";                   // key namespace

@@ -2,8 +2,9 @@
 the C++ SDK, without copying: collectives read and write the caller's memory in place.
 
 Accepted: C-contiguous numpy.ndarray and contiguous torch.Tensor on the CPU, of float16,
-bfloat16 (torch only), float32, float64, int8, uint8, int32, int64 or bool. Anything else
-raises TypeError (not an array, unsupported dtype, CUDA tensor) or ValueError
+bfloat16 (torch only), float32, float64, int8, uint8, int32, int64 or bool; cuda_view() takes
+contiguous torch CUDA tensors (docs/gpu.md). Anything else
+raises TypeError (not an array, unsupported dtype, CUDA tensor where CPU is needed) or ValueError
 (non-contiguous, read-only where the call writes). torch is imported only if the caller
 already has: a numpy-only program never pays for it.
 """
@@ -25,8 +26,8 @@ def view(t, writable=True, what="tensor"):
     tensor_type = _torch_tensor_type()
     if tensor_type is not None and isinstance(t, tensor_type):
         if t.device.type != "cpu":
-            raise TypeError(f"{what} is on {t.device}; collserve's Python SDK takes CPU tensors "
-                            "(move it with .cpu(), or use the c10d backend for CUDA)")
+            raise TypeError(f"{what} is on {t.device}; this call takes CPU tensors (CUDA tensors: "
+                            "all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor)")
         if t.is_sparse:
             raise TypeError(f"{what} is sparse; collserve takes dense tensors")
         name = str(t.dtype).replace("torch.", "")
@@ -49,6 +50,39 @@ def view(t, writable=True, what="tensor"):
     if writable and not t.flags.writeable:
         raise ValueError(f"{what} is read-only, but the call writes to it")
     return t.__array_interface__["data"][0], t.size, code
+
+
+def cuda_view(t, what="tensor"):
+    """(address, element count, dtype code, stream) of a torch CUDA tensor, the stream being the
+    tensor's device's current stream (cudaStream_t as an int); None if `t` is not a CUDA tensor.
+    Raises TypeError (unsupported dtype, sparse) or ValueError (non-contiguous) as view()."""
+    tensor_type = _torch_tensor_type()
+    if tensor_type is None or not isinstance(t, tensor_type) or t.device.type != "cuda":
+        return None
+    if t.is_sparse:
+        raise TypeError(f"{what} is sparse; collserve takes dense tensors")
+    code = _TORCH.get(str(t.dtype).replace("torch.", ""))
+    if code is None:
+        raise TypeError(f"{what} has dtype {t.dtype}, which collserve does not support "
+                        f"(supported: {', '.join(sorted(_TORCH))})")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} is not contiguous; pass t.contiguous() and copy the result back")
+    torch = sys.modules["torch"]
+    return t.data_ptr(), t.numel(), code, torch.cuda.current_stream(t.device).cuda_stream
+
+
+def cuda_out_in(op, output, out_name, input, in_name):
+    """cuda_view() of an out-of-place call's output and input: (out address, out elements, in
+    address, in elements, dtype, stream), or None when neither is a CUDA tensor. TypeError when
+    only one is, or their dtypes or devices differ."""
+    o, i = cuda_view(output, out_name), cuda_view(input, in_name)
+    if o is None and i is None:
+        return None
+    if o is None or i is None or output.device != input.device:
+        raise TypeError(f"{op}: {out_name} and {in_name} must both be CUDA tensors on one device, or both CPU")
+    if o[2] != i[2]:
+        raise TypeError(f"{op}: {out_name} and {in_name} must share a dtype")
+    return o[0], o[1], i[0], i[1], o[2], o[3]
 
 
 def views(ts, writable, what):

@@ -4,7 +4,9 @@ Every function follows its torch.distributed namesake (../shared/reference/
 torch_distributed_api_docs.md): the same names, argument names and defaults, ranks given as
 global ranks (ranks of the default group) and translated for subgroups, async_op=True
 returning a Work. Tensors are numpy arrays or torch CPU tensors used in place (see
-_tensors.py). Service errors raise the errors.py hierarchy; Python-side argument errors
+_tensors.py); all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor also
+take torch CUDA tensors (docs/gpu.md: ordered after the work queued on the tensor's current
+stream; wait() makes that stream wait for the result). Service errors raise the errors.py hierarchy; Python-side argument errors
 raise TypeError/ValueError (DistArgumentError is a ValueError).
 
 Thread safety: the functions may be called from several threads; as with torch, every
@@ -345,8 +347,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, premul_facto
     g = _group(group)
     if g is None:
         return None
-    p, n, d = _tensors.view(tensor)
     code, factor = _op(op, premul_factor)
+    cuda = _tensors.cuda_view(tensor)
+    if cuda is not None:
+        p, n, d, stream = cuda
+        return _run(g, g._live().all_reduce_cuda(p, n, d, code, factor, stream), [tensor], async_op)
+    p, n, d = _tensors.view(tensor)
     return _run(g, g._live().all_reduce(p, n, d, code, factor), [tensor], async_op)
 
 
@@ -365,6 +371,10 @@ def broadcast(tensor, src, group=None, async_op=False):
     g = _group(group)
     if g is None:
         return None
+    cuda = _tensors.cuda_view(tensor)
+    if cuda is not None:
+        p, n, d, stream = cuda
+        return _run(g, g._live().broadcast_cuda(p, n, d, _local(g, src, "src"), stream), [tensor], async_op)
     p, n, d = _tensors.view(tensor)
     return _run(g, g._live().broadcast(p, n, d, _local(g, src, "src")), [tensor], async_op)
 
@@ -396,11 +406,18 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     g = _group(group)
     if g is None:
         return None
-    po, no, pi, ni, do = _out_in("all_gather_into_tensor", output_tensor, "output_tensor", input_tensor,
-                                 "input_tensor")
+    cuda = _tensors.cuda_out_in("all_gather_into_tensor", output_tensor, "output_tensor", input_tensor,
+                                "input_tensor")
+    if cuda is not None:
+        po, no, pi, ni, do, stream = cuda
+    else:
+        po, no, pi, ni, do = _out_in("all_gather_into_tensor", output_tensor, "output_tensor", input_tensor,
+                                     "input_tensor")
     if no != ni * g.size():
         raise ValueError(f"all_gather_into_tensor: output_tensor has {no} elements, "
                          f"needs world_size * {ni} = {ni * g.size()}")
+    if cuda is not None:
+        return _run(g, g._live().all_gather_into_tensor_cuda(po, pi, ni, do, stream), [output_tensor], async_op)
     return _run(g, g._live().all_gather_into_tensor(po, pi, ni, do), [output_tensor], async_op)
 
 
@@ -459,10 +476,17 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     g = _group(group)
     if g is None:
         return None
-    po, no, pi, ni, do = _out_in("reduce_scatter_tensor", output, "output", input, "input")
+    cuda = _tensors.cuda_out_in("reduce_scatter_tensor", output, "output", input, "input")
+    if cuda is not None:
+        po, no, pi, ni, do, stream = cuda
+    else:
+        po, no, pi, ni, do = _out_in("reduce_scatter_tensor", output, "output", input, "input")
     if ni != no * g.size():
         raise ValueError(f"reduce_scatter_tensor: input has {ni} elements, needs world_size * {no} = {no * g.size()}")
     code, factor = _op(op, premul_factor)
+    if cuda is not None:
+        return _run(g, g._live().reduce_scatter_tensor_cuda(po, pi, no, do, code, factor, stream), [output],
+                    async_op)
     return _run(g, g._live().reduce_scatter_tensor(po, pi, no, do, code, factor), [output], async_op)
 
 

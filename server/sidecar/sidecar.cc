@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "backends/device.h"
 #include "backends/registry.h"
 #include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
@@ -254,6 +255,16 @@ class SidecarImpl : public Sidecar {
     eo.algorithms.direct_max_bytes = options_.direct_max_bytes;
     eo.algorithms.ring_min_bytes = options_.ring_min_bytes;
     eo.ring_segment_bytes = options_.ring_segment_bytes;
+    // CUDA tensors of local clients (docs/gpu.md), when this build and host have CUDA.
+    std::string no_device;
+    device_ = backends::NewDeviceRuntime(&no_device);
+    if (device_ != nullptr) {
+      LOG(INFO) << "CUDA tensors: on (CUDA IPC from local clients)";
+    } else {
+      VLOG(1) << "CUDA tensors: off: " << no_device;
+      eo.device_unavailable = no_device;
+    }
+    eo.device = device_.get();
     auto created = engine::Engine::Create(std::move(eo), coordinator_.get(), &backends_, observer_.get());
     if (!created.ok()) return created.status();
     engine_ = std::move(*created);
@@ -417,6 +428,7 @@ class SidecarImpl : public Sidecar {
   bool ready_ = false;  // last readiness set; health thread only (and Init before it starts)
   std::unique_ptr<GrpcCoordinatorLink> coordinator_;
   backends::BackendRegistry backends_;
+  std::unique_ptr<backends::DeviceRuntime> device_;  // CUDA tensors; null without CUDA
   std::shared_ptr<prometheus::Registry> metrics_;
   std::unique_ptr<PrometheusObserver> observer_;
   std::unique_ptr<engine::Engine> engine_;  // destroyed before what it points to

@@ -32,6 +32,8 @@ engine::BufferRef FromProto(pb::Buffer&& b) {
   out.offset = b.offset();
   out.inline_data = std::move(*b.mutable_inline_data());
   out.arena = b.arena();
+  out.cuda_ipc_handle = std::move(*b.mutable_cuda_ipc_handle());
+  out.cuda_device_uuid = std::move(*b.mutable_cuda_device_uuid());
   return out;
 }
 
@@ -56,6 +58,8 @@ engine::Request FromProto(pb::Collective&& c) {
   r.peer = c.peer();
   r.tag = c.tag();
   r.wait_all_ranks = c.wait_all_ranks();
+  r.cuda_ready_event = std::move(*c.mutable_cuda_ready_event());
+  r.cuda_done_event = std::move(*c.mutable_cuda_done_event());
   return r;
 }
 

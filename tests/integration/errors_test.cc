@@ -132,6 +132,20 @@ TEST(ErrorsTest, BarrierWithAMissingRankTimesOutNamingIt) {
                              "local ranks [0] did not call it"));
 }
 
+TEST(ErrorsTest, CudaCallsOnHostMemoryAreClearErrorsAndTheGroupGoesOn) {
+  // On a machine without a GPU (or a build without CUDA) the SDK refuses before anything
+  // reaches the sidecar: FAILED_PRECONDITION (no CUDA) or INVALID_ARGUMENT (not device memory).
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto p = cluster->StartRank(0, 1, 0, {"--mode=cuda_on_host_memory"});
+  ASSERT_TRUE(p.ok());
+  auto [code, out] = Finish(**p);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("cuda: INVALID_ARGUMENT: address"),
+                                    HasSubstr("cuda: FAILED_PRECONDITION: this collserve build has no CUDA")));
+  EXPECT_THAT(out, HasSubstr("after: OK: "));
+}
+
 TEST(ErrorsTest, GroupStaysUsableAfterAMismatch) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);

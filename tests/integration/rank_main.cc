@@ -199,6 +199,16 @@ int main(int argc, char** argv) {
     std::printf("status: %s\n", StatusLine(s).c_str());
     return s.ok() ? 0 : 3;
   }
+  if (mode == "cuda_on_host_memory") {
+    // The CUDA calls on host memory (or in a build or on a machine without CUDA): a clear
+    // error in the Work, and the group stays usable.
+    std::vector<float> buf(16, 1.0f);
+    absl::Status s = (*pg)->AllReduceCuda(buf.data(), 16, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+    std::printf("cuda: %s\n", StatusLine(s).c_str());
+    absl::Status after = (*pg)->AllReduce(buf.data(), 16, DataType::kFloat32, ReduceOp::kSum)->Wait();
+    std::printf("after: %s %g\n", StatusLine(after).c_str(), buf[0]);
+    return s.ok() || !after.ok() ? 3 : 0;
+  }
   if (mode == "loop") {
     const int64_t iters = absl::GetFlag(FLAGS_iters);
     std::vector<char> buf(static_cast<size_t>(absl::GetFlag(FLAGS_count)) * collserve::ElementSize(dtype));

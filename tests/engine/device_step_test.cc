@@ -1,0 +1,279 @@
+// The engine's CUDA data step (engine/device_step.cc) on a fake device runtime whose "GPU
+// memory" is host memory and whose stream runs each call at once: what the engine resolves,
+// which calls it queues in which order, the results of every op among local ranks, and its
+// refusals. The real kernels and IPC run on a GPU (tests/backends/cuda_device_test.cc,
+// tests/gpu/run.sh); this runs everywhere.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "tests/engine/engine_testing.h"
+
+namespace collserve::testing {
+namespace {
+
+using engine::CollectiveOp;
+
+const std::string kUuid(16, 'G');
+
+// A "CUDA IPC handle" here is 64 bytes: the host address and size of a test buffer.
+std::string Handle(const void* p, size_t bytes) {
+  std::string h(64, '\0');
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::memcpy(h.data(), &a, sizeof a);
+  std::memcpy(h.data() + 8, &bytes, sizeof bytes);
+  return h;
+}
+
+struct FakeEvent : backends::DeviceEvent {
+  int waited = 0, recorded = 0;
+};
+
+class FakeStream : public backends::DeviceStream {
+ public:
+  explicit FakeStream(std::vector<std::string>* log) : log_(log) {}
+  int device() const override { return 0; }
+  void* stream() const override { return nullptr; }
+  absl::Status WaitEvent(const backends::DeviceEvent& e) override {
+    ++static_cast<FakeEvent&>(const_cast<backends::DeviceEvent&>(e)).waited;
+    log_->push_back("wait");
+    return absl::OkStatus();
+  }
+  absl::Status RecordEvent(const backends::DeviceEvent& e) override {
+    ++static_cast<FakeEvent&>(const_cast<backends::DeviceEvent&>(e)).recorded;
+    log_->push_back("record");
+    return absl::OkStatus();
+  }
+  absl::Status Reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count, DataType dtype,
+                      ReduceOp op, double scale) override {
+    if (dtype != DataType::kFloat32) return absl::InvalidArgumentError("fake: float32 only");
+    log_->push_back(absl::StrCat("reduce ", ins.size(), "->", outs.size()));
+    std::vector<float> acc(count);
+    for (size_t i = 0; i < count; ++i) {
+      float a = static_cast<const float*>(ins[0])[i];
+      for (size_t k = 1; k < ins.size(); ++k) {
+        const float v = static_cast<const float*>(ins[k])[i];
+        a = op == ReduceOp::kSum ? a + v : op == ReduceOp::kMax ? std::max(a, v) : op == ReduceOp::kMin ? std::min(a, v) : a * v;
+      }
+      acc[i] = static_cast<float>(a * scale);
+    }
+    for (void* o : outs) std::memcpy(o, acc.data(), count * sizeof(float));
+    return absl::OkStatus();
+  }
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override {
+    log_->push_back("copy");
+    if (dst != src) std::memmove(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> Scratch(size_t bytes) override {
+    scratch_.resize(bytes);
+    return scratch_.data();
+  }
+  absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int, absl::Duration,
+                     const std::function<absl::Status()>&) override {
+    log_->push_back(absl::StrCat("end ", keep.size()));
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::string>* log_;
+  std::vector<char> scratch_;
+};
+
+class FakeRuntime : public backends::DeviceRuntime {
+ public:
+  absl::StatusOr<int> DeviceOf(const std::string& uuid) override {
+    if (uuid == kUuid) return 0;
+    return absl::NotFoundError("no such GPU");
+  }
+  absl::StatusOr<std::shared_ptr<backends::DeviceMapping>> MapMemory(int, const std::string& h) override {
+    if (h.size() != 64) return absl::InvalidArgumentError("bad handle");
+    auto m = std::make_shared<backends::DeviceMapping>();
+    uintptr_t a;
+    std::memcpy(&a, h.data(), sizeof a);
+    std::memcpy(&m->bytes, h.data() + 8, sizeof m->bytes);
+    m->base = reinterpret_cast<char*>(a);
+    absl::MutexLock lock(&mu_);
+    ++maps_;
+    return m;
+  }
+  absl::StatusOr<std::shared_ptr<backends::DeviceEvent>> OpenEvent(int, const std::string& h) override {
+    absl::MutexLock lock(&mu_);
+    auto& e = events_[h];
+    if (e == nullptr) e = std::make_shared<FakeEvent>();
+    return std::shared_ptr<backends::DeviceEvent>(e);
+  }
+  absl::StatusOr<std::unique_ptr<backends::DeviceStream>> NewStream(int) override {
+    return std::unique_ptr<backends::DeviceStream>(new FakeStream(&log));
+  }
+  FakeEvent& event(const std::string& h) {
+    absl::MutexLock lock(&mu_);
+    return *events_[h];
+  }
+  int maps() {
+    absl::MutexLock lock(&mu_);
+    return maps_;
+  }
+  std::vector<std::string> log;  // the executor thread's calls, in order
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<FakeEvent>> events_;
+  int maps_ = 0;
+};
+
+// A request naming "device" tensors: input `in`, output `out` (null: in place).
+engine::Request DeviceRequest(CollectiveOp op, std::vector<float>& in, int64_t count, std::vector<float>* out,
+                              int rank) {
+  engine::Request r;
+  r.op = op;
+  r.dtype = static_cast<int>(DataType::kFloat32);
+  r.count = count;
+  r.reduce_op = static_cast<int>(ReduceOp::kSum);
+  r.buffer.cuda_ipc_handle = Handle(in.data(), in.size() * sizeof(float));
+  r.buffer.cuda_device_uuid = kUuid;
+  if (out != nullptr) {
+    r.output.cuda_ipc_handle = Handle(out->data(), out->size() * sizeof(float));
+    r.output.cuda_device_uuid = kUuid;
+    r.output_count = static_cast<int64_t>(out->size());
+  }
+  r.cuda_ready_event = absl::StrCat("ready", rank, std::string(58, '.')).substr(0, 64);
+  r.cuda_done_event = absl::StrCat("done-", rank, std::string(58, '.')).substr(0, 64);
+  return r;
+}
+
+class DeviceStepTest : public ::testing::Test {
+ protected:
+  // `world` ranks on one host, attached with shared memory (as unix-socket clients are).
+  std::vector<TestRank> Form(TestCluster& cluster, const std::string& name, int world, bool shared_memory = true) {
+    std::vector<TestRank> ranks(world);
+    for (int r = 0; r < world; ++r) {
+      ranks[r].rank = r;
+      ranks[r].session = std::make_shared<RecordingSession>();
+      engine::AttachRequest a;
+      a.job = "test";
+      a.group = name;
+      a.rank = r;
+      a.world_size = world;
+      a.shared_memory = shared_memory;
+      auto g = cluster.engine(0).Attach(a, ranks[r].session);
+      EXPECT_TRUE(g.ok()) << g.status();
+      ranks[r].group = *g;
+    }
+    for (TestRank& t : ranks) EXPECT_TRUE(t.session->WaitAttached(absl::Seconds(60)).ok());
+    return ranks;
+  }
+  FakeRuntime runtime_;
+};
+
+TEST_F(DeviceStepTest, AllReduceAmongLocalRanksIsOneKernelBetweenTheClientsEvents) {
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "ar", 3);
+  std::vector<std::vector<float>> t = {{1, 2, 3, 4}, {10, 20, 30, 40}, {100, 200, 300, 400}};
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Completion c = r.Call(DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 4, nullptr, r.rank));
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "local_cuda");
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(t[r], (std::vector<float>{111, 222, 333, 444}));
+  EXPECT_EQ(runtime_.log, (std::vector<std::string>{"wait", "wait", "wait", "reduce 3->3", "record", "record",
+                                                    "record", "end 9"}));
+  // AVG scales by 1/world_size; the handles are mapped once per rank.
+  runtime_.log.clear();
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 4, nullptr, r.rank);
+    q.reduce_op = static_cast<int>(ReduceOp::kAvg);
+    EXPECT_TRUE(r.Call(q).status.ok());
+  });
+  EXPECT_EQ(t[2], (std::vector<float>{111, 222, 333, 444}));
+  EXPECT_EQ(runtime_.maps(), 3);
+  EXPECT_EQ(runtime_.event(DeviceRequest(CollectiveOp::kAllReduce, t[0], 4, nullptr, 0).cuda_done_event).recorded, 2);
+}
+
+TEST_F(DeviceStepTest, BroadcastAllGatherAndReduceScatterAmongLocalRanks) {
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "ops", 3);
+  std::vector<std::vector<float>> b = {{0, 0}, {7, 8}, {0, 0}};
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kBroadcast, b[r.rank], 2, nullptr, r.rank);
+    q.root = 1;
+    EXPECT_TRUE(r.Call(q).status.ok());
+  });
+  for (auto& v : b) EXPECT_EQ(v, (std::vector<float>{7, 8}));
+  std::vector<std::vector<float>> in = {{1, 2}, {3, 4}, {5, 6}};
+  std::vector<std::vector<float>> out(3, std::vector<float>(6, 0));
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllGather, in[r.rank], 2, &out[r.rank], r.rank);
+    q.output_splits = {2, 2, 2};
+    EXPECT_TRUE(r.Call(q).status.ok()) << r.rank;
+  });
+  for (auto& v : out) EXPECT_EQ(v, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  std::vector<std::vector<float>> rs_out(3, std::vector<float>(2, 0));
+  OnEveryRank(ranks, [&](TestRank& r) {
+    std::vector<float>& src = out[r.rank];  // every rank holds 1..6
+    engine::Request q = DeviceRequest(CollectiveOp::kReduceScatter, src, 6, &rs_out[r.rank], r.rank);
+    q.input_splits = {2, 2, 2};
+    EXPECT_TRUE(r.Call(q).status.ok()) << r.rank;
+  });
+  EXPECT_EQ(rs_out[0], (std::vector<float>{3, 6}));
+  EXPECT_EQ(rs_out[2], (std::vector<float>{15, 18}));
+}
+
+TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "bad", 2);
+  std::vector<std::vector<float>> t = {{1, 2}, {3, 4}};
+  // One rank on the GPU, the other on the CPU: the desync check names both.
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = r.rank == 0 ? DeviceRequest(CollectiveOp::kAllReduce, t[0], 2, nullptr, 0)
+                                    : FloatRequest(CollectiveOp::kAllReduce, t[1]);
+    engine::Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "device=cpu on ranks [1] but device=cuda on ranks [0]"))
+        << c.status;
+  });
+  // A tensor that overruns its allocation; an op the GPU path lacks; an unknown GPU.
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 2, nullptr, r.rank);
+    if (r.rank == 0) q.buffer.offset = 4;
+    engine::Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument);
+    if (r.rank == 0) EXPECT_TRUE(absl::StrContains(c.status.message(), "does not fit its CUDA allocation")) << c.status;
+  });
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllToAll, t[r.rank], 2, &t[r.rank], r.rank);
+    q.input_splits = {1, 1};
+    q.output_splits = {1, 1};
+    if (r.rank == 1) q.buffer.cuda_device_uuid = std::string(16, 'X');
+    engine::Completion c = r.Call(q);
+    EXPECT_FALSE(c.status.ok());
+    if (r.rank == 0) EXPECT_TRUE(absl::StrContains(c.status.message(), "not supported on CUDA tensors")) << c.status;
+  });
+  EXPECT_EQ(t[0], (std::vector<float>{1, 2}));  // nothing moved
+}
+
+TEST_F(DeviceStepTest, WithoutARuntimeOrSharedMemoryCudaTensorsAreRefused) {
+  {
+    TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device_unavailable = "no GPU here"; });
+    auto ranks = Form(cluster, "nogpu", 1);
+    std::vector<float> t = {1};
+    engine::Completion c = ranks[0].Call(DeviceRequest(CollectiveOp::kAllReduce, t, 1, nullptr, 0));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;  // reported as the rank's request
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "no GPU here")) << c.status;
+  }
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "remote", 1, /*shared_memory=*/false);
+  std::vector<float> t = {1};
+  engine::Completion c = ranks[0].Call(DeviceRequest(CollectiveOp::kAllReduce, t, 1, nullptr, 0));
+  EXPECT_TRUE(absl::StrContains(c.status.message(), "unix socket")) << c.status;
+  EXPECT_EQ(runtime_.maps(), 0);
+}
+
+}  // namespace
+}  // namespace collserve::testing

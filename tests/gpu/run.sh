@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/gpu.md, in one go on a machine with an NVIDIA GPU, CUDA 13 and
+# PyTorch 2.x (the device tool's machines), from the repository root with .gpu/ made by
+# tests/gpu/bundle.sh on the build machine:
+#
+#   bash tests/gpu/run.sh OUT_DIR [all|unit|sdk|perf|ddp]
+#
+# It compiles the Python module for this machine's Python against the carried SDK, then
+# runs: the GPU unit tests (NCCL communicator, the sidecar's CUDA kernels); the Python SDK's
+# CUDA calls with 1 and 4 ranks (tests/gpu/sdk_cuda.py: results and stream ordering); collserve-perf
+# --device=cuda for one rank (NCCL n=1 through the sidecar against raw NCCL on the same
+# buffer) and for 4 ranks sharing the GPU (against the device's copy bound), with every op's
+# result checked; and the DDP comparison (bench/gpu/ddp_compare.py). Logs go to OUT_DIR.
+set -uo pipefail
+out=${1:?usage: run.sh OUT_DIR [all|unit|sdk|perf|ddp]}
+what=${2:-all}
+mkdir -p "$out"
+root=$PWD
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=$root/.gpu/lib:${nccl_lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+pkg=/tmp/collserve-py
+rm -rf "$pkg" && mkdir -p "$pkg/collserve/bin"
+cp python/collserve/*.py "$pkg/collserve/"
+cp .gpu/lib/libcollserve_client.so "$pkg/collserve/"
+cp .gpu/bin/collserve-coordinator .gpu/bin/collserve-sidecar "$pkg/collserve/bin/"
+suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+g++ -O2 -std=c++17 -shared -fPIC python/_collserve.cc -Iinclude -I.gpu/include $(python3 -m pybind11 --includes) \
+  -L"$pkg/collserve" -lcollserve_client .gpu/lib/libabsl_*.so* -Wl,-rpath,'$ORIGIN' \
+  -o "$pkg/collserve/_collserve$suffix" || { echo "FAILED: compiling _collserve"; exit 1; }
+export PYTHONPATH=$pkg:${PYTHONPATH:-}
+export COLLSERVE_BIN_DIR=$pkg/collserve/bin PYTHONUNBUFFERED=1
+python3 -c 'import collserve._collserve as c; print("collserve module: cuda_available =", c.cuda_available())'
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+status=0
+run() {  # run NAME COMMAND...: logs to OUT_DIR/NAME.log, bounded to 300 s
+  local name=$1; shift
+  echo "=== $name: $*"
+  timeout -k 10 300 "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  grep -v -E '^[IWE][0-9]{8} |^\[rank[1-9]' "$out/$name.log" | tail -n 40
+  echo "=== $name: exit $rc"
+  [ $rc -eq 0 ] || status=1
+}
+perf=.gpu/bin/collserve-perf
+launch="python3 -m collserve launch --nproc_per_node"
+
+if [ "$what" = all ] || [ "$what" = unit ]; then
+  [ -x .gpu/bin/nccl_communicator_test ] && run unit_nccl .gpu/bin/nccl_communicator_test
+  [ -x .gpu/bin/cuda_device_test ] && run unit_cuda_device .gpu/bin/cuda_device_test
+fi
+if [ "$what" = all ] || [ "$what" = sdk ]; then
+  run sdk_cuda_1rank $launch 1 tests/gpu/sdk_cuda.py
+  run sdk_cuda_4ranks $launch 4 tests/gpu/sdk_cuda.py
+fi
+if [ "$what" = all ] || [ "$what" = perf ]; then
+  # Target: one rank, NCCL n=1 through the sidecar, >= 0.9x raw NCCL from 1 MiB up.
+  run perf_1rank_all_reduce $launch 1 --no_python $perf --device=cuda -o all_reduce -b 1M -e 1G -f 4 -n 50 -w 10
+  # Target: 4 ranks sharing the GPU, all_reduce 64 MiB float32 >= 60% of the copy bound.
+  run perf_4ranks_all_reduce $launch 4 --no_python $perf --device=cuda -o all_reduce -b 1M -e 256M -f 4 -n 100 -w 10
+  for op in broadcast all_gather reduce_scatter; do
+    run "perf_4ranks_$op" $launch 4 --no_python $perf --device=cuda -o $op -b 4K -e 64M -f 16 -n 20 -w 5
+    run "perf_1rank_$op" $launch 1 --no_python $perf --device=cuda -o $op -b 4K -e 64M -f 16 -n 20 -w 5
+  done
+fi
+if [ "$what" = all ] || [ "$what" = ddp ]; then
+  [ -f bench/gpu/ddp_run.sh ] && run ddp bash bench/gpu/ddp_run.sh "$out"
+fi
+echo "GPU checks: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
+exit $status

@@ -1,0 +1,229 @@
+"""collserve.torch_pg, the pure-Python torch.distributed ProcessGroup over the Python SDK,
+against a real coordinator and sidecar on loopback: 2 ranks (subprocesses) build
+CollserveProcessGroup directly (CPU tensors) and check allreduce, broadcast, allgather,
+all_gather_into_tensor, reduce_scatter(_tensor), barrier, errors, and a 5-step
+DistributedDataParallel training that must equal a single-process reference.
+
+On torch 1.13 (this repository's CPU test machine) the ProcessGroup trampoline works but
+the Work one does not; torch_pg then completes each call before returning (see its
+docstring), which this test also covers. The CUDA path needs a GPU and a CUDA build of the
+SDK: bench/gpu/ddp_compare.py checks it.
+
+Run as a script (`test_torch_pg.py worker SCENARIO`), this file is one rank.
+"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _import_torch_pg():
+    """collserve.torch_pg from the build tree's package, or from the source tree when the build
+    predates torch_pg.py (the build copies python/collserve/*.py into <build>/python)."""
+    import collserve
+    src = os.path.join(ROOT, "python", "collserve")
+    if not os.path.exists(os.path.join(os.path.dirname(collserve.__file__), "torch_pg.py")):
+        collserve.__path__.append(src)
+    from collserve import torch_pg
+    return torch_pg
+
+
+# ------------------------------------------------------------------------------------------
+# The rank (run as a script)
+# ------------------------------------------------------------------------------------------
+
+def _model(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def _data(torch, rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(6, 8, generator=g), torch.randn(6, 3, generator=g)
+
+
+DDP_STEPS = 5
+
+
+def _collectives(torch, dist, pg, rank, world):
+    def equal(a, b):
+        assert torch.equal(a, b), f"{a} != {b}"
+
+    assert pg.rank() == rank and pg.size() == world and pg.name() == "collserve", (pg.rank(), pg.size(), pg.name())
+    # allreduce, several ops and dtypes, in place, through torch's Python API and directly.
+    t = torch.full((5,), float(rank + 1))
+    ptr = t.data_ptr()
+    dist.all_reduce(t, group=pg)
+    equal(t, torch.full((5,), float(sum(range(1, world + 1)))))
+    assert t.data_ptr() == ptr
+    for op, dtype, expected in [(dist.ReduceOp.MAX, torch.int64, world), (dist.ReduceOp.MIN, torch.int32, 1),
+                                (dist.ReduceOp.PRODUCT, torch.float64, 2.0),
+                                (dist.ReduceOp.AVG, torch.float32, 1.5), (dist.ReduceOp.BOR, torch.int64, 3)]:
+        x = torch.full((3,), rank + 1, dtype=dtype)
+        dist.all_reduce(x, op=op, group=pg)
+        equal(x, torch.full((3,), expected, dtype=dtype))
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    y = torch.arange(4, dtype=torch.float32) * (rank + 1)
+    w = pg.allreduce([y], opts)
+    assert w.wait() is True
+    assert w.is_completed() and w.is_success()
+    equal(y, torch.arange(4, dtype=torch.float32) * 3)
+    fut = pg.allreduce([torch.ones(2)], opts).get_future()
+    equal(fut.wait()[0], torch.full((2,), 2.0))
+    # async_op through torch's API: a Work whose wait returns True.
+    z = torch.ones(3)
+    work = dist.all_reduce(z, group=pg, async_op=True)
+    assert work.wait()
+    equal(z, torch.full((3,), 2.0))
+    # broadcast from each root (torch's dist.broadcast translates src through the registered
+    # groups of init_process_group/new_group: call the group's method).
+    for root in range(world):
+        b = torch.full((4,), float(rank * 10))
+        bo = dist.BroadcastOptions()
+        bo.rootRank = root
+        pg.broadcast([b], bo).wait()
+        equal(b, torch.full((4,), float(root * 10)))
+    # allgather (separate outputs), all_gather_into_tensor.
+    outs = [torch.zeros(3) for _ in range(world)]
+    dist.all_gather(outs, torch.full((3,), float(rank)), group=pg)
+    for r in range(world):
+        equal(outs[r], torch.full((3,), float(r)))
+    flat = torch.zeros(world * 2, dtype=torch.int64)
+    pg._allgather_base(flat, torch.full((2,), rank, dtype=torch.int64)).wait()
+    equal(flat, torch.tensor([r for r in range(world) for _ in range(2)]))
+    # reduce_scatter (list and tensor forms).
+    out = torch.zeros(2)
+    rs = dist.ReduceScatterOptions()
+    rs.reduceOp = dist.ReduceOp.SUM
+    pg.reduce_scatter([out], [[torch.full((2,), float(10 * j + rank)) for j in range(world)]], rs).wait()
+    equal(out, torch.full((2,), float(sum(10 * rank + r for r in range(world)))))
+    out2 = torch.zeros(3)
+    pg._reduce_scatter_base(out2, torch.arange(3 * world, dtype=torch.float32), rs).wait()
+    equal(out2, torch.arange(3 * rank, 3 * rank + 3, dtype=torch.float32) * world)
+    pg.barrier(dist.BarrierOptions()).wait()
+    # Argument errors raise at the call.
+    for call, exc in [(lambda: pg.allreduce([torch.ones(1), torch.ones(1)], opts), ValueError),
+                      (lambda: pg.allreduce([torch.ones(2)[::2].expand(3)], opts), ValueError),
+                      (lambda: pg.allreduce([torch.ones(2, dtype=torch.complex64)], opts), TypeError)]:
+        try:
+            call()
+        except exc:
+            pass
+        else:
+            raise AssertionError(f"expected {exc.__name__}")
+    # A service error (ranks disagree on the count) raises RuntimeError "collserve <op>: <code>: ...".
+    try:
+        pg.allreduce([torch.ones(3 + rank)], opts).wait()
+    except RuntimeError as e:
+        assert str(e).startswith("collserve allreduce: 3: "), str(e)
+    else:
+        raise AssertionError("a desynchronized allreduce did not raise")
+    # The group stays usable.
+    ok = torch.ones(1)
+    dist.all_reduce(ok, group=pg)
+    equal(ok, torch.full((1,), float(world)))
+
+
+def _ddp(torch, pg, rank, world):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    model = _model(torch)
+    if rank == 1:  # DDP broadcasts rank 0's parameters at construction
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    ddp = DDP(model, process_group=pg)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(DDP_STEPS):
+        x, y = _data(torch, rank, step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    # The reference: one process, the gradient averaged over the ranks' batches.
+    ref = _model(torch)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(DDP_STEPS):
+        ref_opt.zero_grad()
+        for r in range(world):
+            x, y = _data(torch, r, step)
+            (torch.nn.functional.mse_loss(ref(x), y) / world).backward()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=1e-5, atol=1e-6), f"{name}: max diff {(p - q).abs().max().item()}"
+
+
+def worker(scenario):
+    import torch
+    import torch.distributed as dist
+    torch_pg = _import_torch_pg()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    pg = torch_pg.CollserveProcessGroup.connect(rank, world, timeout=30.0, group=f"pg-test-{scenario}")
+    if scenario == "collectives":
+        _collectives(torch, dist, pg, rank, world)
+    elif scenario == "ddp":
+        _ddp(torch, pg, rank, world)
+    else:
+        raise SystemExit(f"unknown scenario {scenario!r}")
+    print(f"rank {rank}: {scenario} ok", flush=True)
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "worker":
+    worker(sys.argv[2])
+    sys.exit(0)
+
+# ------------------------------------------------------------------------------------------
+# The tests
+# ------------------------------------------------------------------------------------------
+import pytest  # noqa: E402
+
+torch = pytest.importorskip("torch")
+from test_sdk import Cluster, outputs  # noqa: E402
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+def _ranks(cluster, scenario, world=2):
+    import subprocess
+    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", scenario],
+                             env=cluster.env(r, world), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for r in range(world)]
+
+
+def test_collectives_on_cpu_tensors(cluster):
+    for code, text in outputs(_ranks(cluster, "collectives"), limit=120):
+        assert code == 0 and "collectives ok" in text, text
+
+
+def test_ddp_matches_a_single_process_reference(cluster):
+    for code, text in outputs(_ranks(cluster, "ddp"), limit=120):
+        assert code == 0 and "ddp ok" in text, text
+
+
+def test_registration_and_creator_without_sidecar(monkeypatch):
+    torch_pg = _import_torch_pg()
+    monkeypatch.delenv("COLLSERVE_SIDECAR", raising=False)
+    with pytest.raises(RuntimeError, match="python -m collserve launch"):
+        torch_pg.create(None, 0, 1, __import__("datetime").timedelta(seconds=5))
+    if torch_pg.TORCH_MAJOR >= 2:
+        torch_pg.register()  # idempotent
+        assert "COLLSERVE" in torch.distributed.Backend._plugins
+    else:
+        with pytest.raises(RuntimeError, match="torch >= 2.0"):
+            torch_pg.register()
+
+
+def test_reduce_op_mapping():
+    torch_pg = _import_torch_pg()
+    d = torch.distributed
+    assert [torch_pg._op_code(getattr(d.ReduceOp, n)) for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX")] == [1, 2, 3,
+                                                                                                           4, 5]
+    assert torch_pg._op_code(None) == 1
+    opts = d.AllreduceOptions()
+    opts.reduceOp = d.ReduceOp.MAX
+    assert torch_pg._op_code(opts.reduceOp) == 5
