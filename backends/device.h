@@ -108,8 +108,10 @@ class DeviceStream {
   // Ends one collective: `keep` (the mappings and events it used) stays alive until the
   // GPU has finished it. At most `max_in_flight` collectives stay unfinished: beyond that
   // it waits for the oldest, up to `timeout`, polling `check` (a communicator's
-  // asynchronous error) meanwhile. DEADLINE_EXCEEDED when the GPU did not finish in time;
-  // the CUDA error of a failed kernel or copy; `check`'s error.
+  // asynchronous error) meanwhile. DEADLINE_EXCEEDED when the GPU did not finish in time
+  // (also when the oldest unfinished one was queued more than `timeout` ago: a stream stuck
+  // on a client's event or a peer is found at the next collective); the CUDA error of a
+  // failed kernel or copy; `check`'s error.
   virtual absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int max_in_flight, absl::Duration timeout,
                              const std::function<absl::Status()>& check) = 0;
 };

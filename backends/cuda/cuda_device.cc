@@ -191,6 +191,7 @@ class CudaStream : public DeviceStream {
     Op op;
     op.done = done;
     op.keep = std::move(keep);
+    op.queued = absl::Now();
     if (absl::Status s = FromCuda(cudaEventRecord(done, stream_), "cudaEventRecord"); !s.ok()) {
       cudaEventDestroy(done);
       return Failed(s);
@@ -205,6 +206,13 @@ class CudaStream : public DeviceStream {
         continue;
       }
       if (q != cudaErrorNotReady) return Failed(FromCuda(q, "a collective on the GPU failed"));
+      // The oldest has been on the GPU longer than an op may take (torch's NCCL watchdog
+      // fails such a collective the same way; a stream stuck on a peer never drains).
+      if (absl::Now() - in_flight_.front().queued > timeout) {
+        return Failed(absl::DeadlineExceededError(absl::StrCat(
+            "a collective queued on the GPU ", absl::FormatDuration(absl::Now() - in_flight_.front().queued),
+            " ago has not finished (op timeout ", absl::FormatDuration(timeout), ")")));
+      }
       if (static_cast<int>(in_flight_.size()) <= max_in_flight) break;
       if (check) {
         if (absl::Status s = check(); !s.ok()) return Failed(s);
@@ -222,13 +230,14 @@ class CudaStream : public DeviceStream {
  private:
   struct Op {
     Op() = default;
-    Op(Op&& o) noexcept : done(std::exchange(o.done, nullptr)), keep(std::move(o.keep)) {}
+    Op(Op&& o) noexcept : done(std::exchange(o.done, nullptr)), keep(std::move(o.keep)), queued(o.queued) {}
     Op& operator=(Op&&) = delete;
     ~Op() {
       if (done != nullptr) cudaEventDestroy(done);
     }
     cudaEvent_t done = nullptr;
     std::vector<std::shared_ptr<void>> keep;
+    absl::Time queued;
   };
 
   absl::Status Failed(absl::Status s) {

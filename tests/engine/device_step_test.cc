@@ -244,7 +244,9 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     if (r.rank == 0) q.buffer.offset = 4;
     engine::Completion c = r.Call(q);
     EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument);
-    if (r.rank == 0) EXPECT_TRUE(absl::StrContains(c.status.message(), "does not fit its CUDA allocation")) << c.status;
+    if (r.rank == 0) {
+      EXPECT_TRUE(absl::StrContains(c.status.message(), "does not fit its CUDA allocation")) << c.status;
+    }
   });
   OnEveryRank(ranks, [&](TestRank& r) {
     engine::Request q = DeviceRequest(CollectiveOp::kAllToAll, t[r.rank], 2, &t[r.rank], r.rank);
@@ -253,7 +255,9 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     if (r.rank == 1) q.buffer.cuda_device_uuid = std::string(16, 'X');
     engine::Completion c = r.Call(q);
     EXPECT_FALSE(c.status.ok());
-    if (r.rank == 0) EXPECT_TRUE(absl::StrContains(c.status.message(), "not supported on CUDA tensors")) << c.status;
+    if (r.rank == 0) {
+      EXPECT_TRUE(absl::StrContains(c.status.message(), "not supported on CUDA tensors")) << c.status;
+    }
   });
   EXPECT_EQ(t[0], (std::vector<float>{1, 2}));  // nothing moved
 }

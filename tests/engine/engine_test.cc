@@ -98,7 +98,9 @@ TEST(EngineTest, AllReduceThroughSharedMemory) {
     for (int i = 0; i < 10; ++i) data[i] = static_cast<float>(r.rank + i);
     engine::Request req = FloatRequest(CollectiveOp::kAllReduce, {});
     req.count = 10;
-    req.buffer = engine::BufferRef{segments[r.rank]->name(), 4096, 64, "", false};
+    req.buffer.segment = segments[r.rank]->name();
+    req.buffer.segment_bytes = 4096;
+    req.buffer.offset = 64;
     Completion c = r.Call(req);
     ASSERT_TRUE(c.status.ok()) << c.status;
     EXPECT_TRUE(c.inline_data.empty());

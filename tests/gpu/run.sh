@@ -7,7 +7,8 @@
 #
 # It compiles the Python module for this machine's Python against the carried SDK, then
 # runs: the GPU unit tests (NCCL communicator, the sidecar's CUDA kernels); the Python SDK's
-# CUDA calls with 1 and 4 ranks (tests/gpu/sdk_cuda.py: results and stream ordering); collserve-perf
+# CUDA calls with 1 and 4 ranks (tests/gpu/sdk_cuda.py: results and stream ordering) and a GPU
+# stuck past the op timeout (tests/gpu/timeout_cuda.py: an error, not a hang); collserve-perf
 # --device=cuda for one rank (NCCL n=1 through the sidecar against raw NCCL on the same
 # buffer) and for 4 ranks sharing the GPU (against the device's copy bound), with every op's
 # result checked; and the DDP comparison (bench/gpu/ddp_compare.py). Logs go to OUT_DIR.
@@ -51,6 +52,7 @@ fi
 if [ "$what" = all ] || [ "$what" = sdk ]; then
   run sdk_cuda_1rank $launch 1 tests/gpu/sdk_cuda.py
   run sdk_cuda_4ranks $launch 4 tests/gpu/sdk_cuda.py
+  run timeout_cuda $launch 1 tests/gpu/timeout_cuda.py
 fi
 if [ "$what" = all ] || [ "$what" = perf ]; then
   # Target: one rank, NCCL n=1 through the sidecar, >= 0.9x raw NCCL from 1 MiB up.
