@@ -63,7 +63,10 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
       // It was emptied between lookup and Attach: make a fresh one.
       absl::MutexLock lock(&mu_);
       auto it = groups_.find({params.job, params.name});
-      if (it != groups_.end() && it->second == group) groups_.erase(it);
+      if (it != groups_.end() && it->second == group) {
+        groups_.erase(it);
+        if (observer_ != nullptr) observer_->OnGroups(-1);
+      }
       continue;
     }
     if (!s.ok()) return s;
@@ -89,6 +92,7 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.device_unavailable = options_.device_unavailable;
     env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
     slot = std::make_shared<Group>(std::move(env), params);
+    if (observer_ != nullptr) observer_->OnGroups(1);
   }
   return slot;
 }
@@ -101,6 +105,7 @@ void Engine::Remove(const std::string& job, const std::string& group) {
     if (it == groups_.end()) return;
     graveyard_.push_back(std::move(it->second));
     groups_.erase(it);
+    if (observer_ != nullptr) observer_->OnGroups(-1);
   }
   janitor_cv_.notify_all();
 }
@@ -138,6 +143,7 @@ void Engine::Shutdown() {
     std::lock_guard<std::mutex> jl(janitor_mu_);
     absl::MutexLock lock(&mu_);
     doomed.swap(groups_);
+    if (observer_ != nullptr && !doomed.empty()) observer_->OnGroups(-static_cast<int>(doomed.size()));
     stopping_ = true;
   }
   groups.clear();

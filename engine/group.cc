@@ -18,7 +18,10 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
   c.algorithm = sub.algorithm;
   if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
   if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));
-  if (observer != nullptr) observer->OnCompleted(sub.args.op, status);
+  if (observer != nullptr) {
+    observer->OnCompleted(sub.args.op, status,
+                          sub.submitted == absl::Time() ? absl::ZeroDuration() : absl::Now() - sub.submitted);
+  }
 }
 
 Group::Group(GroupEnv env, GroupParams params) : env_(std::move(env)), params_(std::move(params)) {}
@@ -138,7 +141,8 @@ void Group::Submit(int rank, Request request) {
   sub.session = local.session;
   sub.args = std::move(request);
   const absl::Duration timeout = sub.args.timeout_ms > 0 ? absl::Milliseconds(sub.args.timeout_ms) : params_.op_timeout;
-  sub.deadline = absl::Now() + timeout;
+  sub.submitted = absl::Now();
+  sub.deadline = sub.submitted + timeout;
   if (state_ == State::kFailed) {
     Complete(sub, failure_, env_.observer);
     return;

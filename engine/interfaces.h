@@ -65,8 +65,11 @@ enum class BytePath { kArena, kStaged, kInline };
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
-  // One local rank's request completed with `status` (op: a CollectiveOp value).
-  virtual void OnCompleted(CollectiveOp op, const absl::Status& status) {}
+  // One local rank's request completed with `status` (op: a CollectiveOp value, unchecked),
+  // `latency` after the sidecar received it.
+  virtual void OnCompleted(CollectiveOp op, const absl::Status& status, absl::Duration latency) {}
+  // The number of groups on this host changed by `delta` (+1 created, -1 dropped).
+  virtual void OnGroups(int delta) {}
   // `bytes` of a local rank's tensors (inputs and outputs) entered a collective via `path`.
   virtual void OnTensorBytes(BytePath path, uint64_t bytes) {}
   // A group exchanged its ranks' arguments with its other hosts (one round between hosts,

@@ -34,6 +34,7 @@ struct Submission {
   bool inline_mode = false;
   absl::Status error;      // invalid request: reported to every rank
   absl::Time deadline;
+  absl::Time submitted;    // when the sidecar received it (latency metrics)
   int source = -1;         // RECV: the rank the message came from
   const char* algorithm = "";  // how it ran (Completion.algorithm)
   // CUDA tensors (args.OnDevice()): `in`/`out` are device addresses in the sidecar (CUDA

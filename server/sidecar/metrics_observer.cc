@@ -2,6 +2,8 @@
 
 namespace collserve::server {
 
+static_assert(static_cast<int>(engine::CollectiveOp::kRecv) == 12, "durations_ covers the ops 1..12");
+
 PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
     : collectives_(prometheus::BuildCounter()
                        .Name("collserve_collectives_total")
@@ -25,12 +27,35 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                           "collserve_collectives_total / local ranks).")
                     .Register(registry)
                     .Add({});
+  auto& durations = prometheus::BuildHistogram()
+                        .Name("collserve_collective_duration_seconds")
+                        .Help("Time from the sidecar receiving a local rank's request to its completion being "
+                              "sent (waiting for the other ranks included), seconds, by op.")
+                        .Register(registry);
+  // Never destroyed: a collective that completes while exit() runs must still find them.
+  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300};
+  for (int op = 0; op < 13; ++op) {
+    durations_[op] = &durations.Add({{"op", op == 0 ? std::string("unknown") : engine::OpName(op)}}, *kBuckets);
+  }
+  groups_ = &prometheus::BuildGauge()
+                 .Name("collserve_groups")
+                 .Help("Groups with ranks on this sidecar (all jobs).")
+                 .Register(registry)
+                 .Add({});
 }
+
+void PrometheusObserver::OnGroups(int delta) { groups_->Increment(delta); }
 
 void PrometheusObserver::OnArgumentExchange() { exchanges_->Increment(); }
 
-void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status) {
-  collectives_.Add({{"op", engine::OpName(op)}, {"code", absl::StatusCodeToString(status.code())}}).Increment();
+void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency) {
+  int index = static_cast<int>(op);
+  if (index < 1 || index > 12) index = 0;
+  collectives_.Add({{"op", index == 0 ? std::string("unknown") : engine::OpName(op)},
+                    {"code", absl::StatusCodeToString(status.code())}})
+      .Increment();
+  durations_[index]->Observe(absl::ToDoubleSeconds(latency));
 }
 
 void PrometheusObserver::OnTensorBytes(engine::BytePath path, uint64_t bytes) {

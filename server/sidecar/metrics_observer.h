@@ -1,11 +1,15 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
-// collserve_collectives_total{op, code}, collserve_tensor_bytes_total{path} and
-// collserve_argument_exchanges_total.
+// collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op},
+// collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total and
+// collserve_groups. The op label takes only the known ops' names ("unknown" otherwise: a
+// client's op number never becomes a label).
 #ifndef COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
 #define COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include "engine/interfaces.h"
@@ -17,12 +21,16 @@ class PrometheusObserver : public engine::EngineObserver {
  public:
   // Registers the families on `registry`, which must outlive this object.
   explicit PrometheusObserver(prometheus::Registry& registry);
-  void OnCompleted(engine::CollectiveOp op, const absl::Status& status) override;
+  void OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency) override;
   void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
   void OnArgumentExchange() override;
+  void OnGroups(int delta) override;
 
  private:
   prometheus::Family<prometheus::Counter>& collectives_;
+  // By CollectiveOp value (1..kRecv); [0]: unknown ops.
+  prometheus::Histogram* durations_[13] = {};
+  prometheus::Gauge* groups_;
   prometheus::Counter* exchanges_;
   prometheus::Counter* bytes_[3];  // by BytePath
 };

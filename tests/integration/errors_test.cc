@@ -451,6 +451,9 @@ TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
   EXPECT_THAT(body, HasSubstr("grpc_server_msg_sent_total" + session + " 4"));      // attached + completion
   EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Session\""));
   EXPECT_THAT(body, HasSubstr("collserve_build_info{daemon=\"sidecar\",version=\""));
+  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"all_reduce\"} 2"));
+  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"unknown\"} 0"));
+  EXPECT_THAT(body, HasSubstr("\ncollserve_groups "));
 }
 
 TEST(StagingTest, BadLimitIsAnInitError) {
