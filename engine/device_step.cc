@@ -307,7 +307,14 @@ absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, 
     keep.push_back(sub.ready_event);
     keep.push_back(sub.done_event);
   }
-  return ds.EndOp(std::move(keep), kMaxDeviceOpsInFlight, timeout, [comm]() {
+  // How long the GPU may take: the op timeout the ranks asked for, not what is left of this
+  // collective's budget (which a straggling rank may have used up before the GPU saw it).
+  absl::Duration gpu_timeout = timeout;
+  for (const auto& [rank, sub] : subs) {
+    gpu_timeout = std::max(gpu_timeout, sub.args.timeout_ms > 0 ? absl::Milliseconds(sub.args.timeout_ms)
+                                                                : params_.op_timeout);
+  }
+  return ds.EndOp(std::move(keep), kMaxDeviceOpsInFlight, gpu_timeout, [comm]() {
     return comm != nullptr ? comm->AsyncError() : absl::OkStatus();
   });
 }

@@ -37,7 +37,7 @@ struct FakeEvent : backends::DeviceEvent {
 
 class FakeStream : public backends::DeviceStream {
  public:
-  explicit FakeStream(std::vector<std::string>* log) : log_(log) {}
+  FakeStream(std::vector<std::string>* log, absl::Duration* end_timeout) : log_(log), end_timeout_(end_timeout) {}
   int device() const override { return 0; }
   void* stream() const override { return nullptr; }
   absl::Status WaitEvent(const backends::DeviceEvent& e) override {
@@ -75,14 +75,16 @@ class FakeStream : public backends::DeviceStream {
     scratch_.resize(bytes);
     return scratch_.data();
   }
-  absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int, absl::Duration,
+  absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int, absl::Duration timeout,
                      const std::function<absl::Status()>&) override {
     log_->push_back(absl::StrCat("end ", keep.size()));
+    *end_timeout_ = timeout;
     return absl::OkStatus();
   }
 
  private:
   std::vector<std::string>* log_;
+  absl::Duration* end_timeout_;
   std::vector<char> scratch_;
 };
 
@@ -110,7 +112,7 @@ class FakeRuntime : public backends::DeviceRuntime {
     return std::shared_ptr<backends::DeviceEvent>(e);
   }
   absl::StatusOr<std::unique_ptr<backends::DeviceStream>> NewStream(int) override {
-    return std::unique_ptr<backends::DeviceStream>(new FakeStream(&log));
+    return std::unique_ptr<backends::DeviceStream>(new FakeStream(&log, &end_timeout));
   }
   FakeEvent& event(const std::string& h) {
     absl::MutexLock lock(&mu_);
@@ -121,6 +123,7 @@ class FakeRuntime : public backends::DeviceRuntime {
     return maps_;
   }
   std::vector<std::string> log;  // the executor thread's calls, in order
+  absl::Duration end_timeout;    // the GPU timeout of the last EndOp
 
  private:
   absl::Mutex mu_;
@@ -189,8 +192,11 @@ TEST_F(DeviceStepTest, AllReduceAmongLocalRanksIsOneKernelBetweenTheClientsEvent
   OnEveryRank(ranks, [&](TestRank& r) {
     engine::Request q = DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 4, nullptr, r.rank);
     q.reduce_op = static_cast<int>(ReduceOp::kAvg);
+    q.timeout_ms = 5000;
     EXPECT_TRUE(r.Call(q).status.ok());
   });
+  // The GPU gets the ranks' op timeout, not what is left of it when the last rank arrived.
+  EXPECT_EQ(runtime_.end_timeout, absl::Seconds(5));
   EXPECT_EQ(t[2], (std::vector<float>{111, 222, 333, 444}));
   EXPECT_EQ(runtime_.maps(), 3);
   EXPECT_EQ(runtime_.event(DeviceRequest(CollectiveOp::kAllReduce, t[0], 4, nullptr, 0).cuda_done_event).recorded, 2);
