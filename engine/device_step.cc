@@ -19,6 +19,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -55,6 +56,25 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
     return absl::UnimplementedError(absl::StrCat(OpName(c.op),
                                                  " is not supported on CUDA tensors (all_reduce, broadcast, "
                                                  "all_gather and reduce_scatter are); pass CPU tensors"));
+  }
+  // What only the GPU path lacks is refused here, as this rank's request error (the group
+  // stays usable), not in the data step (which would fail the group).
+  if (c.op == CollectiveOp::kAllReduce || c.op == CollectiveOp::kReduceScatter) {
+    const auto rop = static_cast<ReduceOp>(c.reduce_op);
+    if (rop != ReduceOp::kSum && rop != ReduceOp::kAvg && rop != ReduceOp::kProduct && rop != ReduceOp::kMin &&
+        rop != ReduceOp::kMax) {
+      return absl::UnimplementedError(absl::StrCat("ReduceOp.", ReduceOpName(rop),
+                                                   " is not supported on CUDA tensors (SUM, AVG, PRODUCT, MIN, MAX are)"));
+    }
+  }
+  const std::vector<int64_t>& splits = c.op == CollectiveOp::kAllGather ? c.output_splits : c.input_splits;
+  if (c.op == CollectiveOp::kAllGather || c.op == CollectiveOp::kReduceScatter) {
+    for (int64_t s : splits) {
+      if (s != splits.front()) {
+        return absl::UnimplementedError(absl::StrCat(OpName(c.op),
+                                                     " with different sizes per rank is not supported on CUDA tensors"));
+      }
+    }
   }
   auto device = env_.device->DeviceOf(c.buffer.cuda_device_uuid);
   if (!device.ok()) return device.status();

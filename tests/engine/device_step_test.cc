@@ -266,6 +266,27 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     }
   });
   EXPECT_EQ(t[0], (std::vector<float>{1, 2}));  // nothing moved
+  // What only the GPU path lacks is a request error: the group stays usable.
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 2, nullptr, r.rank);
+    q.reduce_op = static_cast<int>(ReduceOp::kBor);
+    q.dtype = static_cast<int>(DataType::kInt32);
+    engine::Completion c = r.Call(q);
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "ReduceOp.BOR is not supported on CUDA tensors")) << c.status;
+  });
+  OnEveryRank(ranks, [&](TestRank& r) {
+    std::vector<float> out(3);
+    std::vector<float> in(r.rank + 1, 1.0f);
+    engine::Request q = DeviceRequest(CollectiveOp::kAllGather, in, r.rank + 1, &out, r.rank);
+    q.output_splits = {1, 2};
+    engine::Completion c = r.Call(q);
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "different sizes per rank is not supported")) << c.status;
+  });
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Completion c = r.Call(DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 2, nullptr, r.rank));
+    EXPECT_TRUE(c.status.ok()) << c.status;
+  });
+  EXPECT_EQ(t[1], (std::vector<float>{4, 6}));
 }
 
 TEST_F(DeviceStepTest, WithoutARuntimeOrSharedMemoryCudaTensorsAreRefused) {
