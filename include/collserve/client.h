@@ -301,10 +301,14 @@ class ProcessGroup {
   // passed the result. Shapes as the CPU calls (AllGatherIntoTensor: input `count`,
   // output world_size * count; ReduceScatterTensor: output `count`, input world_size *
   // count). ReduceOp: SUM, AVG, PRODUCT, MIN, MAX. Errors (in the Work): those of the CPU
-  // calls, plus FAILED_PRECONDITION (this build or the sidecar has no CUDA), INVALID_ARGUMENT
-  // (not device memory, not exportable, the local ranks of a group on different GPUs),
-  // PERMISSION_DENIED (a remote session), UNIMPLEMENTED (a ReduceOp or size layout the GPU
-  // path lacks). The defaults return UNIMPLEMENTED.
+  // calls, plus, from the SDK before anything is sent: FAILED_PRECONDITION (this build has
+  // no CUDA), INVALID_ARGUMENT (not device memory, not exportable), PERMISSION_DENIED (a
+  // remote session); from the sidecar, on every rank of the collective as a rank's invalid
+  // request (INVALID_ARGUMENT "ranks [..] sent invalid requests; this rank's request: ...",
+  // the group stays usable): a sidecar without CUDA or without that GPU, a tensor outside
+  // its allocation, a ReduceOp or uneven sizes the GPU path lacks; INVALID_ARGUMENT that
+  // fails the group: the local ranks of a group on different GPUs. The defaults return
+  // UNIMPLEMENTED.
   virtual std::shared_ptr<Work> AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
                                               void* stream);
   virtual std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream);
