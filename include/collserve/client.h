@@ -298,7 +298,9 @@ class ProcessGroup {
   // the ranks of one host, NCCL across hosts); the Work completes once the sidecar has
   // queued it, and a successful Work::Wait makes `stream` wait for the result (the CPU
   // does not wait for the GPU). The tensors must stay allocated until the stream has
-  // passed the result. Shapes as the CPU calls (AllGatherIntoTensor: input `count`,
+  // passed the result. Work::IsCompleted and OnCompletion callbacks see the sidecar's answer
+  // (the op is queued on the GPU, maybe not finished): read the result on the GPU after
+  // Wait, or synchronize the stream before reading it on the CPU. Shapes as the CPU calls (AllGatherIntoTensor: input `count`,
   // output world_size * count; ReduceScatterTensor: output `count`, input world_size *
   // count). ReduceOp: SUM, AVG, PRODUCT, MIN, MAX. Errors (in the Work): those of the CPU
   // calls, plus, from the SDK before anything is sent: FAILED_PRECONDITION (this build has
