@@ -1,5 +1,7 @@
 #include "server/common/daemon.h"
 
+#include <prometheus/gauge.h>
+
 #include <arpa/inet.h>
 #include <glog/logging.h>
 #include <grpcpp/resource_quota.h>
@@ -20,6 +22,7 @@
 #include <system_error>
 
 #include "absl/flags/usage.h"
+#include "server/common/metrics.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -199,6 +202,15 @@ MemoryTrimmer::MemoryTrimmer(absl::Duration period)
 MemoryTrimmer::~MemoryTrimmer() {
   stop_.Notify();
   thread_.join();
+}
+
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& daemon) {
+  prometheus::BuildGauge()
+      .Name("collserve_build_info")
+      .Help("1, labelled with the daemon and the collserve version it was built from.")
+      .Register(registry)
+      .Add({{"daemon", daemon}, {"version", COLLSERVE_VERSION}})
+      .Set(1);
 }
 
 }  // namespace collserve::server

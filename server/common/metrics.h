@@ -44,6 +44,10 @@ class RpcMetrics {
   prometheus::Family<prometheus::Histogram>& duration_;
 };
 
+// Registers collserve_build_info{daemon="<daemon>",version="<the build's version>"} = 1 on
+// `registry`. Defined in daemon.cc (which knows the version).
+void RegisterBuildInfo(prometheus::Registry& registry, const std::string& daemon);
+
 }  // namespace collserve::server
 
 #endif  // COLLSERVE_SERVER_COMMON_METRICS_H_

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
-#include "server/common/grpc_metrics.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_server.h"
 
@@ -32,7 +31,6 @@ class CoordinatorImpl : public Coordinator {
     registry_ = std::make_unique<GroupRegistry>(options.registry);
     metrics_registry_ = std::make_shared<prometheus::Registry>();
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
-    grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
     store_service_ = std::make_unique<StoreService>(*store_, *rpc_metrics_);
     registry_service_ = std::make_unique<RegistryService>(*registry_, *rpc_metrics_);
@@ -52,9 +50,6 @@ class CoordinatorImpl : public Coordinator {
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(store_service_.get());
     builder.RegisterService(registry_service_.get());
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(InterceptorFactory(grpc_metrics_.get()));
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
     listener_->Start();
@@ -103,7 +98,6 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<GroupRegistry> registry_;
   std::shared_ptr<prometheus::Registry> metrics_registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;
-  std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -32,7 +32,7 @@
 #include "engine/engine.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
-#include "server/common/grpc_metrics.h"
+#include "server/common/metrics.h"
 #include "server/sidecar/coordinator_link.h"
 #include "server/sidecar/fd_channel_server.h"
 #include "server/sidecar/metrics_observer.h"
@@ -248,7 +248,6 @@ class SidecarImpl : public Sidecar {
     if (absl::Status s = backends::AddBuiltinBackends(backends_); !s.ok()) return s;
     metrics_ = std::make_shared<prometheus::Registry>();
     observer_ = std::make_unique<PrometheusObserver>(*metrics_);
-    grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_);
     RegisterBuildInfo(*metrics_, "sidecar");
     engine::EngineOptions eo;
     eo.host_id = options_.host_id;
@@ -311,9 +310,6 @@ class SidecarImpl : public Sidecar {
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(InterceptorFactory(grpc_metrics_.get()));
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
     for (auto& l : listeners_) l->Start();
@@ -437,7 +433,6 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<backends::DeviceRuntime> device_;  // CUDA tensors; null without CUDA
   std::shared_ptr<prometheus::Registry> metrics_;
   std::unique_ptr<PrometheusObserver> observer_;
-  std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_
   std::unique_ptr<engine::Engine> engine_;  // destroyed before what it points to
   std::unique_ptr<CollectivesService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -443,13 +443,6 @@ TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
   EXPECT_THAT(body, HasSubstr("collserve_collectives_total{code=\"OK\",op=\"all_reduce\"} 2"));
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"staged\"} 8000"));
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"arena\"} 0"));
-  // gRPC's server metrics under the names gRPC dashboards query, and the build.
-  const std::string session =
-      "{grpc_method=\"Session\",grpc_service=\"collserve.v1.Collectives\",grpc_type=\"bidi_stream\"}";
-  EXPECT_THAT(body, HasSubstr("grpc_server_started_total" + session + " 2"));
-  EXPECT_THAT(body, HasSubstr("grpc_server_msg_received_total" + session + " 4"));  // attach + collective
-  EXPECT_THAT(body, HasSubstr("grpc_server_msg_sent_total" + session + " 4"));      // attached + completion
-  EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Session\""));
   EXPECT_THAT(body, HasSubstr("collserve_build_info{daemon=\"sidecar\",version=\""));
   EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"all_reduce\"} 2"));
   EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"unknown\"} 0"));

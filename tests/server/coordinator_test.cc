@@ -332,10 +332,6 @@ TEST(CoordinatorMetricsTest, MetricsEndpointCountsRpcs) {
   close(fd);
   EXPECT_THAT(body, HasSubstr("collserve_rpc_requests_total{code=\"OK\",method=\"Set\"}"));
   EXPECT_THAT(body, HasSubstr("collserve_rpc_duration_seconds_bucket"));
-  EXPECT_THAT(body, HasSubstr("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Set\","
-                              "grpc_service=\"collserve.v1.Store\",grpc_type=\"unary\"}"));
-  EXPECT_THAT(body, HasSubstr("grpc_server_handled_total{grpc_code=\"Unavailable\",grpc_method=\"Set\""));
-  EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Set\""));
   EXPECT_THAT(body, HasSubstr("collserve_build_info{daemon=\"coordinator\",version=\""));
 }
 
