@@ -219,11 +219,31 @@ struct TestRank {
 // Counts what an engine reports. Thread-safe.
 class CountingObserver : public engine::EngineObserver {
  public:
-  void OnArgumentExchange() override { exchanges_.fetch_add(1); }
+  void OnArgumentExchange() override {
+    exchanges_.fetch_add(1);
+    // A held exchange keeps its executor thread here (after the round, with no engine lock
+    // held) until ReleaseExchanges(): a test's way to queue work behind a collective
+    // whatever the threads' timing. Bounded: never longer than 60 s.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](bool* held) { return !*held; }, &held_),
+                         absl::Seconds(60));
+  }
   int64_t exchanges() const { return exchanges_.load(); }
+  // Until ReleaseExchanges(), the next argument exchanges of this host wait once done.
+  void HoldExchanges() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void ReleaseExchanges() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+  }
 
  private:
   std::atomic<int64_t> exchanges_{0};
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // `hosts` simulated hosts (Engines "host0", "host1", ...) on one fake coordinator.
@@ -280,6 +300,13 @@ class TestCluster {
   engine::Engine& engine(int host) { return *engines_[host]; }
   // Argument exchanges host `host`'s groups ran so far.
   int64_t exchanges(int host) const { return observers_[host]->exchanges(); }
+  // Every host's argument exchanges wait, once done, until ReleaseExchanges().
+  void HoldExchanges() {
+    for (auto& o : observers_) o->HoldExchanges();
+  }
+  void ReleaseExchanges() {
+    for (auto& o : observers_) o->ReleaseExchanges();
+  }
   FakeCoordinator& coordinator() { return coordinator_; }
 
  private:
