@@ -7,7 +7,9 @@
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <cstdlib>
+#include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/pem.h"
@@ -44,6 +46,29 @@ absl::StatusOr<TlsOptions> TlsOptions::FromEnv() {
   tls.server_name = Env("COLLSERVE_TLS_SERVER_NAME");
   if (absl::Status s = CheckConsistent(tls, "COLLSERVE_TLS_CA/CERT/KEY"); !s.ok()) return s;
   return tls;
+}
+
+absl::StatusOr<std::string> JobTokenFromEnv() {
+  std::string token = Env("COLLSERVE_TOKEN");
+  if (!token.empty()) return std::string(absl::StripAsciiWhitespace(token));
+  const std::string path = Env("COLLSERVE_TOKEN_FILE");
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("COLLSERVE_TOKEN_FILE: cannot read ", path));
+  constexpr size_t kMaxTokenBytes = 4096;  // as the coordinator's limit
+  std::string content(kMaxTokenBytes + 2, '\0');
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  content.resize(static_cast<size_t>(in.gcount()));
+  token = std::string(absl::StripAsciiWhitespace(content));
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("COLLSERVE_TOKEN_FILE: ", path, " must hold a token of 1 to ", kMaxTokenBytes, " bytes"));
+  }
+  return token;
+}
+
+void AddJobToken(grpc::ClientContext& ctx, const std::string& token) {
+  if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,

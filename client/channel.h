@@ -4,6 +4,7 @@
 #define COLLSERVE_CLIENT_CHANNEL_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
 #include <grpcpp/support/channel_arguments.h>
 
 #include <memory>
@@ -24,6 +25,10 @@ namespace collserve::client {
 // without a CA). Thread-safe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,
                                                              grpc::ChannelArguments args);
+
+// Adds `token` to the call as "authorization: Bearer <token>" metadata (RFC 6750 §2.1, as
+// the coordinator's credentials expect); nothing when `token` is empty.
+void AddJobToken(grpc::ClientContext& ctx, const std::string& token);
 
 }  // namespace collserve::client
 

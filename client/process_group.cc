@@ -277,6 +277,7 @@ class SessionProcessGroup : public ProcessGroup {
       return absl::UnavailableError(absl::StrCat("no collserve sidecar reachable at ", address));
     }
     stub_ = pb::Collectives::NewStub(channel_);
+    AddJobToken(ctx_, options_.token);  // the sidecar checks it with the coordinator before it serves us
     stream_ = stub_->Session(&ctx_);
 
     pb::SessionRequest req;
@@ -893,6 +894,7 @@ class SessionProcessGroup : public ProcessGroup {
       so.job = options_.job;
       so.timeout = options_.op_timeout;
       so.tls = options_.tls;
+      so.token = options_.token;
       auto s = StoreClient::Connect(options_.coordinator_address, so);
       if (s.ok()) store_ = std::move(*s);
     }
@@ -1290,6 +1292,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   auto tls = TlsOptions::FromEnv();
   if (!tls.ok()) return tls.status();
   o.tls = std::move(*tls);
+  auto token = JobTokenFromEnv();
+  if (!token.ok()) return token.status();
+  o.token = std::move(*token);
   return o;
 }
 

@@ -21,9 +21,11 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
 // names the missing keys) arrives before the transport deadline.
 constexpr absl::Duration kWaitGrace = absl::Seconds(5);
 
-void SetDeadline(grpc::ClientContext& ctx, absl::Duration d) {
+// Sets the call's deadline, `d` from now, and its job token.
+void Prepare(grpc::ClientContext& ctx, const std::string& token, absl::Duration d) {
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
+  AddJobToken(ctx, token);
 }
 
 int64_t TimeoutMs(absl::Duration d) {
@@ -44,7 +46,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_value(std::string(value));
     pb::SetResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     return FromGrpcStatus(stub_->Set(&ctx, req, &resp));
   }
 
@@ -58,7 +60,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::GetResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
+    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
     absl::Status s = FromGrpcStatus(stub_->Get(&ctx, req, &resp));
     if (!s.ok()) return s;
     return std::move(*resp.mutable_value());
@@ -71,7 +73,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_delta(delta);
     pb::AddResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     absl::Status s = FromGrpcStatus(stub_->Add(&ctx, req, &resp));
     if (!s.ok()) return s;
     return resp.value();
@@ -86,7 +88,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_desired(std::string(desired));
     pb::CompareSetResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     absl::Status s = FromGrpcStatus(stub_->CompareSet(&ctx, req, &resp));
     if (!s.ok()) return s;
     return std::move(*resp.mutable_value());
@@ -98,7 +100,7 @@ class GrpcStoreClient : public StoreClient {
     for (const auto& k : keys) req.add_keys(k);
     pb::CheckResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     absl::Status s = FromGrpcStatus(stub_->Check(&ctx, req, &resp));
     if (!s.ok()) return s;
     return resp.ready();
@@ -114,7 +116,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::WaitResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
+    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
     return FromGrpcStatus(stub_->Wait(&ctx, req, &resp));
   }
 
@@ -124,7 +126,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_key(std::string(key));
     pb::DeleteKeyResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     absl::Status s = FromGrpcStatus(stub_->DeleteKey(&ctx, req, &resp));
     if (!s.ok()) return s;
     return resp.deleted();
@@ -136,7 +138,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_prefix(std::string(prefix));
     pb::NumKeysResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, req, &resp));
     if (!s.ok()) return s;
     return resp.count();
@@ -150,7 +152,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_timeout_ms(TimeoutMs(timeout));
     pb::MultiGetResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
+    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
     absl::Status s = FromGrpcStatus(stub_->MultiGet(&ctx, req, &resp));
     if (!s.ok()) return s;
     return std::vector<std::string>(resp.values().begin(), resp.values().end());
@@ -164,7 +166,7 @@ class GrpcStoreClient : public StoreClient {
     for (const auto& v : values) req.add_values(v);
     pb::MultiSetResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     return FromGrpcStatus(stub_->MultiSet(&ctx, req, &resp));
   }
 
@@ -175,7 +177,7 @@ class GrpcStoreClient : public StoreClient {
     req.set_value(std::string(value));
     pb::AppendResponse resp;
     grpc::ClientContext ctx;
-    SetDeadline(ctx, kRpcTimeout);
+    Prepare(ctx, options_.token, kRpcTimeout);
     return FromGrpcStatus(stub_->Append(&ctx, req, &resp));
   }
 

@@ -168,7 +168,7 @@ absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, 
       return absl::FailedPreconditionError(absl::StrCat("no backend for CUDA tensors across hosts: ",
                                                         name.status().message()));
     }
-    std::unique_ptr<backends::RendezvousStore> store = env_.coordinator->RendezvousStoreFor(params_.job);
+    std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
     backends::ConnectParams connect;
     connect.prefix = absl::StrCat("collserve/", *name, "/", params_.name, "/", topology_.generation, "/cuda");
     connect.rank = topology_.host_index;

@@ -58,7 +58,7 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
                                                      group->params().backend, "; rank ", request.rank, " asked for ",
                                                      params.backend));
     }
-    absl::Status s = group->Attach(request.rank, request.world_size, session, shm);
+    absl::Status s = group->Attach(request.rank, request.world_size, session, shm, request.credential);
     if (s.code() == absl::StatusCode::kAborted) {
       // It was emptied between lookup and Attach: make a fresh one.
       absl::MutexLock lock(&mu_);

@@ -20,7 +20,7 @@ namespace collserve::engine {
 
 absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
   if (topology_.num_hosts <= 1) return std::unique_ptr<backends::Communicator>();
-  std::unique_ptr<backends::RendezvousStore> store = env_.coordinator->RendezvousStoreFor(params_.job);
+  std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
   backends::ConnectParams connect;
   connect.prefix = absl::StrCat("collserve/", params_.backend, "/", params_.name, "/", topology_.generation);
   connect.rank = topology_.host_index;

@@ -31,7 +31,8 @@ Group::~Group() {
   if (executor_.joinable()) executor_.join();
 }
 
-absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory) {
+absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
+                          const std::string& credential) {
   {
     absl::MutexLock lock(&mu_);
     if (world_size != params_.world_size) {
@@ -52,6 +53,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
     LocalRank& local = locals_[rank];
     local.session = std::move(session);
     local.shared_memory = shared_memory;
+    if (credential_.empty()) credential_ = credential;
   }
   CoordinatorLink::JoinParams join;
   join.job = params_.job;
@@ -59,6 +61,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   join.world_size = params_.world_size;
   join.rank = rank;
   join.timeout = params_.init_timeout;
+  join.credential = credential;
   // The callback may run before Join returns; the canceller is stored only if the join is
   // still in flight then. It may also run after the group is gone (the session ended and
   // the emptied group was destroyed while the join was in flight: found by fuzzing the
@@ -77,6 +80,15 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   // The session ended before the join started: withdraw it.
   if (session_gone && cancel) cancel();
   return absl::OkStatus();
+}
+
+std::unique_ptr<backends::RendezvousStore> Group::RendezvousStore() {
+  std::string credential;
+  {
+    absl::MutexLock lock(&mu_);
+    credential = credential_;
+  }
+  return env_.coordinator->RendezvousStoreFor(params_.job, credential);
 }
 
 void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
@@ -117,7 +129,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
       FailLocked(absl::UnavailableError(absl::StrCat("rank ", r, " of group \"", params_.name,
                                                      "\" disconnected from host ", env_.host_id,
                                                      " during rendezvous")));
-      env_.coordinator->Leave(params_.job, params_.name, r);
+      env_.coordinator->Leave(params_.job, params_.name, r, credential_);
       return;
     }
   }
@@ -222,8 +234,10 @@ void Group::FailLocked(const absl::Status& status) {
 void Group::OnSessionClosed(int rank) {
   std::function<void()> cancel_join;
   bool was_member = false;
+  std::string credential;
   {
     absl::MutexLock lock(&mu_);
+    credential = credential_;
     auto it = locals_.find(rank);
     if (it == locals_.end()) return;
     was_member = it->second.joined;
@@ -243,7 +257,7 @@ void Group::OnSessionClosed(int rank) {
     }
   }
   if (cancel_join) cancel_join();
-  if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank);
+  if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank, credential);
   absl::MutexLock lock(&mu_);
   MaybeEmptyLocked();
 }

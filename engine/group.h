@@ -80,7 +80,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // INVALID_ARGUMENT (world_size differs from the group's), ALREADY_EXISTS (rank already
   // attached here), FAILED_PRECONDITION (the group failed; re-attach after every local rank
   // left), ABORTED (the group has just been emptied and is going away: create a new one).
-  absl::Status Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory);
+  // `credential`: the rank's (AttachRequest::credential); its join carries it, and the
+  // first one attached is the group's for its other coordinator calls.
+  absl::Status Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
+                      const std::string& credential);
 
   // A request from a local rank. Completes (possibly with an error) through the rank's
   // session. Never blocks on the data path.
@@ -115,6 +118,9 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // The coordinator answered `rank`'s join.
   void OnJoined(int rank, const absl::StatusOr<Membership>& result);
+
+  // A store for the backend's rendezvous in the job's namespace, with the group's credential.
+  std::unique_ptr<backends::RendezvousStore> RendezvousStore();
 
   // Executor thread (executor.cc).
   void ExecutorMain();
@@ -166,6 +172,8 @@ class Group : public std::enable_shared_from_this<Group> {
   const GroupParams params_;
 
   absl::Mutex mu_;
+  // The credential of the group's coordinator calls other than a join (AttachRequest::credential).
+  std::string credential_ ABSL_GUARDED_BY(mu_);
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);

@@ -42,6 +42,7 @@ class CoordinatorLink {
     int world_size = 0;
     int rank = 0;
     absl::Duration timeout;  // the rendezvous deadline (the group's init timeout)
+    std::string credential;  // the joining rank's (AttachRequest::credential)
   };
   // Starts the rendezvous of local rank `params.rank` at the coordinator; `done` runs once,
   // on any thread, with the membership of the formed generation or the error
@@ -50,11 +51,14 @@ class CoordinatorLink {
   // `done` still runs, with CANCELLED); calling it after `done` is harmless.
   virtual std::function<void()> Join(const JoinParams& params,
                                      std::function<void(absl::StatusOr<Membership>)> done) = 0;
-  // Tells the coordinator that `rank` left `group` (fire and forget; never blocks).
-  virtual void Leave(const std::string& job, const std::string& group, int rank) = 0;
+  // Tells the coordinator that `rank` left `group` (fire and forget; never blocks), with
+  // `credential`, a credential one of the group's local ranks attached with.
+  virtual void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) = 0;
   // A store in `job`'s namespace for the backends' rendezvous (addresses, unique ids).
   // Never null: an unreachable coordinator gives a store whose calls fail.
-  virtual std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) = 0;
+  // Its calls carry `credential` (as Leave's).
+  virtual std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
+                                                                        const std::string& credential) = 0;
 };
 
 // How tensor bytes reached the engine (collserve_tensor_bytes_total's path label).

@@ -116,6 +116,11 @@ struct AttachRequest {
   // The backend among the group's hosts ("gloo", "nccl"); "" = the registry's default for
   // CPU tensors (backends/registry.h).
   std::string backend;
+  // The rank's job credential (its bearer token), opaque to the engine: handed to the
+  // CoordinatorLink calls made for this rank and its group (join, leave, the backend's
+  // rendezvous store), so the coordinator checks them as the rank's own. The RPC layer
+  // verifies it before attaching. "" = none. A secret: never logged.
+  std::string credential;
 };
 
 // One rank of a formed group (collserve.v1.Member).

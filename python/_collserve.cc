@@ -164,19 +164,25 @@ void BindStore(py::module_& m) {
         return StatusTuple(r);
       });
 
-  // connect_store(address, job, timeout_s, connect_timeout_s) -> (code, message, StoreClient)
+  // connect_store(address, job, timeout_s, connect_timeout_s, token) -> (code, message, StoreClient);
+  // token "" = JobTokenFromEnv()
   m.def("connect_store", [](const std::string& address, const std::string& job, double timeout_s,
-                            double connect_timeout_s) {
+                            double connect_timeout_s, const std::string& explicit_token) {
     collserve::client::StoreClientOptions o;
     if (!job.empty()) o.job = job;
     o.timeout = Seconds(timeout_s);
     o.connect_timeout = Seconds(connect_timeout_s);
     absl::StatusOr<std::unique_ptr<StoreClient>> r;
     absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
+    absl::StatusOr<std::string> token =
+        explicit_token.empty() ? collserve::client::JobTokenFromEnv() : explicit_token;  // COLLSERVE_TOKEN(_FILE)
     if (!tls.ok()) {
       r = tls.status();
+    } else if (!token.ok()) {
+      r = token.status();
     } else {
       o.tls = std::move(*tls);
+      o.token = std::move(*token);
       py::gil_scoped_release release;
       r = StoreClient::Connect(address, o);
     }
@@ -351,13 +357,17 @@ PYBIND11_MODULE(_collserve, m) {
     absl::StatusOr<std::unique_ptr<ProcessGroup>> pg;
     absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
     absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
+    absl::StatusOr<std::string> token = collserve::client::JobTokenFromEnv();  // COLLSERVE_TOKEN(_FILE)
     if (!staging.ok()) {
       pg = staging.status();
     } else if (!tls.ok()) {
       pg = tls.status();
+    } else if (!token.ok()) {
+      pg = token.status();
     } else {
       o.max_staging_bytes = *staging;
       o.tls = std::move(*tls);
+      o.token = std::move(*token);
       py::gil_scoped_release release;
       pg = collserve::client::InitProcessGroup(o);
     }

@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
   python3-torch libtorch-dev python3-sklearn
-  iproute2 nftables procps util-linux openssl
+  iproute2 nftables procps util-linux openssl libssl-dev
   clang libclang-rt-14-dev
 )
 missing=()

@@ -54,6 +54,13 @@ struct TlsOptions {
   static absl::StatusOr<TlsOptions> FromEnv();
 };
 
+// The job token this process presents to the coordinator and its sidecar (docs/security.md):
+// COLLSERVE_TOKEN, else the content of the file named by COLLSERVE_TOKEN_FILE (surrounding
+// whitespace dropped), else "" (no token: accepted only by a coordinator started with
+// --allow_unauthenticated). INVALID_ARGUMENT when COLLSERVE_TOKEN_FILE cannot be read or
+// holds no token or more than 4096 bytes. Thread-safe (reads the environment).
+absl::StatusOr<std::string> JobTokenFromEnv();
+
 struct InitOptions {
   // The sidecar serving this process: "unix:/path" or "host:port". Default:
   // kDefaultSidecarAddress. Env: COLLSERVE_SIDECAR.
@@ -94,13 +101,17 @@ struct InitOptions {
   // TLS to the sidecar (a TCP address only) and the coordinator. Env: COLLSERVE_TLS_*
   // (TlsOptions::FromEnv).
   TlsOptions tls;
+  // The job's token (or the admin token), sent with every call to the sidecar and the
+  // coordinator; "" = none. A secret: never logged. Env: COLLSERVE_TOKEN or
+  // COLLSERVE_TOKEN_FILE (JobTokenFromEnv).
+  std::string token;
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES and COLLSERVE_TLS_*.
+  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE).
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
-  // a positive number, COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer, or the
-  // TLS variables are inconsistent (TlsOptions::FromEnv).
+  // a positive number, COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer, the
+  // TLS variables are inconsistent (TlsOptions::FromEnv), or the token file is unreadable.
   static absl::StatusOr<InitOptions> FromEnv();
   // COLLSERVE_MAX_STAGING_BYTES, or `fallback` when unset (for bindings that fill the
   // other fields themselves). INVALID_ARGUMENT when it is not a non-negative integer.
@@ -380,6 +391,7 @@ struct StoreClientOptions {
   absl::Duration timeout = absl::Seconds(300);   // torch's store timeout: Get/Wait default
   absl::Duration connect_timeout = absl::Seconds(30);
   TlsOptions tls;  // TLS to the coordinator (default: plaintext)
+  std::string token;  // the job's (or admin) token, sent with every call; "" = none (JobTokenFromEnv)
 };
 
 // The coordinator's key-value store with torch.distributed Store semantics (set, get,

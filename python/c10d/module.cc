@@ -38,6 +38,9 @@ c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int worl
   absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
   if (!tls.ok()) throw std::invalid_argument(std::string(tls.status().message()));
   options.tls = std::move(*tls);
+  absl::StatusOr<std::string> token = collserve::client::JobTokenFromEnv();  // COLLSERVE_TOKEN(_FILE)
+  if (!token.ok()) throw std::invalid_argument(std::string(token.status().message()));
+  options.token = std::move(*token);
   return collserve::c10d_backend::CreateProcessGroup(options);
 }
 

@@ -13,8 +13,8 @@ told where they are.
 Names and semantics follow torch.distributed (../shared/reference/torch_distributed_api_docs.md);
 see distributed_c10d.py for the calls, store.py for Store, errors.py for the exceptions.
 """
-from .errors import (DistArgumentError, DistBackendError, DistError, DistNetworkError, DistStoreError,
-                     DistStoreTimeoutError, DistTimeoutError)
+from .errors import (DistArgumentError, DistAuthError, DistBackendError, DistError, DistNetworkError,
+                     DistStoreError, DistStoreTimeoutError, DistTimeoutError)
 from .store import Store
 from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, ReduceOp, Work, _get_default_store,
                                _make_nccl_premul_sum, all_gather, all_gather_into_tensor, all_gather_object,
@@ -25,7 +25,7 @@ from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, ReduceOp, Work,
                                new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
 
 __all__ = [
-    "DistArgumentError", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
+    "DistArgumentError", "DistAuthError", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
     "DistStoreTimeoutError", "DistTimeoutError", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Store", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group", "gather",

@@ -5,6 +5,7 @@
     |   +-- DistTimeoutError      ... did not finish in time (also a TimeoutError)
     |   +-- DistArgumentError     ... bad arguments or ranks that disagree (also a ValueError)
     +-- DistNetworkError          the sidecar, a peer host or a rank went away (UNAVAILABLE)
+    +-- DistAuthError             no token, or one that does not grant the job (also a PermissionError)
     +-- DistStoreError            a store operation failed
         +-- DistStoreTimeoutError ... a get/wait timed out (also a TimeoutError)
 
@@ -15,6 +16,7 @@ Every exception carries `code`, the absl/gRPC status code number the service ret
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS = 0, 1, 2, 3, 4, 5, 6
 PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE = 7, 8, 9, 10, 11
 UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 12, 13, 14
+UNAUTHENTICATED = 16
 
 
 class DistError(RuntimeError):
@@ -31,6 +33,12 @@ class DistBackendError(DistError):
 
 class DistNetworkError(DistError):
     """The sidecar, a peer host or a rank is unreachable or went away (UNAVAILABLE)."""
+
+
+class DistAuthError(DistError, PermissionError):
+    """The coordinator (or the sidecar for it) refused the call's credential: no token or an
+    unknown one (UNAUTHENTICATED), or a token of another job (PERMISSION_DENIED). Set
+    COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE to the job's token (docs/security.md)."""
 
 
 class DistStoreError(DistError):
@@ -59,6 +67,8 @@ def raise_for(code, message):
         raise DistArgumentError(message, code)
     if code in (UNAVAILABLE, CANCELLED):
         raise DistNetworkError(message, code)
+    if code in (UNAUTHENTICATED, PERMISSION_DENIED):
+        raise DistAuthError(message, code)
     raise DistBackendError(message, code)
 
 
@@ -70,4 +80,6 @@ def raise_for_store(code, message):
         raise DistStoreTimeoutError(message, code)
     if code == UNAVAILABLE:
         raise DistNetworkError(message, code)
+    if code in (UNAUTHENTICATED, PERMISSION_DENIED):
+        raise DistAuthError(message, code)
     raise DistStoreError(message, code)

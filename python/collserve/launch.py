@@ -25,6 +25,7 @@ Each starts its own sidecar, reachable by the other hosts at --gloo_hostname.
 """
 import argparse
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -54,6 +55,20 @@ def find_binary(name):
         return found
     raise FileNotFoundError(f"cannot find {name}: set COLLSERVE_BIN_DIR, pip install collserve, or build it "
                             f"(cmake --build build); looked in {', '.join(candidates)} and PATH")
+
+
+def embedded_credentials(directory, job):
+    """A job token for an embedded coordinator (docs/security.md): writes a fresh random token
+    for `job` to <directory>/job-tokens/<job> (the directory 0700, the file 0600) and returns
+    (token, the coordinator flags that make it the job's token). The coordinator then refuses
+    calls without it; the ranks get it as COLLSERVE_TOKEN."""
+    tokens = os.path.join(directory, "job-tokens")
+    os.makedirs(tokens, mode=0o700, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(os.path.join(tokens, job or "default"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, [f"--job_tokens_dir={tokens}"]
 
 
 def start_server(name, argv, port_file, log_path, timeout_s, started=None, **popen_args):
@@ -131,6 +146,7 @@ class Launcher:
         self.out_lock = threading.Lock()
         self.pumps = []
         self.failed_something = False
+        self.token = None  # the embedded coordinator's job token, handed to the ranks
         self.own_dir = not args.log_dir
         self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
         os.makedirs(os.path.join(self.dir, "exits"), exist_ok=True)
@@ -151,11 +167,13 @@ class Launcher:
         coordinator = a.coordinator
         tcpstore_port = a.tcpstore_port
         if not coordinator:
+            # The embedded coordinator requires the job token it is given; the ranks get it.
+            self.token, credential_flags = embedded_credentials(self.dir, a.job)
             port = self.start_server("coordinator", [
                 find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
                 f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
                 "--tcpstore_address=127.0.0.1:0", f"--tcpstore_job={a.job}",
-                f"--tcpstore_port_file={self.dir}/tcpstore.port"],
+                f"--tcpstore_port_file={self.dir}/tcpstore.port", *credential_flags],
                 f"{self.dir}/coordinator.port")
             coordinator = f"127.0.0.1:{port}"
             with open(f"{self.dir}/tcpstore.port") as f:  # written before coordinator.port
@@ -214,6 +232,9 @@ class Launcher:
                        NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
                        COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
                        PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=os.path.join(self.dir, "exits"), **torch_store)
+            if self.token is not None:
+                env["COLLSERVE_TOKEN"] = self.token
+                env.pop("COLLSERVE_TOKEN_FILE", None)
             proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
             self.ranks.append((rank, proc))

@@ -29,18 +29,20 @@ class Store:
     """Store(host, port) or Store(address="host:port"): connects to a collserve coordinator.
 
     timeout (timedelta or seconds, default 300 s) is how long get/wait/multi_get wait for
-    missing keys; connecting waits up to connect_timeout (default 30 s).
+    missing keys; connecting waits up to connect_timeout (default 30 s). token: the job's (or
+    the admin) token sent with every call (default: COLLSERVE_TOKEN, else the file named by
+    COLLSERVE_TOKEN_FILE; docs/security.md); a refused one raises DistAuthError.
     """
 
     def __init__(self, host=None, port=None, *, address=None, job=None, timeout=_datetime.timedelta(seconds=300),
-                 connect_timeout=_datetime.timedelta(seconds=30)):
+                 connect_timeout=_datetime.timedelta(seconds=30), token=None):
         if address is None:
             if host is None or port is None:
                 raise ValueError("Store needs host and port, or address='host:port'")
             address = f"{host}:{int(port)}"
         self._timeout = _seconds(timeout)
         code, message, client = _collserve.connect_store(address, job or _os.environ.get("COLLSERVE_JOB", ""),
-                                                         self._timeout, _seconds(connect_timeout))
+                                                         self._timeout, _seconds(connect_timeout), token or "")
         raise_for_store(code, message)
         self._client = client
 

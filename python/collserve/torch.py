@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from . import _collserve_torch
-from .launch import _host_address, _stop, find_binary, start_server
+from .launch import _host_address, _stop, embedded_credentials, find_binary, start_server
 
 BACKEND = "collserve"
 _KEY = "collserve/embedded"
@@ -105,8 +105,13 @@ def _embedded_sidecar(store, rank, init_timeout_s):
     if not coordinator:
         if rank == 0:
             directory = _embedded["dir"] = tempfile.mkdtemp(prefix="collserve-embedded-")
+            # The embedded coordinator requires this job token; the other ranks (on this host,
+            # as this user) read it from the directory (mode 0700), never from torch's store.
+            token, credential_flags = embedded_credentials(directory, os.environ.get("COLLSERVE_JOB", ""))
+            os.environ["COLLSERVE_TOKEN"] = token
             port = _start("coordinator", [find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
-                                          "--metrics_address=", "--log_level=warning"], directory, init_timeout_s)
+                                          "--metrics_address=", "--log_level=warning", *credential_flags],
+                          directory, init_timeout_s)
             sidecar = _start_sidecar(f"127.0.0.1:{port}", directory, "127.0.0.1", host_id, init_timeout_s)
             store.set(_KEY, f"{host_id}\n{sidecar}")
         owner_host, _, sidecar = _text(store.get(_KEY)).partition("\n")
@@ -114,6 +119,15 @@ def _embedded_sidecar(store, rank, init_timeout_s):
             raise RuntimeError(f"collserve: rank {rank} runs on host {host_id!r} but the embedded coordinator and "
                                f"sidecar are on rank 0's host {owner_host!r}: for ranks on several hosts, set "
                                "COLLSERVE_COORDINATOR to a running coordinator (or COLLSERVE_SIDECAR)")
+        if rank != 0:
+            job = os.environ.get("COLLSERVE_JOB", "") or "default"
+            token_file = os.path.join(os.path.dirname(sidecar[len("unix:"):]), "job-tokens", job)
+            try:
+                with open(token_file) as f:
+                    os.environ["COLLSERVE_TOKEN"] = f.read().strip()
+            except OSError as e:
+                raise RuntimeError(f"collserve: rank {rank} cannot read the embedded coordinator's job token "
+                                   f"{token_file}: {e} (the ranks of an embedded default run as one user)") from e
         return sidecar
     key = f"{_KEY}/{host_id}"
     if store.add(f"{key}/starters", 1) == 1:

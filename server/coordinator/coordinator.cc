@@ -28,12 +28,16 @@ class CoordinatorImpl : public Coordinator {
     auto store = store::NewMemoryStore(options.store);
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
+    auto job_credentials = JobCredentials::Create(options.credentials, store_.get());
+    if (!job_credentials.ok()) return job_credentials.status();
+    credentials_ = std::move(*job_credentials);
     registry_ = std::make_unique<GroupRegistry>(options.registry);
     metrics_registry_ = std::make_shared<prometheus::Registry>();
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
-    store_service_ = std::make_unique<StoreService>(*store_, *rpc_metrics_);
-    registry_service_ = std::make_unique<RegistryService>(*registry_, *rpc_metrics_);
+    store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_);
+    registry_service_ = std::make_unique<RegistryService>(*registry_, *credentials_, *rpc_metrics_);
+    auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
@@ -50,11 +54,13 @@ class CoordinatorImpl : public Coordinator {
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(store_service_.get());
     builder.RegisterService(registry_service_.get());
+    builder.RegisterService(auth_service_.get());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
     listener_->Start();
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Store", true);
     server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Registry", true);
+    server_->GetHealthCheckService()->SetServingStatus("collserve.v1.Auth", true);
     server_->GetHealthCheckService()->SetServingStatus("liveness", true);  // the probe a kubelet restarts on
     auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
     if (!exposer.ok()) return exposer.status();
@@ -95,11 +101,13 @@ class CoordinatorImpl : public Coordinator {
 
  private:
   std::unique_ptr<store::Store> store_;
+  std::unique_ptr<JobCredentials> credentials_;  // after store_: destroyed before it
   std::unique_ptr<GroupRegistry> registry_;
   std::shared_ptr<prometheus::Registry> metrics_registry_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<AuthService> auth_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcListener> listener_;  // hands its connections to server_
   std::unique_ptr<prometheus::Exposer> exposer_;

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/tls.h"
+#include "server/coordinator/credentials.h"
 #include "server/coordinator/group_registry.h"
 #include "server/coordinator/tcpstore_server.h"
 #include "store/store.h"
@@ -36,6 +37,10 @@ struct CoordinatorOptions {
   // TLS of the gRPC API (ServerTlsOptions; default plaintext). The TCPStore endpoint speaks
   // torch's plaintext protocol regardless.
   ServerTlsOptions tls;
+  // Who may call for which job (credentials.h). Default: nothing configured, which Start
+  // refuses: set a token source or allow_unauthenticated. The TCPStore endpoint takes no
+  // credentials (torch's clients send none): it serves tcpstore_job to whoever reaches it.
+  CredentialsOptions credentials;
 };
 
 // Thread-safe.
@@ -43,7 +48,8 @@ class Coordinator {
  public:
   // Opens the store (replaying data_dir) and starts serving. Errors: from NewMemoryStore,
   // UNAVAILABLE if an address cannot be bound (naming why), INVALID_ARGUMENT for a bad
-  // tcpstore_job or an rpc_memory_bytes too small for one largest value.
+  // tcpstore_job, an rpc_memory_bytes too small for one largest value, or credentials
+  // that JobCredentials::Create refuses.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
   virtual ~Coordinator() = default;  // Shutdown() if still running
   // The bound gRPC port.

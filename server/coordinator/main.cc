@@ -60,6 +60,18 @@ ABSL_FLAG(int, max_world_size, 1 << 16,
 ABSL_FLAG(int, max_groups, 10000,
           "Groups (forming or formed, all jobs together) held at once; a join that would create one more is "
           "RESOURCE_EXHAUSTED naming this limit.");
+ABSL_FLAG(bool, allow_unauthenticated, false,
+          "Let calls that present no token use any job (a token that is presented is still checked). Off by "
+          "default: every Store, Registry and Auth call and every sidecar session needs a job or admin token. "
+          "For a trusted, isolated network only.");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding the admin token (grants every job, and MintJobToken/RevokeJobTokens); re-read every "
+          "--token_refresh_interval. At least 16 bytes.");
+ABSL_FLAG(std::string, job_tokens_dir, "",
+          "Directory of job tokens: the file named <job> holds that job's token (a Kubernetes Secret mounted "
+          "whole has this shape); re-read every --token_refresh_interval. At least 16 bytes each.");
+ABSL_FLAG(absl::Duration, token_refresh_interval, absl::Seconds(10),
+          "How often --admin_token_file and --job_tokens_dir are re-read (a rotated Secret needs no restart).");
 
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
@@ -94,6 +106,10 @@ int main(int argc, char** argv) {
   options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
+  options.credentials.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
+  options.credentials.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  options.credentials.job_tokens_dir = absl::GetFlag(FLAGS_job_tokens_dir);
+  options.credentials.refresh_interval = absl::GetFlag(FLAGS_token_refresh_interval);
   options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);
@@ -110,7 +126,9 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "collserve-coordinator serving on port " << (*coordinator)->port()
             << (options.store.data_dir.empty() ? " (memory-only store)"
-                                               : " (store in " + options.store.data_dir + ")");
+                                               : " (store in " + options.store.data_dir + ")")
+            << (options.credentials.allow_unauthenticated ? "; calls without a token are allowed"
+                                                          : "; every call needs a token");
   // The TCPStore port file first: a launcher that waits for --port_file then finds both.
   if (const std::string pf = absl::GetFlag(FLAGS_tcpstore_port_file); !pf.empty()) {
     if (absl::Status s = collserve::server::WritePortFile(pf, (*coordinator)->tcpstore_port()); !s.ok()) {

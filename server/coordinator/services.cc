@@ -9,8 +9,6 @@ namespace {
 
 namespace pb = ::collserve::v1;
 
-std::string JobOf(const std::string& job) { return job.empty() ? "default" : job; }
-
 // Keys of job J are stored as "J/<key>"; job names cannot contain '/', so namespaces never
 // overlap.
 std::string NsKey(const std::string& job, const std::string& key) {
@@ -61,15 +59,17 @@ grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx, RpcMetrics
 
 }  // namespace
 
-absl::Status ValidateJob(const std::string& job) {
-  if (job.size() > 128) return absl::InvalidArgumentError("job name longer than 128 characters");
-  for (char c : job) {
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job name \"", job, "\" may only hold letters, digits, '.', '_' and '-'"));
-    }
-  }
-  return absl::OkStatus();
+std::string AuthorizationOf(const grpc::CallbackServerContext& ctx) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::Status AuthorizeJob(const grpc::CallbackServerContext& ctx, const JobCredentials& credentials,
+                          const std::string& job) {
+  if (absl::Status s = ValidateJob(job); !s.ok()) return s;
+  return credentials.Authorize(AuthorizationOf(ctx), job).status();
 }
 
 grpc::ServerUnaryReactor* StoreService::Done(grpc::CallbackServerContext* ctx, const char* method,
@@ -101,7 +101,7 @@ grpc::ServerUnaryReactor* StoreService::WaitThen(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx, const pb::SetRequest* req,
                                             pb::SetResponse*) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (s.ok()) s = store_.Set(NsKey(req->job(), req->key()), req->value());
   return Done(ctx, "Set", start, StripJob(s, req->job()));
@@ -110,7 +110,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx, co
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
                                             pb::GetResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (!s.ok()) return Done(ctx, "Get", start, s);
   const std::string key = NsKey(req->job(), req->key());
@@ -125,7 +125,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx, co
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx, const pb::AddRequest* req,
                                             pb::AddResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (s.ok()) {
     absl::StatusOr<int64_t> v = store_.Add(NsKey(req->job(), req->key()), req->delta());
@@ -139,7 +139,7 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
                                                    const pb::CompareSetRequest* req,
                                                    pb::CompareSetResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (s.ok()) {
     absl::StatusOr<std::string> v =
@@ -153,7 +153,7 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx, const pb::CheckRequest* req,
                                               pb::CheckResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
     absl::StatusOr<bool> v = store_.Check(NsKeys(req->job(), req->keys()));
     if (v.ok()) resp->set_ready(*v);
@@ -165,7 +165,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx, 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx, const pb::WaitRequest* req,
                                              pb::WaitResponse*) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -178,7 +178,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
                                                   const pb::DeleteKeyRequest* req,
                                                   pb::DeleteKeyResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (s.ok()) {
     absl::StatusOr<bool> v = store_.DeleteKey(NsKey(req->job(), req->key()));
@@ -191,7 +191,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* ctx,
                                                 const pb::NumKeysRequest* req, pb::NumKeysResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
     absl::StatusOr<int64_t> v = store_.NumKeys(absl::StrCat(JobOf(req->job()), "/", req->prefix()));
     if (v.ok()) resp->set_count(*v);
@@ -204,7 +204,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* ct
                                                  const pb::MultiGetRequest* req,
                                                  pb::MultiGetResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -221,7 +221,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* ctx,
                                                  const pb::MultiSetRequest* req, pb::MultiSetResponse*) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -239,7 +239,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
                                                const pb::AppendRequest* req, pb::AppendResponse*) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
   if (s.ok()) s = store_.Append(NsKey(req->job(), req->key()), req->value());
   return Done(ctx, "Append", start, StripJob(s, req->job()));
@@ -268,7 +268,7 @@ void ToProto(const GroupView& v, pb::GroupInfo* out) {
 grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx, const pb::JoinRequest* req,
                                                 pb::JoinResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (!s.ok()) return FinishNow(ctx, metrics_, "Join", start, s);
   MemberInfo member;
   member.rank = req->member().rank();
@@ -295,7 +295,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ctx, const pb::LeaveRequest* req,
                                                  pb::LeaveResponse*) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank());
   return FinishNow(ctx, metrics_, "Leave", start, s);
 }
@@ -304,7 +304,7 @@ grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext*
                                                     const pb::DescribeRequest* req,
                                                     pb::DescribeResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
     absl::StatusOr<GroupView> v = registry_.Describe(JobOf(req->job()), req->group());
     if (v.ok()) ToProto(*v, resp->mutable_group());
@@ -316,11 +316,66 @@ grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
                                                 pb::ListResponse* resp) {
   const absl::Time start = absl::Now();
-  absl::Status s = ValidateJob(req->job());
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
     for (const GroupView& v : registry_.List(JobOf(req->job()))) ToProto(v, resp->add_groups());
   }
   return FinishNow(ctx, metrics_, "List", start, s);
+}
+
+// ---- Auth ----
+
+grpc::ServerUnaryReactor* AuthService::Authenticate(grpc::CallbackServerContext* ctx,
+                                                    const pb::AuthenticateRequest* req,
+                                                    pb::AuthenticateResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) {
+    absl::StatusOr<Principal> p = credentials_.Authorize(AuthorizationOf(*ctx), req->job());
+    if (p.ok()) {
+      switch (*p) {
+        case Principal::kJob:
+          resp->set_principal(pb::AuthenticateResponse::PRINCIPAL_JOB);
+          break;
+        case Principal::kAdmin:
+          resp->set_principal(pb::AuthenticateResponse::PRINCIPAL_ADMIN);
+          break;
+        case Principal::kUnauthenticated:
+          resp->set_principal(pb::AuthenticateResponse::PRINCIPAL_UNAUTHENTICATED);
+          break;
+      }
+    }
+    s = p.status();
+  }
+  return FinishNow(ctx, metrics_, "Authenticate", start, s);
+}
+
+grpc::ServerUnaryReactor* AuthService::MintJobToken(grpc::CallbackServerContext* ctx,
+                                                    const pb::MintJobTokenRequest* req,
+                                                    pb::MintJobTokenResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = credentials_.AuthorizeAdmin(AuthorizationOf(*ctx), "MintJobToken");
+  if (s.ok()) {
+    absl::StatusOr<std::string> token = credentials_.Mint(req->job());
+    if (token.ok()) resp->set_token(std::move(*token));
+    s = token.status();
+  }
+  return FinishNow(ctx, metrics_, "MintJobToken", start, s);
+}
+
+grpc::ServerUnaryReactor* AuthService::RevokeJobTokens(grpc::CallbackServerContext* ctx,
+                                                       const pb::RevokeJobTokensRequest* req,
+                                                       pb::RevokeJobTokensResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = ValidateJob(req->job());
+  if (s.ok()) s = credentials_.AuthorizeAdmin(AuthorizationOf(*ctx), "RevokeJobTokens");
+  if (s.ok()) {
+    absl::StatusOr<int> revoked = credentials_.Revoke(req->job());
+    if (revoked.ok()) resp->set_revoked(*revoked);
+    s = revoked.status();
+  }
+  return FinishNow(ctx, metrics_, "RevokeJobTokens", start, s);
 }
 
 }  // namespace collserve::server

@@ -1,16 +1,21 @@
-// The coordinator's gRPC services: a thin layer of request -> validate -> store/registry
-// -> status (STYLE.md §1). Waiting calls (Get, Wait, MultiGet, Join) use the callback
-// API and hold no server thread while parked.
+// The coordinator's gRPC services: a thin layer of request -> validate -> authorize ->
+// store/registry -> status (STYLE.md §1). Every call is authorized for the job it names
+// by the bearer token in its "authorization" metadata (credentials.h, auth.proto).
+// Waiting calls (Get, Wait, MultiGet, Join) use the callback API and hold no server thread
+// while parked.
 #ifndef COLLSERVE_SERVER_COORDINATOR_SERVICES_H_
 #define COLLSERVE_SERVER_COORDINATOR_SERVICES_H_
 
 #include <memory>
 
 #include "absl/time/time.h"
+#include "collserve/v1/auth.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
 #include "server/common/metrics.h"
+#include "server/coordinator/credentials.h"
 #include "server/coordinator/group_registry.h"
+#include "server/coordinator/jobs.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -18,13 +23,11 @@ namespace collserve::server {
 // Timeout used when a request's timeout_ms is 0 (as torch's default store timeout is 300 s).
 inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
 
-// Returns OK for a valid job name: 0 to 128 characters from [A-Za-z0-9._-] ("" = "default").
-absl::Status ValidateJob(const std::string& job);
-
 class StoreService final : public collserve::v1::Store::CallbackService {
  public:
-  // `store` and `metrics` must outlive the service.
-  StoreService(store::Store& store, RpcMetrics& metrics) : store_(store), metrics_(metrics) {}
+  // `store`, `credentials` and `metrics` must outlive the service.
+  StoreService(store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics)
+      : store_(store), credentials_(credentials), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const collserve::v1::SetRequest* req,
                                 collserve::v1::SetResponse* resp) override;
@@ -62,12 +65,14 @@ class StoreService final : public collserve::v1::Store::CallbackService {
                                  absl::Time start, const absl::Status& status);
 
   store::Store& store_;
+  const JobCredentials& credentials_;
   RpcMetrics& metrics_;
 };
 
 class RegistryService final : public collserve::v1::Registry::CallbackService {
  public:
-  RegistryService(GroupRegistry& registry, RpcMetrics& metrics) : registry_(registry), metrics_(metrics) {}
+  RegistryService(GroupRegistry& registry, const JobCredentials& credentials, RpcMetrics& metrics)
+      : registry_(registry), credentials_(credentials), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const collserve::v1::JoinRequest* req,
                                  collserve::v1::JoinResponse* resp) override;
@@ -81,8 +86,36 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
 
  private:
   GroupRegistry& registry_;
+  const JobCredentials& credentials_;
   RpcMetrics& metrics_;
 };
+
+// Authenticate, MintJobToken, RevokeJobTokens (auth.proto).
+class AuthService final : public collserve::v1::Auth::CallbackService {
+ public:
+  AuthService(JobCredentials& credentials, RpcMetrics& metrics) : credentials_(credentials), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Authenticate(grpc::CallbackServerContext* ctx,
+                                         const collserve::v1::AuthenticateRequest* req,
+                                         collserve::v1::AuthenticateResponse* resp) override;
+  grpc::ServerUnaryReactor* MintJobToken(grpc::CallbackServerContext* ctx,
+                                         const collserve::v1::MintJobTokenRequest* req,
+                                         collserve::v1::MintJobTokenResponse* resp) override;
+  grpc::ServerUnaryReactor* RevokeJobTokens(grpc::CallbackServerContext* ctx,
+                                            const collserve::v1::RevokeJobTokensRequest* req,
+                                            collserve::v1::RevokeJobTokensResponse* resp) override;
+
+ private:
+  JobCredentials& credentials_;
+  RpcMetrics& metrics_;
+};
+
+// The value of the call's "authorization" metadata ("" when absent).
+std::string AuthorizationOf(const grpc::CallbackServerContext& ctx);
+
+// ValidateJob, then whether the call's token grants `job` (JobCredentials::Authorize).
+absl::Status AuthorizeJob(const grpc::CallbackServerContext& ctx, const JobCredentials& credentials,
+                          const std::string& job);
 
 }  // namespace collserve::server
 

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/channel.h"
 #include "collserve/client.h"
 #include "common/grpc_status.h"
 #include "server/sidecar/translate.h"
@@ -47,6 +48,7 @@ class UnreachableStore : public backends::RendezvousStore {
 GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
                                          client::TlsOptions tls, std::string host_id, std::string host_address)
     : registry_(pb::Registry::NewStub(channel)),
+      auth_(pb::Auth::NewStub(channel)),
       coordinator_address_(std::move(coordinator_address)),
       tls_(std::move(tls)),
       host_id_(std::move(host_id)),
@@ -68,6 +70,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   call->req.mutable_member()->set_host_address(host_address_);
   call->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.timeout + absl::Seconds(5)));
+  client::AddJobToken(call->ctx, params.credential);
   const std::string coordinator = coordinator_address_;
   registry_->async()->Join(&call->ctx, &call->req, &call->resp,
                            [call, coordinator, done = std::move(done)](grpc::Status s) {
@@ -85,7 +88,8 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   return [call] { call->ctx.TryCancel(); };
 }
 
-void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank) {
+void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank,
+                                const std::string& credential) {
   struct Call {
     grpc::ClientContext ctx;
     pb::LeaveRequest req;
@@ -96,6 +100,7 @@ void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group
   call->req.set_group(group);
   call->req.set_rank(rank);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  client::AddJobToken(call->ctx, credential);
   registry_->async()->Leave(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
       LOG(WARNING) << "leave of rank " << call->req.rank() << " from group " << call->req.group()
@@ -104,14 +109,41 @@ void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group
   });
 }
 
-std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreFor(const std::string& job) {
+std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreFor(const std::string& job,
+                                                                                   const std::string& credential) {
   client::StoreClientOptions so;
   so.job = job;
+  so.token = credential;
   so.connect_timeout = absl::Seconds(10);
   so.tls = tls_;
   auto store = client::StoreClient::Connect(coordinator_address_, so);
   if (!store.ok()) return std::make_unique<UnreachableStore>(store.status());
   return std::make_unique<StoreRendezvous>(std::move(*store));
+}
+
+void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
+                                       std::function<void(absl::Status)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::AuthenticateRequest req;
+    pb::AuthenticateResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_job(job);
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  client::AddJobToken(call->ctx, credential);
+  const std::string coordinator = coordinator_address_;
+  auth_->async()->Authenticate(&call->ctx, &call->req, &call->resp,
+                               [call, coordinator, done = std::move(done)](grpc::Status s) {
+                                 absl::Status st = FromGrpcStatus(s);
+                                 if (st.code() == absl::StatusCode::kUnavailable ||
+                                     st.code() == absl::StatusCode::kDeadlineExceeded) {
+                                   st = absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ",
+                                                                            coordinator, " to check the job token: ",
+                                                                            st.message()));
+                                 }
+                                 done(st);
+                               });
 }
 
 }  // namespace collserve::server

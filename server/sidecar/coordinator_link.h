@@ -10,12 +10,14 @@
 #include <string>
 
 #include "collserve/client.h"
+#include "collserve/v1/auth.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "engine/interfaces.h"
 
 namespace collserve::server {
 
-// Thread-safe. Join's deadline is the rendezvous timeout plus 5 s; Leave's 10 s.
+// Thread-safe. Join's deadline is the rendezvous timeout plus 5 s; Leave's 10 s. Every call
+// carries the credential it is given as the caller's bearer token (client::AddJobToken).
 class GrpcCoordinatorLink : public engine::CoordinatorLink {
  public:
   // `host_id` and `host_address` are this sidecar's, as members of every group it joins.
@@ -24,11 +26,19 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
                       client::TlsOptions tls, std::string host_id, std::string host_address);
   std::function<void()> Join(const JoinParams& params,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) override;
-  void Leave(const std::string& job, const std::string& group, int rank) override;
-  std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) override;
+  void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override;
+  std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
+                                                                const std::string& credential) override;
+
+  // Asks the coordinator whether `credential` grants `job` (Auth.Authenticate); `done` runs
+  // once, on a gRPC thread, with OK or the coordinator's UNAUTHENTICATED / PERMISSION_DENIED
+  // (or UNAVAILABLE naming the coordinator), within `timeout`. Never blocks.
+  void Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
+                    std::function<void(absl::Status)> done);
 
  private:
   std::unique_ptr<collserve::v1::Registry::Stub> registry_;
+  std::unique_ptr<collserve::v1::Auth::Stub> auth_;
   const std::string coordinator_address_;
   const client::TlsOptions tls_;
   const std::string host_id_;

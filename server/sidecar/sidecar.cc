@@ -19,6 +19,7 @@
 #include <deque>
 #include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -49,6 +50,19 @@ constexpr int kMaxMessageBytes = 1 << 30;
 constexpr absl::string_view kLivenessService = "liveness";
 constexpr absl::Duration kHealthProbePeriod = absl::Seconds(2);
 constexpr absl::Duration kHealthProbeTimeout = absl::Seconds(2);
+// How long a new session waits for the coordinator to check its credential.
+constexpr absl::Duration kAuthenticateTimeout = absl::Seconds(10);
+
+// The token of an "authorization" metadata value: "" when absent; UNAUTHENTICATED when it
+// is not "Bearer <token>" (RFC 6750 §2.1).
+absl::StatusOr<std::string> BearerCredential(absl::string_view authorization) {
+  if (authorization.empty()) return std::string();
+  constexpr absl::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(authorization, kScheme)) {
+    return absl::UnauthenticatedError("malformed authorization metadata: expected \"Bearer <token>\"");
+  }
+  return std::string(absl::StripAsciiWhitespace(authorization.substr(kScheme.size())));
+}
 
 class SidecarImpl;
 
@@ -103,13 +117,17 @@ class SessionHandle : public engine::Session {
 
 class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse> {
  public:
-  SessionReactor(SidecarImpl* sidecar, std::string peer)
+  // `authorization`: the stream's "authorization" metadata value ("" when absent).
+  SessionReactor(SidecarImpl* sidecar, std::string peer, absl::string_view authorization)
       : sidecar_(sidecar), peer_(std::move(peer)), handle_(std::make_shared<SessionHandle>()) {
     handle_->Bind(this);
+    credential_ = BearerCredential(authorization);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override;
+  // The coordinator answered whether the session's credential grants its job.
+  void OnAuthenticated(const absl::Status& status);
   void OnWriteDone(bool ok) override {
     const pb::SessionResponse* next = nullptr;
     bool finish = false;
@@ -165,6 +183,8 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   const std::string peer_;  // gRPC's peer string: "unix:..." on the unix socket
   std::shared_ptr<SessionHandle> handle_;
   std::string token_;  // the shared-memory channel token, if granted
+  // The client's job token ("Bearer <token>" metadata), or the error of a malformed value.
+  absl::StatusOr<std::string> credential_;
   pb::SessionRequest request_;
   std::shared_ptr<engine::Group> group_;  // set once attached
   int rank_ = -1;
@@ -204,7 +224,11 @@ class CollectivesService final : public pb::Collectives::CallbackService {
   explicit CollectivesService(SidecarImpl* sidecar) : sidecar_(sidecar) {}
   grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse>* Session(
       grpc::CallbackServerContext* ctx) override {
-    return new SessionReactor(sidecar_, ctx->peer());
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    absl::string_view authorization;
+    if (it != md.end()) authorization = absl::string_view(it->second.data(), it->second.size());
+    return new SessionReactor(sidecar_, ctx->peer(), authorization);
   }
 
  private:
@@ -403,9 +427,11 @@ class SidecarImpl : public Sidecar {
   // Handles the first message of a session from `peer`. Returns the group on success;
   // `*token` is the session's shared-memory channel token when shared memory was granted
   // (asked for, on the unix socket), else empty.
-  absl::StatusOr<std::shared_ptr<engine::Group>> Attach(const pb::Attach& attach, const std::string& peer,
-                                                        std::shared_ptr<SessionHandle> session, std::string* token) {
+  absl::StatusOr<std::shared_ptr<engine::Group>> Attach(const pb::Attach& attach, const std::string& credential,
+                                                        const std::string& peer, std::shared_ptr<SessionHandle> session,
+                                                        std::string* token) {
     engine::AttachRequest request = FromProto(attach);
+    request.credential = credential;
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
     if (request.shared_memory) *token = fd_channel_->NewToken();
     auto group = engine_->Attach(request, session);
@@ -417,6 +443,11 @@ class SidecarImpl : public Sidecar {
     if (!token->empty()) fd_channel_->Bind(*token, *group, attach.rank());
     session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", *token);
     return group;
+  }
+  // Asks the coordinator whether `credential` grants `job` before a session is served
+  // (GrpcCoordinatorLink::Authenticate); `done` runs once, on any thread.
+  void Authenticate(const std::string& job, const std::string& credential, std::function<void(absl::Status)> done) {
+    coordinator_->Authenticate(job, credential, kAuthenticateTimeout, std::move(done));
   }
   void SessionEnded(const std::string& token) {
     if (!token.empty() && fd_channel_ != nullptr) fd_channel_->Forget(token);
@@ -457,13 +488,15 @@ void SessionReactor::OnReadDone(bool ok) {
       RequestFinish(absl::FailedPreconditionError("the first message of a session must be attach"));
       return;
     }
-    auto group = sidecar_->Attach(request_.attach(), peer_, handle_, &token_);
-    if (!group.ok()) {
-      RequestFinish(group.status());
+    if (!credential_.ok()) {
+      RequestFinish(credential_.status());
       return;
     }
-    group_ = std::move(*group);
-    rank_ = request_.attach().rank();
+    // Served only once the coordinator accepts the session's credential for its job; the
+    // next read starts after that (OnAuthenticated).
+    sidecar_->Authenticate(request_.attach().job(), *credential_,
+                           [this](absl::Status s) { OnAuthenticated(s); });
+    return;
   } else if (request_.has_collective()) {
     group_->Submit(rank_, FromProto(std::move(*request_.mutable_collective())));
   } else {
@@ -471,6 +504,23 @@ void SessionReactor::OnReadDone(bool ok) {
     group_->OnSessionClosed(rank_);
     return;
   }
+  request_.Clear();
+  StartRead(&request_);
+}
+
+void SessionReactor::OnAuthenticated(const absl::Status& status) {
+  if (!status.ok()) {
+    RequestFinish(absl::Status(status.code(), absl::StrCat("the sidecar serves a session only with a credential its "
+                                                           "coordinator accepts for the job: ", status.message())));
+    return;
+  }
+  auto group = sidecar_->Attach(request_.attach(), *credential_, peer_, handle_, &token_);
+  if (!group.ok()) {
+    RequestFinish(group.status());
+    return;
+  }
+  group_ = std::move(*group);
+  rank_ = request_.attach().rank();
   request_.Clear();
   StartRead(&request_);
 }

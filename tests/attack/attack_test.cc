@@ -39,7 +39,10 @@ namespace {
 namespace pb = ::collserve::v1;
 using ::testing::HasSubstr;
 
-std::unique_ptr<Cluster> StartCluster(int sidecars, const std::vector<std::string>& coordinator_flags = {}) {
+// These attacks are of findings other than credentials (tests/security/token_test covers
+// those): the raw clients below send no token, so calls without one are allowed.
+std::unique_ptr<Cluster> StartCluster(int sidecars, std::vector<std::string> coordinator_flags = {}) {
+  coordinator_flags.push_back("--allow_unauthenticated");
   auto c = Cluster::Start(sidecars, coordinator_flags);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(*c) : nullptr;
@@ -169,7 +172,7 @@ TEST(AttackTest, SecondCoordinatorOnATakenPortRefusesToStart) {
   auto cluster = StartCluster(0);
   ASSERT_NE(cluster, nullptr);
   auto second = Process::Start({CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", cluster->coordinator_port()),
-                                "--metrics_address="},
+                                "--metrics_address=", "--allow_unauthenticated"},
                                {}, cluster->dir() + "/second-coordinator.log");
   ASSERT_TRUE(second.ok()) << second.status();
   auto code = (*second)->Wait(absl::Seconds(20));
@@ -250,7 +253,7 @@ TEST(AttackTest, CorruptWalRefusesToStartAndIsNeverTruncated) {
   auto cluster = StartCluster(0);
   ASSERT_NE(cluster, nullptr);
   const std::string data = cluster->dir() + "/data";
-  ASSERT_TRUE(cluster->RestartCoordinator({absl::StrCat("--data_dir=", data)}).ok());
+  ASSERT_TRUE(cluster->RestartCoordinator({absl::StrCat("--data_dir=", data), "--allow_unauthenticated"}).ok());
   {
     auto stub = pb::Store::NewStub(grpc::CreateChannel(cluster->coordinator_address(), grpc::InsecureChannelCredentials()));
     for (int i = 0; i < 100; ++i) {
@@ -275,7 +278,7 @@ TEST(AttackTest, CorruptWalRefusesToStartAndIsNeverTruncated) {
   wal[3] ^= 0x10;  // record 0's length now points far past the end of the file
   std::ofstream(data + "/wal", std::ios::binary | std::ios::trunc) << wal;
   auto refused = Process::Start({CoordinatorBinary(), "--listen_address=127.0.0.1:0", absl::StrCat("--data_dir=", data),
-                                 "--metrics_address="},
+                                 "--metrics_address=", "--allow_unauthenticated"},
                                 {}, cluster->dir() + "/corrupt-coordinator.log");
   ASSERT_TRUE(refused.ok());
   auto code = (*refused)->Wait(absl::Seconds(20));
@@ -521,7 +524,8 @@ std::unique_ptr<Cluster> StartTcpStore(const std::vector<std::string>& flags, in
   auto cluster = StartCluster(0);
   if (cluster == nullptr) return nullptr;
   std::vector<std::string> all = {"--tcpstore_address=127.0.0.1:0",
-                                  absl::StrCat("--tcpstore_port_file=", cluster->dir(), "/tcpstore.port")};
+                                  absl::StrCat("--tcpstore_port_file=", cluster->dir(), "/tcpstore.port"),
+                                  "--allow_unauthenticated"};
   all.insert(all.end(), flags.begin(), flags.end());
   EXPECT_TRUE(cluster->RestartCoordinator(all).ok());
   std::ifstream in(cluster->dir() + "/tcpstore.port");
@@ -574,7 +578,8 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   auto coordinator = Process::Start(
       {"/usr/bin/prlimit", "--nofile=64:64", CoordinatorBinary(), "--listen_address=127.0.0.1:0",
        absl::StrCat("--port_file=", dir, "/small.port"), "--tcpstore_address=127.0.0.1:0",
-       absl::StrCat("--tcpstore_port_file=", dir, "/small-tcpstore.port"), "--metrics_address=", "--log_level=warning"},
+       absl::StrCat("--tcpstore_port_file=", dir, "/small-tcpstore.port"), "--metrics_address=", "--log_level=warning",
+       "--allow_unauthenticated"},
       {}, dir + "/small-coordinator.log");
   ASSERT_TRUE(coordinator.ok());
   int grpc_port = 0, tcp_port = 0;

@@ -425,6 +425,25 @@ TEST(EngineTest, RankThatLeavesFailsTheOthersAndIsReported) {
   EXPECT_TRUE(left);
 }
 
+TEST(EngineTest, CoordinatorCallsCarryTheAttachingRanksCredentials) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("credentials", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  // Each rank's join carries its own credential; the backend's rendezvous store (one per
+  // host, for the Gloo connect) the credential of the host's first attached rank.
+  std::vector<std::string> seen = cluster.coordinator().credentials();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), absl::StrCat("credential of rank ", r)), r % 2 == 0 ? 2 : 1)
+        << "rank " << r;
+  }
+  EXPECT_EQ(seen.size(), 6u);
+  // A leave carries the group's credential on that host.
+  (*formed)[3].group->OnSessionClosed(3);
+  seen = cluster.coordinator().credentials();
+  ASSERT_EQ(seen.size(), 7u);
+  EXPECT_EQ(seen.back(), "credential of rank 2");
+}
+
 TEST(EngineTest, HostThatGoesAwayFailsTheOtherHost) {
   TestCluster cluster(2);
   auto formed = cluster.Form("host", 4);

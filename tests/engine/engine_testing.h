@@ -56,6 +56,12 @@ class FakeCoordinator {
 
   InMemoryRendezvousStore& store() { return store_; }
 
+  // The credential of every Join, Leave and rendezvous store the engines asked for, in order.
+  std::vector<std::string> credentials() {
+    absl::MutexLock lock(&mu_);
+    return credentials_;
+  }
+
  private:
   struct Forming {
     int world_size = 0;
@@ -71,11 +77,17 @@ class FakeCoordinator {
     std::function<void()> Join(const JoinParams& p, std::function<void(absl::StatusOr<engine::Membership>)> done) override {
       return c_->Join(host_, p, std::move(done));
     }
-    void Leave(const std::string& job, const std::string& group, int rank) override {
+    void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override {
       absl::MutexLock lock(&c_->mu_);
       c_->leaves_.emplace_back(job, group, rank);
+      c_->credentials_.push_back(credential);
     }
-    std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job) override {
+    std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
+                                                                  const std::string& credential) override {
+      {
+        absl::MutexLock lock(&c_->mu_);
+        c_->credentials_.push_back(credential);
+      }
       return std::make_unique<Prefixed>(&c_->store_, job);
     }
 
@@ -105,6 +117,7 @@ class FakeCoordinator {
     const std::string key = p.job + "/" + p.group;
     auto cancelled = std::make_shared<bool>(false);
     absl::MutexLock lock(&mu_);
+    credentials_.push_back(p.credential);
     threads_.emplace_back([this, host, p, key, done = std::move(done), cancelled] {
       absl::StatusOr<engine::Membership> result;
       {
@@ -150,6 +163,7 @@ class FakeCoordinator {
   std::map<std::string, Forming> groups_ ABSL_GUARDED_BY(mu_);
   std::vector<std::tuple<std::string, std::string, int>> leaves_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> credentials_ ABSL_GUARDED_BY(mu_);
   InMemoryRendezvousStore store_;
 };
 
@@ -286,6 +300,7 @@ class TestCluster {
       a.world_size = world_size;
       a.init_timeout = absl::Seconds(30);
       a.op_timeout = op_timeout;
+      a.credential = absl::StrCat("credential of rank ", r);
       auto g = engines_[t.host]->Attach(a, t.session);
       if (!g.ok()) return g.status();
       t.group = *g;

@@ -4,6 +4,7 @@
 // sidecar's namespace. Checks all_reduce across the hosts, then cuts one host's link in
 // the middle of collectives: the other host's ranks must fail within the op timeout.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -66,9 +67,15 @@ class NetnsHosts : public ::testing::Test {
   }
 
   // Coordinator on host 3, sidecars on hosts 1 and 2.
+  // The coordinator requires job "default"'s token (token_), which the ranks present.
   void StartService() {
+    ASSERT_EQ(mkdir(absl::StrCat(dir_, "/job-tokens").c_str(), 0700), 0);
+    auto token = WriteRandomToken(absl::StrCat(dir_, "/job-tokens/default"));
+    ASSERT_TRUE(token.ok()) << token.status();
+    token_ = *token;
     Run(3, {CoordinatorBinary(), absl::StrCat("--listen_address=", Ip(3), ":29400"), "--metrics_address=",
-            "--log_level=warning", absl::StrCat("--port_file=", dir_, "/coord.port")},
+            "--log_level=warning", absl::StrCat("--port_file=", dir_, "/coord.port"),
+            absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")},
         {}, "coordinator.log");
     WaitFile(dir_ + "/coord.port");
     for (int h = 1; h <= 2; ++h) {
@@ -90,7 +97,8 @@ class NetnsHosts : public ::testing::Test {
                 {"MASTER_PORT", "29400"},
                 {"COLLSERVE_SIDECAR", absl::StrCat("unix:", dir_, "/s", host, ".sock")},
                 {"COLLSERVE_INIT_TIMEOUT_S", "30"},
-                {"COLLSERVE_OP_TIMEOUT_S", op_timeout}},
+                {"COLLSERVE_OP_TIMEOUT_S", op_timeout},
+                {"COLLSERVE_TOKEN", token_}},
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
   }
 
@@ -100,7 +108,7 @@ class NetnsHosts : public ::testing::Test {
     ASSERT_EQ(access(path.c_str(), F_OK), 0) << path << " never appeared";
   }
 
-  std::string prefix_, sw_, subnet_, dir_;
+  std::string prefix_, sw_, subnet_, dir_, token_;
   std::vector<std::string> made_;
   std::vector<std::unique_ptr<Process>> procs_;
 };

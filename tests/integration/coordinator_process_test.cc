@@ -17,6 +17,7 @@ namespace {
 std::unique_ptr<client::StoreClient> Connect(Cluster& c, const std::string& job) {
   client::StoreClientOptions o;
   o.job = job;
+  o.token = c.admin_token();  // every job's
   o.connect_timeout = absl::Seconds(10);
   auto s = client::StoreClient::Connect(c.coordinator_address(), o);
   EXPECT_TRUE(s.ok()) << s.status();

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
@@ -52,6 +53,7 @@ void WaitJoined(Cluster& c, const std::string& group, int rank) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (absl::Now() < deadline) {
     grpc::ClientContext ctx;
+    client::AddJobToken(ctx, c.job_token());
     pb::DescribeRequest req;
     req.set_group(group);
     pb::DescribeResponse resp;
@@ -177,6 +179,7 @@ TEST(ErrorsTest, UnknownGroupIsNotFound) {
   auto stub = RegistryStub(*cluster);
   {
     grpc::ClientContext ctx;
+    client::AddJobToken(ctx, cluster->job_token());
     pb::DescribeRequest req;
     req.set_group("no-such-group");
     pb::DescribeResponse resp;
@@ -186,6 +189,7 @@ TEST(ErrorsTest, UnknownGroupIsNotFound) {
   }
   {
     grpc::ClientContext ctx;
+    client::AddJobToken(ctx, cluster->job_token());
     pb::LeaveRequest req;
     req.set_group("no-such-group");
     pb::LeaveResponse resp;
@@ -197,6 +201,7 @@ TEST(ErrorsTest, UnknownGroupIsNotFound) {
         grpc::CreateChannel(cluster->sidecar_address(0), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    client::AddJobToken(ctx, cluster->job_token());
     auto stream = sc->Session(&ctx);
     pb::SessionRequest req;
     req.mutable_collective()->set_seq(0);
@@ -222,6 +227,7 @@ TEST(ErrorsTest, RankOutOfRangeIsInvalidArgumentAtEveryLayer) {
   auto sc = pb::Collectives::NewStub(grpc::CreateChannel(cluster->sidecar_address(0), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  client::AddJobToken(ctx, cluster->job_token());
   auto stream = sc->Session(&ctx);
   pb::SessionRequest req;
   req.mutable_attach()->set_group("g");
@@ -236,6 +242,7 @@ TEST(ErrorsTest, RankOutOfRangeIsInvalidArgumentAtEveryLayer) {
   // The coordinator rejects a raw join.
   auto reg = RegistryStub(*cluster);
   grpc::ClientContext jctx;
+  client::AddJobToken(jctx, cluster->job_token());
   pb::JoinRequest jreq;
   jreq.set_group("g");
   jreq.set_world_size(4);

@@ -126,14 +126,15 @@ def test_signals_are_forwarded_and_everything_stops():
 
 
 def test_two_nodes_against_one_coordinator():
-    cluster = Cluster()  # its coordinator; each launcher starts its own sidecar
+    cluster = Cluster(jobs=("twonodes",))  # its coordinator; each launcher starts its own sidecar
     try:
         common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
                   "--gloo_hostname", "127.0.0.1", "--job", "twonodes"]
         logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
         procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
                                    "--node_rank", str(n), WORKER, "allreduce"], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for n in range(2)]
+                                  stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "COLLSERVE_TOKEN": cluster.token}) for n in range(2)]
         outs = []
         for p in procs:
             try:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from test_sdk import BUILD
+from test_sdk import BUILD, credentials
 
 PERF = os.path.join(BUILD, "bench", "collserve-perf")
 FACTORS = {"all_reduce": 2 * 3 / 4, "all_gather": 3 / 4, "reduce_scatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0,
@@ -70,8 +70,9 @@ def test_torch_side_of_the_comparison_checks_its_results(backend, memory):
 def test_two_hosts_report_the_all_reduce_algorithm_the_sidecars_ran(algorithm, tmp_path):
     """Two launchers (--nnodes 2, each with its own sidecar) on loopback, the algorithm forced
     through `collserve launch --sidecar_flag`: results check, and the column names it."""
+    flags, tokens = credentials(str(tmp_path))
     coord = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-                              "--metrics_address=", "--log_level=warning", f"--port_file={tmp_path}/port"])
+                              "--metrics_address=", "--log_level=warning", f"--port_file={tmp_path}/port", *flags])
     try:
         for _ in range(400):
             if os.path.exists(tmp_path / "port") and (tmp_path / "port").read_text().strip():
@@ -83,7 +84,8 @@ def test_two_hosts_report_the_all_reduce_algorithm_the_sidecars_ran(algorithm, t
              "--coordinator", f"127.0.0.1:{port}", "--gloo_hostname", "127.0.0.1", "--no_prefix",
              f"--sidecar_flag=--allreduce_algorithm={algorithm}", "--no_python", PERF,
              "-b", "8", "-e", "64K", "-f", "32", "-n", "2", "-w", "1", "-o", "all_reduce"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for h in (0, 1)]
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "COLLSERVE_TOKEN": tokens["default"]}) for h in (0, 1)]
         outs = [p.communicate(timeout=120) for p in launchers]
         for p, (out, err) in zip(launchers, outs):
             assert p.returncode == 0, out + err

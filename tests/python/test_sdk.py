@@ -26,14 +26,28 @@ def _wait_port(path, proc, limit=20):
     raise TimeoutError(f"no port file {path}")
 
 
-class Cluster:
-    """A coordinator and one sidecar on loopback, in a temporary directory."""
+def credentials(directory, jobs=("default",)):
+    """Tokens for a test's coordinator, as an embedded one gets them: a fresh token per job in
+    `jobs` under `directory`. Returns (the coordinator's flags, {job: token})."""
+    from collserve.launch import embedded_credentials
+    tokens, flags = {}, []
+    for job in jobs:
+        tokens[job], flags = embedded_credentials(directory, job)
+    return flags, tokens
 
-    def __init__(self):
+
+class Cluster:
+    """A coordinator and one sidecar on loopback, in a temporary directory. The coordinator
+    requires the token of each job in `jobs` (self.tokens); env() hands the first job's
+    (self.token) to the ranks."""
+
+    def __init__(self, jobs=("default",)):
         self.dir = tempfile.mkdtemp(prefix="collserve-py-")
+        flags, self.tokens = credentials(self.dir, jobs)
+        self.token = self.tokens[jobs[0]]
         self.coordinator = subprocess.Popen(
             [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-             f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning"],
+             f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning", *flags],
             stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/coordinator.log", "w"))
         self.port = _wait_port(f"{self.dir}/coordinator.port", self.coordinator)
         self.socket = f"{self.dir}/sidecar.sock"
@@ -48,7 +62,7 @@ class Cluster:
         env = dict(os.environ)
         env.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
                    COLLSERVE_SIDECAR=f"unix:{self.socket}", COLLSERVE_INIT_TIMEOUT_S="30",
-                   COLLSERVE_OP_TIMEOUT_S="30")
+                   COLLSERVE_OP_TIMEOUT_S="30", COLLSERVE_TOKEN=self.token)
         env.update({k: str(v) for k, v in extra.items()})
         return env
 

@@ -14,18 +14,25 @@ import pytest
 
 torch_dist = pytest.importorskip("torch.distributed")
 import collserve  # noqa: E402
-from test_sdk import BUILD, _wait_port  # noqa: E402
+from test_sdk import BUILD, _wait_port, credentials  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+# The tokens of the jobs the coordinator fixture serves.
+TOKENS = {}
+
+
 @pytest.fixture
-def coordinator():
+def coordinator(monkeypatch):
     d = tempfile.mkdtemp(prefix="collserve-tcpstore-")
+    flags, tokens = credentials(d, ("torchjob", "otherjob"))
+    TOKENS.update(tokens)
+    monkeypatch.setenv("COLLSERVE_TOKEN", tokens["torchjob"])  # this process's collserve.Store clients
     proc = subprocess.Popen(
         [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
          f"--port_file={d}/coordinator.port", "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port",
-         "--tcpstore_job=torchjob", "--metrics_address=", "--log_level=warning"],
+         "--tcpstore_job=torchjob", "--metrics_address=", "--log_level=warning", *flags],
         stdout=subprocess.DEVNULL, stderr=open(f"{d}/coordinator.log", "w"))
     try:
         grpc_port = _wait_port(f"{d}/coordinator.port", proc)
@@ -69,7 +76,7 @@ def test_keys_live_in_the_job_namespace(coordinator):
     assert mine.get("/shared") == b"from torch"  # TCPStore prefixes "/"
     mine.set("/back", "from collserve")
     assert client(port).get("back") == b"from collserve"
-    other = collserve.Store(address=f"127.0.0.1:{grpc_port}", job="otherjob", timeout=5)
+    other = collserve.Store(address=f"127.0.0.1:{grpc_port}", job="otherjob", timeout=5, token=TOKENS["otherjob"])
     assert not other.check(["/shared"])
 
 

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_sdk import BUILD, _wait_port  # noqa: E402
+from test_sdk import BUILD, _wait_port, credentials  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -109,14 +109,15 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host():
     """With COLLSERVE_COORDINATOR, the first rank of each host starts that host's sidecar;
     here two "hosts" on loopback (COLLSERVE_HOST_ID), so the all_reduce crosses sidecars."""
     d = tempfile.mkdtemp(prefix="collserve-hosts-")
+    flags, tokens = credentials(d)
     coordinator = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
                                     "--listen_address=127.0.0.1:0", f"--port_file={d}/port", "--metrics_address=",
-                                    "--log_level=warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    "--log_level=warning", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = _wait_port(f"{d}/port", coordinator)
         results = run_ranks(4, ["hosts", "collserve", "env"], env=lambda rank: {
             "COLLSERVE_COORDINATOR": f"127.0.0.1:{port}", "COLLSERVE_HOST_ID": f"host{rank // 2}",
-            "COLLSERVE_GLOO_HOSTNAME": "127.0.0.1"})
+            "COLLSERVE_GLOO_HOSTNAME": "127.0.0.1", "COLLSERVE_TOKEN": tokens["default"]})
         # One sidecar per host, started by its first rank (which rank wins is a race).
         started = [int(re.search(r"started (\d+) servers", out).group(1)) for _, out in results]
         assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
@@ -133,10 +134,11 @@ def test_arena_tensors_move_no_bytes():
     d = tempfile.mkdtemp(prefix="collserve-arena-")
     metrics_port = free_port()
     servers = []
+    flags, tokens = credentials(d)
     try:
         servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
                                          "--listen_address=127.0.0.1:0", f"--port_file={d}/port",
-                                         "--metrics_address=", "--log_level=warning"],
+                                         "--metrics_address=", "--log_level=warning", *flags],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         port = _wait_port(f"{d}/port", servers[0])
         servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-sidecar"),
@@ -145,7 +147,8 @@ def test_arena_tensors_move_no_bytes():
                                          f"--port_file={d}/s.port"],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_port(f"{d}/s.port", servers[1])
-        run_ranks(2, ["arena", "collserve", f"file:{d}/init"], env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock"})
+        run_ranks(2, ["arena", "collserve", f"file:{d}/init"],
+                  env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_TOKEN": tokens["default"]})
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
         got = {m.group(1): float(m.group(2))

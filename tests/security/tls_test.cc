@@ -98,10 +98,11 @@ class TlsTest : public ::testing::Test {
     return tls;
   }
 
-  // A Set then Get through a fresh client; the status of the first failure.
-  static absl::Status UseStore(const std::string& address, const TlsOptions& tls) {
+  // A Set then Get through a fresh client presenting `token`; the status of the first failure.
+  static absl::Status UseStore(const std::string& address, const TlsOptions& tls, const std::string& token) {
     StoreClientOptions options;
     options.tls = tls;
+    options.token = token;
     options.connect_timeout = absl::Seconds(3);
     options.timeout = absl::Seconds(5);
     auto store = StoreClient::Connect(address, options);
@@ -120,29 +121,32 @@ TEST_F(TlsTest, ServerAuthenticatedTlsServesTrustingClientsOnly) {
   auto cluster = Cluster::Start(0, ServerFlags(/*mutual=*/false));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
-  EXPECT_TRUE(UseStore(address, Trusting("ca")).ok()) << UseStore(address, Trusting("ca"));
+  const std::string token = (*cluster)->job_token();
+  EXPECT_TRUE(UseStore(address, Trusting("ca"), token).ok()) << UseStore(address, Trusting("ca"), token);
   // A presented client certificate is fine where none is asked for.
-  EXPECT_TRUE(UseStore(address, Trusting("ca", "client")).ok());
+  EXPECT_TRUE(UseStore(address, Trusting("ca", "client"), token).ok());
   // Plaintext, and TLS trusting another CA, never get through.
-  EXPECT_FALSE(UseStore(address, TlsOptions{}).ok());
-  EXPECT_FALSE(UseStore(address, Trusting("other-ca")).ok());
+  EXPECT_FALSE(UseStore(address, TlsOptions{}, token).ok());
+  EXPECT_FALSE(UseStore(address, Trusting("other-ca"), token).ok());
   // The certificate names 127.0.0.1 and localhost, not another name.
   TlsOptions wrong_name = Trusting("ca");
   wrong_name.server_name = "coordinator.example";
-  EXPECT_FALSE(UseStore(address, wrong_name).ok());
+  EXPECT_FALSE(UseStore(address, wrong_name, token).ok());
   TlsOptions right_name = Trusting("ca");
   right_name.server_name = "localhost";
-  EXPECT_TRUE(UseStore(address, right_name).ok());
+  EXPECT_TRUE(UseStore(address, right_name, token).ok());
 }
 
 TEST_F(TlsTest, MutualTlsRefusesClientsWithoutACertificateFromTheCa) {
   auto cluster = Cluster::Start(0, ServerFlags(/*mutual=*/true));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
-  EXPECT_TRUE(UseStore(address, Trusting("ca", "client")).ok()) << UseStore(address, Trusting("ca", "client"));
-  EXPECT_FALSE(UseStore(address, Trusting("ca")).ok()) << "no client certificate";
-  EXPECT_FALSE(UseStore(address, Trusting("ca", "stranger")).ok()) << "a certificate from another CA";
-  EXPECT_FALSE(UseStore(address, TlsOptions{}).ok()) << "plaintext";
+  const std::string token = (*cluster)->job_token();
+  EXPECT_TRUE(UseStore(address, Trusting("ca", "client"), token).ok())
+      << UseStore(address, Trusting("ca", "client"), token);
+  EXPECT_FALSE(UseStore(address, Trusting("ca"), token).ok()) << "no client certificate";
+  EXPECT_FALSE(UseStore(address, Trusting("ca", "stranger"), token).ok()) << "a certificate from another CA";
+  EXPECT_FALSE(UseStore(address, TlsOptions{}, token).ok()) << "plaintext";
 }
 
 TEST_F(TlsTest, RotatedCertificateIsUsedWithoutARestart) {
@@ -154,8 +158,9 @@ TEST_F(TlsTest, RotatedCertificateIsUsedWithoutARestart) {
                                     "--tls_refresh_interval=1s"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->coordinator_address();
-  ASSERT_TRUE(UseStore(address, Trusting("ca")).ok());
-  ASSERT_FALSE(UseStore(address, Trusting("other-ca")).ok());
+  const std::string token = (*cluster)->job_token();
+  ASSERT_TRUE(UseStore(address, Trusting("ca"), token).ok());
+  ASSERT_FALSE(UseStore(address, Trusting("other-ca"), token).ok());
   // Replace both files at once, as a Secret update does (rename over the old ones).
   std::filesystem::copy_file(pki_.Path("server2.pem"), cert + ".new");
   std::filesystem::copy_file(pki_.Path("server2.key"), key + ".new");
@@ -163,7 +168,7 @@ TEST_F(TlsTest, RotatedCertificateIsUsedWithoutARestart) {
   std::filesystem::rename(cert + ".new", cert);
   bool rotated = false;
   for (int i = 0; i < 40 && !rotated; ++i) {
-    rotated = UseStore(address, Trusting("other-ca")).ok();
+    rotated = UseStore(address, Trusting("other-ca"), token).ok();
     if (!rotated) absl::SleepFor(absl::Milliseconds(500));
   }
   EXPECT_TRUE(rotated) << "the coordinator still presents the old certificate 20 s after rotation";

@@ -33,6 +33,9 @@ server::Coordinator& SharedCoordinator() {
     server::CoordinatorOptions o;
     o.listen_address = "127.0.0.1:0";
     o.metrics_address = "127.0.0.1:0";
+    // Store and registry semantics; job credentials have their own tests
+    // (credentials_test, tests/security/token_test).
+    o.credentials.allow_unauthenticated = true;
     auto started = server::Coordinator::Start(o);
     CHECK(started.ok()) << started.status();
     return started->release();

@@ -118,6 +118,26 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Dura
 
 }  // namespace
 
+absl::StatusOr<std::string> WriteRandomToken(const std::string& path) {
+  std::ifstream random("/dev/urandom", std::ios::binary);
+  unsigned char bytes[32];
+  if (!random.read(reinterpret_cast<char*>(bytes), sizeof bytes)) return absl::InternalError("no /dev/urandom");
+  std::string token;
+  for (unsigned char b : bytes) absl::StrAppend(&token, absl::Hex(b, absl::kZeroPad2));
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::InternalError(absl::StrCat("open ", path, ": ", std::strerror(errno)));
+  const std::string line = token + "\n";
+  const bool written = write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  close(fd);
+  if (!written) return absl::InternalError(absl::StrCat("write ", path));
+  return token;
+}
+
+std::vector<std::string> Cluster::credential_flags() const {
+  return {absl::StrCat("--admin_token_file=", dir_, "/admin.token"),
+          absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")};
+}
+
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
                                                         const std::vector<std::string>& coordinator_flags,
                                                         const std::vector<std::string>& sidecar_flags) {
@@ -125,9 +145,17 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   c->dir_ = tmpl;
+  if (mkdir(absl::StrCat(c->dir_, "/job-tokens").c_str(), 0700) != 0) return absl::InternalError("mkdir failed");
+  auto job_token = WriteRandomToken(absl::StrCat(c->dir_, "/job-tokens/default"));
+  if (!job_token.ok()) return job_token.status();
+  c->job_token_ = *job_token;
+  auto admin_token = WriteRandomToken(absl::StrCat(c->dir_, "/admin.token"));
+  if (!admin_token.ok()) return admin_token.status();
+  c->admin_token_ = *admin_token;
   std::vector<std::string> argv = {CoordinatorBinary(), "--listen_address=127.0.0.1:0",
                                    absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
                                    "--metrics_address=", "--log_level=warning"};
+  for (const std::string& f : c->credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
   if (!coord.ok()) return coord.status();
@@ -174,6 +202,7 @@ absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_f
   std::remove(pf.c_str());
   std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", coordinator_port_),
                                    absl::StrCat("--port_file=", pf), "--metrics_address=", "--log_level=warning"};
+  for (const std::string& f : credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(dir_, "/coordinator-", next_log_++, ".log"));
   if (!coord.ok()) return coord.status();
@@ -197,6 +226,7 @@ absl::StatusOr<std::unique_ptr<Process>> Cluster::StartRank(int rank, int world_
       {"COLLSERVE_SIDECAR", sidecar_address(sidecar)},
       {"COLLSERVE_INIT_TIMEOUT_S", "30"},
       {"COLLSERVE_OP_TIMEOUT_S", "30"},
+      {"COLLSERVE_TOKEN", job_token_},
   };
   for (const auto& [k, v] : extra_env) env[k] = v;
   return Process::Start(argv, env, absl::StrCat(dir_, "/rank", rank, "-", next_log_++, ".log"));

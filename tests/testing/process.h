@@ -38,7 +38,13 @@ class Process {
   int exit_code_ = -1;
 };
 
+// Writes a new random token (hex, 64 characters) to `path` with mode 0600 and returns it.
+absl::StatusOr<std::string> WriteRandomToken(const std::string& path);
+
 // A coordinator plus N sidecars on loopback, in a fresh temp dir, torn down on destruction.
+// The coordinator requires tokens (docs/security.md): it is started with a fresh admin token
+// (<dir>/admin.token) and a job token for job "default" (<dir>/job-tokens/default), which
+// StartRank hands to its ranks as COLLSERVE_TOKEN (extra_env may override it).
 class Cluster {
  public:
   // `sidecar_flags` are added to every sidecar's command line.
@@ -47,6 +53,11 @@ class Cluster {
                                                       const std::vector<std::string>& sidecar_flags = {});
   ~Cluster();
   const std::string& dir() const { return dir_; }
+  // The token of job "default" and the admin token this cluster's coordinator accepts.
+  const std::string& job_token() const { return job_token_; }
+  const std::string& admin_token() const { return admin_token_; }
+  // The coordinator flags that configure those tokens (Start and RestartCoordinator add them).
+  std::vector<std::string> credential_flags() const;
   int coordinator_port() const { return coordinator_port_; }
   std::string coordinator_address() const;
   // "unix:<dir>/sidecar<i>.sock"
@@ -67,6 +78,8 @@ class Cluster {
 
  private:
   std::string dir_;
+  std::string job_token_;
+  std::string admin_token_;
   int coordinator_port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> sidecars_;

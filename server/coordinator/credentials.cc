@@ -1,0 +1,274 @@
+#include "server/coordinator/credentials.h"
+
+#include <dirent.h>
+#include <glog/logging.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/algorithm/container.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "server/coordinator/jobs.h"
+
+namespace collserve::server {
+namespace {
+
+// The store key holding the minted tokens' digests, one "<job> <hex sha-256>\n" line each.
+// '#' is not a job-name character, so no job's key can be this one.
+constexpr absl::string_view kMintedKey = "#auth/minted";
+constexpr absl::string_view kMintedPrefix = "csj_";
+
+// The token inside an authorization value: "" for none, else "Bearer <token>".
+absl::StatusOr<absl::string_view> BearerToken(absl::string_view authorization) {
+  if (authorization.empty()) return absl::string_view();
+  constexpr absl::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(authorization, kScheme)) {
+    return absl::UnauthenticatedError("malformed authorization metadata: expected \"Bearer <token>\"");
+  }
+  absl::string_view token = absl::StripAsciiWhitespace(authorization.substr(kScheme.size()));
+  if (token.empty() || token.size() > kMaxTokenBytes) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("malformed authorization metadata: a token has 1 to ", kMaxTokenBytes, " bytes"));
+  }
+  return token;
+}
+
+// Reads a token file: its content without surrounding whitespace, at least kMinTokenBytes.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path, ": ", std::strerror(errno)));
+  std::string content(kMaxTokenBytes + 2, '\0');
+  in.read(content.data(), static_cast<std::streamsize>(content.size()));
+  content.resize(static_cast<size_t>(in.gcount()));
+  std::string token(absl::StripAsciiWhitespace(content));
+  if (content.size() > kMaxTokenBytes + 1 || token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds more than ", kMaxTokenBytes, " bytes"));
+  }
+  if (token.size() < kMinTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("token file ", path, " holds a token of ", token.size(),
+                                                   " bytes; at least ", kMinTokenBytes, " are required"));
+  }
+  return token;
+}
+
+}  // namespace
+
+JobCredentials::JobCredentials(const CredentialsOptions& options, store::Store* store)
+    : options_(options), store_(store) {}
+
+absl::StatusOr<std::unique_ptr<JobCredentials>> JobCredentials::Create(const CredentialsOptions& options,
+                                                                       store::Store* store) {
+  if (!options.allow_unauthenticated && options.admin_token_file.empty() && options.job_tokens_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "no credentials configured: give --admin_token_file and/or --job_tokens_dir (or "
+        "--allow_unauthenticated on a trusted network)");
+  }
+  if (options.refresh_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the token refresh interval must be positive");
+  }
+  std::unique_ptr<JobCredentials> c(new JobCredentials(options, store));
+  if (absl::Status s = c->Reload(); !s.ok()) return s;
+  if (absl::Status s = c->LoadMinted(); !s.ok()) return s;
+  if (!options.admin_token_file.empty() || !options.job_tokens_dir.empty()) {
+    JobCredentials* self = c.get();
+    c->refresher_ = std::thread([self] {
+      std::string last_error;
+      while (!self->stop_.WaitForNotificationWithTimeout(self->options_.refresh_interval)) {
+        absl::Status s = self->Reload();
+        std::string error = s.ok() ? "" : std::string(s.message());
+        if (error != last_error && !s.ok()) LOG(ERROR) << "job credentials: " << error;
+        last_error = error;
+      }
+    });
+  }
+  return c;
+}
+
+JobCredentials::~JobCredentials() {
+  stop_.Notify();
+  if (refresher_.joinable()) refresher_.join();
+}
+
+JobCredentials::Digest JobCredentials::DigestOf(absl::string_view token) {
+  Digest d{};
+  unsigned int size = 0;
+  // EVP_Digest with SHA-256 cannot fail on valid arguments; a zero digest would match nothing.
+  if (EVP_Digest(token.data(), token.size(), d.data(), &size, EVP_sha256(), nullptr) != 1 || size != d.size()) {
+    d.fill(0);
+  }
+  return d;
+}
+
+absl::StatusOr<Principal> JobCredentials::Authorize(absl::string_view authorization, absl::string_view job) const {
+  const std::string name = JobOf(job);
+  auto token = BearerToken(authorization);
+  if (!token.ok()) return token.status();
+  if (token->empty()) {
+    if (options_.allow_unauthenticated) return Principal::kUnauthenticated;
+    return absl::UnauthenticatedError(
+        absl::StrCat("job \"", name,
+                     "\": no token presented and this coordinator requires one (set COLLSERVE_TOKEN or "
+                     "COLLSERVE_TOKEN_FILE to the job's token)"));
+  }
+  const Digest d = DigestOf(*token);
+  const auto matches = [&d](const std::vector<Digest>& digests) {
+    int found = 0;
+    for (const Digest& x : digests) found |= CRYPTO_memcmp(x.data(), d.data(), d.size()) == 0;
+    return found != 0;
+  };
+  absl::MutexLock lock(&mu_);
+  if (have_admin_ && CRYPTO_memcmp(admin_.data(), d.data(), d.size()) == 0) return Principal::kAdmin;
+  bool granted = false;
+  if (auto it = configured_.find(name); it != configured_.end()) granted |= matches(it->second);
+  if (auto it = minted_.find(name); it != minted_.end()) granted |= matches(it->second);
+  if (granted) return Principal::kJob;
+  for (const auto* jobs : {&configured_, &minted_}) {
+    for (const auto& [other, digests] : *jobs) {
+      if (matches(digests)) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("the token presented grants job \"", other, "\", not job \"", name, "\""));
+      }
+    }
+  }
+  return absl::UnauthenticatedError(
+      absl::StrCat("job \"", name, "\": the token presented is neither a job token nor the admin token here"));
+}
+
+absl::Status JobCredentials::AuthorizeAdmin(absl::string_view authorization, absl::string_view what) const {
+  auto token = BearerToken(authorization);
+  if (!token.ok()) return token.status();
+  if (token->empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(what, " needs the admin token; none was presented"));
+  }
+  const Digest d = DigestOf(*token);
+  absl::MutexLock lock(&mu_);
+  if (have_admin_ && CRYPTO_memcmp(admin_.data(), d.data(), d.size()) == 0) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(what, " needs the admin token"));
+}
+
+absl::StatusOr<std::string> JobCredentials::Mint(const std::string& job) {
+  unsigned char random[32];
+  if (RAND_bytes(random, sizeof random) != 1) return absl::InternalError("no random bytes for a token (RAND_bytes)");
+  const std::string token = absl::StrCat(
+      kMintedPrefix, absl::WebSafeBase64Escape(absl::string_view(reinterpret_cast<const char*>(random), sizeof random)));
+  const Digest d = DigestOf(token);
+  const std::string name = JobOf(job);
+  absl::MutexLock mint_lock(&mint_mu_);
+  const std::string line = absl::StrCat(
+      name, " ", absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(d.data()), d.size())), "\n");
+  if (absl::Status s = store_->Append(kMintedKey, line); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  minted_[name].push_back(d);
+  return token;
+}
+
+absl::StatusOr<int> JobCredentials::Revoke(const std::string& job) {
+  const std::string name = JobOf(job);
+  absl::MutexLock mint_lock(&mint_mu_);
+  auto present = store_->Check({std::string(kMintedKey)});
+  if (!present.ok()) return present.status();
+  if (!*present) return 0;
+  auto value = store_->Get(kMintedKey, absl::ZeroDuration());
+  if (!value.ok()) return value.status();
+  std::string kept;
+  int revoked = 0;
+  for (absl::string_view line : absl::StrSplit(*value, '\n', absl::SkipEmpty())) {
+    if (absl::StartsWith(line, absl::StrCat(name, " "))) {
+      ++revoked;
+    } else {
+      absl::StrAppend(&kept, line, "\n");
+    }
+  }
+  if (revoked == 0) return 0;
+  absl::Status s = kept.empty() ? store_->DeleteKey(kMintedKey).status() : store_->Set(kMintedKey, kept);
+  if (!s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  minted_.erase(name);
+  return revoked;
+}
+
+absl::Status JobCredentials::LoadMinted() {
+  auto present = store_->Check({std::string(kMintedKey)});
+  if (!present.ok()) return present.status();
+  if (!*present) return absl::OkStatus();
+  auto value = store_->Get(kMintedKey, absl::ZeroDuration());
+  if (!value.ok()) return value.status();
+  std::map<std::string, std::vector<Digest>> minted;
+  int bad = 0;
+  for (absl::string_view line : absl::StrSplit(*value, '\n', absl::SkipEmpty())) {
+    std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    std::string bytes;
+    if (parts.size() != 2 || !ValidateJob(parts[0]).ok() || parts[1].size() != 64 ||
+        !absl::c_all_of(parts[1], absl::ascii_isxdigit) || (bytes = absl::HexStringToBytes(parts[1])).size() != 32) {
+      ++bad;
+      continue;
+    }
+    Digest d;
+    std::memcpy(d.data(), bytes.data(), d.size());
+    minted[std::string(parts[0])].push_back(d);
+  }
+  if (bad > 0) LOG(WARNING) << "job credentials: " << bad << " malformed line(s) in the store's minted tokens skipped";
+  absl::MutexLock lock(&mu_);
+  minted_ = std::move(minted);
+  return absl::OkStatus();
+}
+
+absl::Status JobCredentials::Reload() {
+  absl::Status first;
+  bool have_admin = false;
+  Digest admin{};
+  if (!options_.admin_token_file.empty()) {
+    auto token = ReadTokenFile(options_.admin_token_file);
+    if (token.ok()) {
+      admin = DigestOf(*token);
+      have_admin = true;
+    } else {
+      first.Update(token.status());
+    }
+  }
+  std::map<std::string, std::vector<Digest>> configured;
+  if (!options_.job_tokens_dir.empty()) {
+    DIR* dir = opendir(options_.job_tokens_dir.c_str());
+    if (dir == nullptr) {
+      first.Update(absl::InvalidArgumentError(
+          absl::StrCat("cannot read the job tokens directory ", options_.job_tokens_dir, ": ", std::strerror(errno))));
+    } else {
+      while (const dirent* e = readdir(dir)) {
+        const std::string name = e->d_name;
+        if (name.empty() || name[0] == '.' || !ValidateJob(name).ok()) continue;
+        const std::string path = absl::StrCat(options_.job_tokens_dir, "/", name);
+        struct stat st;
+        if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // follows Secret symlinks
+        auto token = ReadTokenFile(path);
+        if (!token.ok()) {
+          first.Update(token.status());
+          continue;
+        }
+        configured[name].push_back(DigestOf(*token));
+      }
+      closedir(dir);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (have_admin != have_admin_ || admin != admin_ || configured != configured_) {
+    LOG(INFO) << "job credentials loaded: " << configured.size() << " job token file(s)"
+              << (have_admin ? ", an admin token" : (options_.admin_token_file.empty() ? "" : ", no admin token"));
+  }
+  have_admin_ = have_admin;
+  admin_ = admin;
+  configured_ = std::move(configured);
+  return first;
+}
+
+}  // namespace collserve::server
