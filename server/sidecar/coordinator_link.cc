@@ -131,6 +131,7 @@ void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string
   auto call = std::make_shared<Call>();
   call->req.set_job(job);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  call->ctx.set_wait_for_ready(true);  // ride out a coordinator restart, within the timeout
   client::AddJobToken(call->ctx, credential);
   const std::string coordinator = coordinator_address_;
   auth_->async()->Authenticate(&call->ctx, &call->req, &call->resp,

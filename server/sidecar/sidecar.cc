@@ -489,7 +489,7 @@ void SessionReactor::OnReadDone(bool ok) {
       return;
     }
     if (!credential_.ok()) {
-      RequestFinish(credential_.status());
+      OnAuthenticated(credential_.status());
       return;
     }
     // Served only once the coordinator accepts the session's credential for its job; the

@@ -384,51 +384,6 @@ TEST(StagingTest, CollectivesWaitForRoomSendsDoNot) {
 }
 
 // GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 5 s.
-std::string HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string body;
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\n\r\n");
-    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) body.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return body;
-}
-
-// A port nothing listens on now, for a server the test starts later. It is drawn below the
-// kernel's ephemeral range (ip_local_port_range), so the ports other processes get from
-// bind(0) and connect() in the meantime cannot take it.
-int UnusedPort() {
-  int low = 32768;
-  if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (fscanf(f, "%d", &low) != 1) low = 32768;
-    fclose(f);
-  }
-  std::mt19937 rng(std::random_device{}());
-  std::uniform_int_distribution<int> pick(std::max(1024, low - 12000), low - 1);
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    const int port = pick(rng);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return 0;
-}
-
 // The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's
 // 100 KiB thread stacks no room) and counts collectives and tensor bytes by path.
 TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {

@@ -88,6 +88,15 @@ class Cluster {
   std::string rank_binary_;
 };
 
+// The body of an HTTP/1.0 GET of `path` on 127.0.0.1:`port` (with headers), "" on failure;
+// at most 5 s per read.
+std::string HttpGet(int port, const std::string& path);
+
+// A port nothing listens on now, for a server the test starts later. It is drawn below the
+// kernel's ephemeral range (ip_local_port_range), so the ports other processes get from
+// bind(0) and connect() in the meantime cannot take it. 0 if none was found.
+int UnusedPort();
+
 // Paths of the binaries under test (set by CMake).
 std::string CoordinatorBinary();
 std::string SidecarBinary();
