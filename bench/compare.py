@@ -73,6 +73,14 @@ def launch(cmd, nproc, build, extra=(), prefix=(), env=None, timeout=1200):
                             text=True, env=env)
 
 
+def credentials(build, directory):
+    """A job token for a coordinator this script starts, as collserve launch makes one for
+    its embedded coordinator: (the token, the coordinator's flags)."""
+    sys.path.insert(0, os.path.join(build, "python"))
+    from collserve.launch import embedded_credentials
+    return embedded_credentials(directory, "default")
+
+
 def finish(p, what, timeout=1200):
     out, err = p.communicate(timeout=timeout)
     if p.returncode != 0:
@@ -186,9 +194,10 @@ def rss(a, build):
         d = tempfile.mkdtemp(prefix="collserve-rss.")
         procs = []
         try:
+            token, flags = credentials(build, d)
             coord = subprocess.Popen([os.path.join(build, "server", "collserve-coordinator"),
                                       "--listen_address=127.0.0.1:0", "--metrics_address=", "--log_level=warning",
-                                      f"--port_file={d}/coord.port"], stderr=subprocess.DEVNULL)
+                                      f"--port_file={d}/coord.port", *flags], stderr=subprocess.DEVNULL)
             procs.append(coord)
             wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
             port = open(f"{d}/coord.port").read().strip()
@@ -200,7 +209,7 @@ def rss(a, build):
             wait_file(f"{d}/s.port", sidecar, "collserve-sidecar")
             idle = vm_hwm(sidecar.pid)
             out = finish(launch([*ours, "-b", "64M", "-e", "64M", "-n", str(a.n), "-w", str(a.w), "-o", "all_reduce",
-                                 "-m", memory], a.nproc, build,
+                                 "-m", memory], a.nproc, build, env=dict(os.environ, COLLSERVE_TOKEN=token),
                                 extra=["--coordinator", f"127.0.0.1:{port}", "--sidecar", f"unix:{d}/s.sock"]),
                          "collserve-perf")
             busbw = rows(out)[size][1]
@@ -263,13 +272,14 @@ def run_hosts(net, build, cmd, nproc, sidecar_flags=()):
     d = tempfile.mkdtemp(prefix="collserve-hosts.")
     coord = None
     try:
+        token, flags = credentials(build, d)
         coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
                                   os.path.join(build, "server", "collserve-coordinator"),
                                   f"--listen_address={net.ip(1)}:29400", f"--tcpstore_address={net.ip(1)}:29401",
-                                  "--metrics_address=", "--log_level=warning", f"--port_file={d}/coord.port"],
+                                  "--metrics_address=", "--log_level=warning", f"--port_file={d}/coord.port", *flags],
                                  stderr=subprocess.DEVNULL)
         wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0")
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", COLLSERVE_TOKEN=token)
         hosts = range(1, net.n + 1)
         procs = [launch(cmd, nproc, build, env=env, prefix=["ip", "netns", "exec", net.host(h)],
                         extra=["--nnodes", str(net.n), "--node_rank", str(h - 1), "--coordinator",

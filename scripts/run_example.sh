@@ -15,8 +15,12 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# The coordinator requires a job token (docs/security.md); the ranks present it.
+mkdir -m 700 "$work/job-tokens"
+token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+(umask 077 && echo "$token" > "$work/job-tokens/default")
 "$bin/collserve-coordinator" --listen_address=127.0.0.1:0 --port_file="$work/coord.port" \
-  --metrics_address= --log_level=warning &
+  --metrics_address= --log_level=warning --job_tokens_dir="$work/job-tokens" &
 pids+=($!)
 for _ in $(seq 100); do [ -s "$work/coord.port" ] && break; sleep 0.1; done
 port=$(cat "$work/coord.port")
@@ -36,7 +40,7 @@ ranks=()
 for rank in 0 1 2 3; do
   h=$([ $rank -lt 2 ] && echo a || echo b)
   RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$((rank % 2)) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    COLLSERVE_SIDECAR="unix:$work/$h.sock" COLLSERVE_INIT_TIMEOUT_S=60 COLLSERVE_OP_TIMEOUT_S=60 \
+    COLLSERVE_SIDECAR="unix:$work/$h.sock" COLLSERVE_INIT_TIMEOUT_S=60 COLLSERVE_OP_TIMEOUT_S=60 COLLSERVE_TOKEN="$token" \
     timeout 120 "$build/examples/allreduce_example" &
   ranks+=($!)
 done

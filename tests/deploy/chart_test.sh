@@ -7,13 +7,18 @@
 #   b. helm lint --strict with each helm/collserve/ci/*-values.yaml;
 #   c. helm template with each of them, every rendered document checked by validate.mjs
 #      (schemas plus the checks it documents), and the facts of each scenario (facts.mjs:
-#      TLS flags and mounts, probes, host namespaces, NetworkPolicy rules, Certificates)
-#      asserted;
+#      TLS flags and mounts, token Secrets mounted whole and read-only and their flags,
+#      probes, host namespaces, NetworkPolicy rules, Certificates) asserted; in every
+#      scenario no Secret is rendered, the coordinator gets no env and no token in its
+#      args, and the sidecars get no token;
 #   d. values.schema.json and the templates must reject bad values (coordinator.replicas=3,
 #      a port of 70000, unknown keys, a bad CIDR, cert-manager without an issuer, the host
-#      network under NetworkPolicy without node CIDRs): helm template must fail;
+#      network under NetworkPolicy without node CIDRs, no credential source (the chart's
+#      defaults), the admin token in the job tokens Secret, a bad token refresh interval
+#      or Secret key): helm template must fail, with the expected message;
 #   e. validate.mjs on deploy/k8s/ (and on testdata/invalid.yaml, which it must reject),
-#      and the facts of the plain manifests.
+#      and the facts of the plain manifests (the job tokens Secret; ranks' tokens from
+#      secretKeyRef).
 # Usage: chart_test.sh SOURCE_DIR CACHE_DIR   (the whole run is bounded to 180 s)
 # Needs node (>= 20) and npm; the npm registry only while CACHE_DIR is cold.
 set -uo pipefail
@@ -91,8 +96,10 @@ validate() { node "$cache/validate.mjs" "$@"; }
 # ---- b, c. lint and render with every ci/ values file
 ci_files=("$chart"/ci/*-values.yaml)
 [ -e "${ci_files[0]}" ] || die "no values files in $chart/ci"
+scenarios=()
 for values in "${ci_files[@]}"; do
   name=$(basename "$values" -values.yaml)
+  scenarios+=("$name")
   step "lint --strict, template, validate: ci/$(basename "$values")"
   if ! "$helm" lint --strict "$chart" -f "$values" >"$work/lint-$name.log" 2>&1; then
     cat "$work/lint-$name.log" >&2
@@ -207,6 +214,33 @@ fact certmanager "$CERT_C secretName collserve-coordinator-tls" "$CERT_C issuer 
   "$NPC ingress metrics/TCP from pods{app.kubernetes.io/name=prometheus} in ns{kubernetes.io/metadata.name=monitoring}"
 nofact certmanager "$SC arg --tls_cert=$T/tls.crt" "$SC arg --coordinator_tls_cert=$T/tls.crt" "$CC arg --tls_client_auth=true"
 
+# Credentials: the token Secrets mounted whole (no subPath, no items) and read-only, their
+# paths (never a token) in the flags; --allow_unauthenticated only where the values ask.
+readonly ADM=/etc/collserve/admin-token JOBS=/etc/collserve/job-tokens
+for name in "${scenarios[@]}"; do
+  grep -qx -- 'kind: Secret' "$work/rendered-$name.yaml" && fail "$name: the chart rendered a Secret (it must never create token Secrets)"
+  nofact_like "$name" "^$CC env "                       # no env at all: a token could only leak there
+  nofact_like "$name" "^$CC arg --[a-z_]*token="         # a token itself on the command line
+  nofact_like "$name" "^$DS volume (admin-token|job-tokens) |^$SC env COLLSERVE_TOKEN|^$SC arg --[a-z_]*token"
+  nofact_like "$name" "^$STS volume (admin-token|job-tokens) items "
+done
+fact default "$CC arg --job_tokens_dir=$JOBS" "$STS volume job-tokens secret=collserve-job-tokens" \
+  "$CC mount job-tokens $JOBS readOnly=true subPath=-"
+nofact_like default " arg --(admin_token_file|allow_unauthenticated|token_refresh_interval)=| volume admin-token "
+fact auth "$CC arg --admin_token_file=$ADM/admin-token" "$CC arg --job_tokens_dir=$JOBS" \
+  "$CC arg --token_refresh_interval=30s" \
+  "$STS volume admin-token secret=collserve-admin-token" "$CC mount admin-token $ADM readOnly=true subPath=-" \
+  "$STS volume job-tokens secret=collserve-job-tokens" "$CC mount job-tokens $JOBS readOnly=true subPath=-"
+nofact_like auth " arg --allow_unauthenticated"
+fact unauthenticated "$CC arg --allow_unauthenticated=true"
+nofact_like unauthenticated " arg --(admin_token_file|job_tokens_dir)=| volume (admin-token|job-tokens) | mount (admin-token|job-tokens) "
+fact tls "$CC arg --admin_token_file=$ADM/token" "$STS volume admin-token secret=collserve-admin-token" \
+  "$CC mount admin-token $ADM readOnly=true subPath=-"
+nofact_like tls " arg --(job_tokens_dir|allow_unauthenticated)=| volume job-tokens "
+for name in "${scenarios[@]}"; do
+  [ "$name" = unauthenticated ] || nofact_like "$name" " arg --allow_unauthenticated"
+done
+
 # NetworkPolicy off: none rendered.
 nofact_like networkpolicy-off '^NetworkPolicy/'
 
@@ -219,16 +253,21 @@ nofact hostnetwork "$NPS"
 has hostnetwork "dnsPolicy: ClusterFirstWithHostNet" || fail "hostnetwork: no dnsPolicy ClusterFirstWithHostNet"
 
 # ---- d. the schema rejects bad values
-expect_rejected() {  # expect_rejected WHAT PATTERN helm-args...
+render_fails() {  # render_fails WHAT PATTERN helm-args...
   local what=$1 pattern=$2
   shift 2
   local out
   if out=$("$helm" template "$RELEASE" "$chart" -n "$NAMESPACE" --kube-version "$KUBE_VERSION" "$@" 2>&1); then
-    fail "values.schema.json accepted $what"
+    fail "the chart accepted $what"
   elif ! grep -q -- "$pattern" <<<"$out"; then
     echo "$out" | tail -5 >&2
     fail "helm template rejected $what, but not with a message matching '$pattern'"
   fi
+}
+# On top of ci/default-values.yaml (which adds the credential source the defaults lack), so
+# that only the value under test is wrong.
+expect_rejected() {  # expect_rejected WHAT PATTERN helm-args...
+  render_fails "$1" "$2" -f "$chart/ci/default-values.yaml" "${@:3}"
 }
 step "schema rejects bad values"
 expect_rejected "coordinator.replicas=3" "coordinator.replicas" --set coordinator.replicas=3
@@ -245,6 +284,25 @@ expect_rejected "tls.certManager without issuerRef.name" "tls.certManager.issuer
   --set tls.certManager.enabled=true --set coordinator.tls.enabled=true
 expect_rejected "sidecar.hostNetwork under networkPolicy without nodeCIDRs" "needs networkPolicy.nodeCIDRs" \
   --set sidecar.hostNetwork=true
+# The coordinator refuses to start without a credential source, so the chart does not render.
+readonly NO_CREDENTIALS="coordinator.auth: no credentials configured"
+render_fails "the chart's default values (no credential source)" "$NO_CREDENTIALS"
+expect_rejected "coordinator.auth.jobTokensSecret=\"\" (no credential source)" "$NO_CREDENTIALS" \
+  --set coordinator.auth.jobTokensSecret=
+expect_rejected "coordinator.args.job_tokens_dir=null dropping the only credential source" "$NO_CREDENTIALS" \
+  --set coordinator.args.job_tokens_dir=null
+expect_rejected "coordinator.auth.allowUnauthenticated=false with no token Secret" "$NO_CREDENTIALS" \
+  --set coordinator.auth.jobTokensSecret= --set coordinator.auth.allowUnauthenticated=false
+expect_rejected "the admin token in the job tokens Secret" "must not be coordinator.auth.jobTokensSecret" \
+  --set coordinator.auth.adminTokenSecret=collserve-job-tokens
+expect_rejected "coordinator.auth.tokenRefreshInterval=10 (no unit)" "coordinator.auth.tokenRefreshInterval" \
+  --set-string coordinator.auth.tokenRefreshInterval=10
+expect_rejected "coordinator.auth.adminTokenKey=..data" "coordinator.auth.adminTokenKey" \
+  --set coordinator.auth.adminTokenSecret=collserve-admin-token --set coordinator.auth.adminTokenKey=..data
+expect_rejected "coordinator.auth.allowUnauthenticated=yes (a string)" "coordinator.auth.allowUnauthenticated" \
+  --set-string coordinator.auth.allowUnauthenticated=yes
+expect_rejected "a misspelled key (coordinator.auth.jobTokenSecret)" "jobTokenSecret" \
+  --set coordinator.auth.jobTokenSecret=collserve-job-tokens
 
 # ---- e. plain manifests, and the validator's own negative control
 step "validate deploy/k8s"
@@ -261,6 +319,18 @@ fact k8s "$DS hostNetwork=false" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$
 nofact_like k8s '^[A-Za-z]+/[^ ]+ host(Network|IPC)=true$'
 nofact_like k8s ' volume shm | mount [^ ]+ /dev/shm |hostPath=/dev/shm'
 fact k8s "Job/collserve-allreduce-example volume socket-dir hostPath=/tmp/collserve"
+# Credentials: the job tokens Secret mounted whole and read-only, the ranks' tokens from it
+# by secretKeyRef (their job's key only), no token for the sidecars or the coordinator's env.
+readonly EX=Job/collserve-allreduce-example IN=Job/collserve-allreduce-inpod
+fact k8s "$CC arg --job_tokens_dir=$JOBS" "$STS volume job-tokens secret=collserve-job-tokens" \
+  "$CC mount job-tokens $JOBS readOnly=true subPath=-" \
+  "$EX container trainer env COLLSERVE_JOB from value" \
+  "$EX container trainer env COLLSERVE_TOKEN from secretKeyRef=collserve-job-tokens/allreduce-example" \
+  "$IN container trainer env COLLSERVE_JOB from value" \
+  "$IN container trainer env COLLSERVE_TOKEN from secretKeyRef=collserve-job-tokens/allreduce-inpod"
+nofact_like k8s "^$CC env |^$CC arg --[a-z_]*token=| arg --allow_unauthenticated"
+nofact_like k8s "^($DS|$IN) container sidecar (env COLLSERVE_TOKEN|arg --[a-z_]*token)|^$DS volume (admin-token|job-tokens) "
+nofact_like k8s " volume (admin-token|job-tokens) items "
 step "validator rejects testdata/invalid.yaml"
 if validate "$here/testdata/invalid.yaml" >"$work/validate-invalid.log" 2>&1; then
   fail "validate.mjs accepted testdata/invalid.yaml"
@@ -272,7 +342,9 @@ for expected in "spec/replicas must be integer" "unknown apiVersion/kind apps/v1
     "mounts a secret volume with subPath" '"--tls_key=/etc/tls/tls.key" is not in any volumeMount' \
     "readinessProbe is a gRPC probe but the container serves TLS" \
     'podSelector {"app.kubernetes.io/component":"nothing"} matches no pod template' \
-    'port "gloo" is not a container port name' "spec must have required property secretName"; do
+    'port "gloo" is not a container port name' "spec must have required property secretName" \
+    '"--admin_token_file=/etc/collserve/admin-token/token" is not in any volumeMount' \
+    '"--admin_token=..." passes a token on the command line' "env COLLSERVE_TOKEN is not from a Secret"; do
   grep -qF -- "$expected" "$work/validate-invalid.log" || fail "validate.mjs did not report: $expected"
 done
 

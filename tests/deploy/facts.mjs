@@ -6,8 +6,13 @@
 //   <Kind>/<name>                                       every object
 //   <Kind>/<name> hostNetwork=<bool> | hostIPC=<bool>   workloads (false when unset)
 //   <Kind>/<name> volume <name> <type>[=<what>]         secret=<secretName>, hostPath=<path>, ...
+//   <Kind>/<name> volume <name> items <key,...>         a secret/configMap volume with items
+//                                                       (only those keys, not the whole object)
 //   <Kind>/<name> container <c> arg <arg>               each argument
 //   <Kind>/<name> container <c> env <NAME>              each environment variable
+//   <Kind>/<name> container <c> env <NAME> from <src>   where it comes from: value (a literal,
+//       never printed), secretKeyRef=<secret>/<key>, configMapKeyRef=<map>/<key>,
+//       fieldRef=<path>, resourceFieldRef=<resource>
 //   <Kind>/<name> container <c> mount <volume> <path> readOnly=<bool> subPath=<subPath|->
 //   <Kind>/<name> container <c> probe <probe> <handler> grpc, tcpSocket, httpGet or exec
 //   NetworkPolicy/<name> policyTypes <types,...>
@@ -48,11 +53,25 @@ for (const file of process.argv.slice(2)) {
         const type = Object.keys(v).find((k) => k !== "name");
         const what = v.secret?.secretName ?? v.hostPath?.path ?? v.configMap?.name ?? v.persistentVolumeClaim?.claimName;
         out.push(`${id} volume ${v.name} ${type}${what !== undefined ? `=${what}` : ""}`);
+        const items = v.secret?.items ?? v.configMap?.items;
+        if (items) out.push(`${id} volume ${v.name} items ${items.map((i) => i.key).join(",")}`);
       }
       for (const c of [...(spec.initContainers ?? []), ...spec.containers]) {
         const cid = `${id} container ${c.name}`;
         for (const a of [...(c.command ?? []), ...(c.args ?? [])]) out.push(`${cid} arg ${a}`);
-        for (const e of c.env ?? []) out.push(`${cid} env ${e.name}`);
+        for (const e of c.env ?? []) {
+          const f = e.valueFrom ?? {};
+          const from = f.secretKeyRef
+            ? `secretKeyRef=${f.secretKeyRef.name}/${f.secretKeyRef.key}`
+            : f.configMapKeyRef
+              ? `configMapKeyRef=${f.configMapKeyRef.name}/${f.configMapKeyRef.key}`
+              : f.fieldRef
+                ? `fieldRef=${f.fieldRef.fieldPath}`
+                : f.resourceFieldRef
+                  ? `resourceFieldRef=${f.resourceFieldRef.resource}`
+                  : "value";
+          out.push(`${cid} env ${e.name}`, `${cid} env ${e.name} from ${from}`);
+        }
         for (const m of c.volumeMounts ?? []) {
           out.push(`${cid} mount ${m.name} ${m.mountPath} readOnly=${m.readOnly === true} subPath=${m.subPath ?? "-"}`);
         }

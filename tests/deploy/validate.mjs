@@ -70,8 +70,15 @@ const validPort = (p) => Number.isInteger(p) && p >= 1 && p <= 65535;
 // Volume kinds whose content the kubelet updates in place (a renewed certificate, an edited
 // ConfigMap); a subPath mount of them is a copy that never sees an update.
 const UPDATED_VOLUME_KINDS = ["secret", "configMap", "projected", "downwardAPI"];
-// Flags whose value is a file the daemon reads (TLS material): it must lie in a mounted volume.
-const FILE_FLAG = /^--([a-z_]*tls_(cert|key|ca))=(\/.*)$/;
+// Flags whose value is a file or directory the daemon reads (TLS material, the
+// coordinator's token files): it must lie in a mounted volume.
+const FILE_FLAG = /^--([a-z_]*tls_(?:cert|key|ca)|admin_token_file|job_tokens_dir)=(\/.*)$/;
+// A flag that would carry a token itself (--token=..., --admin_token=...): anyone who can
+// read the pod spec or the node's process list would have it.
+const TOKEN_FLAG = /^--[a-z_]*token=/;
+// Environment variables that hold a credential: they must come from a Secret
+// (valueFrom.secretKeyRef), never a literal value in the manifest.
+const CREDENTIAL_ENV = new Set(["COLLSERVE_TOKEN"]);
 
 // Checks one container; `where` names it in messages. `volumes` maps volume names to
 // their definitions.
@@ -105,15 +112,22 @@ function checkContainer(where, c, { longRunning, volumes }) {
     if (!volumeNames.has(m.name)) fail(where, `volumeMount "${m.name}" has no volume of that name`);
     const kind = UPDATED_VOLUME_KINDS.find((k) => volumes.get(m.name)?.[k]);
     if (kind && m.subPath) {
-      fail(where, `volumeMount "${m.name}" mounts a ${kind} volume with subPath: it never sees an update (a rotated certificate)`);
+      fail(where, `volumeMount "${m.name}" mounts a ${kind} volume with subPath: it never sees an update (a rotated certificate or token)`);
     }
   }
-  // TLS files must be in a mounted volume, and a kubelet gRPC probe cannot reach a TLS port.
+  // TLS and token files must be in a mounted volume, tokens never in the manifest, and a
+  // kubelet gRPC probe cannot reach a TLS port.
   const args = [...(c.command ?? []), ...(c.args ?? [])].map(String);
   const mountPaths = (c.volumeMounts ?? []).map((m) => m.mountPath.replace(/\/+$/, ""));
   for (const arg of args) {
     const m = FILE_FLAG.exec(arg);
-    if (m && !mountPaths.some((p) => m[3] === p || m[3].startsWith(`${p}/`))) fail(where, `"${arg}" is not in any volumeMount`);
+    if (m && !mountPaths.some((p) => m[2] === p || m[2].startsWith(`${p}/`))) fail(where, `"${arg}" is not in any volumeMount`);
+    if (TOKEN_FLAG.test(arg)) fail(where, `"${arg.replace(/=.*/, "=...")}" passes a token on the command line: mount it from a Secret and pass the file`);
+  }
+  for (const e of c.env ?? []) {
+    if (CREDENTIAL_ENV.has(e.name) && !e.valueFrom?.secretKeyRef) {
+      fail(where, `env ${e.name} is not from a Secret: use valueFrom.secretKeyRef (or mount the Secret and set ${e.name}_FILE)`);
+    }
   }
   const tls = args.some((a) => /^--tls_cert=./.test(a));
   const probes = ["startupProbe", "readinessProbe", "livenessProbe"];

@@ -219,3 +219,43 @@ Usage: include "collserve.networkPeer" .Values.networkPolicy.trainingPods
   podSelector: {}
 {{- end }}
 {{- end }}
+
+{{/*
+Where the coordinator's token Secrets are mounted (read-only, each Secret whole as a
+directory, so a rotated token reaches the pod): the admin token's Secret (the file
+<dir>/<coordinator.auth.adminTokenKey> is --admin_token_file) and the job tokens' Secret
+(the directory is --job_tokens_dir: one file per job, named after it).
+*/}}
+{{- define "collserve.adminTokenDir" -}}
+/etc/collserve/admin-token
+{{- end }}
+{{- define "collserve.jobTokensDir" -}}
+/etc/collserve/job-tokens
+{{- end }}
+
+{{/*
+Fails the render when the coordinator's final flags (coordinator.auth plus coordinator.args)
+give it no credential source: collserve-coordinator refuses to start that way ("no
+credentials configured"), and the chart cannot make a token Secret safely itself.
+Usage: include "collserve.requireCredentials" $flags
+*/}}
+{{- define "collserve.requireCredentials" -}}
+{{- $ok := false }}
+{{- range $flag := list "admin_token_file" "job_tokens_dir" }}
+{{- $value := index $ $flag }}
+{{- if not (kindIs "invalid" $value) }}
+{{- if ne (toString $value) "" }}
+{{- $ok = true }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $allow := index $ "allow_unauthenticated" }}
+{{- if not (kindIs "invalid" $allow) }}
+{{- if eq (toString $allow) "true" }}
+{{- $ok = true }}
+{{- end }}
+{{- end }}
+{{- if not $ok }}
+{{- fail "coordinator.auth: no credentials configured (collserve-coordinator refuses to start without them): set coordinator.auth.jobTokensSecret and/or coordinator.auth.adminTokenSecret to an existing Secret (e.g. kubectl create secret generic collserve-job-tokens --from-literal=<job>=$(openssl rand -hex 32)), or coordinator.auth.allowUnauthenticated=true on a trusted network only; the chart creates no token Secret" }}
+{{- end }}
+{{- end }}
