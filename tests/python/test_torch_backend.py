@@ -112,7 +112,8 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host():
     flags, tokens = credentials(d)
     coordinator = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
                                     "--listen_address=127.0.0.1:0", f"--port_file={d}/port", "--metrics_address=",
-                                    "--log_level=warning", *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    "--log_level=warning", *flags],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         port = _wait_port(f"{d}/port", coordinator)
         results = run_ranks(4, ["hosts", "collserve", "env"], env=lambda rank: {
