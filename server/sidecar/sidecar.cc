@@ -104,6 +104,34 @@ class SessionHandle : public engine::Session {
     reactor_ = r;
   }
 
+  // What the session is attached to, once its (asynchronous) attach succeeded.
+  struct Attachment {
+    std::shared_ptr<engine::Group> group;
+    int rank = -1;
+    std::string fd_token;  // the shared-memory channel token, if granted
+  };
+  // Records the attach's outcome. False when the session already ended: the caller then
+  // undoes the attach itself (the group and the token would otherwise outlive the session).
+  bool SetAttached(Attachment a) {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return false;
+    attachment_ = std::move(a);
+    return true;
+  }
+  // The attachment, if any (group null before the attach succeeded).
+  Attachment Attached() {
+    absl::MutexLock lock(&mu_);
+    return attachment_;
+  }
+  // The session ended (the client closed its side, or the stream is done): returns the
+  // attachment to clean up, once; afterwards SetAttached refuses.
+  std::optional<Attachment> End() {
+    absl::MutexLock lock(&mu_);
+    if (ended_) return std::nullopt;
+    ended_ = true;
+    return std::move(attachment_);
+  }
+
  private:
   void SendAttachedLocked(const engine::AttachedInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -113,6 +141,8 @@ class SessionHandle : public engine::Session {
   std::optional<engine::AttachedInfo> pending_attached_ ABSL_GUARDED_BY(mu_);
   std::string fd_socket_ ABSL_GUARDED_BY(mu_);
   std::string token_ ABSL_GUARDED_BY(mu_);
+  Attachment attachment_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse> {
@@ -126,8 +156,6 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   }
 
   void OnReadDone(bool ok) override;
-  // The coordinator answered whether the session's credential grants its job.
-  void OnAuthenticated(const absl::Status& status);
   void OnWriteDone(bool ok) override {
     const pb::SessionResponse* next = nullptr;
     bool finish = false;
@@ -151,6 +179,9 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
     if (finish) Finish(status);
   }
   void OnDone() override;
+  // The session is over (client hung up, stream done, protocol error): leaves its group and
+  // forgets its shared-memory token, once.
+  void EndSession();
 
   // Queues a message (called through the handle, under its lock: the reactor is alive).
   void Enqueue(pb::SessionResponse response) {
@@ -181,14 +212,11 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
  private:
   SidecarImpl* sidecar_;
   const std::string peer_;  // gRPC's peer string: "unix:..." on the unix socket
-  std::shared_ptr<SessionHandle> handle_;
-  std::string token_;  // the shared-memory channel token, if granted
+  std::shared_ptr<SessionHandle> handle_;  // outlives the reactor; holds the attachment
   // The client's job token ("Bearer <token>" metadata), or the error of a malformed value.
   absl::StatusOr<std::string> credential_;
   pb::SessionRequest request_;
-  std::shared_ptr<engine::Group> group_;  // set once attached
-  int rank_ = -1;
-  bool read_done_ = false;
+  bool attach_started_ = false;  // reactions only (they never run concurrently)
 
   absl::Mutex mu_;
   std::deque<pb::SessionResponse> writing_ ABSL_GUARDED_BY(mu_);  // front = in flight
@@ -418,36 +446,67 @@ class SidecarImpl : public Sidecar {
       server_->Wait();
       server_.reset();
     }
+    {
+      // Attaches whose credential check is still in flight (no new ones start: the server
+      // is down) use the engine, the descriptor channel and the coordinator link: let them
+      // finish (each is bounded by kAuthenticateTimeout; the engine refuses them now).
+      absl::MutexLock lock(&attach_mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_) { return attaching_ == 0; };
+      attach_mu_.AwaitWithTimeout(absl::Condition(&done), kAuthenticateTimeout + absl::Seconds(1));
+    }
     listeners_.clear();
     fd_channel_.reset();  // after the sessions (they forget their tokens when they end)
     engine_.reset();
     exposer_.reset();
   }
 
-  // Handles the first message of a session from `peer`. Returns the group on success;
-  // `*token` is the session's shared-memory channel token when shared memory was granted
-  // (asked for, on the unix socket), else empty.
-  absl::StatusOr<std::shared_ptr<engine::Group>> Attach(const pb::Attach& attach, const std::string& credential,
-                                                        const std::string& peer, std::shared_ptr<SessionHandle> session,
-                                                        std::string* token) {
+  // Handles the first message of a session from `peer`, asynchronously: asks the
+  // coordinator whether `credential` grants the session's job (the sidecar serves no
+  // session its coordinator does not accept), then attaches it to its group and records
+  // the attachment in `session`. Any failure closes the session with the reason. The
+  // reactor may be gone by then (the client hung up): `session` outlives it.
+  void AttachSession(const pb::Attach& attach, const std::string& credential, const std::string& peer,
+                     std::shared_ptr<SessionHandle> session) {
+    {
+      absl::MutexLock lock(&attach_mu_);
+      ++attaching_;
+    }
+    coordinator_->Authenticate(
+        attach.job(), credential, kAuthenticateTimeout, [this, attach, credential, peer, session](absl::Status s) {
+          if (!s.ok()) {
+            session->Close(absl::Status(
+                s.code(), absl::StrCat("the sidecar serves a session only with a credential its coordinator accepts "
+                                       "for the job: ",
+                                       s.message())));
+          } else {
+            Attach(attach, credential, peer, session);
+          }
+          absl::MutexLock lock(&attach_mu_);
+          --attaching_;
+        });
+  }
+  // The attach itself, once the credential was accepted.
+  void Attach(const pb::Attach& attach, const std::string& credential, const std::string& peer,
+              std::shared_ptr<SessionHandle> session) {
     engine::AttachRequest request = FromProto(attach);
     request.credential = credential;
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
-    if (request.shared_memory) *token = fd_channel_->NewToken();
+    std::string token;
+    if (request.shared_memory) token = fd_channel_->NewToken();
     auto group = engine_->Attach(request, session);
     if (!group.ok()) {
-      if (!token->empty()) fd_channel_->Forget(*token);
-      token->clear();
-      return group.status();
+      if (!token.empty()) fd_channel_->Forget(token);
+      session->Close(group.status());
+      return;
     }
-    if (!token->empty()) fd_channel_->Bind(*token, *group, attach.rank());
-    session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", *token);
-    return group;
-  }
-  // Asks the coordinator whether `credential` grants `job` before a session is served
-  // (GrpcCoordinatorLink::Authenticate); `done` runs once, on any thread.
-  void Authenticate(const std::string& job, const std::string& credential, std::function<void(absl::Status)> done) {
-    coordinator_->Authenticate(job, credential, kAuthenticateTimeout, std::move(done));
+    if (!token.empty()) fd_channel_->Bind(token, *group, attach.rank());
+    if (!session->SetAttached({*group, attach.rank(), token})) {
+      // The client hung up while this attach ran.
+      (*group)->OnSessionClosed(attach.rank());
+      SessionEnded(token);
+      return;
+    }
+    session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", token);
   }
   void SessionEnded(const std::string& token) {
     if (!token.empty() && fd_channel_ != nullptr) fd_channel_->Forget(token);
@@ -472,63 +531,61 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<FdChannelServer> fd_channel_;  // with a unix socket
   std::vector<std::unique_ptr<GrpcListener>> listeners_;  // unix socket, TCP: hand connections to server_
   int port_ = 0;
+  absl::Mutex attach_mu_;
+  int attaching_ ABSL_GUARDED_BY(attach_mu_) = 0;  // AttachSession calls in flight
 
   friend class SessionReactor;
 };
 
 void SessionReactor::OnReadDone(bool ok) {
   if (!ok) {
-    read_done_ = true;
-    if (group_ != nullptr) group_->OnSessionClosed(rank_);
+    EndSession();
     RequestFinish(absl::OkStatus());
     return;
   }
-  if (group_ == nullptr) {
+  if (!attach_started_) {
     if (!request_.has_attach()) {
       RequestFinish(absl::FailedPreconditionError("the first message of a session must be attach"));
       return;
     }
     if (!credential_.ok()) {
-      OnAuthenticated(credential_.status());
+      RequestFinish(absl::Status(credential_.status().code(),
+                                 absl::StrCat("the sidecar serves a session only with a credential its coordinator "
+                                              "accepts for the job: ",
+                                              credential_.status().message())));
       return;
     }
-    // Served only once the coordinator accepts the session's credential for its job; the
-    // next read starts after that (OnAuthenticated).
-    sidecar_->Authenticate(request_.attach().job(), *credential_,
-                           [this](absl::Status s) { OnAuthenticated(s); });
-    return;
+    // Attached asynchronously (the coordinator checks the credential first); the reads go
+    // on meanwhile, so that a client that hangs up is noticed (the client sends nothing
+    // else before its Attached answer).
+    attach_started_ = true;
+    sidecar_->AttachSession(request_.attach(), *credential_, peer_, handle_);
   } else if (request_.has_collective()) {
-    group_->Submit(rank_, FromProto(std::move(*request_.mutable_collective())));
+    SessionHandle::Attachment a = handle_->Attached();
+    if (a.group == nullptr) {
+      RequestFinish(absl::FailedPreconditionError("collective sent before the session was attached"));
+      return;
+    }
+    a.group->Submit(a.rank, FromProto(std::move(*request_.mutable_collective())));
   } else {
     RequestFinish(absl::FailedPreconditionError("attach sent twice on one session"));
-    group_->OnSessionClosed(rank_);
+    EndSession();
     return;
   }
   request_.Clear();
   StartRead(&request_);
 }
 
-void SessionReactor::OnAuthenticated(const absl::Status& status) {
-  if (!status.ok()) {
-    RequestFinish(absl::Status(status.code(), absl::StrCat("the sidecar serves a session only with a credential its "
-                                                           "coordinator accepts for the job: ", status.message())));
-    return;
-  }
-  auto group = sidecar_->Attach(request_.attach(), *credential_, peer_, handle_, &token_);
-  if (!group.ok()) {
-    RequestFinish(group.status());
-    return;
-  }
-  group_ = std::move(*group);
-  rank_ = request_.attach().rank();
-  request_.Clear();
-  StartRead(&request_);
+void SessionReactor::EndSession() {
+  std::optional<SessionHandle::Attachment> a = handle_->End();
+  if (!a.has_value()) return;
+  if (a->group != nullptr) a->group->OnSessionClosed(a->rank);
+  sidecar_->SessionEnded(a->fd_token);
 }
 
 void SessionReactor::OnDone() {
+  EndSession();
   handle_->Detach();
-  sidecar_->SessionEnded(token_);
-  if (group_ != nullptr && !read_done_) group_->OnSessionClosed(rank_);
   delete this;
 }
 

@@ -373,9 +373,14 @@ class Session {
     a->set_op_timeout_ms(20000);
     written_ = stream_->Write(req);
   }
-  // Sends one collective of `op` (a small inline float tensor) and returns the first
-  // answer, or the stream's final status when it ends first.
+  // Waits for the attach's answer as the SDK does, then sends one collective of `op` (a
+  // small inline float tensor) and returns its answer; or the stream's final status when
+  // it ends first (a refused attach ends it).
   grpc::Status Call(pb::CollectiveOp op, pb::SessionResponse* answer) {
+    if (!written_ || !stream_->Read(answer)) {
+      stream_->WritesDone();
+      return stream_->Finish();
+    }
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
     c->set_seq(0);
@@ -384,7 +389,7 @@ class Session {
     c->set_reduce_op(pb::SUM);
     c->set_count(1);
     c->mutable_buffer()->set_inline_data(std::string(4, '\0'));
-    if (written_) stream_->Write(req);
+    stream_->Write(req);
     stream_->WritesDone();
     if (stream_->Read(answer)) return grpc::Status::OK;
     return stream_->Finish();
