@@ -2,16 +2,19 @@
 
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/pem.h"
 
 namespace collserve::client {
@@ -65,6 +68,39 @@ absl::StatusOr<std::string> JobTokenFromEnv() {
         absl::StrCat("COLLSERVE_TOKEN_FILE: ", path, " must hold a token of 1 to ", kMaxTokenBytes, " bytes"));
   }
   return token;
+}
+
+std::string CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                        absl::Duration timeout) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  std::string request;  // HealthCheckRequest{service}: field 1, length-delimited
+  if (!service.empty() && service.size() < 128) {
+    request = absl::StrCat(std::string(1, '\x0a'), std::string(1, static_cast<char>(service.size())), service);
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  grpc::CompletionQueue cq;
+  grpc::Status status;
+  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", req, &cq);
+  call->StartCall();
+  call->Finish(&resp, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!status.ok()) return absl::StrCat("error ", status.error_code(), ": ", status.error_message());
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (resp.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  if (bytes == std::string("\x08\x01", 2)) return "SERVING";  // HealthCheckResponse{status}
+  if (bytes == std::string("\x08\x02", 2)) return "NOT_SERVING";
+  return "UNKNOWN";
 }
 
 void AddJobToken(grpc::ClientContext& ctx, const std::string& token) {

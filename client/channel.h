@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "collserve/client.h"
 
 namespace collserve::client {
@@ -25,6 +26,13 @@ namespace collserve::client {
 // without a CA). Thread-safe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,
                                                              grpc::ChannelArguments args);
+
+// grpc.health.v1.Health/Check of `service` ("" = the server as a whole) on `channel`,
+// within `timeout`, with no generated stubs (the request and answer are one-field
+// messages): "SERVING", "NOT_SERVING", "UNKNOWN" (another answer), or the RPC's error as
+// "error <code>: <message>". Blocks; thread-safe.
+std::string CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
+                        absl::Duration timeout);
 
 // Adds `token` to the call as "authorization: Bearer <token>" metadata (RFC 6750 §2.1, as
 // the coordinator's credentials expect); nothing when `token` is empty.

@@ -3,11 +3,24 @@
 #ifndef COLLSERVE_COMMON_TYPES_H_
 #define COLLSERVE_COMMON_TYPES_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "collserve/types.h"
 
 namespace collserve {
+
+// torch-style name of a collserve.v1.CollectiveOp value ("all_reduce", "reduce_scatter",
+// ...); "op#<n>" for an unknown one. Shared by the engine's errors and the coordinator's
+// ledger.
+inline std::string CollectiveOpName(int op) {
+  static constexpr const char* kNames[] = {nullptr,          "all_reduce", "broadcast",         "barrier", "reduce",
+                                           "all_gather",     "gather",     "scatter",           "reduce_scatter",
+                                           "all_to_all",     "monitored_barrier", "send",       "recv"};
+  if (op > 0 && op < static_cast<int>(sizeof(kNames) / sizeof(kNames[0]))) return kNames[op];
+  return absl::StrCat("op#", op);
+}
 
 // OK if `op` is defined for `dtype`; INVALID_ARGUMENT otherwise: bitwise ops on
 // floating-point dtypes, PREMUL_SUM on non-floating dtypes, AVG on bool, unknown values.

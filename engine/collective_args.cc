@@ -61,24 +61,7 @@ std::string Vec(const std::vector<int64_t>& v) { return absl::StrCat("[", absl::
 
 }  // namespace
 
-std::string OpName(int op) {
-  switch (static_cast<CollectiveOp>(op)) {
-    case CollectiveOp::kAllReduce: return "all_reduce";
-    case CollectiveOp::kBroadcast: return "broadcast";
-    case CollectiveOp::kBarrier: return "barrier";
-    case CollectiveOp::kReduce: return "reduce";
-    case CollectiveOp::kAllGather: return "all_gather";
-    case CollectiveOp::kGather: return "gather";
-    case CollectiveOp::kScatter: return "scatter";
-    case CollectiveOp::kReduceScatter: return "reduce_scatter";
-    case CollectiveOp::kAllToAll: return "all_to_all";
-    case CollectiveOp::kMonitoredBarrier: return "monitored_barrier";
-    case CollectiveOp::kSend: return "send";
-    case CollectiveOp::kRecv: return "recv";
-    case CollectiveOp::kUnspecified: break;
-  }
-  return absl::StrCat("op#", op);
-}
+std::string OpName(int op) { return CollectiveOpName(op); }
 
 bool IsInPlace(CollectiveOp op) { return op == CollectiveOp::kAllReduce || op == CollectiveOp::kBroadcast || op == CollectiveOp::kReduce; }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/shm.h"
@@ -27,6 +29,32 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
   if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   pool_ = std::make_unique<backends::ThreadPool>(threads);
   janitor_ = std::thread([this] { JanitorMain(); });
+  if (options_.progress_interval > absl::ZeroDuration()) reporter_ = std::thread([this] { ReporterMain(); });
+}
+
+void Engine::ReporterMain() {
+  // (job, group, generation) -> the version last published.
+  std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> published;
+  while (!stop_reporter_.WaitForNotificationWithTimeout(options_.progress_interval)) {
+    std::vector<std::shared_ptr<Group>> groups;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [key, g] : groups_) groups.push_back(g);
+    }
+    std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> now;
+    for (const auto& g : groups) {
+      std::string credential;
+      uint64_t version = 0;
+      GroupProgress progress = g->Progress(&credential, &version);
+      if (progress.generation == 0) continue;  // still forming: the registry has no group yet
+      auto key = std::make_tuple(progress.job, progress.group, progress.generation);
+      now[key] = version;
+      auto it = published.find(key);
+      if (it != published.end() && it->second == version) continue;
+      coordinator_->ReportProgress(progress, credential);
+    }
+    published.swap(now);
+  }
 }
 
 Engine::~Engine() { Shutdown(); }
@@ -132,6 +160,8 @@ void Engine::JanitorMain() {
 }
 
 void Engine::Shutdown() {
+  if (!stop_reporter_.HasBeenNotified()) stop_reporter_.Notify();
+  if (reporter_.joinable()) reporter_.join();
   std::vector<std::shared_ptr<Group>> groups;
   {
     absl::MutexLock lock(&mu_);

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "backends/local_ops.h"
 #include "backends/registry.h"
 #include "engine/group.h"
@@ -45,6 +46,10 @@ struct EngineOptions {
   // FAILED_PRECONDITION naming device_unavailable.
   backends::DeviceRuntime* device = nullptr;
   std::string device_unavailable = "the sidecar has no CUDA runtime";
+  // How often each group's ledger (Group::Progress) is published to the coordinator
+  // (CoordinatorLink::ReportProgress), when it changed; <= 0 = never. Default 1 s: a rank
+  // that never calls is in the coordinator's diagnosis within about a second of the others.
+  absl::Duration progress_interval = absl::Seconds(1);
 };
 
 // Thread-safe.
@@ -80,6 +85,8 @@ class Engine {
   void Remove(const std::string& job, const std::string& group);
   // Destroys removed groups (joining their executors) off the callers' threads.
   void JanitorMain();
+  // Publishes the groups' ledgers every options_.progress_interval until Shutdown.
+  void ReporterMain();
 
   const EngineOptions options_;
   CoordinatorLink* const coordinator_;
@@ -94,6 +101,8 @@ class Engine {
   std::mutex janitor_mu_;
   std::condition_variable janitor_cv_;
   std::thread janitor_;
+  absl::Notification stop_reporter_;
+  std::thread reporter_;
 };
 
 }  // namespace collserve::engine

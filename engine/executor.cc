@@ -96,20 +96,24 @@ void Group::ExecutorMain() {
       }
       if (stop_ || state_ == State::kFailed) break;
       if (!ready()) {
-        std::vector<int> missing;
+        std::vector<int> missing, called;
         bool monitored = true;
+        const Submission* first = nullptr;
         for (const auto& [rank, local] : locals_) {
           if (local.queue.empty()) {
             missing.push_back(rank);
-          } else if (local.queue.front().args.op != CollectiveOp::kMonitoredBarrier) {
-            monitored = false;
+            continue;
           }
+          called.push_back(rank);
+          if (first == nullptr || local.queue.front().submitted < first->submitted) first = &local.queue.front();
+          if (local.queue.front().args.op != CollectiveOp::kMonitoredBarrier) monitored = false;
         }
         if (!monitored) {
-          FailLocked(absl::DeadlineExceededError(absl::StrCat("collective #", seq, " of group \"", params_.name,
-                                                              "\" timed out on host ", env_.host_id,
-                                                              ": local ranks [", absl::StrJoin(missing, ", "),
-                                                              "] did not call it")));
+          FailLocked(absl::DeadlineExceededError(absl::StrCat(
+              OpName(first->args.op), " #", seq, " of group \"", params_.name, "\" timed out on host ", env_.host_id,
+              " after ", absl::FormatDuration(first->deadline - first->submitted), ": local ranks [",
+              absl::StrJoin(missing, ", "), "] did not call it (local ranks [", absl::StrJoin(called, ", "),
+              "] did)")));
           break;
         }
         // A monitored_barrier goes on without them, so that every host learns who is missing.
@@ -273,6 +277,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   auto fail_all = [&](const absl::Status& s) {
     absl::MutexLock lock(&mu_);
     for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
+    RecordCompletedLocked(seq, subs, s.code());
     FailLocked(s);
   };
 
@@ -316,6 +321,12 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
           "monitored_barrier #", seq, " of group \"", params_.name, "\": ranks [", absl::StrJoin(remote_ranks, ", "),
           "] on other hosts did not report within ", absl::FormatDuration(timeout),
           " (a whole host's ranks missing, or a host down): ", s.message()));
+    } else {
+      // The exchange broke (a timeout, or a host that gave up on the collective): what the
+      // coordinator's ledger says about it names who is missing, and where.
+      s = absl::Status(s.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
+                                              "\": the argument exchange between hosts failed: ", s.message(),
+                                              DiagnosisSuffix()));
     }
     fail_all(s);
     return;
@@ -354,6 +365,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
       if (!sub.error.ok()) absl::StrAppend(&msg, "; this rank's request: ", sub.error.message());
       Complete(sub, absl::InvalidArgumentError(msg), env_.observer);
     }
+    RecordCompletedLocked(seq, subs, absl::StatusCode::kInvalidArgument);
     return;  // nothing moved: the group stays usable
   }
 
@@ -376,7 +388,20 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     sub.algorithm = algorithm;
     Complete(sub, status, env_.observer);
   }
+  RecordCompletedLocked(seq, subs, status.code());
   if (!status.ok()) FailLocked(status);
+}
+
+std::string Group::DiagnosisSuffix() {
+  std::string credential;
+  {
+    absl::MutexLock lock(&mu_);
+    credential = credential_;
+  }
+  absl::StatusOr<std::string> diagnosis =
+      env_.coordinator->Diagnose(params_.job, params_.name, credential, kDiagnosisTimeout);
+  if (!diagnosis.ok() || diagnosis->empty()) return "";
+  return absl::StrCat("; the coordinator's ledger: ", *diagnosis);
 }
 
 }  // namespace collserve::engine

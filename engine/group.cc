@@ -189,8 +189,74 @@ void Group::Submit(int rank, Request request) {
     p2p_->Submit(std::move(sub));
     return;
   }
+  local.last_issued = sub.args;
+  local.last_issued.buffer = BufferRef();  // the ledger needs the arguments, not the bytes
+  local.last_issued.output = BufferRef();
+  local.issued_at = sub.submitted;
+  ++local.collectives;
+  ++progress_version_;
   local.queue.push_back(std::move(sub));
   ++submissions_;
+}
+
+void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, absl::StatusCode code) {
+  const absl::Time now = absl::Now();
+  for (const auto& [rank, sub] : subs) {
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) continue;
+    it->second.completed_seq = seq;
+    it->second.completed_at = now;
+    it->second.completed_code = code;
+  }
+  ++progress_version_;
+}
+
+GroupProgress Group::Progress(std::string* credential, uint64_t* version) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  GroupProgress p;
+  p.job = params_.job;
+  p.group = params_.name;
+  p.world_size = params_.world_size;
+  p.host_id = env_.host_id;
+  if (formed_) p.generation = topology_.generation;
+  switch (state_) {
+    case State::kJoining:
+      p.state = "joining";
+      break;
+    case State::kConnecting:
+      p.state = "connecting";
+      break;
+    case State::kReady:
+      p.state = "ready";
+      break;
+    case State::kFailed:
+      p.state = "failed";
+      p.failure = std::string(failure_.message());
+      break;
+  }
+  for (const auto& [rank, local] : locals_) {
+    RankProgress r;
+    r.rank = rank;
+    r.issued_seq = local.collectives - 1;
+    if (local.collectives > 0) {
+      r.op = local.last_issued.op;
+      r.dtype = local.last_issued.dtype;
+      r.count = local.last_issued.count;
+      r.root = local.last_issued.root;
+      r.reduce_op = local.last_issued.reduce_op;
+      r.issued_age = now - local.issued_at;
+    }
+    r.completed_seq = local.completed_seq;
+    if (local.completed_seq >= 0) {
+      r.completed_age = now - local.completed_at;
+      if (local.completed_code != absl::StatusCode::kOk) r.completed_status = absl::StatusCodeToString(local.completed_code);
+    }
+    p.ranks.push_back(std::move(r));
+  }
+  *credential = credential_;
+  *version = progress_version_ + (static_cast<uint64_t>(state_) << 56);
+  return p;
 }
 
 absl::Status Group::AddSegment(int rank, std::shared_ptr<ShmSegment> segment) {

@@ -97,6 +97,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // The rank's session ended (client closed it or died).
   void OnSessionClosed(int rank);
 
+  // The group's ledger on this host now (GroupProgress), and the credential to publish it
+  // with. `version` counts its changes (a submission or completion of a local rank's
+  // collective, a state change), so a reporter can skip unchanged groups.
+  GroupProgress Progress(std::string* credential, uint64_t* version);
+
   // Shutdown: fails everything with UNAVAILABLE and closes every session.
   void Stop();
 
@@ -113,6 +118,14 @@ class Group : public std::enable_shared_from_this<Group> {
     // each; the runtime shares one mapping per handle between ranks and groups).
     std::map<std::string, std::shared_ptr<backends::DeviceMapping>> device_memory;
     std::map<std::string, std::shared_ptr<backends::DeviceEvent>> device_events;
+    // The ledger (RankProgress): collectives queued so far (the next one's position), the
+    // last one queued, and the last one answered.
+    int64_t collectives = 0;
+    Request last_issued;
+    absl::Time issued_at;
+    int64_t completed_seq = -1;
+    absl::Time completed_at;
+    absl::StatusCode completed_code = absl::StatusCode::kOk;
   };
   enum class State { kJoining, kConnecting, kReady, kFailed };
 
@@ -163,6 +176,15 @@ class Group : public std::enable_shared_from_this<Group> {
   // (bounded) for the stream and drops it and the communicator. Executor thread.
   void StopDevice(bool failed);
 
+  // "; the coordinator's ledger: <its diagnosis of this group>" for an error message, or ""
+  // when it has none within kDiagnosisTimeout. Blocks; executor thread, no lock held.
+  std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
+
+  // The ledger: the executor answered collective `seq` of these local ranks with `code`.
+  void RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, absl::StatusCode code)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
@@ -181,6 +203,7 @@ class Group : public std::enable_shared_from_this<Group> {
   bool emptied_ ABSL_GUARDED_BY(mu_) = false;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
   uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the executor to recompute its deadline
+  uint64_t progress_version_ ABSL_GUARDED_BY(mu_) = 0;  // Progress()'s version
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.

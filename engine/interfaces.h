@@ -59,6 +59,16 @@ class CoordinatorLink {
   // Its calls carry `credential` (as Leave's).
   virtual std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
                                                                         const std::string& credential) = 0;
+  // Publishes one group's ledger on this host (fire and forget: never blocks, failures are
+  // dropped; the next report replaces it). Default: nowhere.
+  virtual void ReportProgress(const GroupProgress& progress, const std::string& credential) {}
+  // The coordinator's diagnosis of `group` from every host's ledger (one line naming the
+  // oldest incomplete collective, who has and has not called it, and any disagreement),
+  // within `timeout`. For error messages; blocks. Default: UNIMPLEMENTED.
+  virtual absl::StatusOr<std::string> Diagnose(const std::string& job, const std::string& group,
+                                               const std::string& credential, absl::Duration timeout) {
+    return absl::UnimplementedError("no diagnosis");
+  }
 };
 
 // How tensor bytes reached the engine (collserve_tensor_bytes_total's path label).

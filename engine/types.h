@@ -123,6 +123,36 @@ struct AttachRequest {
   std::string credential;
 };
 
+// The ledger (docs/operations.md, "Diagnosing a hang"): what one local rank of a group has
+// done, as its host saw it. Collectives only (point-to-point ops are not sequenced).
+struct RankProgress {
+  int rank = 0;
+  int64_t issued_seq = -1;     // its last collective submitted; -1: none yet
+  // That collective's arguments (Request's fields of the same names).
+  CollectiveOp op = CollectiveOp::kUnspecified;
+  int dtype = 0;
+  int64_t count = 0;
+  int root = 0;
+  int reduce_op = 0;
+  absl::Duration issued_age;   // how long ago it was submitted, at the snapshot
+  int64_t completed_seq = -1;  // its last collective answered (successfully or not); -1: none
+  absl::Duration completed_age;
+  std::string completed_status;  // "" = OK, else the error's code name (e.g. "DEADLINE_EXCEEDED")
+};
+
+// One group's ledger on one host (Group::Progress): sent to the coordinator, which merges
+// every host's into a diagnosis (Registry.DiagnoseGroup).
+struct GroupProgress {
+  std::string job;
+  std::string group;
+  int64_t generation = 0;  // 0 while the group is forming
+  int world_size = 0;
+  std::string host_id;
+  std::string state;       // "joining", "connecting", "ready" or "failed"
+  std::string failure;     // the group's error on this host when failed
+  std::vector<RankProgress> ranks;  // its local ranks, by rank
+};
+
 // One rank of a formed group (collserve.v1.Member).
 struct Member {
   int rank = 0;

@@ -176,6 +176,47 @@ absl::StatusOr<GroupView> GroupRegistry::Describe(const std::string& job, const 
   return ViewOf(it->second);
 }
 
+absl::Status GroupRegistry::ReportProgress(const std::string& job, const std::string& group, const std::string& host_id,
+                                           HostLedger ledger) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(Key(job, group));
+  if (it == groups_.end() || it->second.state == "FORMING" || it->second.generation != ledger.generation) {
+    return absl::NotFoundError(absl::StrCat("no generation ", ledger.generation, " of group \"", group,
+                                            "\" in job \"", job, "\""));
+  }
+  Group& g = it->second;
+  if (static_cast<int64_t>(ledger.ranks.size()) > g.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("a ledger of ", ledger.ranks.size(), " ranks for group \"", group,
+                                                   "\" of world_size ", g.world_size));
+  }
+  bool serves_one = false;
+  for (const auto& [rank, m] : g.members) serves_one |= m.host_id == host_id;
+  if (!serves_one) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("host \"", host_id, "\" serves no rank of group \"", group, "\""));
+  }
+  for (const RankLedger& r : ledger.ranks) {
+    auto m = g.members.find(r.rank);
+    if (m != g.members.end() && m->second.host_id != host_id) {
+      return absl::PermissionDeniedError(absl::StrCat("rank ", r.rank, " of group \"", group, "\" is not on host \"",
+                                                      host_id, "\""));
+    }
+  }
+  ledger.received = absl::Now();
+  g.ledgers[host_id] = std::move(ledger);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> GroupRegistry::Ledgers(
+    const std::string& job, const std::string& group) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(Key(job, group));
+  if (it == groups_.end()) {
+    return absl::NotFoundError(absl::StrCat("no group \"", group, "\" in job \"", job, "\""));
+  }
+  return std::make_pair(ViewOf(it->second), it->second.ledgers);
+}
+
 std::vector<GroupView> GroupRegistry::List(const std::string& job) {
   absl::MutexLock lock(&mu_);
   std::vector<GroupView> out;

@@ -40,6 +40,31 @@ struct GroupView {
   std::vector<MemberInfo> members;  // ordered by rank
 };
 
+// The ledger (ledger.h): what a host's sidecar reports about its ranks of a group.
+// One rank, as its host reported it (collserve.v1.RankProgress).
+struct RankLedger {
+  int rank = 0;
+  int64_t issued_seq = -1;  // its last collective submitted; -1: none
+  int op = 0;               // that collective's arguments (common.proto's enums' values)
+  int dtype = 0;
+  int64_t count = 0;
+  int root = 0;
+  int reduce_op = 0;
+  absl::Duration issued_age;    // at the report
+  int64_t completed_seq = -1;   // its last collective answered; -1: none
+  absl::Duration completed_age;
+  std::string completed_status;  // "" = OK, else the error's code name
+};
+
+// One host's report of one group.
+struct HostLedger {
+  int64_t generation = 0;
+  std::string state;    // the group's state on that host: joining, connecting, ready, failed
+  std::string failure;  // its error there, when failed
+  std::vector<RankLedger> ranks;
+  absl::Time received;  // when the coordinator got it
+};
+
 // Bounds on what joins may ask the registry to hold (every request is untrusted input).
 struct GroupRegistryLimits {
   // Largest world_size a group may have (torch jobs reach tens of thousands of ranks).
@@ -82,6 +107,18 @@ class GroupRegistry {
   absl::StatusOr<GroupView> Describe(const std::string& job, const std::string& group);
   std::vector<GroupView> List(const std::string& job);
 
+  // Keeps `host_id`'s latest ledger of the group (replacing its earlier one), stamped
+  // now. NOT_FOUND: no such group, or not in `ledger.generation` (a late report of an
+  // ended generation); PERMISSION_DENIED: the host serves none of the group's ranks, or a
+  // rank in the report is not on that host; INVALID_ARGUMENT: more ranks than the group
+  // has. Memory: one ledger per member host, dropped with the group.
+  absl::Status ReportProgress(const std::string& job, const std::string& group, const std::string& host_id,
+                              HostLedger ledger);
+  // The group's view and every host's latest ledger of its current generation, for
+  // Diagnose (ledger.h). NOT_FOUND if the group is unknown.
+  absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> Ledgers(const std::string& job,
+                                                                                  const std::string& group);
+
  private:
   struct Waiter {
     uint64_t id;
@@ -97,6 +134,7 @@ class GroupRegistry {
     std::map<int, MemberInfo> members;
     std::map<int, Waiter> waiters;  // by rank, while FORMING
     std::set<int> gave_up;          // joined, then timed out before the group formed
+    std::map<std::string, HostLedger> ledgers;  // by host id, this generation's
   };
   using Key = std::pair<std::string, std::string>;  // (job, group)
   using Completion = std::pair<JoinCallback, absl::StatusOr<GroupView>>;

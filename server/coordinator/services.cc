@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "server/common/ledger_proto.h"
+#include "server/coordinator/ledger.h"
 #include "server/common/waiting_reactor.h"
 
 namespace collserve::server {
@@ -321,6 +323,79 @@ grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx
     for (const GroupView& v : registry_.List(JobOf(req->job()))) ToProto(v, resp->add_groups());
   }
   return FinishNow(ctx, metrics_, "List", start, s);
+}
+
+namespace {
+
+RankLedger FromProto(const pb::RankProgress& p) {
+  RankLedger r;
+  r.rank = p.rank();
+  r.issued_seq = p.issued_seq();
+  r.op = p.op();
+  r.dtype = p.dtype();
+  r.count = p.count();
+  r.root = p.root();
+  r.reduce_op = p.reduce_op();
+  r.issued_age = absl::Milliseconds(std::max<int64_t>(p.issued_age_ms(), 0));
+  r.completed_seq = p.completed_seq();
+  r.completed_age = absl::Milliseconds(std::max<int64_t>(p.completed_age_ms(), 0));
+  r.completed_status = p.completed_status().substr(0, 64);
+  return r;
+}
+
+// Bounds on a report's strings (the sidecar sends short ones; anything else is cut).
+constexpr size_t kMaxReportString = 1024;
+
+}  // namespace
+
+grpc::ServerUnaryReactor* RegistryService::ReportProgress(grpc::CallbackServerContext* ctx,
+                                                          const pb::ReportProgressRequest* req,
+                                                          pb::ReportProgressResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) {
+    HostLedger ledger;
+    ledger.generation = req->generation();
+    ledger.state = req->state().substr(0, kMaxReportString);
+    ledger.failure = req->failure().substr(0, kMaxReportString);
+    for (const pb::RankProgress& r : req->ranks()) ledger.ranks.push_back(FromProto(r));
+    s = registry_.ReportProgress(JobOf(req->job()), req->group(), req->host_id(), std::move(ledger));
+  }
+  return FinishNow(ctx, metrics_, "ReportProgress", start, s);
+}
+
+grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerContext* ctx,
+                                                         const pb::DiagnoseGroupRequest* req,
+                                                         pb::DiagnoseGroupResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) {
+    auto ledgers = registry_.Ledgers(JobOf(req->job()), req->group());
+    s = ledgers.status();
+    if (ledgers.ok()) {
+      Diagnosis d = Diagnose(ledgers->first, ledgers->second, absl::Now());
+      ToProto(d.group, resp->mutable_group());
+      resp->set_oldest_incomplete_seq(d.oldest_incomplete_seq);
+      resp->set_oldest_incomplete_op(static_cast<pb::CollectiveOp>(d.oldest_incomplete_op));
+      for (int r : d.arrived) resp->add_arrived(r);
+      for (int r : d.missing) resp->add_missing(r);
+      for (int r : d.unknown) resp->add_unknown(r);
+      resp->set_waiting_ms(absl::ToInt64Milliseconds(d.waiting));
+      resp->set_disagreement(d.disagreement);
+      for (const RankDiagnosis& rd : d.ranks) {
+        pb::RankDiagnosis* out = resp->add_ranks();
+        out->set_rank(rd.rank);
+        out->set_host_id(rd.host_id);
+        out->set_reported(rd.reported);
+        out->set_report_age_ms(absl::ToInt64Milliseconds(rd.report_age));
+        if (rd.reported) RankProgressToProto(rd.progress, out->mutable_progress());
+        out->set_host_state(rd.host_state);
+        out->set_host_failure(rd.host_failure);
+      }
+      resp->set_summary(d.summary);
+    }
+  }
+  return FinishNow(ctx, metrics_, "DiagnoseGroup", start, s);
 }
 
 // ---- Auth ----

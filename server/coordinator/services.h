@@ -83,6 +83,12 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
                                      collserve::v1::DescribeResponse* resp) override;
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const collserve::v1::ListRequest* req,
                                  collserve::v1::ListResponse* resp) override;
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
+                                           const collserve::v1::ReportProgressRequest* req,
+                                           collserve::v1::ReportProgressResponse* resp) override;
+  grpc::ServerUnaryReactor* DiagnoseGroup(grpc::CallbackServerContext* ctx,
+                                          const collserve::v1::DiagnoseGroupRequest* req,
+                                          collserve::v1::DiagnoseGroupResponse* resp) override;
 
  private:
   GroupRegistry& registry_;

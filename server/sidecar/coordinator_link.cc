@@ -6,6 +6,7 @@
 #include "client/channel.h"
 #include "collserve/client.h"
 #include "common/grpc_status.h"
+#include "server/common/ledger_proto.h"
 #include "server/sidecar/translate.h"
 
 namespace collserve::server {
@@ -119,6 +120,41 @@ std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreF
   auto store = client::StoreClient::Connect(coordinator_address_, so);
   if (!store.ok()) return std::make_unique<UnreachableStore>(store.status());
   return std::make_unique<StoreRendezvous>(std::move(*store));
+}
+
+void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, const std::string& credential) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::ReportProgressRequest req;
+    pb::ReportProgressResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_job(progress.job);
+  call->req.set_group(progress.group);
+  call->req.set_generation(progress.generation);
+  call->req.set_host_id(host_id_);
+  call->req.set_state(progress.state);
+  call->req.set_failure(progress.failure);
+  for (const engine::RankProgress& r : progress.ranks) RankProgressToProto(r, call->req.add_ranks());
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  client::AddJobToken(call->ctx, credential);
+  registry_->async()->ReportProgress(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
+    if (!s.ok()) VLOG(1) << "ledger report of group " << call->req.group() << " failed: " << s.error_message();
+  });
+}
+
+absl::StatusOr<std::string> GrpcCoordinatorLink::Diagnose(const std::string& job, const std::string& group,
+                                                          const std::string& credential, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  client::AddJobToken(ctx, credential);
+  pb::DiagnoseGroupRequest req;
+  req.set_job(job);
+  req.set_group(group);
+  pb::DiagnoseGroupResponse resp;
+  grpc::Status s = registry_->DiagnoseGroup(&ctx, req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.summary();
 }
 
 void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,

@@ -29,6 +29,11 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override;
   std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
                                                                 const std::string& credential) override;
+  // Registry.ReportProgress, asynchronous; deadline 5 s; failures are logged at VLOG(1).
+  void ReportProgress(const engine::GroupProgress& progress, const std::string& credential) override;
+  // Registry.DiagnoseGroup's summary.
+  absl::StatusOr<std::string> Diagnose(const std::string& job, const std::string& group,
+                                       const std::string& credential, absl::Duration timeout) override;
 
   // Asks the coordinator whether `credential` grants `job` (Auth.Authenticate); `done` runs
   // once, on a gRPC thread, with OK or the coordinator's UNAUTHENTICATED / PERMISSION_DENIED

@@ -386,30 +386,7 @@ class SidecarImpl : public Sidecar {
   // Whether the coordinator answers grpc.health.v1.Health/Check with SERVING within
   // kHealthProbeTimeout (an empty request: the server's overall status).
   bool CoordinatorServing() {
-    grpc::GenericStub stub(channel_);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kHealthProbeTimeout));
-    grpc::CompletionQueue cq;
-    grpc::ByteBuffer request;  // HealthCheckRequest{} encodes to zero bytes
-    grpc::Slice empty;
-    request = grpc::ByteBuffer(&empty, 1);
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-    call->StartCall();
-    call->Finish(&response, &status, reinterpret_cast<void*>(1));
-    void* tag = nullptr;
-    bool ok = false;
-    cq.Next(&tag, &ok);
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
-    if (!status.ok()) return false;
-    std::vector<grpc::Slice> slices;
-    if (!response.Dump(&slices).ok()) return false;
-    std::string bytes;
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    return bytes == std::string("\x08\x01", 2);  // HealthCheckResponse{status: SERVING}
+    return client::CheckHealth(channel_, "", kHealthProbeTimeout) == "SERVING";  // the server's overall status
   }
 
   void SetReady(bool ready) {

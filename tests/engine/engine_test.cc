@@ -384,10 +384,70 @@ TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
     EXPECT_FALSE(c.status.ok());
     if (r.host == 1) {
       EXPECT_EQ(c.status.code(), absl::StatusCode::kDeadlineExceeded) << c.status;
-      EXPECT_THAT(c.status.message(), HasSubstr("local ranks [3] did not call it"));
+      EXPECT_THAT(c.status.message(), HasSubstr("all_reduce #0 of group \"timeout\" timed out on host host1 after 2s: "
+                                                "local ranks [3] did not call it (local ranks [2] did)"));
+    } else {
+      // Host 0 learns it from the broken exchange, and asks the coordinator's ledger why.
+      EXPECT_THAT(c.status.message(), HasSubstr("all_reduce #0 of group \"timeout\": the argument exchange"));
+      EXPECT_THAT(c.status.message(), HasSubstr("; the coordinator's ledger: the fake ledger of group timeout"));
     }
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+TEST(EngineTest, LedgerReportsWhatEachRankIssuedAndCompleted) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("ledger", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  // Ranks 0, 1 and 2 call all_reduce #0; rank 3 has not yet.
+  for (int r = 0; r < 3; ++r) {
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2, 3});
+    q.seq = ranks[r].next_seq++;
+    ranks[r].group->Submit(r, std::move(q));
+  }
+  auto until = [&](const std::function<bool()>& done) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    return done();
+  };
+  auto rank_of = [&](const std::string& host, int rank) -> std::optional<engine::RankProgress> {
+    auto report = cluster.coordinator().report("ledger", host);
+    if (!report.has_value()) return std::nullopt;
+    for (const engine::RankProgress& p : report->ranks) {
+      if (p.rank == rank) return p;
+    }
+    return std::nullopt;
+  };
+  ASSERT_TRUE(until([&] {
+    auto r2 = rank_of("host1", 2);
+    auto r0 = rank_of("host0", 0);
+    return r2.has_value() && r2->issued_seq == 0 && r0.has_value() && r0->issued_seq == 0;
+  }));
+  auto r2 = rank_of("host1", 2);
+  EXPECT_EQ(r2->op, CollectiveOp::kAllReduce);
+  EXPECT_EQ(r2->count, 3);
+  EXPECT_EQ(r2->completed_seq, -1);
+  EXPECT_EQ(rank_of("host1", 3)->issued_seq, -1);
+  auto report = cluster.coordinator().report("ledger", "host1");
+  EXPECT_EQ(report->state, "ready");
+  EXPECT_GE(report->generation, 1);
+  EXPECT_EQ(report->world_size, 4);
+  // Rank 3 calls: the collective completes everywhere, and the ledgers say so.
+  engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2, 3});
+  q.seq = ranks[3].next_seq++;
+  ranks[3].group->Submit(3, std::move(q));
+  for (TestRank& r : ranks) {
+    Completion c = r.session->WaitCompletion(0, absl::Seconds(30));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+  }
+  ASSERT_TRUE(until([&] {
+    for (int r = 0; r < 4; ++r) {
+      auto p = rank_of(r < 2 ? "host0" : "host1", r);
+      if (!p.has_value() || p->completed_seq != 0 || !p->completed_status.empty()) return false;
+    }
+    return true;
+  }));
 }
 
 TEST(EngineTest, MonitoredBarrierNamesTheMissingRank) {

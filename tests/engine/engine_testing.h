@@ -56,6 +56,14 @@ class FakeCoordinator {
 
   InMemoryRendezvousStore& store() { return store_; }
 
+  // The last ledger host `host_id` reported of `group`, if any.
+  std::optional<engine::GroupProgress> report(const std::string& group, const std::string& host_id) {
+    absl::MutexLock lock(&mu_);
+    auto it = reports_.find({group, host_id});
+    if (it == reports_.end()) return std::nullopt;
+    return it->second;
+  }
+
   // The credential of every Join, Leave and rendezvous store the engines asked for, in order.
   std::vector<std::string> credentials() {
     absl::MutexLock lock(&mu_);
@@ -89,6 +97,14 @@ class FakeCoordinator {
         c_->credentials_.push_back(credential);
       }
       return std::make_unique<Prefixed>(&c_->store_, job);
+    }
+    void ReportProgress(const engine::GroupProgress& p, const std::string& credential) override {
+      absl::MutexLock lock(&c_->mu_);
+      c_->reports_[{p.group, p.host_id}] = p;
+    }
+    absl::StatusOr<std::string> Diagnose(const std::string& job, const std::string& group,
+                                         const std::string& credential, absl::Duration timeout) override {
+      return absl::StrCat("the fake ledger of group ", group);
     }
 
    private:
@@ -164,6 +180,7 @@ class FakeCoordinator {
   std::vector<std::tuple<std::string, std::string, int>> leaves_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> credentials_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, engine::GroupProgress> reports_ ABSL_GUARDED_BY(mu_);
   InMemoryRendezvousStore store_;
 };
 
@@ -271,6 +288,7 @@ class TestCluster {
       engine::EngineOptions o;
       o.host_id = absl::StrCat("host", h);
       o.data_threads = 2;
+      o.progress_interval = absl::Milliseconds(50);
       if (tweak) tweak(o);
       observers_.push_back(std::make_unique<CountingObserver>());
       auto e = engine::Engine::Create(o, links_.back().get(), &backends_, observers_.back().get());

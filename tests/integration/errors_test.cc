@@ -130,8 +130,8 @@ TEST(ErrorsTest, BarrierWithAMissingRankTimesOutNamingIt) {
   ASSERT_TRUE(r0.ok() && r1.ok());
   auto [code, out] = Finish(**r1, absl::Seconds(10));
   EXPECT_EQ(code, 3) << out;
-  EXPECT_THAT(out, HasSubstr("status: DEADLINE_EXCEEDED: collective #0 of group \"world\" timed out on host host0: "
-                             "local ranks [0] did not call it"));
+  EXPECT_THAT(out, HasSubstr("status: DEADLINE_EXCEEDED: barrier #0 of group \"world\" timed out on host host0 after "
+                             "1s: local ranks [0] did not call it (local ranks [1] did)"));
 }
 
 TEST(ErrorsTest, CudaCallsOnHostMemoryAreClearErrorsAndTheGroupGoesOn) {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/channel.h"
 #include "tests/testing/process.h"
 
 namespace collserve::testing {
@@ -29,32 +30,10 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
 }
 
 // grpc.health.v1.Health/Check of `service` at `address`: "SERVING", "NOT_SERVING", or the
-// RPC's error (e.g. "UNAVAILABLE").
+// RPC's error ("error <code>: ...").
 std::string Health(const std::string& address, const std::string& service) {
-  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
-  std::string request;
-  if (!service.empty()) request = absl::StrCat("\x0a", std::string(1, static_cast<char>(service.size())), service);
-  grpc::Slice slice(request);
-  grpc::ByteBuffer req(&slice, 1);
-  grpc::ByteBuffer resp;
-  grpc::CompletionQueue cq;
-  grpc::Status status;
-  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", req, &cq);
-  call->StartCall();
-  call->Finish(&resp, &status, reinterpret_cast<void*>(1));
-  void* tag;
-  bool ok;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  if (!status.ok()) return absl::StrCat("error ", status.error_code(), ": ", status.error_message());
-  const std::string bytes = Bytes(resp);
-  if (bytes == std::string("\x08\x01", 2)) return "SERVING";
-  if (bytes == std::string("\x08\x02", 2)) return "NOT_SERVING";
-  return "unexpected answer";
+  return client::CheckHealth(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), service,
+                             absl::Seconds(3));
 }
 
 // Waits up to `timeout` for Health(address, service) == want; returns the last answer.

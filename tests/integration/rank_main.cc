@@ -30,7 +30,7 @@
 #include "collserve/client.h"
 #include "common/types.h"
 
-ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init");
+ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init | idle | ...");
 ABSL_FLAG(std::string, counts, "0,1,7,1000,1048576", "element counts for sweep");
 ABSL_FLAG(int64_t, count, 1000, "element count for single/loop");
 ABSL_FLAG(std::string, dtype, "float32", "dtype for single/loop");
@@ -184,6 +184,13 @@ int main(int argc, char** argv) {
   }
   if (mode == "init") {
     std::printf("init: OK: hosts=%d local=%d\n", (*pg)->num_hosts(), (*pg)->local_world_size());
+    return 0;
+  }
+  if (mode == "idle") {
+    // Joins, then calls nothing for --iters seconds (the rank that never calls).
+    std::printf("init: OK\n");
+    std::fflush(stdout);
+    absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_iters)));
     return 0;
   }
   DataType dtype = DataType::kFloat32;

@@ -30,6 +30,7 @@ std::string CoordinatorBinary() { return COLLSERVE_COORDINATOR_BIN; }
 std::string SidecarBinary() { return COLLSERVE_SIDECAR_BIN; }
 std::string RankBinary() { return COLLSERVE_RANK_BIN; }
 std::string SurfaceRankBinary() { return COLLSERVE_SURFACE_RANK_BIN; }
+std::string CollservectlBinary() { return COLLSERVE_CTL_BIN; }
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
                                                         const std::map<std::string, std::string>& env,

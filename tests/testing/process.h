@@ -102,6 +102,7 @@ std::string CoordinatorBinary();
 std::string SidecarBinary();
 std::string RankBinary();
 std::string SurfaceRankBinary();  // tests/integration/surface_rank.cc
+std::string CollservectlBinary();
 
 }  // namespace collserve::testing
 

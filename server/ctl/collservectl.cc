@@ -1,0 +1,375 @@
+// collservectl: the operator's tool for a collserve coordinator (docs/operations.md).
+//
+//   collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]
+//
+//   health               the coordinator's health services, and per host of the job's groups
+//                        how fresh its sidecar's ledger is
+//   groups               the job's groups: members, generation, state, the last collective
+//                        every rank completed and the oldest one in flight
+//   describe GROUP       one group's members
+//   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
+//   mint-token           a new token for --job (admin token required)
+//   revoke-tokens        revokes --job's minted tokens (admin token required)
+//
+// The token comes from COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE (the job's, or the admin
+// token), TLS from COLLSERVE_TLS_CA/CERT/KEY/SERVER_NAME, as for every collserve client.
+// Exit codes: 0 success, 1 the call failed (its status on standard error), 2 bad usage.
+#include <grpcpp/grpcpp.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "client/channel.h"
+#include "collserve/v1/auth.grpc.pb.h"
+#include "collserve/v1/registry.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "common/types.h"
+
+ABSL_FLAG(std::string, coordinator, "",
+          "host:port of the coordinator; default $COLLSERVE_COORDINATOR, else 127.0.0.1:29400.");
+ABSL_FLAG(std::string, job, "", "The job; default $COLLSERVE_JOB, else \"default\".");
+ABSL_FLAG(bool, json, false, "Print the coordinator's answers as JSON (one object per line) instead of tables.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call.");
+
+namespace collserve::ctl {
+namespace {
+
+namespace pb = ::collserve::v1;
+
+std::string EnvOr(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : fallback;
+}
+
+// Calls of one command: the stubs, the token and the deadline.
+class Ctl {
+ public:
+  static absl::StatusOr<Ctl> Connect() {
+    Ctl c;
+    c.address_ = absl::GetFlag(FLAGS_coordinator);
+    if (c.address_.empty()) c.address_ = EnvOr("COLLSERVE_COORDINATOR", "127.0.0.1:29400");
+    c.job_ = absl::GetFlag(FLAGS_job);
+    if (c.job_.empty()) c.job_ = EnvOr("COLLSERVE_JOB", "default");
+    auto tls = client::TlsOptions::FromEnv();
+    if (!tls.ok()) return tls.status();
+    auto token = client::JobTokenFromEnv();
+    if (!token.ok()) return token.status();
+    c.token_ = *token;
+    auto channel = client::CreateChannel(c.address_, *tls, grpc::ChannelArguments());
+    if (!channel.ok()) return channel.status();
+    c.channel_ = *channel;
+    c.registry_ = pb::Registry::NewStub(c.channel_);
+    c.auth_ = pb::Auth::NewStub(c.channel_);
+    return c;
+  }
+
+  // A context with the deadline and the token.
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+    client::AddJobToken(*ctx, token_);
+    return ctx;
+  }
+  absl::Status Check(const grpc::Status& s, const std::string& what) const {
+    if (s.ok()) return absl::OkStatus();
+    absl::Status st = FromGrpcStatus(s);
+    return absl::Status(st.code(), absl::StrCat(what, " at ", address_, ": ", st.message()));
+  }
+
+  const std::string& job() const { return job_; }
+  const std::string& address() const { return address_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  pb::Registry::Stub& registry() const { return *registry_; }
+  pb::Auth::Stub& auth() const { return *auth_; }
+
+ private:
+  std::string address_, job_, token_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<pb::Registry::Stub> registry_;
+  std::shared_ptr<pb::Auth::Stub> auth_;
+};
+
+bool Json() { return absl::GetFlag(FLAGS_json); }
+
+void PrintJson(const google::protobuf::Message& m) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
+  std::cout << out << "\n";
+}
+
+// Prints rows as columns padded to their widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (width.size() <= i) width.push_back(0);
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+std::string Ago(int64_t ms) {
+  if (ms < 100) return "just now";
+  return absl::StrCat(absl::FormatDuration(absl::Milliseconds(ms / 100 * 100)), " ago");
+}
+
+absl::StatusOr<pb::DiagnoseGroupResponse> DiagnoseCall(const Ctl& c, const std::string& group) {
+  pb::DiagnoseGroupRequest req;
+  req.set_job(c.job());
+  req.set_group(group);
+  pb::DiagnoseGroupResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().DiagnoseGroup(ctx.get(), req, &resp), "DiagnoseGroup"); !s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<pb::ListResponse> ListCall(const Ctl& c) {
+  pb::ListRequest req;
+  req.set_job(c.job());
+  pb::ListResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().List(ctx.get(), req, &resp), "List"); !s.ok()) return s;
+  return resp;
+}
+
+absl::Status Diagnose(const Ctl& c, const std::string& group) {
+  auto d = DiagnoseCall(c, group);
+  if (!d.ok()) return d.status();
+  if (Json()) {
+    PrintJson(*d);
+    return absl::OkStatus();
+  }
+  std::cout << "group \"" << d->group().group() << "\" (job " << c.job() << "): generation " << d->group().generation()
+            << ", " << d->group().world_size() << " ranks, " << d->group().state() << "\n"
+            << d->summary() << "\n\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "HOST", "ISSUED", "OP", "COUNT", "DTYPE", "CALLED", "COMPLETED", "STATUS", "LEDGER"}};
+  for (const pb::RankDiagnosis& r : d->ranks()) {
+    if (!r.reported()) {
+      rows.push_back({absl::StrCat(r.rank()), r.host_id().empty() ? "-" : r.host_id(), "?", "", "", "", "", "", "",
+                      "no report"});
+      continue;
+    }
+    const pb::RankProgress& p = r.progress();
+    const bool issued = p.issued_seq() >= 0;
+    rows.push_back({absl::StrCat(r.rank()), r.host_id(), issued ? absl::StrCat("#", p.issued_seq()) : "-",
+                    issued ? CollectiveOpName(p.op()) : "", issued ? absl::StrCat(p.count()) : "",
+                    issued ? std::string(DataTypeName(static_cast<DataType>(p.dtype()))) : "",
+                    issued ? Ago(p.issued_age_ms()) : "",
+                    p.completed_seq() >= 0 ? absl::StrCat("#", p.completed_seq()) : "-",
+                    p.completed_seq() < 0 ? "" : (p.completed_status().empty() ? "OK" : p.completed_status()),
+                    absl::StrCat(r.host_state(), ", ", Ago(r.report_age_ms()))});
+  }
+  PrintTable(rows);
+  return absl::OkStatus();
+}
+
+absl::Status Groups(const Ctl& c) {
+  auto list = ListCall(c);
+  if (!list.ok()) return list.status();
+  if (Json()) {
+    for (const pb::GroupInfo& g : list->groups()) {
+      auto d = DiagnoseCall(c, g.group());
+      if (d.ok()) PrintJson(*d);
+      else PrintJson(g);
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<std::string>> rows = {{"GROUP", "GENERATION", "STATE", "RANKS", "HOSTS", "COMPLETED", "IN FLIGHT"}};
+  for (const pb::GroupInfo& g : list->groups()) {
+    std::set<std::string> hosts;
+    for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
+    std::string completed = "-", in_flight = "-";
+    if (auto d = DiagnoseCall(c, g.group()); d.ok()) {
+      int64_t low = -1;
+      bool any = false;
+      for (const pb::RankDiagnosis& r : d->ranks()) {
+        if (!r.reported()) continue;
+        low = any ? std::min(low, r.progress().completed_seq()) : r.progress().completed_seq();
+        any = true;
+      }
+      if (any && low >= 0) completed = absl::StrCat("#", low);
+      if (d->oldest_incomplete_seq() >= 0) {
+        in_flight = absl::StrCat(CollectiveOpName(d->oldest_incomplete_op()), " #", d->oldest_incomplete_seq(), " (",
+                                 d->missing_size(), " missing)");
+      }
+    }
+    rows.push_back({g.group(), absl::StrCat(g.generation()), g.state(),
+                    absl::StrCat(g.members_size(), "/", g.world_size()), absl::StrJoin(hosts, ","), completed,
+                    in_flight});
+  }
+  PrintTable(rows);
+  return absl::OkStatus();
+}
+
+absl::Status Describe(const Ctl& c, const std::string& group) {
+  pb::DescribeRequest req;
+  req.set_job(c.job());
+  req.set_group(group);
+  pb::DescribeResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().Describe(ctx.get(), req, &resp), "Describe"); !s.ok()) return s;
+  if (Json()) {
+    PrintJson(resp);
+    return absl::OkStatus();
+  }
+  std::cout << "group \"" << resp.group().group() << "\" (job " << c.job() << "): generation "
+            << resp.group().generation() << ", " << resp.group().state() << "\n";
+  std::vector<std::vector<std::string>> rows = {{"RANK", "HOST", "ADDRESS"}};
+  for (const pb::Member& m : resp.group().members()) rows.push_back({absl::StrCat(m.rank()), m.host_id(), m.host_address()});
+  PrintTable(rows);
+  return absl::OkStatus();
+}
+
+absl::Status Health(const Ctl& c) {
+  std::map<std::string, std::string> services;
+  for (const char* s : {"", "liveness", "collserve.v1.Store", "collserve.v1.Registry", "collserve.v1.Auth"}) {
+    services[*s == '\0' ? "(server)" : s] = client::CheckHealth(c.channel(), s, absl::GetFlag(FLAGS_timeout));
+  }
+  // The hosts of the job's groups, and the age of each host's freshest ledger.
+  std::map<std::string, std::pair<int64_t, std::vector<std::string>>> hosts;  // host -> (age ms, groups)
+  auto list = ListCall(c);
+  if (list.ok()) {
+    for (const pb::GroupInfo& g : list->groups()) {
+      auto d = DiagnoseCall(c, g.group());
+      for (const pb::Member& m : g.members()) {
+        auto& h = hosts.try_emplace(m.host_id(), std::make_pair(int64_t{-1}, std::vector<std::string>())).first->second;
+        if (std::find(h.second.begin(), h.second.end(), g.group()) == h.second.end()) h.second.push_back(g.group());
+        if (!d.ok()) continue;
+        for (const pb::RankDiagnosis& r : d->ranks()) {
+          if (r.host_id() == m.host_id() && r.reported() && (h.first < 0 || r.report_age_ms() < h.first)) {
+            h.first = r.report_age_ms();
+          }
+        }
+      }
+    }
+  }
+  if (Json()) {
+    std::cout << "{\"coordinator\":\"" << c.address() << "\",\"services\":{";
+    bool first = true;
+    for (const auto& [name, state] : services) {
+      std::cout << (first ? "" : ",") << "\"" << name << "\":\"" << state << "\"";
+      first = false;
+    }
+    std::cout << "},\"hosts\":[";
+    first = true;
+    for (const auto& [host, info] : hosts) {
+      std::cout << (first ? "" : ",") << "{\"host_id\":\"" << host << "\",\"ledger_age_ms\":" << info.first
+                << ",\"groups\":[\"" << absl::StrJoin(info.second, "\",\"") << "\"]}";
+      first = false;
+    }
+    std::cout << "]" << (list.ok() ? "" : ",\"hosts_error\":\"cannot list groups\"") << "}\n";
+    return absl::OkStatus();
+  }
+  std::cout << "coordinator " << c.address() << "\n";
+  std::vector<std::vector<std::string>> rows = {{"SERVICE", "HEALTH"}};
+  for (const auto& [name, state] : services) rows.push_back({name, state});
+  PrintTable(rows);
+  if (!list.ok()) {
+    std::cout << "\nhosts of job " << c.job() << ": " << list.status().message() << "\n";
+    return absl::OkStatus();
+  }
+  std::cout << "\nsidecars serving job " << c.job() << " (the age of their last ledger report: a sidecar reports "
+            << "while its groups' collectives change)\n";
+  rows = {{"HOST", "LEDGER", "GROUPS"}};
+  for (const auto& [host, info] : hosts) {
+    rows.push_back({host, info.first < 0 ? "none" : Ago(info.first), absl::StrJoin(info.second, ",")});
+  }
+  PrintTable(rows);
+  return absl::OkStatus();
+}
+
+absl::Status MintToken(const Ctl& c) {
+  pb::MintJobTokenRequest req;
+  req.set_job(c.job());
+  pb::MintJobTokenResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.auth().MintJobToken(ctx.get(), req, &resp), "MintJobToken"); !s.ok()) return s;
+  if (Json()) {
+    PrintJson(resp);
+  } else {
+    std::cout << resp.token() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RevokeTokens(const Ctl& c) {
+  pb::RevokeJobTokensRequest req;
+  req.set_job(c.job());
+  pb::RevokeJobTokensResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.auth().RevokeJobTokens(ctx.get(), req, &resp), "RevokeJobTokens"); !s.ok()) return s;
+  if (Json()) {
+    PrintJson(resp);
+  } else {
+    std::cout << "revoked " << resp.revoked() << " minted token(s) of job " << c.job() << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace collserve::ctl
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
+      "  health | groups | describe GROUP | diagnose GROUP | mint-token | revoke-tokens\n"
+      "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::cerr << absl::ProgramUsageMessage() << "\n";
+    return 2;
+  }
+  const std::string command = args[1];
+  const std::string arg = args.size() > 2 ? args[2] : "";
+  auto ctl = collserve::ctl::Ctl::Connect();
+  if (!ctl.ok()) {
+    std::cerr << "collservectl: " << ctl.status() << "\n";
+    return 2;
+  }
+  absl::Status s;
+  if (command == "health") {
+    s = collserve::ctl::Health(*ctl);
+  } else if (command == "groups") {
+    s = collserve::ctl::Groups(*ctl);
+  } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
+    s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
+  } else if (command == "mint-token") {
+    s = collserve::ctl::MintToken(*ctl);
+  } else if (command == "revoke-tokens") {
+    s = collserve::ctl::RevokeTokens(*ctl);
+  } else {
+    std::cerr << "collservectl: unknown command or missing argument: " << command << "\n"
+              << absl::ProgramUsageMessage() << "\n";
+    return 2;
+  }
+  if (!s.ok()) {
+    std::cerr << "collservectl: " << s << "\n";
+    return 1;
+  }
+  return 0;
+}

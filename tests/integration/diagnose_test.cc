@@ -1,0 +1,129 @@
+// The collective ledger against real daemons (issue 16): a rank that never calls is named,
+// with its host, the op and the sequence number, by Registry.DiagnoseGroup and
+// `collservectl diagnose` within 5 s of the others arriving, while every process is alive;
+// the ranks that time out get the same diagnosis in their error; collservectl's other
+// commands answer in tables and JSON.
+#include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/channel.h"
+#include "collserve/v1/registry.grpc.pb.h"
+#include "tests/testing/process.h"
+
+namespace collserve::testing {
+namespace {
+
+namespace pb = ::collserve::v1;
+using ::testing::HasSubstr;
+
+// Runs collservectl with `args` against `cluster` (its job token); returns (exit code, output).
+std::pair<int, std::string> Ctl(Cluster& cluster, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {CollservectlBinary(), absl::StrCat("--coordinator=", cluster.coordinator_address())};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto p = Process::Start(argv, {{"COLLSERVE_TOKEN", cluster.job_token()}},
+                          absl::StrCat(cluster.dir(), "/ctl-", absl::ToUnixNanos(absl::Now()), ".log"));
+  if (!p.ok()) return {-1, std::string(p.status().message())};
+  auto code = (*p)->Wait(absl::Seconds(30));
+  return {code.ok() ? *code : -1, (*p)->Output()};
+}
+
+TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  // Ranks 0 and 1 on host0, 2 and 3 on host1; rank 3 joins and then never calls.
+  std::vector<std::unique_ptr<Process>> ranks;
+  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "12"}};
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
+                                           : std::vector<std::string>{"--mode=loop", "--iters=1", "--count=1000"};
+    auto p = cluster.StartRank(r, 4, r / 2, args, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
+  pb::DiagnoseGroupResponse named;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool found = false;
+  while (!found && absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    client::AddJobToken(ctx, cluster.job_token());
+    pb::DiagnoseGroupRequest req;
+    req.set_group("world");
+    pb::DiagnoseGroupResponse resp;
+    if (stub->DiagnoseGroup(&ctx, req, &resp).ok() && resp.missing_size() == 1 && resp.arrived_size() == 3) {
+      named = resp;
+      found = true;
+    } else {
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+  }
+  ASSERT_TRUE(found) << cluster.Logs();
+  EXPECT_EQ(named.missing(0), 3);
+  EXPECT_EQ(named.oldest_incomplete_seq(), 0);
+  EXPECT_EQ(named.oldest_incomplete_op(), pb::ALL_REDUCE);
+  // The first time the ledger names the missing rank, the first caller has waited for less
+  // than 5 s (the sidecars report about every second).
+  EXPECT_LE(named.waiting_ms(), 5000) << named.summary();
+  std::printf("named rank 3 %lld ms after the first rank called: %s\n", static_cast<long long>(named.waiting_ms()),
+              named.summary().c_str());
+  EXPECT_THAT(named.summary(), HasSubstr("all_reduce #0 of group \"world\" (generation 1): ranks [3] (host host1) "
+                                         "have not called it; ranks [0, 1, 2] have"));
+
+  // The same through collservectl, as a table and as JSON.
+  auto [code, table] = Ctl(cluster, {"diagnose", "world"});
+  EXPECT_EQ(code, 0) << table;
+  std::printf("collservectl diagnose world:\n%s\n", table.c_str());
+  EXPECT_THAT(table, HasSubstr("ranks [3] (host host1) have not called it"));
+  EXPECT_THAT(table, HasSubstr("RANK  HOST"));
+  auto [jcode, json] = Ctl(cluster, {"--json", "diagnose", "world"});
+  EXPECT_EQ(jcode, 0) << json;
+  EXPECT_THAT(json, HasSubstr("\"missing\":[3]"));
+  EXPECT_THAT(json, HasSubstr("\"oldest_incomplete_op\":\"ALL_REDUCE\""));
+  auto [gcode, groups] = Ctl(cluster, {"groups"});
+  EXPECT_EQ(gcode, 0) << groups;
+  EXPECT_THAT(groups, HasSubstr("all_reduce #0 (1 missing)"));
+  auto [hcode, health] = Ctl(cluster, {"health"});
+  EXPECT_EQ(hcode, 0) << health;
+  EXPECT_THAT(health, HasSubstr("collserve.v1.Store"));
+  EXPECT_THAT(health, HasSubstr("SERVING"));
+  EXPECT_THAT(health, HasSubstr("host0"));
+  EXPECT_THAT(health, HasSubstr("host1"));
+
+  // At the op timeout the callers fail; host0's ranks learn who was missing from the ledger.
+  for (int r = 0; r < 3; ++r) {
+    auto c = ranks[r]->Wait(absl::Seconds(60));
+    ASSERT_TRUE(c.ok()) << "rank " << r << " hung: " << ranks[r]->Output();
+    EXPECT_EQ(*c, 3) << ranks[r]->Output();
+  }
+  EXPECT_THAT(ranks[2]->Output(), HasSubstr("all_reduce #0 of group \"world\" timed out on host host1 after 12s: "
+                                            "local ranks [3] did not call it (local ranks [2] did)"));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("the coordinator's ledger: all_reduce #0 of group \"world\""));
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("ranks [3] (host host1) have not called it"));
+  }
+}
+
+TEST(DiagnoseTest, CollservectlRefusesWithoutAToken) {
+  auto started = Cluster::Start(0);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto p = Process::Start({CollservectlBinary(), absl::StrCat("--coordinator=", (*started)->coordinator_address()),
+                           "groups"},
+                          {}, (*started)->dir() + "/ctl.log");
+  ASSERT_TRUE(p.ok());
+  auto code = (*p)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+  EXPECT_THAT((*p)->Output(), HasSubstr("UNAUTHENTICATED"));
+}
+
+}  // namespace
+}  // namespace collserve::testing

@@ -1,0 +1,137 @@
+// The coordinator's diagnosis of a group from its hosts' ledgers (server/coordinator/ledger.h):
+// a rank that never calls, ranks that disagree, a host that sent nothing, an idle group,
+// and ages kept relative to each report's arrival.
+#include "server/coordinator/ledger.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace collserve::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr int kAllReduce = 1, kBroadcast = 2, kFloat32 = 1, kSum = 1;
+
+// 4 ranks: 0 and 1 on host "a", 2 and 3 on host "b".
+GroupView FourRanks() {
+  GroupView v;
+  v.group = "world";
+  v.world_size = 4;
+  v.generation = 3;
+  v.state = "FORMED";
+  for (int r = 0; r < 4; ++r) v.members.push_back(MemberInfo{r, r < 2 ? "a" : "b", ""});
+  return v;
+}
+
+RankLedger Issued(int rank, int64_t seq, int op = kAllReduce, int64_t count = 1024, absl::Duration age = absl::Seconds(2)) {
+  RankLedger r;
+  r.rank = rank;
+  r.issued_seq = seq;
+  r.op = op;
+  r.dtype = kFloat32;
+  r.count = count;
+  r.reduce_op = kSum;
+  r.issued_age = age;
+  r.completed_seq = seq - 1;
+  return r;
+}
+
+HostLedger Host(std::vector<RankLedger> ranks, absl::Time received, int64_t generation = 3) {
+  HostLedger h;
+  h.generation = generation;
+  h.state = "ready";
+  h.ranks = std::move(ranks);
+  h.received = received;
+  return h;
+}
+
+TEST(LedgerTest, ARankThatNeverCallsIsNamedWithItsHostTheOpAndTheSequenceNumber) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 7), Issued(1, 7)}, now - absl::Seconds(1));
+  // Rank 3 completed #6 but never called #7.
+  RankLedger idle = Issued(3, 6, kAllReduce, 1024, absl::Seconds(30));
+  idle.completed_seq = 6;
+  reports["b"] = Host({Issued(2, 7, kAllReduce, 1024, absl::Seconds(5)), idle}, now);
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_EQ(d.oldest_incomplete_seq, 7);
+  EXPECT_EQ(d.oldest_incomplete_op, kAllReduce);
+  EXPECT_THAT(d.missing, ElementsAre(3));
+  EXPECT_THAT(d.arrived, ElementsAre(0, 1, 2));
+  EXPECT_THAT(d.unknown, IsEmpty());
+  EXPECT_THAT(d.disagreement, IsEmpty());
+  // Host a's report is a second old: its ranks called 2 + 1 s ago, before rank 2's 5 s.
+  EXPECT_EQ(d.waiting, absl::Seconds(5));
+  EXPECT_EQ(d.ranks[0].progress.issued_age, absl::Seconds(3));
+  EXPECT_EQ(d.ranks[0].report_age, absl::Seconds(1));
+  EXPECT_EQ(d.summary,
+            "all_reduce #7 of group \"world\" (generation 3): ranks [3] (host b) have not called it; ranks [0, 1, 2] "
+            "have, the first 5 s ago");
+}
+
+TEST(LedgerTest, RanksThatCallItWithOtherArgumentsAreNamed) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 2), Issued(1, 2, kAllReduce, 999)}, now);
+  reports["b"] = Host({Issued(2, 2), Issued(3, 2, kBroadcast)}, now);
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_EQ(d.oldest_incomplete_seq, 2);
+  EXPECT_THAT(d.missing, IsEmpty());
+  EXPECT_THAT(d.disagreement, HasSubstr("all_reduce count=1024 dtype=float32 op=SUM on ranks [0, 2]"));
+  EXPECT_THAT(d.disagreement, HasSubstr("all_reduce count=999 dtype=float32 op=SUM on ranks [1]"));
+  EXPECT_THAT(d.disagreement, HasSubstr("broadcast count=1024 dtype=float32 root=0 on ranks [3]"));
+  EXPECT_THAT(d.summary, HasSubstr("they disagree: "));
+}
+
+TEST(LedgerTest, AHostWithoutAReportOfThisGenerationIsUnknownNotMissing) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 0), Issued(1, 0)}, now);
+  reports["b"] = Host({Issued(2, 5), Issued(3, 5)}, now, /*generation=*/2);  // the last generation's
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_THAT(d.unknown, ElementsAre(2, 3));
+  EXPECT_THAT(d.missing, IsEmpty());
+  EXPECT_EQ(d.oldest_incomplete_seq, 0);
+  EXPECT_THAT(d.summary, HasSubstr("no ledger from ranks [2, 3] (host b)"));
+  EXPECT_FALSE(d.ranks[2].reported);
+}
+
+TEST(LedgerTest, AnIdleGroupHasNothingInFlight) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  for (const char* host : {"a", "b"}) {
+    std::vector<RankLedger> ranks;
+    for (int r = host[0] == 'a' ? 0 : 2, end = r + 2; r < end; ++r) {
+      RankLedger done = Issued(r, 9);
+      done.completed_seq = 9;
+      ranks.push_back(done);
+    }
+    reports[host] = Host(ranks, now);
+  }
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_EQ(d.oldest_incomplete_seq, -1);
+  EXPECT_THAT(d.summary, HasSubstr("no collective in flight; every reported rank completed collective #9"));
+  EXPECT_EQ(Diagnose(FourRanks(), {}, now).summary,
+            "group \"world\" (generation 3): no host has reported its ledger yet");
+}
+
+TEST(LedgerTest, AFailedHostIsNamedWithItsError) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 1), Issued(1, 1)}, now);
+  reports["b"] = Host({Issued(2, 0), Issued(3, 0)}, now);
+  reports["b"].ranks[0].completed_seq = 0;
+  reports["b"].ranks[1].completed_seq = 0;
+  reports["b"].state = "failed";
+  reports["b"].failure = "rank 3 of group \"world\" disconnected from host b";
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_EQ(d.oldest_incomplete_seq, 1);
+  EXPECT_THAT(d.missing, ElementsAre(2, 3));
+  EXPECT_THAT(d.summary, HasSubstr("host b failed the group: rank 3 of group \"world\" disconnected from host b"));
+}
+
+}  // namespace
+}  // namespace collserve::server
