@@ -37,6 +37,12 @@ namespace {
 
 namespace pb = ::collserve::v1;
 
+// The calling thread's call site (ScopedCallSite, SetCallSite).
+std::string& CallSiteOfThisThread() {
+  thread_local std::string call_site;
+  return call_site;
+}
+
 // Past the op deadline the sidecar must have answered; this much later Work::Wait gives up.
 constexpr absl::Duration kClientGrace = absl::Seconds(10);
 // Segments are rounded up to this, so tensors of similar size reuse one.
@@ -803,6 +809,9 @@ class SessionProcessGroup : public ProcessGroup {
   // Work) completes with the sidecar's answer, or at once if the session is gone.
   std::shared_ptr<Work> Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending) {
     pb::Collective* c = req.mutable_collective();
+    if (c->op() != pb::SEND && c->op() != pb::RECV && !CallSiteOfThisThread().empty()) {
+      c->set_call_site(CallSiteOfThisThread().substr(0, 256));
+    }
     std::shared_ptr<WorkImpl> work = pending->work;
     {
       absl::MutexLock lock(&segments_mu_);
@@ -1254,6 +1263,14 @@ absl::StatusOr<int> ProcessGroup::GetGroupRank(int global_rank) const {
   }
   return static_cast<int>(it - ranks.begin());
 }
+
+ScopedCallSite::ScopedCallSite(std::string call_site) : previous_(std::move(CallSiteOfThisThread())) {
+  CallSiteOfThisThread() = std::move(call_site);
+}
+
+ScopedCallSite::~ScopedCallSite() { CallSiteOfThisThread() = std::move(previous_); }
+
+void SetCallSite(std::string call_site) { CallSiteOfThisThread() = std::move(call_site); }
 
 absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   InitOptions o;

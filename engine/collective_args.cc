@@ -83,7 +83,32 @@ RankArgs ArgsOf(int rank, const Request& c, bool valid) {
   if (UsesReduceOp(c.op)) a.reduce_op = c.reduce_op;
   if (UsesRoot(c.op)) a.root = c.root;
   a.device = c.OnDevice() ? 1 : 0;
+  if (ChecksCallSite(c.op)) a.call_site = CallSiteFingerprint(c.call_site);
   return a;
+}
+
+bool ChecksCallSite(CollectiveOp op) {
+  return op != CollectiveOp::kBarrier && op != CollectiveOp::kMonitoredBarrier && op != CollectiveOp::kSend &&
+         op != CollectiveOp::kRecv;
+}
+
+int64_t CallSiteFingerprint(absl::string_view call_site) {
+  if (call_site.empty()) return 0;
+  uint64_t h = 14695981039346656037ull;  // FNV-1a, 64 bits
+  for (unsigned char c : call_site) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : static_cast<int64_t>(h);
+}
+
+std::map<int64_t, std::vector<int64_t>> CallSiteDisagreement(const std::vector<RankArgs>& all) {
+  std::map<int64_t, std::vector<int64_t>> by_site;
+  for (const RankArgs& a : all) {
+    if (a.valid && a.arrived && a.call_site != 0) by_site[a.call_site].push_back(a.rank);
+  }
+  if (by_site.size() < 2) by_site.clear();
+  return by_site;
 }
 
 absl::Status ValidateRequest(const Request& c, int rank, int world_size) {

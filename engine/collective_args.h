@@ -9,10 +9,12 @@
 #define COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "engine/types.h"
 
 namespace collserve::engine {
@@ -31,8 +33,26 @@ struct RankArgs {
   int64_t reduce_op = 0;
   int64_t root = 0;
   int64_t device = 0;   // where the tensors live: 0 = host memory, 1 = CUDA (Request::OnDevice)
+  int64_t call_site = 0;  // CallSiteFingerprint(Request::call_site); 0 = unknown
 };
-static_assert(sizeof(RankArgs) == 80, "RankArgs is exchanged as raw bytes");
+static_assert(sizeof(RankArgs) == 88, "RankArgs is exchanged as raw bytes");
+
+// The largest call site a request may carry, in bytes (longer ones are cut).
+inline constexpr size_t kMaxCallSiteBytes = 256;
+
+// Whether `op`'s call sites are compared: every collective with data. Not barriers: torch
+// programs pair barriers at different places on purpose ("if rank != 0: barrier() ...
+// if rank == 0: barrier()", so that rank 0 downloads first); not send/recv, which are
+// matched by peer and tag.
+bool ChecksCallSite(CollectiveOp op);
+
+// A fingerprint of a call site, the same on every host (64-bit FNV-1a); 0 for "" only.
+int64_t CallSiteFingerprint(absl::string_view call_site);
+
+// The call sites the ranks that gave one disagree on: fingerprint -> ranks, when there
+// are at least two (else empty). Ranks with call_site 0, valid == 0 or arrived == 0 are
+// not counted. Checked once Disagreement found nothing.
+std::map<int64_t, std::vector<int64_t>> CallSiteDisagreement(const std::vector<RankArgs>& all);
 
 // The op of exchanged args (a CollectiveOp value; remote bytes are checked by Disagreement).
 inline CollectiveOp OpOf(const RankArgs& a) { return static_cast<CollectiveOp>(a.op); }
@@ -55,7 +75,8 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 // entries that sum to the counts (see collectives.proto). INVALID_ARGUMENT with the reason.
 absl::Status ValidateRequest(const Request& c, int rank, int world_size);
 
-// "" if the ranks agree on op, and for that op on dtype, reduce_op, root and count; else
+// "" if the ranks agree on op, and for that op on dtype, reduce_op, root and count (call
+// sites: CallSiteDisagreement); else
 // a message naming which ranks called what, e.g.
 // "count=7 on ranks [1] but count=1000 on ranks [0, 2, 3]". Ranks with valid == 0 are
 // named as having sent invalid requests; ranks with arrived == 0 are ignored.

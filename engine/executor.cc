@@ -333,6 +333,12 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   const std::vector<RankArgs>& all = *exchanged;
   std::string disagreement = Disagreement(all);
+  if (disagreement.empty()) {
+    // The same op with the same arguments called from different places: a rank skipped or
+    // added a collective (no signature check sees it).
+    auto sites = CallSiteDisagreement(all);
+    if (!sites.empty()) disagreement = DescribeCallSites(sites, subs, timeout);
+  }
   if (disagreement.empty() && monitored) {
     std::vector<int64_t> missing;
     for (const RankArgs& a : all) {
@@ -390,6 +396,49 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   RecordCompletedLocked(seq, subs, status.code());
   if (!status.ok()) FailLocked(status);
+}
+
+std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t>>& sites,
+                                     const std::map<int, Submission>& subs, absl::Duration timeout) {
+  std::map<int64_t, std::string> text;  // fingerprint -> call site
+  for (const auto& [rank, sub] : subs) {
+    if (!sub.args.call_site.empty()) text[CallSiteFingerprint(sub.args.call_site)] = sub.args.call_site;
+  }
+  if (topology_.num_hosts > 1) {
+    // Every host found the same disagreement in the same exchanged arguments, so every host
+    // is here: one more all-gather, of each host's local call sites (the error path only).
+    const size_t slot = sizeof(int64_t) + kMaxCallSiteBytes;
+    const size_t max_local = static_cast<size_t>(topology_.max_local);
+    std::vector<char> send(slot * max_local, 0), recv(send.size() * static_cast<size_t>(topology_.num_hosts));
+    size_t i = 0;
+    for (const auto& [rank, sub] : subs) {
+      if (i == max_local) break;
+      const int64_t present = 1;
+      std::memcpy(send.data() + i * slot, &present, sizeof present);
+      std::memcpy(send.data() + i * slot + sizeof present, sub.args.call_site.data(),
+                  std::min(sub.args.call_site.size(), kMaxCallSiteBytes));
+      ++i;
+    }
+    if (comm_->AllGather(send.data(), recv.data(), send.size(), timeout).ok()) {
+      for (size_t s = 0; s + slot <= recv.size(); s += slot) {
+        int64_t present = 0;
+        std::memcpy(&present, recv.data() + s, sizeof present);
+        if (present != 1) continue;
+        const char* begin = recv.data() + s + sizeof present;
+        const std::string site(begin, strnlen(begin, kMaxCallSiteBytes));
+        if (!site.empty()) text[CallSiteFingerprint(site)] = site;
+      }
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [fingerprint, ranks] : sites) {
+    auto it = text.find(fingerprint);
+    parts.push_back(absl::StrCat("at ", it != text.end() ? it->second : "an unknown call site", " on ranks [",
+                                 absl::StrJoin(ranks, ", "), "]"));
+  }
+  return absl::StrCat("ranks called it from different places: ", absl::StrJoin(parts, " but "),
+                      " (a rank skipped or added a collective? If the program calls it from different places on "
+                      "purpose, call it from one function, or set COLLSERVE_CALL_SITES=0)");
 }
 
 std::string Group::DiagnosisSuffix() {

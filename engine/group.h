@@ -176,6 +176,12 @@ class Group : public std::enable_shared_from_this<Group> {
   // (bounded) for the stream and drops it and the communicator. Executor thread.
   void StopDevice(bool failed);
 
+  // "ranks called it from different places: at <site> on ranks [..] but at <site> on ranks
+  // [..] ..." for a CallSiteDisagreement: the sites' text from the local requests and, with
+  // several hosts, from one more all-gather among them (every host found the same
+  // disagreement, so every host takes part). Executor thread.
+  std::string DescribeCallSites(const std::map<int64_t, std::vector<int64_t>>& sites,
+                                const std::map<int, Submission>& subs, absl::Duration timeout);
   // "; the coordinator's ledger: <its diagnosis of this group>" for an error message, or ""
   // when it has none within kDiagnosisTimeout. Blocks; executor thread, no lock held.
   std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);

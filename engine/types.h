@@ -79,6 +79,8 @@ struct Request {
   // waited for before the op / recorded after it (collectives.proto).
   std::string cuda_ready_event;
   std::string cuda_done_event;
+  // Where the rank issued the call (collserve.v1.Collective.call_site); "" = unknown.
+  std::string call_site;
   // Whether the request names CUDA tensors.
   bool OnDevice() const { return !buffer.cuda_ipc_handle.empty(); }
 };

@@ -164,6 +164,9 @@ void BindStore(py::module_& m) {
         return StatusTuple(r);
       });
 
+  // set_call_site(site): the call site of this thread's next collectives (ScopedCallSite).
+  m.def("set_call_site", [](const std::string& site) { collserve::client::SetCallSite(site); });
+
   // connect_store(address, job, timeout_s, connect_timeout_s, token) -> (code, message, StoreClient);
   // token "" = JobTokenFromEnv()
   m.def("connect_store", [](const std::string& address, const std::string& job, double timeout_s,

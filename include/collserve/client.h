@@ -185,6 +185,29 @@ struct P2POp {
 
 class StoreClient;
 
+// Where in the program the calling thread issues its collectives from ("train.cc:42", or
+// any tag that names the call), for the check that catches a rank that skipped or added a
+// collective: the sidecars compare the call sites of every rank's collective of the same
+// sequence number, and ranks that called it from different places all get INVALID_ARGUMENT
+// naming them and both call sites (the group stays usable). Ranks without a call site are
+// not checked. At most 256 bytes are sent. Thread-local: a ScopedCallSite marks the
+// collectives its thread issues while it lives (the innermost one wins), and restores the
+// previous one when it ends. The Python SDK fills it in with the caller's file and line.
+class ScopedCallSite {
+ public:
+  explicit ScopedCallSite(std::string call_site);
+  ~ScopedCallSite();
+  ScopedCallSite(const ScopedCallSite&) = delete;
+  ScopedCallSite& operator=(const ScopedCallSite&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+// Sets the call site of this thread's next collectives until it is set again ("" = none):
+// for bindings that know it per call. C++ programs use ScopedCallSite. Thread-local.
+void SetCallSite(std::string call_site);
+
 // A process group (torch.distributed.ProcessGroup) backed by the sidecar.
 // Thread-safe; collectives issued from several threads are ordered by issue time, and
 // every rank must issue the group's collectives in the same order (as with torch).

@@ -17,6 +17,7 @@ import datetime as _datetime
 import enum as _enum
 import os as _os
 import pickle as _pickle
+import sys as _sys
 import time as _time
 
 from . import _collserve
@@ -25,6 +26,23 @@ from .errors import DistArgumentError, raise_for
 from .store import Store
 
 _DEFAULT_TIMEOUT_S = 300.0
+# This package's directory: frames inside it are not a call's call site.
+_PACKAGE_DIR = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
+# COLLSERVE_CALL_SITES=0 turns the call-site check off for this process.
+_CALL_SITES = _os.environ.get("COLLSERVE_CALL_SITES", "1") not in ("0", "false")
+
+
+def _call_site():
+    """Where the program called collserve: the first frame outside this package and outside
+    torch.distributed, as "file.py:line" (the file's base name, so that ranks running the
+    same program from different directories agree)."""
+    f = _sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_PACKAGE_DIR) and _os.sep + _os.path.join("torch", "distributed") + _os.sep not in name:
+            return f"{_os.path.basename(name)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
 
 
 class ReduceOp(_enum.IntEnum):
@@ -130,6 +148,15 @@ class ProcessGroup:
         if self._pg is None:
             raise ValueError("the process group has been destroyed")
         return self._pg
+
+    def _issue(self):
+        """_live(), after telling the SDK where the program issues the next collective from
+        (the sidecars compare it across ranks: a rank that skipped or added a collective is
+        named instead of silently pairing the wrong calls)."""
+        pg = self._live()
+        if _CALL_SITES:
+            _collserve.set_call_site(_call_site())
+        return pg
 
     def __repr__(self):
         return f"<collserve.ProcessGroup ranks={self.ranks}>" if self._pg else "<collserve.ProcessGroup destroyed>"
@@ -351,9 +378,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, premul_facto
     cuda = _tensors.cuda_view(tensor)
     if cuda is not None:
         p, n, d, stream = cuda
-        return _run(g, g._live().all_reduce_cuda(p, n, d, code, factor, stream), [tensor], async_op)
+        return _run(g, g._issue().all_reduce_cuda(p, n, d, code, factor, stream), [tensor], async_op)
     p, n, d = _tensors.view(tensor)
-    return _run(g, g._live().all_reduce(p, n, d, code, factor), [tensor], async_op)
+    return _run(g, g._issue().all_reduce(p, n, d, code, factor), [tensor], async_op)
 
 
 def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
@@ -363,7 +390,7 @@ def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, premul_fact
         return None
     p, n, d = _tensors.view(tensor)
     code, factor = _op(op, premul_factor)
-    return _run(g, g._live().reduce(p, n, d, code, factor, _local(g, dst, "dst")), [tensor], async_op)
+    return _run(g, g._issue().reduce(p, n, d, code, factor, _local(g, dst, "dst")), [tensor], async_op)
 
 
 def broadcast(tensor, src, group=None, async_op=False):
@@ -374,9 +401,9 @@ def broadcast(tensor, src, group=None, async_op=False):
     cuda = _tensors.cuda_view(tensor)
     if cuda is not None:
         p, n, d, stream = cuda
-        return _run(g, g._live().broadcast_cuda(p, n, d, _local(g, src, "src"), stream), [tensor], async_op)
+        return _run(g, g._issue().broadcast_cuda(p, n, d, _local(g, src, "src"), stream), [tensor], async_op)
     p, n, d = _tensors.view(tensor)
-    return _run(g, g._live().broadcast(p, n, d, _local(g, src, "src")), [tensor], async_op)
+    return _run(g, g._issue().broadcast(p, n, d, _local(g, src, "src")), [tensor], async_op)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -388,7 +415,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
     outs, counts, od = _tensors.views(tensor_list, True, "tensor_list")
     if od is not None and od != d:
         raise TypeError("all_gather: tensor_list must have the input tensor's dtype")
-    return _run(g, g._live().all_gather(outs, counts, p, n, d), list(tensor_list), async_op)
+    return _run(g, g._issue().all_gather(outs, counts, p, n, d), list(tensor_list), async_op)
 
 
 def _out_in(op, output, out_name, input, in_name):
@@ -417,8 +444,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         raise ValueError(f"all_gather_into_tensor: output_tensor has {no} elements, "
                          f"needs world_size * {ni} = {ni * g.size()}")
     if cuda is not None:
-        return _run(g, g._live().all_gather_into_tensor_cuda(po, pi, ni, do, stream), [output_tensor], async_op)
-    return _run(g, g._live().all_gather_into_tensor(po, pi, ni, do), [output_tensor], async_op)
+        return _run(g, g._issue().all_gather_into_tensor_cuda(po, pi, ni, do, stream), [output_tensor], async_op)
+    return _run(g, g._issue().all_gather_into_tensor(po, pi, ni, do), [output_tensor], async_op)
 
 
 def _root_list(g, root, tensors, writable, dtype, op, name, role):
@@ -444,7 +471,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
     p, n, d = _tensors.view(tensor, writable=False)
     root = _local(g, dst, "dst")
     outs, counts = _root_list(g, root, gather_list, True, d, "gather", "gather_list", "destination")
-    return _run(g, g._live().gather(p, n, outs, counts, d, root), list(gather_list or []), async_op)
+    return _run(g, g._issue().gather(p, n, outs, counts, d, root), list(gather_list or []), async_op)
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
@@ -455,7 +482,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False):
     p, n, d = _tensors.view(tensor)
     root = _local(g, src, "src")
     ins, counts = _root_list(g, root, scatter_list, False, d, "scatter", "scatter_list", "source")
-    return _run(g, g._live().scatter(p, n, ins, counts, d, root), [tensor], async_op)
+    return _run(g, g._issue().scatter(p, n, ins, counts, d, root), [tensor], async_op)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
@@ -468,7 +495,7 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     if idt is not None and idt != d:
         raise TypeError("reduce_scatter: input_list must have the output's dtype")
     code, factor = _op(op, premul_factor)
-    return _run(g, g._live().reduce_scatter(p, n, ins, counts, d, code, factor), [output], async_op)
+    return _run(g, g._issue().reduce_scatter(p, n, ins, counts, d, code, factor), [output], async_op)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, premul_factor=None):
@@ -485,9 +512,9 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         raise ValueError(f"reduce_scatter_tensor: input has {ni} elements, needs world_size * {no} = {no * g.size()}")
     code, factor = _op(op, premul_factor)
     if cuda is not None:
-        return _run(g, g._live().reduce_scatter_tensor_cuda(po, pi, no, do, code, factor, stream), [output],
+        return _run(g, g._issue().reduce_scatter_tensor_cuda(po, pi, no, do, code, factor, stream), [output],
                     async_op)
-    return _run(g, g._live().reduce_scatter_tensor(po, pi, no, do, code, factor), [output], async_op)
+    return _run(g, g._issue().reduce_scatter_tensor(po, pi, no, do, code, factor), [output], async_op)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
@@ -500,7 +527,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if od is not None and idt is not None and od != idt:
         raise TypeError("all_to_all: the output and input tensors must share a dtype")
     dtype = od if od is not None else (idt if idt is not None else 1)
-    return _run(g, g._live().all_to_all(outs, out_counts, ins, in_counts, dtype), list(output_tensor_list),
+    return _run(g, g._issue().all_to_all(outs, out_counts, ins, in_counts, dtype), list(output_tensor_list),
                 async_op)
 
 
@@ -514,7 +541,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     po, no, pi, ni, do = _out_in("all_to_all_single", output, "output", input, "input")
     out_splits = [int(s) * _tensors.rows(output) for s in output_split_sizes or []]
     in_splits = [int(s) * _tensors.rows(input) for s in input_split_sizes or []]
-    return _run(g, g._live().all_to_all_single(po, no, pi, ni, out_splits, in_splits, do), [output], async_op)
+    return _run(g, g._issue().all_to_all_single(po, no, pi, ni, out_splits, in_splits, do), [output], async_op)
 
 
 def barrier(group=None, async_op=False, device_ids=None):
@@ -523,7 +550,7 @@ def barrier(group=None, async_op=False, device_ids=None):
     g = _group(group)
     if g is None:
         return None
-    return _run(g, g._live().barrier(), None, async_op)
+    return _run(g, g._issue().barrier(), None, async_op)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -533,7 +560,7 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if g is None:
         return None
     t = _seconds(timeout, _state["timeout"])
-    return _run(g, g._live().monitored_barrier(t, bool(wait_all_ranks)), None, False)
+    return _run(g, g._issue().monitored_barrier(t, bool(wait_all_ranks)), None, False)
 
 
 def isend(tensor, dst, group=None, tag=0):

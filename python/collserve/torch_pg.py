@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from . import _collserve
 from . import _tensors
+from .distributed_c10d import _CALL_SITES, _call_site
 from .errors import raise_for
 
 BACKEND = "collserve"
@@ -260,8 +261,12 @@ class CollserveProcessGroup(dist.ProcessGroup):
 
     # ---- plumbing ----
     def _live(self):
+        """The SDK's process group, after telling it where the program issues the next
+        collective from (the sidecars compare call sites across ranks: distributed_c10d)."""
         if self._pg is None:
             raise RuntimeError("collserve: the process group has been shut down")
+        if _CALL_SITES:
+            _collserve.set_call_site(_call_site())
         return self._pg
 
     def _work(self, op, work, result, keep, finish=None, device=None):

@@ -55,6 +55,7 @@ engine::Request FromProto(pb::Collective&& c) {
   r.input_splits.assign(c.input_splits().begin(), c.input_splits().end());
   r.output_splits.assign(c.output_splits().begin(), c.output_splits().end());
   r.premul_factor = c.premul_factor();
+  r.call_site = c.call_site().substr(0, engine::kMaxCallSiteBytes);
   r.peer = c.peer();
   r.tag = c.tag();
   r.wait_all_ranks = c.wait_all_ranks();

@@ -5,6 +5,7 @@
 
 #include "collserve/v1/collectives.pb.h"
 #include "collserve/v1/registry.pb.h"
+#include "engine/collective_args.h"
 #include "engine/types.h"
 
 namespace collserve::server {

@@ -301,6 +301,30 @@ TEST(EngineTest, DisagreementNamesTheRanksAndTheGroupStaysUsable) {
   });
 }
 
+TEST(EngineTest, CallSitesThatDifferNameTheRanksAndBothPlacesAcrossHosts) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("sites", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [&](TestRank& r) {
+    // Rank 3 (host 1) skipped the collective at train.py:10 and calls the next one, at
+    // train.py:12, with the same op, count and dtype: only the call sites tell them apart.
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    q.call_site = r.rank == 3 ? "train.py:12" : "train.py:10";
+    Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("all_reduce #0 of group \"sites\": ranks disagree: ranks called it "
+                                              "from different places: "));
+    EXPECT_THAT(c.status.message(), HasSubstr("at train.py:10 on ranks [0, 1, 2]"));
+    EXPECT_THAT(c.status.message(), HasSubstr("at train.py:12 on ranks [3]"));
+    // Nothing moved: the next collective works; a rank without a call site is not checked.
+    q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    q.call_site = r.rank == 0 ? "" : "train.py:20";
+    c = r.Call(q);
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(4.0f, 8.0f));
+  });
+}
+
 TEST(EngineTest, BackToBackCollectivesShareOneArgumentExchange) {
   TestCluster cluster(2);
   auto formed = cluster.Form("ahead", 4);

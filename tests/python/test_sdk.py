@@ -133,6 +133,21 @@ def test_desync_raises_argument_error_naming_ranks(cluster):
         assert "count=7 on ranks [2] but count=16 on ranks [0, 1]" in text, text
 
 
+def test_a_skipped_collective_is_named_by_its_call_sites(cluster):
+    """The skip no op/count/dtype check sees: every rank gets DistArgumentError naming the
+    ranks and both places in the program; nothing moved, so the barrier after it works."""
+    import re
+    here = open(WORKER).read().splitlines()
+    first = 1 + next(i for i, line in enumerate(here) if "# worker.py: the first all_reduce" in line)
+    second = 1 + next(i for i, line in enumerate(here) if "# every rank: the second all_reduce" in line)
+    for code, text in outputs(cluster.ranks("skip", 3)):
+        assert "error DistArgumentError/DistBackendError/DistError" in text, text
+        assert re.search(rf"ranks called it from different places: at worker.py:{first} on ranks \[0, 1\] but at "
+                         rf"worker.py:{second} on ranks \[2\]|at worker.py:{second} on ranks \[2\] but at "
+                         rf"worker.py:{first} on ranks \[0, 1\]", text), text
+        assert "barrier ok" in text, text
+
+
 def test_timeout_raises_timeout_error(cluster):
     (code, text), _ = outputs(cluster.ranks("timeout", 2, COLLSERVE_OP_TIMEOUT_S=2))
     assert "error DistTimeoutError/DistBackendError/DistError" in text, text

@@ -54,8 +54,15 @@ def free_port():
     raise RuntimeError("no free port below the ephemeral range")
 
 
-def embedded_dirs():
-    return set(d for d in os.listdir(tempfile.gettempdir()) if d.startswith("collserve-embedded-"))
+def private_tmp():
+    """A temp dir of the test's own, the TMPDIR of the ranks it starts: their embedded
+    services' directory lands there, so the check that it is gone afterwards looks at
+    nothing but what this test made (other tests and jobs may run on the machine)."""
+    return tempfile.mkdtemp(prefix="collserve-test-tmp-")
+
+
+def embedded_dirs(tmp):
+    return set(d for d in os.listdir(tmp) if d.startswith("collserve-embedded-"))
 
 
 def servers_started_by(pids):
@@ -69,11 +76,11 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
     dict or a function of the rank); returns their (exit code, output) after checking that
     nothing was left behind and, with expect_ok, that every rank succeeded."""
     port = free_port()
-    before = embedded_dirs()
+    tmp = private_tmp()
     procs = []
     for rank in range(world):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
-        e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=tmp,
                  **(env(rank) if callable(env) else env or {}))
         procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
@@ -90,8 +97,11 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
         assert not expect_ok or (p.returncode == 0 and f"rank {rank}: {args[0]} ok" in out), \
             f"rank {rank} (exit {p.returncode}):\n{out}"
     assert not servers_started_by({str(p.pid) for p in procs})
-    if expect_ok:
-        assert embedded_dirs() <= before, "the embedded services' directory was left behind"
+    try:
+        if expect_ok:
+            assert not embedded_dirs(tmp), "the embedded services' directory was left behind"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
@@ -177,11 +187,11 @@ def test_embedded_services_end_with_the_rank_that_started_them():
     """SIGKILLed ranks cannot clean up: their servers still end (PR_SET_PDEATHSIG); the
     directory they leave (logs, socket) is removed here."""
     port = free_port()
-    before = embedded_dirs()
+    tmp = private_tmp()
     procs = []
     for rank in range(2):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
-        e.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        e.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=tmp)
         procs.append(subprocess.Popen([sys.executable, WORKER, "idle", "collserve", "env"], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
@@ -201,8 +211,7 @@ def test_embedded_services_end_with_the_rank_that_started_them():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for d in embedded_dirs() - before:
-            shutil.rmtree(os.path.join(tempfile.gettempdir(), d), ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _running(pid):
@@ -304,19 +313,23 @@ def only_backend_changed(program, port):
 def run_program(source, tmp_path, *args):
     path = tmp_path / "program.py"
     path.write_text(source)
-    before = embedded_dirs()
+    tmp = private_tmp()
     # In a session of its own, so that a timeout also stops the ranks it spawned.
+    env = {k: v for k, v in os.environ.items() if k != "COLLSERVE_SIDECAR"}
+    env["TMPDIR"] = tmp
     proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            env={k: v for k, v in os.environ.items() if k != "COLLSERVE_SIDECAR"})
+                            text=True, start_new_session=True, env=env)
     try:
-        stdout, stderr = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"{path} did not finish within 180 s:\n{stdout}{stderr}")
-    assert proc.returncode == 0, stdout + stderr
-    assert embedded_dirs() <= before
+        try:
+            stdout, stderr = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"{path} did not finish within 180 s:\n{stdout}{stderr}")
+        assert proc.returncode == 0, stdout + stderr
+        assert not embedded_dirs(tmp), "the embedded services' directory was left behind"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return stdout
 
 

@@ -288,12 +288,15 @@ def gil():
     import time
     dist.init_process_group(init_method="env://")
     dist.barrier()
+
+    def reduce(t):  # one place in the program for both ranks' all_reduce (its call site)
+        dist.all_reduce(t)
     if dist.get_rank() == 0:
         done = threading.Event()
         t = np.ones(4)
 
         def blocked():
-            dist.all_reduce(t)
+            reduce(t)
             done.set()
         threading.Thread(target=blocked).start()
         ticks = 0
@@ -303,7 +306,7 @@ def gil():
         assert t.tolist() == [2.0] * 4 and ticks > 100, (t, ticks)
     else:
         time.sleep(1.0)
-        dist.all_reduce(np.ones(4))
+        reduce(np.ones(4))
     dist.barrier()
     print("ok gil")
 
@@ -321,6 +324,20 @@ def desync():
     dist.init_process_group(init_method="env://")
     n = 7 if dist.get_rank() == dist.get_world_size() - 1 else 16
     report(lambda: dist.all_reduce(np.ones(n, dtype=np.float32)))
+
+
+def skip():
+    """The last rank skips the first of two identical all_reduces (same op, count and dtype:
+    no signature check can see it): the call sites disagree."""
+    dist.init_process_group(init_method="env://")
+    t = np.ones(8, dtype=np.float32)
+    if dist.get_rank() != dist.get_world_size() - 1:
+        report(lambda: dist.all_reduce(t))  # worker.py: the first all_reduce
+    else:
+        report(lambda: dist.all_reduce(t))  # every rank: the second all_reduce
+    # Nothing moved: the group goes on.
+    dist.barrier()
+    print("barrier ok")
 
 
 def timeout():
@@ -348,6 +365,6 @@ def sidecar_gone():
 
 
 if __name__ == "__main__":
-    modes = {"api": api, "groups": groups, "store": store, "gil": gil, "desync": desync, "timeout": timeout, "badrank": badrank,
+    modes = {"api": api, "groups": groups, "store": store, "gil": gil, "desync": desync, "skip": skip, "timeout": timeout, "badrank": badrank,
              "sidecar_gone": sidecar_gone}
     modes[sys.argv[1]](*sys.argv[2:])
