@@ -26,6 +26,8 @@ constexpr const char* kMethods[] = {
     "/collserve.v1.Store/DeleteKey", "/collserve.v1.Store/NumKeys",  "/collserve.v1.Store/MultiGet",
     "/collserve.v1.Store/MultiSet",  "/collserve.v1.Store/Append",   "/collserve.v1.Registry/Join",
     "/collserve.v1.Registry/Leave",  "/collserve.v1.Registry/Describe", "/collserve.v1.Registry/List",
+    "/collserve.v1.Registry/ReportProgress", "/collserve.v1.Registry/DiagnoseGroup",
+    "/collserve.v1.Auth/Authenticate", "/collserve.v1.Auth/MintJobToken", "/collserve.v1.Auth/RevokeJobTokens",
 };
 
 struct Target {
