@@ -11,7 +11,7 @@
 # apt sources are those mirrors (the Dockerfiles run apt-get update against them).
 #
 # Needs mmdebstrap (apt-get install mmdebstrap) and root, or a user that may create user
-# namespaces (mmdebstrap's unshare mode). Takes about a minute; the tarball is ~100 MB.
+# namespaces (mmdebstrap's unshare mode). Measured here: 25 s, a 170 MB tarball (bookworm).
 set -euo pipefail
 
 usage() {
