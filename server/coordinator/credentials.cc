@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/common/bearer.h"
 #include "server/coordinator/jobs.h"
 
 namespace collserve::server {
@@ -28,21 +29,6 @@ namespace {
 // '#' is not a job-name character, so no job's key can be this one.
 constexpr absl::string_view kMintedKey = "#auth/minted";
 constexpr absl::string_view kMintedPrefix = "csj_";
-
-// The token inside an authorization value: "" for none, else "Bearer <token>".
-absl::StatusOr<absl::string_view> BearerToken(absl::string_view authorization) {
-  if (authorization.empty()) return absl::string_view();
-  constexpr absl::string_view kScheme = "bearer ";
-  if (authorization.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(authorization, kScheme)) {
-    return absl::UnauthenticatedError("malformed authorization metadata: expected \"Bearer <token>\"");
-  }
-  absl::string_view token = absl::StripAsciiWhitespace(authorization.substr(kScheme.size()));
-  if (token.empty() || token.size() > kMaxTokenBytes) {
-    return absl::UnauthenticatedError(
-        absl::StrCat("malformed authorization metadata: a token has 1 to ", kMaxTokenBytes, " bytes"));
-  }
-  return token;
-}
 
 // Reads a token file: its content without surrounding whitespace, at least kMinTokenBytes.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
@@ -160,8 +146,8 @@ absl::Status JobCredentials::AuthorizeAdmin(absl::string_view authorization, abs
 absl::StatusOr<std::string> JobCredentials::Mint(const std::string& job) {
   unsigned char random[32];
   if (RAND_bytes(random, sizeof random) != 1) return absl::InternalError("no random bytes for a token (RAND_bytes)");
-  const std::string token = absl::StrCat(
-      kMintedPrefix, absl::WebSafeBase64Escape(absl::string_view(reinterpret_cast<const char*>(random), sizeof random)));
+  const absl::string_view bytes(reinterpret_cast<const char*>(random), sizeof random);
+  const std::string token = absl::StrCat(kMintedPrefix, absl::WebSafeBase64Escape(bytes));
   const Digest d = DigestOf(token);
   const std::string name = JobOf(job);
   absl::MutexLock mint_lock(&mint_mu_);

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/common/bearer.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -48,8 +49,6 @@ struct CredentialsOptions {
 
 // Configured tokens shorter than this are refused (a guessable token is no credential).
 inline constexpr size_t kMinTokenBytes = 16;
-// The largest token accepted from a file or a caller.
-inline constexpr size_t kMaxTokenBytes = 4096;
 
 // What a call was let in as.
 enum class Principal { kJob, kAdmin, kUnauthenticated };

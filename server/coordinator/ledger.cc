@@ -45,7 +45,10 @@ std::string ArgsText(const RankLedger& r) {
   return out;
 }
 
-std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(absl::Trunc(d, absl::Milliseconds(100))), " s"); }
+// "12.3 s": `d` to a tenth of a second.
+std::string Seconds(absl::Duration d) {
+  return absl::StrCat(absl::ToDoubleSeconds(absl::Trunc(d, absl::Milliseconds(100))), " s");
+}
 
 }  // namespace
 

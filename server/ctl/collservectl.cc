@@ -199,7 +199,8 @@ absl::Status Groups(const Ctl& c) {
     }
     return absl::OkStatus();
   }
-  std::vector<std::vector<std::string>> rows = {{"GROUP", "GENERATION", "STATE", "RANKS", "HOSTS", "COMPLETED", "IN FLIGHT"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"GROUP", "GENERATION", "STATE", "RANKS", "HOSTS", "COMPLETED", "IN FLIGHT"}};
   for (const pb::GroupInfo& g : list->groups()) {
     std::set<std::string> hosts;
     for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
@@ -240,7 +241,9 @@ absl::Status Describe(const Ctl& c, const std::string& group) {
   std::cout << "group \"" << resp.group().group() << "\" (job " << c.job() << "): generation "
             << resp.group().generation() << ", " << resp.group().state() << "\n";
   std::vector<std::vector<std::string>> rows = {{"RANK", "HOST", "ADDRESS"}};
-  for (const pb::Member& m : resp.group().members()) rows.push_back({absl::StrCat(m.rank()), m.host_id(), m.host_address()});
+  for (const pb::Member& m : resp.group().members()) {
+    rows.push_back({absl::StrCat(m.rank()), m.host_id(), m.host_address()});
+  }
   PrintTable(rows);
   return absl::OkStatus();
 }

@@ -31,6 +31,7 @@
 #include "common/fd_channel.h"
 #include "common/grpc_status.h"
 #include "engine/engine.h"
+#include "server/common/bearer.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
 #include "server/common/metrics.h"
@@ -52,17 +53,6 @@ constexpr absl::Duration kHealthProbePeriod = absl::Seconds(2);
 constexpr absl::Duration kHealthProbeTimeout = absl::Seconds(2);
 // How long a new session waits for the coordinator to check its credential.
 constexpr absl::Duration kAuthenticateTimeout = absl::Seconds(10);
-
-// The token of an "authorization" metadata value: "" when absent; UNAUTHENTICATED when it
-// is not "Bearer <token>" (RFC 6750 §2.1).
-absl::StatusOr<std::string> BearerCredential(absl::string_view authorization) {
-  if (authorization.empty()) return std::string();
-  constexpr absl::string_view kScheme = "bearer ";
-  if (authorization.size() <= kScheme.size() || !absl::StartsWithIgnoreCase(authorization, kScheme)) {
-    return absl::UnauthenticatedError("malformed authorization metadata: expected \"Bearer <token>\"");
-  }
-  return std::string(absl::StripAsciiWhitespace(authorization.substr(kScheme.size())));
-}
 
 class SidecarImpl;
 
@@ -151,7 +141,9 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   SessionReactor(SidecarImpl* sidecar, std::string peer, absl::string_view authorization)
       : sidecar_(sidecar), peer_(std::move(peer)), handle_(std::make_shared<SessionHandle>()) {
     handle_->Bind(this);
-    credential_ = BearerCredential(authorization);
+    auto token = BearerToken(authorization);
+    if (token.ok()) credential_ = std::string(*token);
+    else credential_ = token.status();
     StartRead(&request_);
   }
 
