@@ -34,8 +34,11 @@ struct RankArgs {
   int64_t root = 0;
   int64_t device = 0;   // where the tensors live: 0 = host memory, 1 = CUDA (Request::OnDevice)
   int64_t call_site = 0;  // CallSiteFingerprint(Request::call_site); 0 = unknown
+  // When the request reached its sidecar (Unix ns, that host's clock; 0 = unknown): the
+  // flight recorder's arrival times and skew. Not compared between ranks.
+  int64_t arrived_ns = 0;
 };
-static_assert(sizeof(RankArgs) == 88, "RankArgs is exchanged as raw bytes");
+static_assert(sizeof(RankArgs) == 96, "RankArgs is exchanged as raw bytes");
 
 // The largest call site a request may carry, in bytes (longer ones are cut).
 inline constexpr size_t kMaxCallSiteBytes = 256;

@@ -118,6 +118,9 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.ring_segment_bytes = options_.ring_segment_bytes;
     env.device = options_.device;
     env.device_unavailable = options_.device_unavailable;
+    env.flight_recorder_entries = std::max(options_.flight_recorder_entries, 0);
+    env.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
+    env.straggler_threshold = options_.straggler_threshold;
     env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
     slot = std::make_shared<Group>(std::move(env), params);
     if (observer_ != nullptr) observer_->OnGroups(1);

@@ -50,6 +50,16 @@ struct EngineOptions {
   // (CoordinatorLink::ReportProgress), when it changed; <= 0 = never. Default 1 s: a rank
   // that never calls is in the coordinator's diagnosis within about a second of the others.
   absl::Duration progress_interval = absl::Seconds(1);
+  // The flight recorder (common/flight_record.h): the last `flight_recorder_entries`
+  // collectives of each group (0 = none kept). A collective that takes longer than
+  // `flight_recorder_log_threshold` from its first rank's arrival to its completion, or
+  // that fails its group, has the group's records handed to EngineObserver::OnFlightRecorderDump
+  // (the sidecar logs them as JSON); <= 0 = never.
+  int flight_recorder_entries = 128;
+  absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
+  // A collective whose last rank called it at least this long after its first is counted
+  // as a straggler on the last rank's host (EngineObserver::OnStraggler).
+  absl::Duration straggler_threshold = absl::Milliseconds(100);
 };
 
 // Thread-safe.

@@ -17,6 +17,16 @@
 #include "engine/group.h"
 
 namespace collserve::engine {
+namespace {
+
+// A queued request's exchanged arguments, with its arrival time.
+RankArgs ArgsOfSubmission(int rank, const Submission& sub) {
+  RankArgs a = ArgsOf(rank, sub.args, sub.error.ok());
+  a.arrived_ns = absl::ToUnixNanos(sub.submitted);
+  return a;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
   if (topology_.num_hosts <= 1) return std::unique_ptr<backends::Communicator>();
@@ -114,6 +124,11 @@ void Group::ExecutorMain() {
               " after ", absl::FormatDuration(first->deadline - first->submitted), ": local ranks [",
               absl::StrJoin(missing, ", "), "] did not call it (local ranks [", absl::StrJoin(called, ", "),
               "] did)")));
+          if (env_.observer != nullptr && env_.flight_recorder_entries > 0) {
+            env_.observer->OnFlightRecorderDump(params_.job, params_.name, topology_.generation,
+                                                std::string(failure_.message()),
+                                                std::vector<FlightRecord>(flight_.begin(), flight_.end()));
+          }
           break;
         }
         // A monitored_barrier goes on without them, so that every host learns who is missing.
@@ -131,7 +146,7 @@ void Group::ExecutorMain() {
           std::vector<RankArgs> next;
           for (const auto& [rank, local] : locals_) {
             if (local.queue.size() <= d || local.queue[d].args.op == CollectiveOp::kMonitoredBarrier) break;
-            next.push_back(ArgsOf(rank, local.queue[d].args, local.queue[d].error.ok()));
+            next.push_back(ArgsOfSubmission(rank, local.queue[d]));
           }
           if (next.size() != locals_.size()) break;
           ahead.push_back(std::move(next));
@@ -264,6 +279,7 @@ absl::StatusOr<std::vector<RankSplits>> Group::ExchangeSplits(const std::map<int
 
 void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent,
                           const std::vector<std::vector<RankArgs>>& ahead) {
+  const absl::Time started = absl::Now();
   absl::Time deadline = absl::InfiniteFuture();
   for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
   absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
@@ -274,16 +290,18 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     // join at their deadline. Give them one more barrier timeout to arrive.
     timeout += args.timeout_ms > 0 ? absl::Milliseconds(args.timeout_ms) : params_.op_timeout;
   }
+  const std::vector<RankArgs>* exchanged_args = nullptr;  // once the exchange succeeded
   auto fail_all = [&](const absl::Status& s) {
     absl::MutexLock lock(&mu_);
+    // Recorded first, so that a rank that has its answer finds it in the ledger.
+    RecordCompletedLocked(seq, subs, s, exchanged_args, "", started, /*fails_group=*/true);
     for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
-    RecordCompletedLocked(seq, subs, s.code());
     FailLocked(s);
   };
 
   // 1. Every rank's arguments, from every host, before any data moves.
   std::vector<RankArgs> mine;
-  for (const auto& [rank, sub] : subs) mine.push_back(ArgsOf(rank, sub.args, sub.error.ok()));
+  for (const auto& [rank, sub] : subs) mine.push_back(ArgsOfSubmission(rank, sub));
   for (int rank : absent) {
     RankArgs a = ArgsOf(rank, args, true);
     a.arrived = 0;
@@ -332,6 +350,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     return;
   }
   const std::vector<RankArgs>& all = *exchanged;
+  exchanged_args = &all;
   std::string disagreement = Disagreement(all);
   if (disagreement.empty()) {
     // The same op with the same arguments called from different places: a rank skipped or
@@ -365,13 +384,14 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   if (!disagreement.empty()) {
     absl::MutexLock lock(&mu_);
+    RecordCompletedLocked(seq, subs, absl::InvalidArgumentError(absl::StrCat("ranks disagree: ", disagreement)), &all,
+                          "", started, /*fails_group=*/false);
     for (const auto& [rank, sub] : subs) {
       std::string msg = absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
                                      "\": ranks disagree: ", disagreement);
       if (!sub.error.ok()) absl::StrAppend(&msg, "; this rank's request: ", sub.error.message());
       Complete(sub, absl::InvalidArgumentError(msg), env_.observer);
     }
-    RecordCompletedLocked(seq, subs, absl::StatusCode::kInvalidArgument);
     return;  // nothing moved: the group stays usable
   }
 
@@ -390,11 +410,11 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
                           absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name, "\": ", status.message()));
   }
   absl::MutexLock lock(&mu_);
+  RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
   for (auto& [rank, sub] : subs) {
     sub.algorithm = algorithm;
     Complete(sub, status, env_.observer);
   }
-  RecordCompletedLocked(seq, subs, status.code());
   if (!status.ok()) FailLocked(status);
 }
 

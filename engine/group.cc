@@ -199,16 +199,78 @@ void Group::Submit(int rank, Request request) {
   ++submissions_;
 }
 
-void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, absl::StatusCode code) {
+void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, const absl::Status& status,
+                                  const std::vector<RankArgs>* all, const char* algorithm, absl::Time started,
+                                  bool fails_group) {
   const absl::Time now = absl::Now();
   for (const auto& [rank, sub] : subs) {
     auto it = locals_.find(rank);
     if (it == locals_.end()) continue;
     it->second.completed_seq = seq;
     it->second.completed_at = now;
-    it->second.completed_code = code;
+    it->second.completed_code = status.code();
   }
   ++progress_version_;
+  if (env_.flight_recorder_entries <= 0 || subs.empty()) return;
+
+  // The flight recorder.
+  const Submission& first = subs.begin()->second;
+  FlightRecord r;
+  r.seq = seq;
+  r.op = static_cast<int>(first.args.op);
+  if (first.args.op != CollectiveOp::kBarrier && first.args.op != CollectiveOp::kMonitoredBarrier) {
+    r.dtype = first.args.dtype;
+    r.count = first.args.count;
+    if (IsValidDataType(first.args.dtype) && first.args.count >= 0 && first.args.count <= kMaxTensorBytes) {
+      r.bytes = first.args.count * static_cast<int64_t>(ElementSize(static_cast<DataType>(first.args.dtype)));
+    }
+  }
+  r.algorithm = algorithm;
+  r.code = status.code();
+  r.error = std::string(status.message().substr(0, FlightRecord::kMaxErrorBytes));
+  r.started = started;
+  r.completed = now;
+  for (const auto& [rank, local] : locals_) r.local_ranks.push_back(rank);
+  if (all != nullptr) {
+    for (const RankArgs& a : *all) {
+      if (a.arrived && a.arrived_ns > 0) r.arrivals.push_back({static_cast<int>(a.rank), absl::FromUnixNanos(a.arrived_ns)});
+    }
+  } else {
+    for (const auto& [rank, sub] : subs) r.arrivals.push_back({rank, sub.submitted});
+  }
+  absl::Time earliest = now;
+  if (!r.arrivals.empty()) {
+    // Skew over every rank only: with the local ranks' alone it would understate it.
+    const bool every_rank = static_cast<int>(r.arrivals.size()) == params_.world_size;
+    const FlightRecord::Arrival* lo = &r.arrivals[0];
+    const FlightRecord::Arrival* hi = &r.arrivals[0];
+    for (const FlightRecord::Arrival& a : r.arrivals) {
+      if (a.arrived < lo->arrived) lo = &a;
+      if (a.arrived > hi->arrived) hi = &a;
+    }
+    earliest = lo->arrived;
+    if (every_rank && formed_) {
+      r.last_rank = hi->rank;
+      r.arrival_skew = hi->arrived - lo->arrived;
+      if (env_.observer != nullptr) {
+        if (topology_.rank_host[0] == topology_.host_index) env_.observer->OnArrivalSkew(r.arrival_skew);
+        if (r.arrival_skew >= env_.straggler_threshold && locals_.count(r.last_rank) > 0) env_.observer->OnStraggler();
+      }
+    }
+  }
+  const bool slow =
+      env_.flight_recorder_log_threshold > absl::ZeroDuration() && now - earliest > env_.flight_recorder_log_threshold;
+  flight_.push_back(std::move(r));
+  while (flight_.size() > static_cast<size_t>(env_.flight_recorder_entries)) flight_.pop_front();
+  if ((slow || (fails_group && !status.ok())) && env_.observer != nullptr) {
+    const std::string reason =
+        slow ? absl::StrCat(OpName(first.args.op), " #", seq, " took ", absl::FormatDuration(now - earliest),
+                            " from its first rank's call, over the flight recorder's log threshold of ",
+                            absl::FormatDuration(env_.flight_recorder_log_threshold))
+             : absl::StrCat(OpName(first.args.op), " #", seq, " failed the group: ", status.message());
+    env_.observer->OnFlightRecorderDump(params_.job, params_.name, formed_ ? topology_.generation : 0, reason,
+                                        std::vector<FlightRecord>(flight_.begin(), flight_.end()));
+  }
 }
 
 GroupProgress Group::Progress(std::string* credential, uint64_t* version) {
@@ -253,6 +315,17 @@ GroupProgress Group::Progress(std::string* credential, uint64_t* version) {
       if (local.completed_code != absl::StatusCode::kOk) r.completed_status = absl::StatusCodeToString(local.completed_code);
     }
     p.ranks.push_back(std::move(r));
+  }
+  const size_t published = std::min(flight_.size(), GroupProgress::kPublishedFlightRecords);
+  for (auto it = flight_.end() - static_cast<std::ptrdiff_t>(published); it != flight_.end(); ++it) {
+    FlightRecord r = *it;
+    // Each host publishes its own ranks' arrivals (the coordinator merges them).
+    std::vector<FlightRecord::Arrival> local;
+    for (const FlightRecord::Arrival& a : r.arrivals) {
+      if (locals_.count(a.rank) > 0) local.push_back(a);
+    }
+    r.arrivals = std::move(local);
+    p.records.push_back(std::move(r));
   }
   *credential = credential_;
   *version = progress_version_ + (static_cast<uint64_t>(state_) << 56);

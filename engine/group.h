@@ -54,6 +54,10 @@ struct GroupEnv {
   // FAILED_PRECONDITION naming device_unavailable.
   backends::DeviceRuntime* device = nullptr;
   std::string device_unavailable;
+  // The flight recorder and straggler signal (EngineOptions' fields of the same names).
+  int flight_recorder_entries = 128;
+  absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
+  absl::Duration straggler_threshold = absl::Milliseconds(100);
   // Called (once, with the group's lock held: must not block) when the group has no local
   // ranks left; the engine drops it.
   std::function<void(const std::string& job, const std::string& group)> on_empty;
@@ -187,9 +191,14 @@ class Group : public std::enable_shared_from_this<Group> {
   std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
 
-  // The ledger: the executor answered collective `seq` of these local ranks with `code`.
-  void RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, absl::StatusCode code)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ledger and the flight recorder: the executor answered collective `seq` of these
+  // local ranks with `status`; it took it up at `started`. `all`: every rank's exchanged
+  // arguments (their arrival times), null when the exchange failed; `algorithm`: how the
+  // data step ran ("" when it did not). `fails_group`: the status fails the group (its
+  // records are then dumped, as for a collective slower than the log threshold).
+  void RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, const absl::Status& status,
+                             const std::vector<RankArgs>* all, const char* algorithm, absl::Time started,
+                             bool fails_group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -210,6 +219,8 @@ class Group : public std::enable_shared_from_this<Group> {
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
   uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the executor to recompute its deadline
   uint64_t progress_version_ ABSL_GUARDED_BY(mu_) = 0;  // Progress()'s version
+  // The flight recorder: the last env_.flight_recorder_entries collectives, oldest first.
+  std::deque<FlightRecord> flight_ ABSL_GUARDED_BY(mu_);
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.

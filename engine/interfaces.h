@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -90,6 +91,19 @@ class EngineObserver {
   // before a collective's data step; collectives whose arguments rode with an earlier
   // exchange have none). Called on the group's executor thread.
   virtual void OnArgumentExchange() {}
+  // A collective's arrival skew: its last rank's arrival minus its first's, over every rank
+  // of the group. Reported by one host per group (the host of the group's rank 0), so that
+  // each collective counts once. Executor thread.
+  virtual void OnArrivalSkew(absl::Duration skew) {}
+  // A collective's last rank is on this host and called it at least the straggler
+  // threshold (EngineOptions::straggler_threshold) after the first rank. Executor thread.
+  virtual void OnStraggler() {}
+  // The flight recorder of group `group` of `job` (generation `generation`; `records` oldest
+  // first) because of `reason` (a collective slower than the log threshold, or one that
+  // failed the group). Rare: at most once per slow or failing collective. Called with the
+  // group's lock held.
+  virtual void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
+                                    const std::string& reason, const std::vector<FlightRecord>& records) {}
 };
 
 }  // namespace collserve::engine

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/flight_record.h"
 
 namespace collserve::engine {
 
@@ -153,6 +154,10 @@ struct GroupProgress {
   std::string state;       // "joining", "connecting", "ready" or "failed"
   std::string failure;     // the group's error on this host when failed
   std::vector<RankProgress> ranks;  // its local ranks, by rank
+  // The flight recorder's latest records (at most kPublishedFlightRecords, oldest first),
+  // with the local ranks' arrivals only.
+  std::vector<FlightRecord> records;
+  static constexpr size_t kPublishedFlightRecords = 32;
 };
 
 // One rank of a formed group (collserve.v1.Member).

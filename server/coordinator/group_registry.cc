@@ -202,6 +202,29 @@ absl::Status GroupRegistry::ReportProgress(const std::string& job, const std::st
                                                       host_id, "\""));
     }
   }
+  if (ledger.records.size() > kMaxReportedFlightRecords) {
+    return absl::InvalidArgumentError(absl::StrCat("a ledger of ", ledger.records.size(),
+                                                   " flight records; the most one report may carry is ",
+                                                   kMaxReportedFlightRecords));
+  }
+  for (const FlightRecord& f : ledger.records) {
+    if (f.last_rank < -1 || f.last_rank >= g.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("flight record #", f.seq, " names last rank ", f.last_rank,
+                                                     " outside world_size ", g.world_size));
+    }
+    if (static_cast<int64_t>(f.arrivals.size()) > g.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat("flight record #", f.seq, " has ", f.arrivals.size(),
+                                                     " arrivals for world_size ", g.world_size));
+    }
+    for (const FlightRecord::Arrival& a : f.arrivals) {
+      auto m = g.members.find(a.rank);
+      if (m == g.members.end() || m->second.host_id != host_id) {
+        return absl::PermissionDeniedError(absl::StrCat("flight record #", f.seq, " of group \"", group,
+                                                        "\" has an arrival of rank ", a.rank,
+                                                        ", which is not on host \"", host_id, "\""));
+      }
+    }
+  }
   ledger.received = absl::Now();
   g.ledgers[host_id] = std::move(ledger);
   return absl::OkStatus();

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/flight_record.h"
 
 namespace collserve::server {
 
@@ -57,11 +58,19 @@ struct RankLedger {
 };
 
 // One host's report of one group.
+// The default straggler threshold (GroupRegistryLimits::straggler_threshold; the sidecar's
+// --straggler_threshold has the same default).
+inline constexpr absl::Duration kDefaultStragglerThreshold = absl::Milliseconds(100);
+
+// Most flight records one report may carry (the sidecar sends its latest 32).
+inline constexpr size_t kMaxReportedFlightRecords = 32;
+
 struct HostLedger {
   int64_t generation = 0;
   std::string state;    // the group's state on that host: joining, connecting, ready, failed
   std::string failure;  // its error there, when failed
   std::vector<RankLedger> ranks;
+  std::vector<FlightRecord> records;  // its latest flight records, with its ranks' arrivals
   absl::Time received;  // when the coordinator got it
 };
 
@@ -71,6 +80,9 @@ struct GroupRegistryLimits {
   int max_world_size = 1 << 16;
   // Groups (forming or formed, every job together) the registry holds at once.
   int max_groups = 10000;
+  // A collective whose last rank called it at least this long after its first makes that
+  // rank a straggler in diagnoses and dumps (ledger.h).
+  absl::Duration straggler_threshold = kDefaultStragglerThreshold;
 };
 
 // How many missing ranks a rendezvous timeout names; the rest are counted.
@@ -118,6 +130,7 @@ class GroupRegistry {
   // Diagnose (ledger.h). NOT_FOUND if the group is unknown.
   absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> Ledgers(const std::string& job,
                                                                                   const std::string& group);
+  const GroupRegistryLimits& limits() const { return limits_; }
 
  private:
   struct Waiter {

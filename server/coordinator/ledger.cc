@@ -50,9 +50,92 @@ std::string Seconds(absl::Duration d) {
   return absl::StrCat(absl::ToDoubleSeconds(absl::Trunc(d, absl::Milliseconds(100))), " s");
 }
 
+// "12.3 ms" / "1.2 s": a skew as a person reads it.
+std::string Skew(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, d < absl::Seconds(1) ? absl::Microseconds(100) : absl::Milliseconds(10)));
+}
+
+Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now);
+
 }  // namespace
 
-Diagnosis Diagnose(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now) {
+GroupDump MergeFlightRecords(const GroupView& group, const std::map<std::string, HostLedger>& reports,
+                             absl::Duration straggler_threshold) {
+  GroupDump dump;
+  dump.group = group;
+  std::map<int64_t, FlightRecord> by_seq;
+  for (const auto& [host, report] : reports) {
+    if (report.generation != group.generation) continue;
+    for (const FlightRecord& f : report.records) {
+      auto [it, inserted] = by_seq.try_emplace(f.seq, f);
+      FlightRecord& m = it->second;
+      if (inserted) {
+        m.arrivals.clear();
+      } else {
+        m.started = std::min(m.started, f.started);
+        m.completed = std::max(m.completed, f.completed);
+        if (m.code == absl::StatusCode::kOk && f.code != absl::StatusCode::kOk) {
+          m.code = f.code;
+          m.error = f.error;
+        }
+        if (m.algorithm.empty()) m.algorithm = f.algorithm;
+        if (m.last_rank < 0 && f.last_rank >= 0) {
+          m.last_rank = f.last_rank;
+          m.arrival_skew = f.arrival_skew;
+        }
+      }
+      m.arrivals.insert(m.arrivals.end(), f.arrivals.begin(), f.arrivals.end());
+      m.host_ids.push_back(host);
+    }
+  }
+  std::map<int, std::vector<absl::Duration>> last;  // rank -> skews of the records it was last in
+  int timed = 0;
+  for (auto& [seq, f] : by_seq) {
+    std::sort(f.arrivals.begin(), f.arrivals.end(),
+              [](const FlightRecord::Arrival& a, const FlightRecord::Arrival& b) { return a.rank < b.rank; });
+    std::sort(f.host_ids.begin(), f.host_ids.end());
+    f.local_ranks.clear();
+    if (f.last_rank >= 0) {
+      ++timed;
+      if (f.arrival_skew >= straggler_threshold) last[f.last_rank].push_back(f.arrival_skew);
+    }
+    dump.records.push_back(std::move(f));
+  }
+  for (auto& [rank, skews] : last) {
+    Straggler s;
+    s.rank = rank;
+    for (const MemberInfo& m : group.members) {
+      if (m.rank == rank) s.host_id = m.host_id;
+    }
+    s.last_count = static_cast<int>(skews.size());
+    s.records = timed;
+    std::nth_element(skews.begin(), skews.begin() + static_cast<std::ptrdiff_t>(skews.size() / 2), skews.end());
+    s.median_skew = skews[skews.size() / 2];
+    dump.stragglers.push_back(std::move(s));
+  }
+  std::stable_sort(dump.stragglers.begin(), dump.stragglers.end(),
+                   [](const Straggler& a, const Straggler& b) { return a.last_count > b.last_count; });
+  return dump;
+}
+
+Diagnosis Diagnose(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now,
+                   absl::Duration straggler_threshold) {
+  Diagnosis d = DiagnoseLedgers(group, reports, now);
+  d.stragglers = MergeFlightRecords(group, reports, straggler_threshold).stragglers;
+  // A persistent straggler: last in at least a quarter of the recent collectives.
+  std::vector<std::string> named;
+  for (const Straggler& s : d.stragglers) {
+    if (s.records == 0 || 4 * s.last_count < s.records || named.size() == 4) continue;
+    named.push_back(absl::StrCat("rank ", s.rank, " (host ", s.host_id, ") called last in ", s.last_count, " of the last ",
+                                 s.records, " collectives, a median ", Skew(s.median_skew), " after the first rank"));
+  }
+  if (!named.empty()) absl::StrAppend(&d.summary, "; straggler: ", absl::StrJoin(named, "; "));
+  return d;
+}
+
+namespace {
+
+Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now) {
   Diagnosis d;
   d.group = group;
   const int world = group.world_size;
@@ -159,5 +242,7 @@ Diagnosis Diagnose(const GroupView& group, const std::map<std::string, HostLedge
   d.summary = absl::StrCat(what, ": ", absl::StrJoin(parts, "; "));
   return d;
 }
+
+}  // namespace
 
 }  // namespace collserve::server

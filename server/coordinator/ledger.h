@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/flight_record.h"
 #include "server/coordinator/group_registry.h"
 
 namespace collserve::server {
@@ -29,6 +30,30 @@ struct RankDiagnosis {
   std::string host_state, host_failure;
 };
 
+// A rank that called collectives last (Registry's StragglerStats).
+struct Straggler {
+  int rank = 0;
+  std::string host_id;
+  int last_count = 0;  // records it called last in, at least the threshold after the first rank
+  int records = 0;     // records with a known arrival skew (the window)
+  absl::Duration median_skew;  // over the records it was last in
+};
+
+// The group's flight records merged from every host's report (Registry.DumpGroup).
+struct GroupDump {
+  GroupView group;
+  // By seq, oldest first: arrivals from every host (each publishes its own ranks'), the
+  // earliest start, the latest completion, the first error, the publishing hosts.
+  std::vector<FlightRecord> records;
+  std::vector<Straggler> stragglers;  // most often last first; ties by rank
+};
+
+// Merges the flight records of `reports` (those of other generations are ignored). A
+// record's last rank counts as a straggler when its arrival skew is at least
+// `straggler_threshold`. Pure; thread-safe.
+GroupDump MergeFlightRecords(const GroupView& group, const std::map<std::string, HostLedger>& reports,
+                             absl::Duration straggler_threshold);
+
 struct Diagnosis {
   GroupView group;
   // The oldest collective some rank issued that not every rank has completed; -1 when no
@@ -41,12 +66,14 @@ struct Diagnosis {
   absl::Duration waiting;     // since the first of `arrived` called it (when known)
   std::string disagreement;   // "" or which ranks called it with which arguments
   std::vector<RankDiagnosis> ranks;  // every member, by rank
-  std::string summary;        // one line: the above for a person
+  std::string summary;        // one line: the above for a person (and the stragglers)
+  std::vector<Straggler> stragglers;  // as MergeFlightRecords finds them
 };
 
 // Merges `reports` (by host id; those of other generations are ignored) into a diagnosis of
 // `group` (a formed or broken group's view, members by rank) as of `now`. Pure; thread-safe.
-Diagnosis Diagnose(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now);
+Diagnosis Diagnose(const GroupView& group, const std::map<std::string, HostLedger>& reports, absl::Time now,
+                   absl::Duration straggler_threshold = kDefaultStragglerThreshold);
 
 }  // namespace collserve::server
 

@@ -57,6 +57,9 @@ ABSL_FLAG(bool, wal_repair, false,
           "(DATA_LOSS naming the offset) and left untouched; a torn last record is always dropped and logged.");
 ABSL_FLAG(int, max_world_size, 1 << 16,
           "Largest world_size a group may have; a join asking for more is INVALID_ARGUMENT naming this limit.");
+ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
+          "A collective whose last rank called it at least this long after its first makes that rank a "
+          "straggler in DiagnoseGroup and DumpGroup (collservectl diagnose, dump).");
 ABSL_FLAG(int, max_groups, 10000,
           "Groups (forming or formed, all jobs together) held at once; a join that would create one more is "
           "RESOURCE_EXHAUSTED naming this limit.");
@@ -92,6 +95,7 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
   options.registry.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   options.registry.max_groups = absl::GetFlag(FLAGS_max_groups);
+  options.registry.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   if (options.registry.max_world_size < 1 || options.registry.max_groups < 1) {
     std::cerr << "--max_world_size and --max_groups must be >= 1\n";
     return 2;

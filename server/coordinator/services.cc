@@ -343,6 +343,14 @@ RankLedger FromProto(const pb::RankProgress& p) {
   return r;
 }
 
+void ToProto(const Straggler& s, pb::StragglerStats* out) {
+  out->set_rank(s.rank);
+  out->set_host_id(s.host_id);
+  out->set_last_count(s.last_count);
+  out->set_records(s.records);
+  out->set_median_skew_us(absl::ToInt64Microseconds(s.median_skew));
+}
+
 // Bounds on a report's strings (the sidecar sends short ones; anything else is cut).
 constexpr size_t kMaxReportString = 1024;
 
@@ -353,12 +361,20 @@ grpc::ServerUnaryReactor* RegistryService::ReportProgress(grpc::CallbackServerCo
                                                           pb::ReportProgressResponse*) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  HostLedger ledger;
   if (s.ok()) {
-    HostLedger ledger;
     ledger.generation = req->generation();
     ledger.state = req->state().substr(0, kMaxReportString);
     ledger.failure = req->failure().substr(0, kMaxReportString);
     for (const pb::RankProgress& r : req->ranks()) ledger.ranks.push_back(FromProto(r));
+    if (static_cast<size_t>(req->records_size()) > kMaxReportedFlightRecords) {
+      s = absl::InvalidArgumentError(absl::StrCat("a ledger of ", req->records_size(),
+                                                  " flight records; the most one report may carry is ",
+                                                  kMaxReportedFlightRecords));
+    }
+    for (const pb::FlightRecord& r : req->records()) ledger.records.push_back(FlightRecordFromProto(r));
+  }
+  if (s.ok()) {
     s = registry_.ReportProgress(JobOf(req->job()), req->group(), req->host_id(), std::move(ledger));
   }
   return FinishNow(ctx, metrics_, "ReportProgress", start, s);
@@ -373,7 +389,7 @@ grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerCon
     auto ledgers = registry_.Ledgers(JobOf(req->job()), req->group());
     s = ledgers.status();
     if (ledgers.ok()) {
-      Diagnosis d = Diagnose(ledgers->first, ledgers->second, absl::Now());
+      Diagnosis d = Diagnose(ledgers->first, ledgers->second, absl::Now(), registry_.limits().straggler_threshold);
       ToProto(d.group, resp->mutable_group());
       resp->set_oldest_incomplete_seq(d.oldest_incomplete_seq);
       resp->set_oldest_incomplete_op(static_cast<pb::CollectiveOp>(d.oldest_incomplete_op));
@@ -393,9 +409,31 @@ grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerCon
         out->set_host_failure(rd.host_failure);
       }
       resp->set_summary(d.summary);
+      for (const Straggler& st : d.stragglers) ToProto(st, resp->add_stragglers());
     }
   }
   return FinishNow(ctx, metrics_, "DiagnoseGroup", start, s);
+}
+
+grpc::ServerUnaryReactor* RegistryService::DumpGroup(grpc::CallbackServerContext* ctx, const pb::DumpGroupRequest* req,
+                                                     pb::DumpGroupResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) {
+    auto ledgers = registry_.Ledgers(JobOf(req->job()), req->group());
+    s = ledgers.status();
+    if (ledgers.ok()) {
+      const absl::Duration threshold = registry_.limits().straggler_threshold;
+      GroupDump dump = MergeFlightRecords(ledgers->first, ledgers->second, threshold);
+      ToProto(dump.group, resp->mutable_group());
+      std::map<int, std::string> hosts;
+      for (const MemberInfo& m : dump.group.members) hosts[m.rank] = m.host_id;
+      for (const FlightRecord& f : dump.records) FlightRecordToProto(f, resp->add_records(), hosts);
+      for (const Straggler& st : dump.stragglers) ToProto(st, resp->add_stragglers());
+      resp->set_straggler_threshold_us(absl::ToInt64Microseconds(threshold));
+    }
+  }
+  return FinishNow(ctx, metrics_, "DumpGroup", start, s);
 }
 
 // ---- Auth ----

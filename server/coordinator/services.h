@@ -89,6 +89,8 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
   grpc::ServerUnaryReactor* DiagnoseGroup(grpc::CallbackServerContext* ctx,
                                           const collserve::v1::DiagnoseGroupRequest* req,
                                           collserve::v1::DiagnoseGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* DumpGroup(grpc::CallbackServerContext* ctx, const collserve::v1::DumpGroupRequest* req,
+                                      collserve::v1::DumpGroupResponse* resp) override;
 
  private:
   GroupRegistry& registry_;

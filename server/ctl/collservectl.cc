@@ -156,6 +156,24 @@ absl::StatusOr<pb::ListResponse> ListCall(const Ctl& c) {
   return resp;
 }
 
+// "12.5 ms": microseconds as a person reads them.
+std::string Micros(int64_t us) {
+  return absl::FormatDuration(absl::Trunc(absl::Microseconds(us), absl::Microseconds(us < 1000000 ? 100 : 10000)));
+}
+
+// The ranks that called last, if any, under a heading.
+void PrintStragglers(const google::protobuf::RepeatedPtrField<pb::StragglerStats>& stragglers) {
+  if (stragglers.empty()) return;
+  std::cout << "\nstragglers (the last rank to call a collective, at least the coordinator's "
+               "--straggler_threshold after the first)\n";
+  std::vector<std::vector<std::string>> rows = {{"RANK", "HOST", "LAST IN", "MEDIAN SKEW"}};
+  for (const pb::StragglerStats& s : stragglers) {
+    rows.push_back({absl::StrCat(s.rank()), s.host_id(), absl::StrCat(s.last_count(), " of ", s.records()),
+                    Micros(s.median_skew_us())});
+  }
+  PrintTable(rows);
+}
+
 absl::Status Diagnose(const Ctl& c, const std::string& group) {
   auto d = DiagnoseCall(c, group);
   if (!d.ok()) return d.status();
@@ -185,6 +203,42 @@ absl::Status Diagnose(const Ctl& c, const std::string& group) {
                     absl::StrCat(r.host_state(), ", ", Ago(r.report_age_ms()))});
   }
   PrintTable(rows);
+  PrintStragglers(d->stragglers());
+  return absl::OkStatus();
+}
+
+absl::Status Dump(const Ctl& c, const std::string& group) {
+  pb::DumpGroupRequest req;
+  req.set_job(c.job());
+  req.set_group(group);
+  pb::DumpGroupResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().DumpGroup(ctx.get(), req, &resp), "DumpGroup"); !s.ok()) return s;
+  if (Json()) {
+    PrintJson(resp);
+    return absl::OkStatus();
+  }
+  std::cout << "group \"" << resp.group().group() << "\" (job " << c.job() << "): generation "
+            << resp.group().generation() << ", " << resp.group().world_size() << " ranks; the flight recorder's last "
+            << resp.records_size() << " collectives as the sidecars published them\n\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"SEQ", "OP", "COUNT", "DTYPE", "BYTES", "ALGORITHM", "STATUS", "STARTED", "DURATION", "SKEW", "LAST RANK"}};
+  for (const pb::FlightRecord& f : resp.records()) {
+    int64_t first_arrival = f.started_unix_us();
+    for (const pb::RankArrival& a : f.arrivals()) first_arrival = std::min(first_arrival, a.arrived_unix_us());
+    rows.push_back({absl::StrCat("#", f.seq()), CollectiveOpName(f.op()), absl::StrCat(f.count()),
+                    f.dtype() == 0 ? "-" : std::string(DataTypeName(static_cast<DataType>(f.dtype()))),
+                    absl::StrCat(f.bytes()), f.algorithm().empty() ? "-" : f.algorithm(), f.status(),
+                    absl::FormatTime("%H:%M:%E3S", absl::FromUnixMicros(f.started_unix_us()), absl::UTCTimeZone()),
+                    Micros(f.completed_unix_us() - first_arrival),
+                    f.last_rank() < 0 ? "-" : Micros(f.arrival_skew_us()),
+                    f.last_rank() < 0 ? "-" : absl::StrCat(f.last_rank())});
+  }
+  PrintTable(rows);
+  for (const pb::FlightRecord& f : resp.records()) {
+    if (!f.error().empty()) std::cout << "#" << f.seq() << ": " << f.error() << "\n";
+  }
+  PrintStragglers(resp.stragglers());
   return absl::OkStatus();
 }
 
@@ -340,7 +394,7 @@ absl::Status RevokeTokens(const Ctl& c) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
-      "  health | groups | describe GROUP | diagnose GROUP | mint-token | revoke-tokens\n"
+      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | mint-token | revoke-tokens\n"
       "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
@@ -361,6 +415,8 @@ int main(int argc, char** argv) {
     s = collserve::ctl::Groups(*ctl);
   } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
     s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
+  } else if (command == "dump" && !arg.empty()) {
+    s = collserve::ctl::Dump(*ctl, arg);
   } else if (command == "mint-token") {
     s = collserve::ctl::MintToken(*ctl);
   } else if (command == "revoke-tokens") {

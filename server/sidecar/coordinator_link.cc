@@ -136,6 +136,7 @@ void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, 
   call->req.set_state(progress.state);
   call->req.set_failure(progress.failure);
   for (const engine::RankProgress& r : progress.ranks) RankProgressToProto(r, call->req.add_ranks());
+  for (const FlightRecord& f : progress.records) FlightRecordToProto(f, call->req.add_records());
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   client::AddJobToken(call->ctx, credential);
   registry_->async()->ReportProgress(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {

@@ -62,6 +62,16 @@ ABSL_FLAG(std::string, coordinator_tls_key, "", "PEM private key of --coordinato
 ABSL_FLAG(std::string, coordinator_tls_server_name, "",
           "Name the coordinator's certificate must carry when it differs from --coordinator's host.");
 
+ABSL_FLAG(int, flight_recorder_entries, 128,
+          "Collectives the flight recorder keeps per group (0 = none; collservectl dump shows the latest 32 "
+          "of each host).");
+ABSL_FLAG(absl::Duration, flight_recorder_log_threshold, absl::Seconds(30),
+          "A collective that takes longer than this from its first rank's call to its completion, or that "
+          "fails its group, has its group's flight recorder written to the log as JSON; 0 = never.");
+ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
+          "A collective whose last rank called it at least this long after its first counts in "
+          "collserve_straggler_collectives_total on the last rank's sidecar.");
+
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
   collserve::server::SetDaemonUsage(
@@ -103,6 +113,13 @@ int main(int argc, char** argv) {
   options.direct_max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_direct_max_bytes));
   options.ring_min_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_min_bytes));
   options.ring_segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_ring_segment_bytes));
+  if (absl::GetFlag(FLAGS_flight_recorder_entries) < 0 || absl::GetFlag(FLAGS_flight_recorder_entries) > 100000) {
+    std::cerr << "--flight_recorder_entries must be in [0, 100000]\n";
+    return 2;
+  }
+  options.flight_recorder_entries = absl::GetFlag(FLAGS_flight_recorder_entries);
+  options.flight_recorder_log_threshold = absl::GetFlag(FLAGS_flight_recorder_log_threshold);
+  options.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.coordinator_connect_timeout = absl::GetFlag(FLAGS_coordinator_connect_timeout);
   options.coordinator_tls.ca_file = absl::GetFlag(FLAGS_coordinator_tls_ca);

@@ -1,5 +1,11 @@
 #include "server/sidecar/metrics_observer.h"
 
+#include <glog/logging.h>
+#include <google/protobuf/util/json_util.h>
+
+#include "collserve/v1/registry.pb.h"
+#include "server/common/ledger_proto.h"
+
 namespace collserve::server {
 
 static_assert(static_cast<int>(engine::CollectiveOp::kRecv) == 12, "durations_ covers the ops 1..12");
@@ -43,6 +49,39 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                  .Help("Groups with ranks on this sidecar (all jobs).")
                  .Register(registry)
                  .Add({});
+  static const auto* const kSkewBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 5, 30, 300};
+  skew_ = &prometheus::BuildHistogram()
+               .Name("collserve_collective_arrival_skew_seconds")
+               .Help("Arrival skew of collectives: the last rank's call minus the first rank's, over every rank "
+                     "of the group, seconds. Observed once per collective, by the sidecar of the group's rank 0.")
+               .Register(registry)
+               .Add({}, *kSkewBuckets);
+  stragglers_ = &prometheus::BuildCounter()
+                     .Name("collserve_straggler_collectives_total")
+                     .Help("Collectives whose last rank is on this sidecar and called at least "
+                           "--straggler_threshold after the group's first rank (a persistent straggler on this "
+                           "host makes it grow with the collectives; collservectl diagnose names the rank).")
+                     .Register(registry)
+                     .Add({});
+}
+
+void PrometheusObserver::OnArrivalSkew(absl::Duration skew) { skew_->Observe(absl::ToDoubleSeconds(skew)); }
+
+void PrometheusObserver::OnStraggler() { stragglers_->Increment(); }
+
+void PrometheusObserver::OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
+                                              const std::string& reason, const std::vector<FlightRecord>& records) {
+  collserve::v1::DumpGroupResponse dump;
+  dump.mutable_group()->set_group(group);
+  dump.mutable_group()->set_generation(generation);
+  for (const FlightRecord& f : records) FlightRecordToProto(f, dump.add_records());
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(dump, &json, options);
+  LOG(WARNING) << "flight recorder of group \"" << group << "\" of job \"" << job << "\" (" << reason
+               << "): " << json;
 }
 
 void PrometheusObserver::OnGroups(int delta) { groups_->Increment(delta); }

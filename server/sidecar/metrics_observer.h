@@ -1,7 +1,9 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
 // collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op},
-// collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total and
-// collserve_groups. The op label takes only the known ops' names ("unknown" otherwise: a
+// collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total,
+// collserve_groups, collserve_collective_arrival_skew_seconds and
+// collserve_straggler_collectives_total; flight recorder dumps go to the log (WARNING, one
+// line of JSON: collserve.v1.DumpGroupResponse's mapping). The op label takes only the known ops' names ("unknown" otherwise: a
 // client's op number never becomes a label).
 #ifndef COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
 #define COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
@@ -25,6 +27,10 @@ class PrometheusObserver : public engine::EngineObserver {
   void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
   void OnArgumentExchange() override;
   void OnGroups(int delta) override;
+  void OnArrivalSkew(absl::Duration skew) override;
+  void OnStraggler() override;
+  void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
+                            const std::string& reason, const std::vector<FlightRecord>& records) override;
 
  private:
   prometheus::Family<prometheus::Counter>& collectives_;
@@ -33,6 +39,8 @@ class PrometheusObserver : public engine::EngineObserver {
   prometheus::Gauge* groups_;
   prometheus::Counter* exchanges_;
   prometheus::Counter* bytes_[3];  // by BytePath
+  prometheus::Histogram* skew_;
+  prometheus::Counter* stragglers_;
 };
 
 }  // namespace collserve::server

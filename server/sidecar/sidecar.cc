@@ -301,6 +301,9 @@ class SidecarImpl : public Sidecar {
     eo.algorithms.direct_max_bytes = options_.direct_max_bytes;
     eo.algorithms.ring_min_bytes = options_.ring_min_bytes;
     eo.ring_segment_bytes = options_.ring_segment_bytes;
+    eo.flight_recorder_entries = options_.flight_recorder_entries;
+    eo.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
+    eo.straggler_threshold = options_.straggler_threshold;
     // CUDA tensors of local clients (docs/gpu.md), when this build and host have CUDA.
     std::string no_device;
     device_ = backends::NewDeviceRuntime(&no_device);
@@ -424,7 +427,13 @@ class SidecarImpl : public Sidecar {
       attach_mu_.AwaitWithTimeout(absl::Condition(&done), kAuthenticateTimeout + absl::Seconds(1));
     }
     listeners_.clear();
-    fd_channel_.reset();  // after the sessions (they forget their tokens when they end)
+    {
+      // After the sessions (they forget their tokens when they end). Server::Wait returned
+      // after every session reactor's last callback, but that ordering is inside gRPC core;
+      // the lock makes it explicit (SessionEnded takes it too).
+      absl::MutexLock lock(&attach_mu_);
+      fd_channel_.reset();
+    }
     engine_.reset();
     exposer_.reset();
   }
@@ -478,7 +487,9 @@ class SidecarImpl : public Sidecar {
     session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", token);
   }
   void SessionEnded(const std::string& token) {
-    if (!token.empty() && fd_channel_ != nullptr) fd_channel_->Forget(token);
+    if (token.empty()) return;
+    absl::MutexLock lock(&attach_mu_);  // against Shutdown's reset of fd_channel_
+    if (fd_channel_ != nullptr) fd_channel_->Forget(token);
   }
 
  private:

@@ -50,6 +50,10 @@ struct SidecarOptions {
   size_t direct_max_bytes = 1 << 20;
   size_t ring_min_bytes = 1 << 20;
   size_t ring_segment_bytes = 8 << 20;
+  // The flight recorder and straggler signal (engine::EngineOptions' fields of the same names).
+  int flight_recorder_entries = 128;
+  absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
+  absl::Duration straggler_threshold = absl::Milliseconds(100);
   // Memory gRPC may hold for the sessions' messages in flight, in bytes (LimitRpcMemory);
   // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
   // of remote clients).

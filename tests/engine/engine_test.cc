@@ -417,6 +417,16 @@ TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
     }
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // Each host wrote its flight recorder when the timeout failed the group.
+  auto dumps = cluster.observer(1).dumps();
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_THAT(dumps[0].first, HasSubstr("local ranks [3] did not call it"));
+  dumps = cluster.observer(0).dumps();
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_THAT(dumps[0].first, HasSubstr("all_reduce #0 failed the group"));
+  ASSERT_EQ(dumps[0].second.size(), 1u);
+  EXPECT_EQ(dumps[0].second[0].code, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(dumps[0].second[0].arrivals.size(), 2u);  // the exchange failed: its own ranks' only
 }
 
 TEST(EngineTest, LedgerReportsWhatEachRankIssuedAndCompleted) {
@@ -472,6 +482,75 @@ TEST(EngineTest, LedgerReportsWhatEachRankIssuedAndCompleted) {
     }
     return true;
   }));
+}
+
+TEST(EngineTest, FlightRecorderTimesEveryRankAndNamesTheStraggler) {
+  TestCluster cluster(2, [](engine::EngineOptions& o) {
+    o.flight_recorder_log_threshold = absl::Milliseconds(150);
+    o.straggler_threshold = absl::Milliseconds(100);
+  });
+  auto formed = cluster.Form("recorder", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  // Three all_reduces; rank 3 (host1) calls each one 200 ms after the others.
+  constexpr int kSteps = 3;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      if (r == 3) absl::SleepFor(absl::Milliseconds(200));
+      engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2, 3});
+      q.seq = ranks[r].next_seq++;
+      ranks[r].group->Submit(r, std::move(q));
+    }
+    for (TestRank& r : ranks) {
+      Completion c = r.session->WaitCompletion(step, absl::Seconds(30));
+      ASSERT_TRUE(c.status.ok()) << c.status;
+    }
+  }
+  // The skew is observed once per collective, on rank 0's host; the straggler is counted on
+  // rank 3's.
+  std::vector<absl::Duration> skews = cluster.observer(0).skews();
+  ASSERT_EQ(skews.size(), kSteps);
+  for (absl::Duration s : skews) EXPECT_GE(s, absl::Milliseconds(190));
+  EXPECT_TRUE(cluster.observer(1).skews().empty());
+  EXPECT_EQ(cluster.observer(1).stragglers(), kSteps);
+  EXPECT_EQ(cluster.observer(0).stragglers(), 0);
+  // Each collective took over the 150 ms log threshold: each host dumped its records.
+  for (int h = 0; h < 2; ++h) {
+    auto dumps = cluster.observer(h).dumps();
+    ASSERT_EQ(dumps.size(), kSteps) << "host " << h;
+    EXPECT_THAT(dumps.back().first, HasSubstr("all_reduce #2 took "));
+    EXPECT_THAT(dumps.back().first, HasSubstr("over the flight recorder's log threshold of 150ms"));
+    const std::vector<FlightRecord>& records = dumps.back().second;
+    ASSERT_EQ(records.size(), kSteps);
+    for (int step = 0; step < kSteps; ++step) {
+      const FlightRecord& f = records[step];
+      EXPECT_EQ(f.seq, step);
+      EXPECT_EQ(f.op, static_cast<int>(CollectiveOp::kAllReduce));
+      EXPECT_EQ(f.count, 3);
+      EXPECT_EQ(f.bytes, 12);
+      EXPECT_EQ(f.code, absl::StatusCode::kOk);
+      EXPECT_FALSE(f.algorithm.empty());
+      ASSERT_EQ(f.arrivals.size(), 4u);  // every rank's, from the exchange
+      EXPECT_EQ(f.last_rank, 3);
+      EXPECT_GE(f.arrival_skew, absl::Milliseconds(190));
+      EXPECT_GE(f.completed, f.started);
+      EXPECT_EQ(f.local_ranks, (h == 0 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}));
+    }
+  }
+  // The published ledger carries the records with the host's own ranks' arrivals.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  std::optional<engine::GroupProgress> report;
+  while (absl::Now() < deadline) {
+    report = cluster.coordinator().report("recorder", "host1");
+    if (report.has_value() && report->records.size() == kSteps) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_TRUE(report.has_value());
+  ASSERT_EQ(report->records.size(), kSteps);
+  ASSERT_EQ(report->records[0].arrivals.size(), 2u);
+  EXPECT_EQ(report->records[0].arrivals[0].rank, 2);
+  EXPECT_EQ(report->records[0].arrivals[1].rank, 3);
+  EXPECT_EQ(report->records[0].last_rank, 3);
 }
 
 TEST(EngineTest, MonitoredBarrierNamesTheMissingRank) {

@@ -261,6 +261,25 @@ class CountingObserver : public engine::EngineObserver {
                          absl::Seconds(60));
   }
   int64_t exchanges() const { return exchanges_.load(); }
+  void OnArrivalSkew(absl::Duration skew) override {
+    absl::MutexLock lock(&mu_);
+    skews_.push_back(skew);
+  }
+  void OnStraggler() override { stragglers_.fetch_add(1); }
+  void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
+                            const std::string& reason, const std::vector<FlightRecord>& records) override {
+    absl::MutexLock lock(&mu_);
+    dumps_.push_back({reason, records});
+  }
+  std::vector<absl::Duration> skews() {
+    absl::MutexLock lock(&mu_);
+    return skews_;
+  }
+  int64_t stragglers() const { return stragglers_.load(); }
+  std::vector<std::pair<std::string, std::vector<FlightRecord>>> dumps() {
+    absl::MutexLock lock(&mu_);
+    return dumps_;
+  }
   // Until ReleaseExchanges(), the next argument exchanges of this host wait once done.
   void HoldExchanges() {
     absl::MutexLock lock(&mu_);
@@ -273,8 +292,11 @@ class CountingObserver : public engine::EngineObserver {
 
  private:
   std::atomic<int64_t> exchanges_{0};
+  std::atomic<int64_t> stragglers_{0};
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::Duration> skews_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::vector<FlightRecord>>> dumps_ ABSL_GUARDED_BY(mu_);
 };
 
 // `hosts` simulated hosts (Engines "host0", "host1", ...) on one fake coordinator.
@@ -333,6 +355,7 @@ class TestCluster {
   engine::Engine& engine(int host) { return *engines_[host]; }
   // Argument exchanges host `host`'s groups ran so far.
   int64_t exchanges(int host) const { return observers_[host]->exchanges(); }
+  CountingObserver& observer(int host) { return *observers_[host]; }
   // Every host's argument exchanges wait, once done, until ReleaseExchanges().
   void HoldExchanges() {
     for (auto& o : observers_) o->HoldExchanges();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/channel.h"
@@ -110,6 +111,65 @@ TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError)
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("the coordinator's ledger: all_reduce #0 of group \"world\""));
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("ranks [3] (host host1) have not called it"));
   }
+}
+
+TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) {
+  // Ranks 0 and 1 on host0, 2 and 3 on host1; rank 2 calls each all_reduce 200 ms late.
+  // The sidecars log their flight recorder when a collective takes over 150 ms.
+  auto started = Cluster::Start(2, {}, {"--flight_recorder_log_threshold=150ms"});
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::string> args = {"--mode=loop", "--iters=60", "--count=1000"};
+    if (r == 2) args.push_back("--delay_ms=200");
+    auto p = cluster.StartRank(r, 4, r / 2, args);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  // From the first step that completes, collservectl diagnose names rank 2 within 5 s.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::Time first_step = absl::InfiniteFuture();
+  std::string table;
+  bool named = false;
+  while (!named && absl::Now() < deadline) {
+    if (first_step == absl::InfiniteFuture() && absl::StrContains(ranks[0]->Output(), "iter 0 ok")) {
+      first_step = absl::Now();
+    }
+    auto [code, out] = Ctl(cluster, {"diagnose", "world"});
+    table = out;
+    named = code == 0 && absl::StrContains(out, "straggler: rank 2 (host host1) called last in");
+    if (!named) absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(named) << table << cluster.Logs();
+  ASSERT_NE(first_step, absl::InfiniteFuture());
+  const absl::Duration took = absl::Now() - first_step;
+  std::printf("rank 2 named as the straggler %lld ms after the first step completed:\n%s\n",
+              static_cast<long long>(absl::ToInt64Milliseconds(took)), table.c_str());
+  EXPECT_LE(took, absl::Seconds(5));
+  EXPECT_THAT(table, HasSubstr("stragglers (the last rank to call a collective"));
+
+  // The flight recorder through collservectl: a table, and JSON with every rank's arrival.
+  auto [dcode, dump] = Ctl(cluster, {"dump", "world"});
+  EXPECT_EQ(dcode, 0) << dump;
+  std::printf("collservectl dump world:\n%s\n", dump.c_str());
+  EXPECT_THAT(dump, HasSubstr("SEQ  OP"));
+  EXPECT_THAT(dump, HasSubstr("all_reduce  1000"));
+  auto [jcode, json] = Ctl(cluster, {"--json", "dump", "world"});
+  EXPECT_EQ(jcode, 0) << json;
+  EXPECT_THAT(json, HasSubstr("\"last_rank\":2"));
+  EXPECT_THAT(json, HasSubstr("\"stragglers\":[{\"rank\":2,\"host_id\":\"host1\""));
+  EXPECT_THAT(json, HasSubstr("{\"rank\":3,\"arrived_unix_us\":\""));
+  EXPECT_THAT(json, HasSubstr("\"host_id\":\"host0\""));
+  for (auto& r : ranks) {
+    auto c = r->Wait(absl::Seconds(60));
+    ASSERT_TRUE(c.ok()) << r->Output();
+    EXPECT_EQ(*c, 0) << r->Output();
+  }
+  // Every step took over 150 ms from its first call: the sidecars logged their records.
+  EXPECT_THAT(cluster.sidecar(1).Output(), HasSubstr("flight recorder of group \"world\" of job \"default\""));
+  EXPECT_THAT(cluster.sidecar(1).Output(), HasSubstr("over the flight recorder's log threshold of 150ms): {"));
+  EXPECT_THAT(cluster.sidecar(0).Output(), HasSubstr("\"last_rank\":2"));
 }
 
 TEST(DiagnoseTest, CollservectlRefusesWithoutAToken) {

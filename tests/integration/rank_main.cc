@@ -37,6 +37,7 @@ ABSL_FLAG(std::string, dtype, "float32", "dtype for single/loop");
 ABSL_FLAG(std::string, op, "SUM", "reduce op for single/loop");
 ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
 ABSL_FLAG(std::string, group, "world", "group name");
+ABSL_FLAG(int64_t, delay_ms, 0, "loop: sleep this long before each iteration's call (a straggler)");
 
 namespace {
 
@@ -220,6 +221,7 @@ int main(int argc, char** argv) {
     const int64_t iters = absl::GetFlag(FLAGS_iters);
     std::vector<char> buf(static_cast<size_t>(absl::GetFlag(FLAGS_count)) * collserve::ElementSize(dtype));
     for (int64_t i = 0; iters == 0 || i < iters; ++i) {
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
       const absl::Time start = absl::Now();
       absl::Status s = (*pg)->AllReduce(buf.data(), absl::GetFlag(FLAGS_count), dtype, op)->Wait();
       if (!s.ok()) {
