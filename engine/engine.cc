@@ -32,6 +32,28 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
   if (options_.progress_interval > absl::ZeroDuration()) reporter_ = std::thread([this] { ReporterMain(); });
 }
 
+Engine::Stats Engine::GetStats() {
+  std::vector<std::shared_ptr<Group>> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, g] : groups_) groups.push_back(g);
+  }
+  Stats s;
+  s.groups = static_cast<int64_t>(groups.size());
+  const absl::Time now = absl::Now();
+  absl::Time oldest = now;
+  for (const auto& g : groups) {
+    int64_t ranks = 0, in_flight = 0;
+    absl::Time since = now;
+    g->InFlight(&ranks, &in_flight, &since);
+    s.ranks += ranks;
+    s.in_flight += in_flight;
+    oldest = std::min(oldest, since);
+  }
+  s.oldest = now - oldest;
+  return s;
+}
+
 void Engine::ReporterMain() {
   // (job, group, generation) -> the version last published.
   std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> published;

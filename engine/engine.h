@@ -88,6 +88,15 @@ class Engine {
 
   const std::string& host_id() const { return options_.host_id; }
 
+  // What this host's engine is doing now, for metrics (every group together).
+  struct Stats {
+    int64_t groups = 0;
+    int64_t ranks = 0;       // local ranks attached (sessions)
+    int64_t in_flight = 0;   // local ranks' collectives submitted and not yet answered
+    absl::Duration oldest;   // how long the oldest of those has waited (0 when none)
+  };
+  Stats GetStats();
+
  private:
   Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,
          EngineObserver* observer);

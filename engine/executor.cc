@@ -136,6 +136,7 @@ void Group::ExecutorMain() {
       }
       for (auto& [rank, local] : locals_) {
         if (local.queue.empty()) continue;
+        running_since_ = std::min(running_since_, local.queue.front().submitted);
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
@@ -155,6 +156,7 @@ void Group::ExecutorMain() {
     }
     RunCollective(seq, subs, absent, ahead);
     absl::MutexLock lock(&mu_);
+    running_since_ = absl::InfiniteFuture();
     if (state_ == State::kFailed) break;
   }
   p2p_->Stop();

@@ -211,6 +211,21 @@ void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& 
     it->second.completed_code = status.code();
   }
   ++progress_version_;
+  if (status.ok() && env_.observer != nullptr) {
+    const double n = params_.world_size;
+    for (const auto& [rank, sub] : subs) {
+      const CollectiveOp op = sub.args.op;
+      const uint64_t bytes = std::max(sub.in_bytes, sub.out_bytes);
+      double factor = 1;
+      if (op == CollectiveOp::kAllReduce) {
+        factor = 2 * (n - 1) / n;
+      } else if (op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter ||
+                 op == CollectiveOp::kAllToAll || op == CollectiveOp::kGather || op == CollectiveOp::kScatter) {
+        factor = (n - 1) / n;
+      }
+      if (bytes > 0) env_.observer->OnCollectiveBytes(op, bytes, static_cast<double>(bytes) * factor);
+    }
+  }
   if (env_.flight_recorder_entries <= 0 || subs.empty()) return;
 
   // The flight recorder.
@@ -271,6 +286,19 @@ void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& 
     env_.observer->OnFlightRecorderDump(params_.job, params_.name, formed_ ? topology_.generation : 0, reason,
                                         std::vector<FlightRecord>(flight_.begin(), flight_.end()));
   }
+}
+
+void Group::InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest) {
+  absl::MutexLock lock(&mu_);
+  *ranks = static_cast<int64_t>(locals_.size());
+  *in_flight = 0;
+  if (state_ == State::kFailed) return;  // every request was answered with the failure
+  for (const auto& [rank, local] : locals_) {
+    // Collectives are answered in order: those after completed_seq are in flight.
+    *in_flight += std::max<int64_t>(local.collectives - 1 - local.completed_seq, 0);
+    if (!local.queue.empty()) *oldest = std::min(*oldest, local.queue.front().submitted);
+  }
+  if (running_since_ != absl::InfiniteFuture()) *oldest = std::min(*oldest, running_since_);
 }
 
 GroupProgress Group::Progress(std::string* credential, uint64_t* version) {

@@ -106,6 +106,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // collective, a state change), so a reporter can skip unchanged groups.
   GroupProgress Progress(std::string* credential, uint64_t* version);
 
+  // Its local ranks attached here (`*ranks`), their collectives submitted and not yet
+  // answered (`*in_flight`), and the earliest submission among those (`*oldest`, left as
+  // is when there is none).
+  void InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest);
+
   // Shutdown: fails everything with UNAVAILABLE and closes every session.
   void Stop();
 
@@ -221,6 +226,8 @@ class Group : public std::enable_shared_from_this<Group> {
   uint64_t progress_version_ ABSL_GUARDED_BY(mu_) = 0;  // Progress()'s version
   // The flight recorder: the last env_.flight_recorder_entries collectives, oldest first.
   std::deque<FlightRecord> flight_ ABSL_GUARDED_BY(mu_);
+  // The earliest submission of the collective the executor runs now (InfiniteFuture: none).
+  absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.

@@ -95,6 +95,13 @@ class EngineObserver {
   // of the group. Reported by one host per group (the host of the group's rank 0), so that
   // each collective counts once. Executor thread.
   virtual void OnArrivalSkew(absl::Duration skew) {}
+  // A local rank's collective completed successfully: `bytes` is its size in nccl-tests'
+  // terms (the larger of its input and output, bytes), `bus_bytes` that size times
+  // nccl-tests' bus bandwidth factor for `op` over the group's world size (all_reduce
+  // 2(n-1)/n; all_gather, reduce_scatter, all_to_all, gather, scatter (n-1)/n; broadcast,
+  // reduce 1; see nccl-tests' doc/PERFORMANCE.md). Divided by the collective's duration they
+  // give its algbw and busbw. Executor thread, group lock held.
+  virtual void OnCollectiveBytes(CollectiveOp op, uint64_t bytes, double bus_bytes) {}
   // A collective's last rank is on this host and called it at least the straggler
   // threshold (EngineOptions::straggler_threshold) after the first rank. Executor thread.
   virtual void OnStraggler() {}

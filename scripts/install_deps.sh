@@ -11,6 +11,7 @@ packages=(
   python3-torch libtorch-dev python3-sklearn
   iproute2 nftables procps util-linux openssl libssl-dev
   clang libclang-rt-14-dev
+  prometheus
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -356,6 +356,43 @@ void MemoryStore::TimerLoop() {
   mu_.Unlock();
 }
 
+absl::StatusOr<std::vector<std::string>> MemoryStore::ListKeys(absl::string_view prefix,
+                                                               absl::string_view start_after, int64_t limit,
+                                                               bool* more) {
+  if (limit < 1 || limit > kMaxListKeys) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("list of ", limit, " keys: a page holds 1 to ", kMaxListKeys, " keys"));
+  }
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = data_.lower_bound(prefix);
+  if (!start_after.empty() && start_after >= prefix) it = data_.upper_bound(start_after);
+  std::vector<std::string> keys;
+  *more = false;
+  for (; it != data_.end() && absl::StartsWith(it->first, prefix); ++it) {
+    if (static_cast<int64_t>(keys.size()) == limit) {
+      *more = true;
+      break;
+    }
+    keys.push_back(it->first);
+  }
+  return keys;
+}
+
+Store::Stats MemoryStore::GetStats() {
+  absl::MutexLock lock(&mu_);
+  Stats s;
+  s.keys = static_cast<int64_t>(data_.size());
+  s.bytes = live_bytes_;
+  s.max_keys = options_.max_keys;
+  s.max_bytes = options_.max_total_bytes;
+  if (wal_ != nullptr) {
+    s.wal_bytes = wal_->log_bytes();
+    s.wal_compactions = wal_->compactions();
+  }
+  s.pending_waits = static_cast<int64_t>(waiters_.size());
+  return s;
+}
+
 int64_t MemoryStore::TEST_PendingWaits() {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(waiters_.size());

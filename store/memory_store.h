@@ -83,6 +83,9 @@ class MemoryStore final : public Store {
   WaitId WaitAsync(const std::vector<std::string>& keys, absl::Time deadline,
                    WaitCallback done) override;
   void CancelWait(WaitId id) override;
+  absl::StatusOr<std::vector<std::string>> ListKeys(absl::string_view prefix, absl::string_view start_after,
+                                                    int64_t limit, bool* more) override ABSL_LOCKS_EXCLUDED(mu_);
+  Stats GetStats() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Test hooks.
   // Waits registered and not yet finished.

@@ -123,6 +123,29 @@ class Store {
   // Cancels a pending WaitAsync(): its callback runs with CANCELLED (inline, before this
   // returns) unless it already ran. Unknown or finished ids are ignored.
   virtual void CancelWait(WaitId id) = 0;
+
+  // Up to `limit` keys that start with `prefix`, in byte order, each after `start_after`
+  // ("" = from the first); `*more` is set when further keys match (ask again with the last
+  // key returned as start_after). INVALID_ARGUMENT unless 1 <= limit <= kMaxListKeys.
+  // Never waits. Default: UNIMPLEMENTED.
+  static constexpr int64_t kMaxListKeys = 10000;
+  virtual absl::StatusOr<std::vector<std::string>> ListKeys(absl::string_view prefix, absl::string_view start_after,
+                                                            int64_t limit, bool* more) {
+    return absl::UnimplementedError("this store cannot list its keys");
+  }
+
+  // What the store holds now, for metrics (every job together).
+  struct Stats {
+    int64_t keys = 0;
+    int64_t bytes = 0;          // keys plus values
+    int64_t max_keys = 0;       // StoreOptions' limits; 0 = unknown
+    int64_t max_bytes = 0;
+    int64_t wal_bytes = -1;     // the write-ahead log's size; -1 = not durable
+    int64_t wal_compactions = 0;  // snapshots written since the store opened
+    int64_t pending_waits = 0;  // waits registered and not yet finished
+  };
+  // A consistent snapshot of the above; never blocks on the disk. Default: all zero.
+  virtual Stats GetStats() { return {}; }
 };
 
 // Creates the in-memory store (with its write-ahead log when options.data_dir is set,

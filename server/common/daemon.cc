@@ -213,4 +213,6 @@ void RegisterBuildInfo(prometheus::Registry& registry, const std::string& daemon
       .Set(1);
 }
 
+const char* CollserveVersion() { return COLLSERVE_VERSION; }
+
 }  // namespace collserve::server

@@ -97,6 +97,9 @@ class MemoryTrimmer {
 // partial number. INTERNAL on I/O errors.
 absl::Status WritePortFile(const std::string& path, int port);
 
+// The collserve version this daemon was built from (the project's version, e.g. "0.3.0").
+const char* CollserveVersion();
+
 }  // namespace collserve::server
 
 #endif  // COLLSERVE_SERVER_COMMON_DAEMON_H_

@@ -3,11 +3,16 @@
 #ifndef COLLSERVE_SERVER_COMMON_METRICS_H_
 #define COLLSERVE_SERVER_COMMON_METRICS_H_
 
+#include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
 
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -42,6 +47,40 @@ class RpcMetrics {
   }
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& duration_;
+};
+
+// One gauge read at scrape time (ScrapeGauges).
+struct GaugeValue {
+  std::string name;
+  std::string help;
+  double value = 0;
+};
+
+// Gauges whose values are read when Prometheus scrapes (prometheus-cpp's Collectable): for
+// state another component owns (the store's size, the engine's in-flight collectives), so
+// that it needs no updating thread. `read` runs on the exposer's thread: it must be
+// thread-safe, must not block for long, and what it reads must outlive the exposer (reset
+// the exposer first).
+class ScrapeGauges : public prometheus::Collectable {
+ public:
+  explicit ScrapeGauges(std::function<std::vector<GaugeValue>()> read) : read_(std::move(read)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    for (GaugeValue& g : read_()) {
+      prometheus::MetricFamily f;
+      f.name = std::move(g.name);
+      f.help = std::move(g.help);
+      f.type = prometheus::MetricType::Gauge;
+      prometheus::ClientMetric m;
+      m.gauge.value = g.value;
+      f.metric.push_back(std::move(m));
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+
+ private:
+  std::function<std::vector<GaugeValue>()> read_;
 };
 
 // Registers collserve_build_info{daemon="<daemon>",version="<the build's version>"} = 1 on

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
+#include "server/common/grpc_metrics.h"
+#include "server/common/info_service.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_server.h"
 
@@ -35,6 +37,7 @@ class CoordinatorImpl : public Coordinator {
     metrics_registry_ = std::make_shared<prometheus::Registry>();
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
+    grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
     store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_);
     registry_service_ = std::make_unique<RegistryService>(*registry_, *credentials_, *rpc_metrics_);
     auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
@@ -42,6 +45,9 @@ class CoordinatorImpl : public Coordinator {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
     grpc::ServerBuilder builder;
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(InterceptorFactory(grpc_metrics_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     LimitRpcMemory(builder, "collserve-coordinator", options.rpc_memory_bytes);
     auto listener = GrpcListener::Bind(options.listen_address);
     if (!listener.ok()) return listener.status();
@@ -55,6 +61,8 @@ class CoordinatorImpl : public Coordinator {
     builder.RegisterService(store_service_.get());
     builder.RegisterService(registry_service_.get());
     builder.RegisterService(auth_service_.get());
+    info_service_ = std::make_unique<InfoService>("coordinator", "");
+    builder.RegisterService(info_service_.get());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
     listener_->Start();
@@ -65,6 +73,10 @@ class CoordinatorImpl : public Coordinator {
     auto exposer = ServeMetrics(options.metrics_address, metrics_registry_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
+    if (exposer_ != nullptr) {
+      gauges_ = std::make_shared<ScrapeGauges>([this] { return Gauges(); });
+      exposer_->RegisterCollectable(gauges_);
+    }
     if (!options.tcpstore_address.empty()) {
       TcpStoreOptions t = options.tcpstore;
       t.listen_address = options.tcpstore_address;
@@ -76,6 +88,33 @@ class CoordinatorImpl : public Coordinator {
       tcpstore_ = std::move(*tcpstore);
     }
     return absl::OkStatus();
+  }
+
+  // The store's and the registry's state, read at each scrape.
+  std::vector<GaugeValue> Gauges() {
+    const store::Store::Stats s = store_->GetStats();
+    std::vector<GaugeValue> g = {
+        {"collserve_store_keys", "Keys the store holds (every job).", static_cast<double>(s.keys)},
+        {"collserve_store_bytes", "Bytes of keys and values the store holds (every job).", static_cast<double>(s.bytes)},
+        {"collserve_store_max_keys", "The store's key limit (--max_keys).", static_cast<double>(s.max_keys)},
+        {"collserve_store_max_bytes", "The store's byte limit (--max_store_bytes).", static_cast<double>(s.max_bytes)},
+        {"collserve_store_pending_waits", "Store waits (get, wait) parked until their keys exist.",
+         static_cast<double>(s.pending_waits)},
+    };
+    if (s.wal_bytes >= 0) {
+      g.push_back({"collserve_store_wal_bytes", "Size of the store's write-ahead log (--data_dir), bytes.",
+                   static_cast<double>(s.wal_bytes)});
+      g.push_back({"collserve_store_wal_compactions", "Snapshots the store wrote since the coordinator started "
+                   "(each starts a new, empty log).", static_cast<double>(s.wal_compactions)});
+    }
+    if (registry_ != nullptr) {
+      const auto [groups, formed] = registry_->GroupCounts();
+      g.push_back({"collserve_registry_groups", "Groups the registry holds (forming, formed or broken; every job).",
+                   static_cast<double>(groups)});
+      g.push_back({"collserve_registry_formed_groups", "Groups the registry holds whose generation is formed.",
+                   static_cast<double>(formed)});
+    }
+    return g;
   }
 
   int port() const override { return port_; }
@@ -95,7 +134,7 @@ class CoordinatorImpl : public Coordinator {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
     server_->Wait();
     server_.reset();
-    exposer_.reset();
+    exposer_.reset();  // before what the gauges read
     registry_.reset();  // fails joins still parked (none after Shutdown)
   }
 
@@ -104,6 +143,9 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<JobCredentials> credentials_;  // after store_: destroyed before it
   std::unique_ptr<GroupRegistry> registry_;
   std::shared_ptr<prometheus::Registry> metrics_registry_;
+  std::shared_ptr<ScrapeGauges> gauges_;  // Gauges(), registered with exposer_
+  std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_
+  std::unique_ptr<InfoService> info_service_;
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<RegistryService> registry_service_;

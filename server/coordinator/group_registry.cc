@@ -240,6 +240,13 @@ absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> GroupReg
   return std::make_pair(ViewOf(it->second), it->second.ledgers);
 }
 
+std::pair<int64_t, int64_t> GroupRegistry::GroupCounts() {
+  absl::MutexLock lock(&mu_);
+  int64_t formed = 0;
+  for (const auto& [key, g] : groups_) formed += g.state == "FORMED" ? 1 : 0;
+  return {static_cast<int64_t>(groups_.size()), formed};
+}
+
 std::vector<GroupView> GroupRegistry::List(const std::string& job) {
   absl::MutexLock lock(&mu_);
   std::vector<GroupView> out;

@@ -131,6 +131,8 @@ class GroupRegistry {
   absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> Ledgers(const std::string& job,
                                                                                   const std::string& group);
   const GroupRegistryLimits& limits() const { return limits_; }
+  // Groups held now (every job), and how many of them are formed (for metrics).
+  std::pair<int64_t, int64_t> GroupCounts();
 
  private:
   struct Waiter {

@@ -202,6 +202,25 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* ctx
   return Done(ctx, "NumKeys", start, s);
 }
 
+grpc::ServerUnaryReactor* StoreService::ListKeys(grpc::CallbackServerContext* ctx, const pb::ListKeysRequest* req,
+                                                 pb::ListKeysResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) {
+    const std::string ns = absl::StrCat(JobOf(req->job()), "/");
+    bool more = false;
+    absl::StatusOr<std::vector<std::string>> keys =
+        store_.ListKeys(absl::StrCat(ns, req->prefix()), req->start_after().empty() ? "" : absl::StrCat(ns, req->start_after()),
+                        req->limit() == 0 ? 1000 : req->limit(), &more);
+    if (keys.ok()) {
+      for (const std::string& k : *keys) resp->add_keys(k.substr(ns.size()));
+      resp->set_more(more);
+    }
+    s = keys.status();
+  }
+  return Done(ctx, "ListKeys", start, s);
+}
+
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* ctx,
                                                  const pb::MultiGetRequest* req,
                                                  pb::MultiGetResponse* resp) {

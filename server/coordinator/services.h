@@ -47,6 +47,8 @@ class StoreService final : public collserve::v1::Store::CallbackService {
                                       collserve::v1::DeleteKeyResponse* resp) override;
   grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext* ctx, const collserve::v1::NumKeysRequest* req,
                                     collserve::v1::NumKeysResponse* resp) override;
+  grpc::ServerUnaryReactor* ListKeys(grpc::CallbackServerContext* ctx, const collserve::v1::ListKeysRequest* req,
+                                     collserve::v1::ListKeysResponse* resp) override;
   grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext* ctx,
                                      const collserve::v1::MultiGetRequest* req,
                                      collserve::v1::MultiGetResponse* resp) override;

@@ -8,6 +8,11 @@
 //                        every rank completed and the oldest one in flight
 //   describe GROUP       one group's members
 //   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
+//   dump GROUP           the flight recorder: GROUP's last collectives with every rank's
+//                        arrival, the arrival skew and the last rank; the stragglers
+//   keys [PREFIX]        the job's keys (that start with PREFIX), in byte order
+//   get KEY              one key's value
+//   version              collservectl's, the coordinator's and each --sidecar's version
 //   mint-token           a new token for --job (admin token required)
 //   revoke-tokens        revokes --job's minted tokens (admin token required)
 //
@@ -29,11 +34,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "client/channel.h"
 #include "collserve/v1/auth.grpc.pb.h"
+#include "collserve/v1/info.grpc.pb.h"
+#include "collserve/v1/store.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/types.h"
@@ -43,6 +52,10 @@ ABSL_FLAG(std::string, coordinator, "",
 ABSL_FLAG(std::string, job, "", "The job; default $COLLSERVE_JOB, else \"default\".");
 ABSL_FLAG(bool, json, false, "Print the coordinator's answers as JSON (one object per line) instead of tables.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10), "Deadline of each call.");
+ABSL_FLAG(std::vector<std::string>, sidecar, {},
+          "Sidecars (unix:PATH or host:port, comma-separated) whose health and version `health` and `version` "
+          "also show; TLS as for the coordinator (a unix socket is plaintext).");
+ABSL_FLAG(int64_t, limit, 100000, "keys: print at most this many keys.");
 
 namespace collserve::ctl {
 namespace {
@@ -73,7 +86,16 @@ class Ctl {
     c.channel_ = *channel;
     c.registry_ = pb::Registry::NewStub(c.channel_);
     c.auth_ = pb::Auth::NewStub(c.channel_);
+    c.store_ = pb::Store::NewStub(c.channel_);
+    c.info_ = pb::Info::NewStub(c.channel_);
+    c.tls_ = *tls;
     return c;
+  }
+  // A channel to a sidecar (`address`: unix:PATH, plaintext, or host:port with the TLS
+  // settings of the coordinator's).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> SidecarChannel(const std::string& address) const {
+    return client::CreateChannel(address, absl::StartsWith(address, "unix:") ? client::TlsOptions() : tls_,
+                                 grpc::ChannelArguments());
   }
 
   // A context with the deadline and the token.
@@ -94,12 +116,17 @@ class Ctl {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   pb::Registry::Stub& registry() const { return *registry_; }
   pb::Auth::Stub& auth() const { return *auth_; }
+  pb::Store::Stub& store() const { return *store_; }
+  pb::Info::Stub& info() const { return *info_; }
 
  private:
   std::string address_, job_, token_;
   std::shared_ptr<grpc::Channel> channel_;
   std::shared_ptr<pb::Registry::Stub> registry_;
   std::shared_ptr<pb::Auth::Stub> auth_;
+  std::shared_ptr<pb::Store::Stub> store_;
+  std::shared_ptr<pb::Info::Stub> info_;
+  client::TlsOptions tls_;
 };
 
 bool Json() { return absl::GetFlag(FLAGS_json); }
@@ -325,8 +352,24 @@ absl::Status Health(const Ctl& c) {
       }
     }
   }
+  // Each --sidecar's readiness (its coordinator reachable) and liveness.
+  std::vector<std::vector<std::string>> sidecars;  // address, ready, live
+  for (const std::string& address : absl::GetFlag(FLAGS_sidecar)) {
+    auto channel = c.SidecarChannel(address);
+    if (!channel.ok()) {
+      sidecars.push_back({address, std::string(channel.status().message()), ""});
+      continue;
+    }
+    sidecars.push_back({address, client::CheckHealth(*channel, "", absl::GetFlag(FLAGS_timeout)),
+                        client::CheckHealth(*channel, "liveness", absl::GetFlag(FLAGS_timeout))});
+  }
   if (Json()) {
-    std::cout << "{\"coordinator\":\"" << c.address() << "\",\"services\":{";
+    std::cout << "{\"coordinator\":\"" << c.address() << "\",\"sidecars\":[";
+    for (size_t i = 0; i < sidecars.size(); ++i) {
+      std::cout << (i ? "," : "") << "{\"address\":\"" << sidecars[i][0] << "\",\"readiness\":\""
+                << absl::CEscape(sidecars[i][1]) << "\",\"liveness\":\"" << sidecars[i][2] << "\"}";
+    }
+    std::cout << "],\"services\":{";
     bool first = true;
     for (const auto& [name, state] : services) {
       std::cout << (first ? "" : ",") << "\"" << name << "\":\"" << state << "\"";
@@ -346,6 +389,12 @@ absl::Status Health(const Ctl& c) {
   std::vector<std::vector<std::string>> rows = {{"SERVICE", "HEALTH"}};
   for (const auto& [name, state] : services) rows.push_back({name, state});
   PrintTable(rows);
+  if (!sidecars.empty()) {
+    std::cout << "\n";
+    rows = {{"SIDECAR", "READINESS", "LIVENESS"}};
+    for (const auto& s : sidecars) rows.push_back(s);
+    PrintTable(rows);
+  }
   if (!list.ok()) {
     std::cout << "\nhosts of job " << c.job() << ": " << list.status().message() << "\n";
     return absl::OkStatus();
@@ -357,6 +406,104 @@ absl::Status Health(const Ctl& c) {
     rows.push_back({host, info.first < 0 ? "none" : Ago(info.first), absl::StrJoin(info.second, ",")});
   }
   PrintTable(rows);
+  return absl::OkStatus();
+}
+
+// One daemon's Info, or the error as a row.
+absl::StatusOr<pb::GetInfoResponse> InfoOf(pb::Info::Stub& stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+  pb::GetInfoResponse resp;
+  grpc::Status s = stub.GetInfo(&ctx, pb::GetInfoRequest(), &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::Status Version(const Ctl& c) {
+  std::vector<std::vector<std::string>> rows = {{"DAEMON", "ADDRESS", "VERSION", "HOST", "STARTED"}};
+  std::vector<std::string> json;
+  auto add = [&](const std::string& address, const absl::StatusOr<pb::GetInfoResponse>& info) {
+    if (!info.ok()) {
+      rows.push_back({"?", address, std::string(info.status().message()), "", ""});
+      json.push_back(absl::StrCat("{\"address\":\"", address, "\",\"error\":\"",
+                                  absl::CEscape(info.status().message()), "\"}"));
+      return;
+    }
+    rows.push_back({info->daemon(), address, info->version(), info->host_id().empty() ? "-" : info->host_id(),
+                    absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(info->started_unix_s()),
+                                     absl::UTCTimeZone())});
+    json.push_back(absl::StrCat("{\"address\":\"", address, "\",\"daemon\":\"", info->daemon(),
+                                "\",\"version\":\"", info->version(), "\",\"host_id\":\"", info->host_id(),
+                                "\",\"started_unix_s\":", info->started_unix_s(), "}"));
+  };
+  add(c.address(), InfoOf(c.info()));
+  for (const std::string& address : absl::GetFlag(FLAGS_sidecar)) {
+    auto channel = c.SidecarChannel(address);
+    if (!channel.ok()) {
+      add(address, channel.status());
+      continue;
+    }
+    auto stub = pb::Info::NewStub(*channel);
+    add(address, InfoOf(*stub));
+  }
+  if (Json()) {
+    std::cout << "{\"collservectl\":\"" << COLLSERVE_VERSION << "\",\"daemons\":[" << absl::StrJoin(json, ",")
+              << "]}\n";
+  } else {
+    std::cout << "collservectl " << COLLSERVE_VERSION << "\n";
+    PrintTable(rows);
+  }
+  return absl::OkStatus();
+}
+
+// The job's keys that start with `prefix`, a page at a time, at most --limit of them.
+absl::Status Keys(const Ctl& c, const std::string& prefix) {
+  const int64_t limit = std::max<int64_t>(absl::GetFlag(FLAGS_limit), 0);
+  std::vector<std::string> keys;
+  bool more = true;
+  std::string after;
+  while (more && static_cast<int64_t>(keys.size()) < limit) {
+    pb::ListKeysRequest req;
+    req.set_job(c.job());
+    req.set_prefix(prefix);
+    req.set_start_after(after);
+    req.set_limit(std::min<int64_t>(limit - static_cast<int64_t>(keys.size()), 10000));
+    pb::ListKeysResponse resp;
+    auto ctx = c.Context();
+    if (absl::Status s = c.Check(c.store().ListKeys(ctx.get(), req, &resp), "ListKeys"); !s.ok()) return s;
+    for (const std::string& k : resp.keys()) keys.push_back(k);
+    more = resp.more() && resp.keys_size() > 0;
+    if (!resp.keys().empty()) after = resp.keys(resp.keys_size() - 1);
+  }
+  if (Json()) {
+    pb::ListKeysResponse all;
+    for (const std::string& k : keys) all.add_keys(k);
+    all.set_more(more);
+    PrintJson(all);
+    return absl::OkStatus();
+  }
+  for (const std::string& k : keys) std::cout << absl::CHexEscape(k) << "\n";
+  if (more) std::cerr << "collservectl: more keys match; raise --limit to see them\n";
+  return absl::OkStatus();
+}
+
+absl::Status Get(const Ctl& c, const std::string& key) {
+  pb::GetRequest req;
+  req.set_job(c.job());
+  req.set_key(key);
+  req.set_timeout_ms(1);  // the key now, never a wait for it
+  pb::GetResponse resp;
+  auto ctx = c.Context();
+  grpc::Status s = c.store().Get(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::NotFoundError(absl::StrCat("job ", c.job(), " has no key \"", absl::CHexEscape(key), "\""));
+  }
+  if (absl::Status st = c.Check(s, "Get"); !st.ok()) return st;
+  if (Json()) {
+    PrintJson(resp);
+  } else {
+    std::cout << absl::CHexEscape(resp.value()) << "\n";
+  }
   return absl::OkStatus();
 }
 
@@ -394,7 +541,8 @@ absl::Status RevokeTokens(const Ctl& c) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
-      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | mint-token | revoke-tokens\n"
+      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | keys [PREFIX] | get KEY | version |\n"
+      "  mint-token | revoke-tokens\n"
       "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
@@ -417,6 +565,12 @@ int main(int argc, char** argv) {
     s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
   } else if (command == "dump" && !arg.empty()) {
     s = collserve::ctl::Dump(*ctl, arg);
+  } else if (command == "keys") {
+    s = collserve::ctl::Keys(*ctl, arg);
+  } else if (command == "get" && args.size() > 2) {
+    s = collserve::ctl::Get(*ctl, arg);
+  } else if (command == "version") {
+    s = collserve::ctl::Version(*ctl);
   } else if (command == "mint-token") {
     s = collserve::ctl::MintToken(*ctl);
   } else if (command == "revoke-tokens") {

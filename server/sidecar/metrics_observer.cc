@@ -41,8 +41,24 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
   // Never destroyed: a collective that completes while exit() runs must still find them.
   static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
       0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300};
+  auto& sizes = prometheus::BuildCounter()
+                    .Name("collserve_collective_bytes_total")
+                    .Help("Sizes of local ranks' successful collectives in nccl-tests' terms (the larger of a "
+                          "rank's input and output), bytes, by op. Over collserve_collective_duration_seconds_sum: "
+                          "the algorithm bandwidth (algbw).")
+                    .Register(registry);
+  auto& bus_bytes = prometheus::BuildCounter()
+                        .Name("collserve_collective_bus_bytes_total")
+                        .Help("collserve_collective_bytes_total times nccl-tests' bus bandwidth factor of the op "
+                              "for the group's world size n (all_reduce 2(n-1)/n; all_gather, reduce_scatter, "
+                              "all_to_all, gather, scatter (n-1)/n; broadcast, reduce 1), by op. Over "
+                              "collserve_collective_duration_seconds_sum: the bus bandwidth (busbw).")
+                        .Register(registry);
   for (int op = 0; op < 13; ++op) {
-    durations_[op] = &durations.Add({{"op", op == 0 ? std::string("unknown") : engine::OpName(op)}}, *kBuckets);
+    const std::string name = op == 0 ? std::string("unknown") : engine::OpName(op);
+    durations_[op] = &durations.Add({{"op", name}}, *kBuckets);
+    sizes_[op] = &sizes.Add({{"op", name}});
+    bus_bytes_[op] = &bus_bytes.Add({{"op", name}});
   }
   groups_ = &prometheus::BuildGauge()
                  .Name("collserve_groups")
@@ -69,6 +85,13 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
 void PrometheusObserver::OnArrivalSkew(absl::Duration skew) { skew_->Observe(absl::ToDoubleSeconds(skew)); }
 
 void PrometheusObserver::OnStraggler() { stragglers_->Increment(); }
+
+void PrometheusObserver::OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) {
+  int index = static_cast<int>(op);
+  if (index < 1 || index > 12) index = 0;
+  sizes_[index]->Increment(static_cast<double>(bytes));
+  bus_bytes_[index]->Increment(bus_bytes);
+}
 
 void PrometheusObserver::OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
                                               const std::string& reason, const std::vector<FlightRecord>& records) {

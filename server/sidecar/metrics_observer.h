@@ -29,6 +29,7 @@ class PrometheusObserver : public engine::EngineObserver {
   void OnGroups(int delta) override;
   void OnArrivalSkew(absl::Duration skew) override;
   void OnStraggler() override;
+  void OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) override;
   void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
                             const std::string& reason, const std::vector<FlightRecord>& records) override;
 
@@ -36,6 +37,9 @@ class PrometheusObserver : public engine::EngineObserver {
   prometheus::Family<prometheus::Counter>& collectives_;
   // By CollectiveOp value (1..kRecv); [0]: unknown ops.
   prometheus::Histogram* durations_[13] = {};
+  // By CollectiveOp value, as durations_: sizes and bus bytes (nccl-tests' algbw and busbw).
+  prometheus::Counter* sizes_[13] = {};
+  prometheus::Counter* bus_bytes_[13] = {};
   prometheus::Gauge* groups_;
   prometheus::Counter* exchanges_;
   prometheus::Counter* bytes_[3];  // by BytePath

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 #include <cerrno>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -34,6 +35,8 @@
 #include "server/common/bearer.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
+#include "server/common/grpc_metrics.h"
+#include "server/common/info_service.h"
 #include "server/common/metrics.h"
 #include "server/sidecar/coordinator_link.h"
 #include "server/sidecar/fd_channel_server.h"
@@ -293,6 +296,7 @@ class SidecarImpl : public Sidecar {
     metrics_ = std::make_shared<prometheus::Registry>();
     observer_ = std::make_unique<PrometheusObserver>(*metrics_);
     RegisterBuildInfo(*metrics_, "sidecar");
+    grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_);
     engine::EngineOptions eo;
     eo.host_id = options_.host_id;
     eo.hostname = options_.gloo_hostname;
@@ -327,6 +331,9 @@ class SidecarImpl : public Sidecar {
     trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
     grpc::ServerBuilder builder;
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(InterceptorFactory(grpc_metrics_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
     LimitRpcMemory(builder, "collserve-sidecar", options_.rpc_memory_bytes);
     if (!options_.unix_socket.empty()) {
       // Never take over a socket another sidecar serves; a dead one's is removed.
@@ -357,6 +364,8 @@ class SidecarImpl : public Sidecar {
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
     builder.RegisterService(service_.get());
+    info_service_ = std::make_unique<InfoService>("sidecar", options_.host_id);
+    builder.RegisterService(info_service_.get());
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) return absl::InternalError("the gRPC server did not start");
     for (auto& l : listeners_) l->Start();
@@ -372,7 +381,29 @@ class SidecarImpl : public Sidecar {
     auto exposer = ServeMetrics(options_.metrics_address, metrics_);
     if (!exposer.ok()) return exposer.status();
     exposer_ = std::move(*exposer);
+    if (exposer_ != nullptr) {
+      gauges_ = std::make_shared<ScrapeGauges>([this] { return Gauges(); });
+      exposer_->RegisterCollectable(gauges_);
+    }
     return absl::OkStatus();
+  }
+
+  // The engine's state and the coordinator connection, read at each scrape.
+  std::vector<GaugeValue> Gauges() {
+    const engine::Engine::Stats s = engine_->GetStats();
+    return {
+        {"collserve_sessions", "Local ranks attached to this sidecar (every group).", static_cast<double>(s.ranks)},
+        {"collserve_collectives_in_flight",
+         "Local ranks' collectives submitted and not yet answered (waiting for other ranks or running).",
+         static_cast<double>(s.in_flight)},
+        {"collserve_oldest_collective_age_seconds",
+         "How long the oldest collective in flight on this sidecar has waited, seconds (0 when none): a hung "
+         "collective grows it until its timeout.",
+         absl::ToDoubleSeconds(s.oldest)},
+        {"collserve_coordinator_connected",
+         "1 while the sidecar's coordinator answers its health check (the sidecar's readiness), else 0.",
+         connected_.load() ? 1.0 : 0.0},
+    };
   }
 
   int port() const override { return port_; }
@@ -397,6 +428,7 @@ class SidecarImpl : public Sidecar {
       }
     }
     ready_ = ready;
+    connected_.store(ready);
   }
 
   // Re-checks the coordinator every kHealthProbePeriod until Shutdown.
@@ -427,6 +459,7 @@ class SidecarImpl : public Sidecar {
       attach_mu_.AwaitWithTimeout(absl::Condition(&done), kAuthenticateTimeout + absl::Seconds(1));
     }
     listeners_.clear();
+    exposer_.reset();  // before the engine its gauges read
     {
       // After the sessions (they forget their tokens when they end). Server::Wait returned
       // after every session reactor's last callback, but that ordering is inside gRPC core;
@@ -435,7 +468,6 @@ class SidecarImpl : public Sidecar {
       fd_channel_.reset();
     }
     engine_.reset();
-    exposer_.reset();
   }
 
   // Handles the first message of a session from `peer`, asynchronously: asks the
@@ -498,10 +530,14 @@ class SidecarImpl : public Sidecar {
   std::thread health_thread_;  // WatchCoordinator
   absl::Notification stop_health_;
   bool ready_ = false;  // last readiness set; health thread only (and Init before it starts)
+  std::atomic<bool> connected_{false};  // ready_, for the metrics thread
+  std::shared_ptr<ScrapeGauges> gauges_;  // Gauges(), registered with exposer_
   std::unique_ptr<GrpcCoordinatorLink> coordinator_;
   backends::BackendRegistry backends_;
   std::unique_ptr<backends::DeviceRuntime> device_;  // CUDA tensors; null without CUDA
   std::shared_ptr<prometheus::Registry> metrics_;
+  std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_
+  std::unique_ptr<InfoService> info_service_;  // outlives server_
   std::unique_ptr<PrometheusObserver> observer_;
   std::unique_ptr<engine::Engine> engine_;  // destroyed before what it points to
   std::unique_ptr<CollectivesService> service_;

@@ -125,6 +125,29 @@ has default "kind: ServiceMonitor" && fail "default values render a ServiceMonit
 has default "volumeClaimTemplates:" || fail "default values render no PersistentVolumeClaim"
 has servicemonitor-on "kind: ServiceMonitor" || fail "servicemonitor-on renders no ServiceMonitor"
 has servicemonitor-on "release: kube-prometheus-stack" || fail "servicemonitor-on lost additionalLabels"
+has default "kind: PrometheusRule" && fail "default values render a PrometheusRule"
+has default "grafana_dashboard" && fail "default values render the dashboard ConfigMap"
+# The PrometheusRule carries files/alerts.yml's groups and the ConfigMap files/dashboard.json,
+# unchanged, with the Grafana sidecar's label.
+(cd "$cache" && node --input-type=module - "$work/rendered-servicemonitor-on.yaml" "$chart/files" <<'JS'
+import { readFileSync } from "node:fs";
+import { parseAllDocuments, parse } from "yaml";
+import { isDeepStrictEqual } from "node:util";
+const docs = parseAllDocuments(readFileSync(process.argv[2], "utf8")).map((d) => d.toJSON()).filter(Boolean);
+const rule = docs.find((d) => d.kind === "PrometheusRule");
+const cm = docs.find((d) => d.kind === "ConfigMap" && d.metadata.name.endsWith("-dashboard"));
+const alerts = parse(readFileSync(`${process.argv[3]}/alerts.yml`, "utf8"));
+const dashboard = JSON.parse(readFileSync(`${process.argv[3]}/dashboard.json`, "utf8"));
+const errors = [];
+if (!rule || !isDeepStrictEqual(rule.spec, { groups: alerts.groups })) errors.push("the PrometheusRule's spec is not files/alerts.yml");
+if (rule && rule.metadata.labels.release !== "kube-prometheus-stack") errors.push("the PrometheusRule lost additionalLabels");
+if (!cm || !isDeepStrictEqual(JSON.parse(cm.data["collserve.json"]), dashboard)) errors.push("the ConfigMap's collserve.json is not files/dashboard.json");
+if (cm && cm.metadata.labels.grafana_dashboard !== "1") errors.push("the dashboard ConfigMap lacks grafana_dashboard: \"1\"");
+if (cm && cm.metadata.annotations?.grafana_folder !== "collserve") errors.push("the dashboard ConfigMap lost its annotations");
+for (const e of errors) console.error(e);
+process.exit(errors.length ? 1 : 0);
+JS
+) || fail "servicemonitor-on: the monitoring objects differ from helm/collserve/files"
 has persistence-off "volumeClaimTemplates:" && fail "persistence-off still renders a claim"
 has persistence-off '"--max_value_bytes=67108864"' ||
   fail "an integer in coordinator.args did not render as --max_value_bytes=67108864"

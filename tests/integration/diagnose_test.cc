@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/channel.h"
+#include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
 
@@ -170,6 +171,59 @@ TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) 
   EXPECT_THAT(cluster.sidecar(1).Output(), HasSubstr("flight recorder of group \"world\" of job \"default\""));
   EXPECT_THAT(cluster.sidecar(1).Output(), HasSubstr("over the flight recorder's log threshold of 150ms): {"));
   EXPECT_THAT(cluster.sidecar(0).Output(), HasSubstr("\"last_rank\":2"));
+}
+
+TEST(DiagnoseTest, CollservectlListsKeysGetsValuesAndShowsVersionsAndSidecarHealth) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  client::StoreClientOptions o;
+  o.token = cluster.job_token();
+  auto store = client::StoreClient::Connect(cluster.coordinator_address(), o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 25; ++i) ASSERT_TRUE((*store)->Set(absl::StrCat("ckpt/step", 100 + i), "x").ok());
+  ASSERT_TRUE((*store)->Set("lr", "0.001").ok());
+  ASSERT_TRUE((*store)->Set("bin", std::string("a\0b", 3)).ok());
+
+  // keys pages through the store (--limit 10: several pages of ListKeys are not needed to
+  // see 10, but the prefix and the order are the store's).
+  auto [kcode, keys] = Ctl(cluster, {"keys", "ckpt/"});
+  EXPECT_EQ(kcode, 0) << keys;
+  EXPECT_THAT(keys, HasSubstr("ckpt/step100\nckpt/step101\n"));
+  EXPECT_THAT(keys, HasSubstr("ckpt/step124\n"));
+  EXPECT_THAT(keys, ::testing::Not(HasSubstr("lr")));
+  auto [lcode, limited] = Ctl(cluster, {"--limit=3", "keys"});
+  EXPECT_EQ(lcode, 0) << limited;
+  EXPECT_THAT(limited, HasSubstr("bin\nckpt/step100\nckpt/step101\n"));
+  EXPECT_THAT(limited, HasSubstr("more keys match; raise --limit"));
+  auto [jcode, json] = Ctl(cluster, {"--json", "keys", "l"});
+  EXPECT_EQ(jcode, 0) << json;
+  EXPECT_THAT(json, HasSubstr("{\"keys\":[\"bHI=\"],\"more\":false}"));  // bytes are base64 in JSON
+  auto [gcode, value] = Ctl(cluster, {"get", "lr"});
+  EXPECT_EQ(gcode, 0) << value;
+  EXPECT_EQ(value, "0.001\n");
+  auto [bcode, binary] = Ctl(cluster, {"get", "bin"});
+  EXPECT_EQ(bcode, 0) << binary;
+  EXPECT_EQ(binary, "a\\x00\\x62\n");  // C-escaped (absl::CHexEscape: no hex digit may follow an escape)
+  auto [ncode, none] = Ctl(cluster, {"get", "nope"});
+  EXPECT_EQ(ncode, 1);
+  EXPECT_THAT(none, HasSubstr("NOT_FOUND: job default has no key \"nope\""));
+
+  // version: collservectl's, the coordinator's and the sidecar's; health: the sidecar's
+  // readiness and liveness.
+  const std::string sidecar = absl::StrCat("--sidecar=", cluster.sidecar_address(0), ",", cluster.sidecar_tcp_address(0));
+  auto [vcode, version] = Ctl(cluster, {sidecar, "version"});
+  EXPECT_EQ(vcode, 0) << version;
+  EXPECT_THAT(version, HasSubstr("DAEMON       ADDRESS"));
+  EXPECT_THAT(version, ::testing::ContainsRegex("coordinator +127.0.0.1:[0-9]+ +[0-9]+\\.[0-9]+\\.[0-9]+ +-"));
+  EXPECT_THAT(version, ::testing::ContainsRegex("sidecar +unix:[^ ]+ +[0-9]+\\.[0-9]+\\.[0-9]+ +host0"));
+  EXPECT_THAT(version, ::testing::ContainsRegex("sidecar +127.0.0.1:[0-9]+ +[0-9.]+ +host0"));
+  auto [hcode, health] = Ctl(cluster, {sidecar, "health"});
+  EXPECT_EQ(hcode, 0) << health;
+  EXPECT_THAT(health, ::testing::ContainsRegex("unix:[^ ]+ +SERVING +SERVING"));
+  auto [vjcode, vjson] = Ctl(cluster, {sidecar, "--json", "version"});
+  EXPECT_THAT(vjson, HasSubstr("\"daemon\":\"sidecar\""));
+  EXPECT_THAT(vjson, HasSubstr("\"host_id\":\"host0\""));
 }
 
 TEST(DiagnoseTest, CollservectlRefusesWithoutAToken) {

@@ -406,6 +406,13 @@ TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"staged\"} 8000"));
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"arena\"} 0"));
   EXPECT_THAT(body, HasSubstr("collserve_build_info{daemon=\"sidecar\",version=\""));
+  // gRPC's server metrics under the names gRPC dashboards query (go-grpc-prometheus').
+  const std::string session =
+      "{grpc_method=\"Session\",grpc_service=\"collserve.v1.Collectives\",grpc_type=\"bidi_stream\"}";
+  EXPECT_THAT(body, HasSubstr("grpc_server_started_total" + session + " 2"));
+  EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Session\""));
+  EXPECT_THAT(body, HasSubstr("collserve_sessions "));
+  EXPECT_THAT(body, HasSubstr("collserve_coordinator_connected 1"));
   EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"all_reduce\"} 2"));
   EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"unknown\"} 0"));
   EXPECT_THAT(body, HasSubstr("\ncollserve_groups "));

@@ -336,6 +336,13 @@ TEST(CoordinatorMetricsTest, MetricsEndpointCountsRpcs) {
   EXPECT_THAT(body, HasSubstr("collserve_rpc_requests_total{code=\"OK\",method=\"Set\"}"));
   EXPECT_THAT(body, HasSubstr("collserve_rpc_duration_seconds_bucket"));
   EXPECT_THAT(body, HasSubstr("collserve_build_info{daemon=\"coordinator\",version=\""));
+  // gRPC's server metrics under the names gRPC dashboards query (go-grpc-prometheus').
+  EXPECT_THAT(body, HasSubstr("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Set\","
+                              "grpc_service=\"collserve.v1.Store\",grpc_type=\"unary\"}"));
+  EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Set\""));
+  // The store's gauges, read at the scrape.
+  EXPECT_THAT(body, HasSubstr("collserve_store_keys "));
+  EXPECT_THAT(body, HasSubstr("collserve_store_max_keys "));
 }
 
 }  // namespace

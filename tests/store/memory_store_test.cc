@@ -393,6 +393,34 @@ TEST(MemoryStoreWaitAsyncTest, ManyWaitersOnOneKeyAllComplete) {
 
 // ---- synchronous waits ---------------------------------------------------------------
 
+TEST(MemoryStoreTest, ListKeysPagesThroughAPrefixInByteOrder) {
+  auto store = MakeStore(StoreOptions());
+  for (const char* k : {"job/a3", "job/a1", "job/b1", "job/a2", "job/a5", "job/a4", "other/a1"}) {
+    ASSERT_TRUE(store->Set(k, "v").ok());
+  }
+  bool more = false;
+  EXPECT_THAT(store->ListKeys("job/a", "", 2, &more), IsOkAndHolds(ElementsAre("job/a1", "job/a2")));
+  EXPECT_TRUE(more);
+  EXPECT_THAT(store->ListKeys("job/a", "job/a2", 2, &more), IsOkAndHolds(ElementsAre("job/a3", "job/a4")));
+  EXPECT_TRUE(more);
+  EXPECT_THAT(store->ListKeys("job/a", "job/a4", 2, &more), IsOkAndHolds(ElementsAre("job/a5")));
+  EXPECT_FALSE(more);
+  // A start before the prefix starts at the prefix; an exact fit reports no more.
+  EXPECT_THAT(store->ListKeys("job/", "a", 5, &more),
+              IsOkAndHolds(ElementsAre("job/a1", "job/a2", "job/a3", "job/a4", "job/a5")));
+  EXPECT_TRUE(more);
+  EXPECT_THAT(store->ListKeys("job/b", "", 1, &more), IsOkAndHolds(ElementsAre("job/b1")));
+  EXPECT_FALSE(more);
+  EXPECT_THAT(store->ListKeys("none/", "", 10, &more), IsOkAndHolds(::testing::IsEmpty()));
+  EXPECT_THAT(store->ListKeys("job/", "", 0, &more), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->ListKeys("job/", "", Store::kMaxListKeys + 1, &more), StatusIs(StatusCode::kInvalidArgument));
+  // Stats count every job.
+  Store::Stats stats = store->GetStats();
+  EXPECT_EQ(stats.keys, 7);
+  EXPECT_GT(stats.bytes, 0);
+  EXPECT_EQ(stats.wal_bytes, -1);
+}
+
 TEST(MemoryStoreTest, TimeoutMessageNamesTheTimeoutAndTheMissingKeys) {
   auto store = OpenStore(StoreOptions());
   ASSERT_NE(store, nullptr);

@@ -147,7 +147,8 @@ std::vector<std::string> Cluster::credential_flags() const {
 
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
                                                         const std::vector<std::string>& coordinator_flags,
-                                                        const std::vector<std::string>& sidecar_flags) {
+                                                        const std::vector<std::string>& sidecar_flags,
+                                                        const std::vector<std::vector<std::string>>& each_sidecar_flags) {
   auto c = std::make_unique<Cluster>();
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -177,6 +178,9 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
         "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
         absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")};
     argv.insert(argv.end(), sidecar_flags.begin(), sidecar_flags.end());
+    if (static_cast<size_t>(i) < each_sidecar_flags.size()) {
+      argv.insert(argv.end(), each_sidecar_flags[i].begin(), each_sidecar_flags[i].end());
+    }
     auto sc = Process::Start(argv, {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
     if (!sc.ok()) return sc.status();
     c->sidecars_.push_back(std::move(*sc));

@@ -47,10 +47,12 @@ absl::StatusOr<std::string> WriteRandomToken(const std::string& path);
 // StartRank hands to its ranks as COLLSERVE_TOKEN (extra_env may override it).
 class Cluster {
  public:
-  // `sidecar_flags` are added to every sidecar's command line.
-  static absl::StatusOr<std::unique_ptr<Cluster>> Start(int num_sidecars,
-                                                      const std::vector<std::string>& coordinator_flags = {},
-                                                      const std::vector<std::string>& sidecar_flags = {});
+  // `sidecar_flags` are added to every sidecar's command line, then `each_sidecar_flags[i]`
+  // (where given) to sidecar i's.
+  static absl::StatusOr<std::unique_ptr<Cluster>> Start(
+      int num_sidecars, const std::vector<std::string>& coordinator_flags = {},
+      const std::vector<std::string>& sidecar_flags = {},
+      const std::vector<std::vector<std::string>>& each_sidecar_flags = {});
   ~Cluster();
   const std::string& dir() const { return dir_; }
   // The token of job "default" and the admin token this cluster's coordinator accepts.

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""monitoring_dashboard: checks helm/collserve/files/dashboard.json offline.
+
+Every panel's PromQL must parse (each expression goes into a throwaway rule file, with
+Grafana's $__rate_interval / $__interval / $__range replaced by 5m, and `promtool check
+rules` parses it), every panel uses the ${datasource} variable, panel ids are unique, and
+every collserve metric an expression names is one the daemons export (the list below,
+kept in step with docs/operations.md).
+
+Usage: check_dashboard.py DASHBOARD_JSON WORK_DIR
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+# Every metric family the coordinator and the sidecar export (docs/operations.md).
+EXPORTED = {
+    "collserve_build_info", "collserve_rpc_requests_total", "collserve_rpc_duration_seconds",
+    "collserve_store_keys", "collserve_store_bytes", "collserve_store_max_keys", "collserve_store_max_bytes",
+    "collserve_store_pending_waits", "collserve_store_wal_bytes", "collserve_store_wal_compactions",
+    "collserve_registry_groups", "collserve_registry_formed_groups",
+    "collserve_collectives_total", "collserve_collective_duration_seconds", "collserve_collective_bytes_total",
+    "collserve_collective_bus_bytes_total", "collserve_tensor_bytes_total", "collserve_argument_exchanges_total",
+    "collserve_groups", "collserve_sessions", "collserve_collectives_in_flight",
+    "collserve_oldest_collective_age_seconds", "collserve_coordinator_connected",
+    "collserve_collective_arrival_skew_seconds", "collserve_straggler_collectives_total",
+}
+
+
+def exprs(dashboard):
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            yield panel, target["expr"]
+
+
+def main():
+    dashboard_path, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    with open(dashboard_path) as f:
+        dashboard = json.load(f)
+    errors = []
+    ids = [p["id"] for p in dashboard["panels"]]
+    if len(ids) != len(set(ids)):
+        errors.append("panel ids repeat")
+    rules = []
+    for panel, expr in exprs(dashboard):
+        if panel.get("datasource", {}).get("uid") != "${datasource}":
+            errors.append(f"panel {panel['title']!r} does not use the ${{datasource}} variable")
+        for name in re.findall(r"collserve_[a-z_]+", expr):
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            if family not in EXPORTED and name not in EXPORTED:
+                errors.append(f"panel {panel['title']!r} names {name}, which no daemon exports")
+        promql = re.sub(r"\$__(rate_interval|interval|range)", "5m", expr)
+        rules.append({"record": f"dashboard:panel_{panel['id']}:expr_{len(rules)}", "expr": promql})
+    if not rules:
+        errors.append("the dashboard has no expressions")
+    rule_file = os.path.join(work, "dashboard_exprs.yml")
+    with open(rule_file, "w") as f:
+        json.dump({"groups": [{"name": "dashboard", "rules": rules}]}, f, indent=1)  # JSON is YAML
+    check = subprocess.run(["promtool", "check", "rules", rule_file], capture_output=True, text=True, timeout=60)
+    if check.returncode != 0:
+        errors.append(f"promtool check rules failed on the dashboard's expressions:\n{check.stdout}{check.stderr}")
+    for e in errors:
+        print("check_dashboard: FAIL:", e, file=sys.stderr)
+    if not errors:
+        print(f"check_dashboard: {len(rules)} expressions of {len(dashboard['panels'])} panels parse")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
