@@ -36,6 +36,12 @@ class SegmentTable {
   absl::StatusOr<char*> Map(const BufferRef& b, size_t bytes, Submission& sub);
   // Unmaps a segment the client released (a queued request that uses it keeps its mapping).
   void Release(const std::string& name) { segments_.erase(name); }
+  // Bytes of the registered segments.
+  size_t bytes() const {
+    size_t total = 0;
+    for (const auto& [name, s] : segments_) total += s->size();
+    return total;
+  }
 
  private:
   std::map<std::string, std::shared_ptr<ShmSegment>> segments_;

@@ -43,10 +43,11 @@ Engine::Stats Engine::GetStats() {
   const absl::Time now = absl::Now();
   absl::Time oldest = now;
   for (const auto& g : groups) {
-    int64_t ranks = 0, in_flight = 0;
+    int64_t ranks = 0, in_flight = 0, mapped = 0;
     absl::Time since = now;
-    g->InFlight(&ranks, &in_flight, &since);
+    g->InFlight(&ranks, &in_flight, &since, &mapped);
     s.ranks += ranks;
+    s.mapped_bytes += mapped;
     s.in_flight += in_flight;
     oldest = std::min(oldest, since);
   }

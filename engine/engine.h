@@ -94,6 +94,7 @@ class Engine {
     int64_t ranks = 0;       // local ranks attached (sessions)
     int64_t in_flight = 0;   // local ranks' collectives submitted and not yet answered
     absl::Duration oldest;   // how long the oldest of those has waited (0 when none)
+    int64_t mapped_bytes = 0;  // shared memory the local ranks registered, mapped here
   };
   Stats GetStats();
 

@@ -288,10 +288,12 @@ void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& 
   }
 }
 
-void Group::InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest) {
+void Group::InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest, int64_t* mapped_bytes) {
   absl::MutexLock lock(&mu_);
   *ranks = static_cast<int64_t>(locals_.size());
   *in_flight = 0;
+  *mapped_bytes = 0;
+  for (const auto& [rank, local] : locals_) *mapped_bytes += static_cast<int64_t>(local.segments.bytes());
   if (state_ == State::kFailed) return;  // every request was answered with the failure
   for (const auto& [rank, local] : locals_) {
     // Collectives are answered in order: those after completed_seq are in flight.

@@ -107,9 +107,10 @@ class Group : public std::enable_shared_from_this<Group> {
   GroupProgress Progress(std::string* credential, uint64_t* version);
 
   // Its local ranks attached here (`*ranks`), their collectives submitted and not yet
-  // answered (`*in_flight`), and the earliest submission among those (`*oldest`, left as
-  // is when there is none).
-  void InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest);
+  // answered (`*in_flight`), the earliest submission among those (`*oldest`, left as is
+  // when there is none), and the bytes of the shared memory segments they registered
+  // (`*mapped_bytes`).
+  void InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest, int64_t* mapped_bytes);
 
   // Shutdown: fails everything with UNAVAILABLE and closes every session.
   void Stop();

@@ -388,6 +388,8 @@ Store::Stats MemoryStore::GetStats() {
   if (wal_ != nullptr) {
     s.wal_bytes = wal_->log_bytes();
     s.wal_compactions = wal_->compactions();
+    s.wal_syncs = wal_->syncs();
+    s.wal_sync_seconds = absl::ToDoubleSeconds(wal_->sync_time());
   }
   s.pending_waits = static_cast<int64_t>(waiters_.size());
   return s;

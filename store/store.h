@@ -142,6 +142,8 @@ class Store {
     int64_t max_bytes = 0;
     int64_t wal_bytes = -1;     // the write-ahead log's size; -1 = not durable
     int64_t wal_compactions = 0;  // snapshots written since the store opened
+    int64_t wal_syncs = 0;        // writes made durable (one fdatasync each) since it opened
+    double wal_sync_seconds = 0;  // the time those fdatasyncs took
     int64_t pending_waits = 0;  // waits registered and not yet finished
   };
   // A consistent snapshot of the above; never blocks on the disk. Default: all zero.

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace collserve::store {
@@ -411,10 +412,13 @@ absl::Status Wal::Append(const std::vector<WalOp>& ops) {
     }
     return status;
   }
+  const absl::Time sync_start = absl::Now();
   if (::fdatasync(log_fd_) != 0) {
     broken_ = IoError("wal is unusable after a failed fdatasync of", log_path, errno);
     return broken_;
   }
+  sync_time_ += absl::Now() - sync_start;
+  ++syncs_;
   log_bytes_ += static_cast<int64_t>(record.size());
   return absl::OkStatus();
 }

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace collserve::store {
 
@@ -102,6 +103,9 @@ class Wal {
   int64_t log_bytes() const { return log_bytes_; }
   // Number of compactions completed since Open().
   int64_t compactions() const { return compactions_; }
+  // Appends made durable (each one fdatasync) and the time those fdatasyncs took.
+  int64_t syncs() const { return syncs_; }
+  absl::Duration sync_time() const { return sync_time_; }
 
  private:
   Wal(Options options, int log_fd, int64_t log_bytes);
@@ -114,6 +118,8 @@ class Wal {
   // Do not try to compact again before the log reaches this size (set after a failure).
   int64_t next_compact_attempt_bytes_ = 0;
   int64_t compactions_ = 0;
+  int64_t syncs_ = 0;
+  absl::Duration sync_time_;
   // Set after a failed fdatasync(); every later Append() fails with it.
   absl::Status broken_;
 };

@@ -3,6 +3,7 @@
 #include <prometheus/gauge.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <glog/logging.h>
 #include <grpcpp/resource_quota.h>
 #include <malloc.h>
@@ -19,6 +20,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
 #include "absl/flags/usage.h"
@@ -27,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace collserve::server {
 
@@ -214,5 +218,47 @@ void RegisterBuildInfo(prometheus::Registry& registry, const std::string& daemon
 }
 
 const char* CollserveVersion() { return COLLSERVE_VERSION; }
+
+std::vector<GaugeValue> ProcessMetrics() {
+  std::vector<GaugeValue> out;
+  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  // /proc/self/stat: the fields after the command's closing parenthesis, from field 3.
+  std::ifstream stat_file("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren != std::string::npos && ticks > 0) {
+    std::vector<std::string> f = absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+    // f[0] is field 3 (state): utime 14, stime 15, starttime 22, vsize 23, rss 24.
+    double utime = 0, stime = 0, start = 0, vsize = 0, rss = 0;
+    if (f.size() > 21 && absl::SimpleAtod(f[11], &utime) && absl::SimpleAtod(f[12], &stime) &&
+        absl::SimpleAtod(f[19], &start) && absl::SimpleAtod(f[20], &vsize) && absl::SimpleAtod(f[21], &rss)) {
+      out.push_back({"process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+                     (utime + stime) / ticks, true});
+      out.push_back({"process_virtual_memory_bytes", "Virtual memory size in bytes.", vsize});
+      out.push_back({"process_resident_memory_bytes", "Resident memory size in bytes.", rss * page});
+      // Boot time (btime in /proc/stat) plus the start in ticks since boot.
+      std::ifstream boot_file("/proc/stat");
+      for (std::string line; std::getline(boot_file, line);) {
+        double btime = 0;
+        if (absl::StartsWith(line, "btime ") && absl::SimpleAtod(line.substr(6), &btime)) {
+          out.push_back({"process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                         btime + start / ticks});
+        }
+      }
+    }
+  }
+  int fds = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) fds += e->d_name[0] != '.' ? 1 : 0;
+    closedir(d);
+    out.push_back({"process_open_fds", "Number of open file descriptors.", static_cast<double>(fds - 1)});  // the listing's
+  }
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    out.push_back({"process_max_fds", "Maximum number of open file descriptors.", static_cast<double>(limit.rlim_cur)});
+  }
+  return out;
+}
 
 }  // namespace collserve::server

@@ -49,14 +49,21 @@ class RpcMetrics {
   prometheus::Family<prometheus::Histogram>& duration_;
 };
 
-// One gauge read at scrape time (ScrapeGauges).
+// One gauge (or, with `counter`, a counter) read at scrape time (ScrapeGauges).
 struct GaugeValue {
   std::string name;
   std::string help;
   double value = 0;
+  bool counter = false;
 };
 
-// Gauges whose values are read when Prometheus scrapes (prometheus-cpp's Collectable): for
+// The process's own metrics under the Prometheus client libraries' standard names
+// (process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
+// process_open_fds, process_max_fds, process_start_time_seconds), read from /proc/self; a
+// value /proc does not give is left out. Defined in daemon.cc.
+std::vector<GaugeValue> ProcessMetrics();
+
+// Gauges (and counters) whose values are read when Prometheus scrapes (prometheus-cpp's Collectable): for
 // state another component owns (the store's size, the engine's in-flight collectives), so
 // that it needs no updating thread. `read` runs on the exposer's thread: it must be
 // thread-safe, must not block for long, and what it reads must outlive the exposer (reset
@@ -70,9 +77,13 @@ class ScrapeGauges : public prometheus::Collectable {
       prometheus::MetricFamily f;
       f.name = std::move(g.name);
       f.help = std::move(g.help);
-      f.type = prometheus::MetricType::Gauge;
+      f.type = g.counter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge;
       prometheus::ClientMetric m;
-      m.gauge.value = g.value;
+      if (g.counter) {
+        m.counter.value = g.value;
+      } else {
+        m.gauge.value = g.value;
+      }
       f.metric.push_back(std::move(m));
       out.push_back(std::move(f));
     }

@@ -106,6 +106,10 @@ class CoordinatorImpl : public Coordinator {
                    static_cast<double>(s.wal_bytes)});
       g.push_back({"collserve_store_wal_compactions", "Snapshots the store wrote since the coordinator started "
                    "(each starts a new, empty log).", static_cast<double>(s.wal_compactions)});
+      g.push_back({"collserve_store_wal_syncs_total", "Store writes made durable, one fdatasync of the log each.",
+                   static_cast<double>(s.wal_syncs), true});
+      g.push_back({"collserve_store_wal_sync_seconds_total", "Time those fdatasyncs took, seconds (over "
+                   "collserve_store_wal_syncs_total: the mean fsync latency).", s.wal_sync_seconds, true});
     }
     if (registry_ != nullptr) {
       const auto [groups, formed] = registry_->GroupCounts();
@@ -114,6 +118,7 @@ class CoordinatorImpl : public Coordinator {
       g.push_back({"collserve_registry_formed_groups", "Groups the registry holds whose generation is formed.",
                    static_cast<double>(formed)});
     }
+    for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     return g;
   }
 

@@ -391,7 +391,7 @@ class SidecarImpl : public Sidecar {
   // The engine's state and the coordinator connection, read at each scrape.
   std::vector<GaugeValue> Gauges() {
     const engine::Engine::Stats s = engine_->GetStats();
-    return {
+    std::vector<GaugeValue> g = {
         {"collserve_sessions", "Local ranks attached to this sidecar (every group).", static_cast<double>(s.ranks)},
         {"collserve_collectives_in_flight",
          "Local ranks' collectives submitted and not yet answered (waiting for other ranks or running).",
@@ -403,7 +403,11 @@ class SidecarImpl : public Sidecar {
         {"collserve_coordinator_connected",
          "1 while the sidecar's coordinator answers its health check (the sidecar's readiness), else 0.",
          connected_.load() ? 1.0 : 0.0},
+        {"collserve_staging_bytes", "Bytes of shared memory local ranks have registered with the sidecar and it "
+         "holds mapped (their arenas and staging segments).", static_cast<double>(s.mapped_bytes)},
     };
+    for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
+    return g;
   }
 
   int port() const override { return port_; }
