@@ -20,7 +20,8 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
   if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));
   if (observer != nullptr) {
     observer->OnCompleted(sub.args.op, status,
-                          sub.submitted == absl::Time() ? absl::ZeroDuration() : absl::Now() - sub.submitted);
+                          sub.submitted == absl::Time() ? absl::ZeroDuration() : absl::Now() - sub.submitted,
+                          std::max(sub.in_bytes, sub.out_bytes), status.ok() ? sub.algorithm : "");
   }
 }
 

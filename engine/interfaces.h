@@ -82,7 +82,10 @@ class EngineObserver {
   virtual ~EngineObserver() = default;
   // One local rank's request completed with `status` (op: a CollectiveOp value, unchecked),
   // `latency` after the sidecar received it.
-  virtual void OnCompleted(CollectiveOp op, const absl::Status& status, absl::Duration latency) {}
+  // `bytes`: the larger of the rank's input and output; `algorithm`: how it ran (a string
+  // literal of the engine's, "" when it failed or did not say).
+  virtual void OnCompleted(CollectiveOp op, const absl::Status& status, absl::Duration latency, uint64_t bytes,
+                           const char* algorithm) {}
   // The number of groups on this host changed by `delta` (+1 created, -1 dropped).
   virtual void OnGroups(int delta) {}
   // `bytes` of a local rank's tensors (inputs and outputs) entered a collective via `path`.

@@ -378,6 +378,18 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::ListKeys(absl::string_view
   return keys;
 }
 
+std::vector<Store::JobUsage> MemoryStore::ListJobs() {
+  std::vector<Store::JobUsage> out;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [job, usage] : jobs_) {
+      if (usage.keys > 0) out.push_back({job, usage.keys, usage.bytes});
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Store::JobUsage& a, const Store::JobUsage& b) { return a.job < b.job; });
+  return out;
+}
+
 Store::Stats MemoryStore::GetStats() {
   absl::MutexLock lock(&mu_);
   Stats s;

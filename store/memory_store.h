@@ -86,6 +86,7 @@ class MemoryStore final : public Store {
   absl::StatusOr<std::vector<std::string>> ListKeys(absl::string_view prefix, absl::string_view start_after,
                                                     int64_t limit, bool* more) override ABSL_LOCKS_EXCLUDED(mu_);
   Stats GetStats() override ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Store::JobUsage> ListJobs() override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Test hooks.
   // Waits registered and not yet finished.

@@ -134,6 +134,14 @@ class Store {
     return absl::UnimplementedError("this store cannot list its keys");
   }
 
+  // What each job's namespace (the part of a key before its first '/') holds, by job.
+  struct JobUsage {
+    std::string job;
+    int64_t keys = 0;
+    int64_t bytes = 0;
+  };
+  virtual std::vector<JobUsage> ListJobs() { return {}; }
+
   // What the store holds now, for metrics (every job together).
   struct Stats {
     int64_t keys = 0;

@@ -39,7 +39,7 @@ class CoordinatorImpl : public Coordinator {
     RegisterBuildInfo(*metrics_registry_, "coordinator");
     grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
     store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_);
-    registry_service_ = std::make_unique<RegistryService>(*registry_, *credentials_, *rpc_metrics_);
+    registry_service_ = std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_);
     auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
 
     grpc::EnableDefaultHealthCheckService(true);
@@ -112,11 +112,14 @@ class CoordinatorImpl : public Coordinator {
                    "collserve_store_wal_syncs_total: the mean fsync latency).", s.wal_sync_seconds, true});
     }
     if (registry_ != nullptr) {
-      const auto [groups, formed] = registry_->GroupCounts();
+      const GroupRegistry::Counts c = registry_->GroupCounts();
       g.push_back({"collserve_registry_groups", "Groups the registry holds (forming, formed or broken; every job).",
-                   static_cast<double>(groups)});
+                   static_cast<double>(c.groups)});
       g.push_back({"collserve_registry_formed_groups", "Groups the registry holds whose generation is formed.",
-                   static_cast<double>(formed)});
+                   static_cast<double>(c.formed)});
+      g.push_back({"collserve_registry_generations_formed_total",
+                   "Generations formed (rendezvous completed) since the coordinator started, every job.",
+                   static_cast<double>(c.generations_formed), true});
     }
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     return g;

@@ -99,6 +99,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
     ++changes_;  // wake the timer: this deadline may be the earliest
     if (static_cast<int>(g.members.size()) == g.world_size) {
       g.state = "FORMED";
+      ++generations_formed_;
       GroupView view = ViewOf(g);
       for (auto& [rank, w] : g.waiters) {
         waiter_index_.erase(w.id);
@@ -240,11 +241,20 @@ absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> GroupReg
   return std::make_pair(ViewOf(it->second), it->second.ledgers);
 }
 
-std::pair<int64_t, int64_t> GroupRegistry::GroupCounts() {
+GroupRegistry::Counts GroupRegistry::GroupCounts() {
   absl::MutexLock lock(&mu_);
-  int64_t formed = 0;
-  for (const auto& [key, g] : groups_) formed += g.state == "FORMED" ? 1 : 0;
-  return {static_cast<int64_t>(groups_.size()), formed};
+  Counts c;
+  c.groups = static_cast<int64_t>(groups_.size());
+  for (const auto& [key, g] : groups_) c.formed += g.state == "FORMED" ? 1 : 0;
+  c.generations_formed = generations_formed_;
+  return c;
+}
+
+std::map<std::string, int> GroupRegistry::GroupsByJob() {
+  absl::MutexLock lock(&mu_);
+  std::map<std::string, int> out;
+  for (const auto& [key, g] : groups_) ++out[key.first];
+  return out;
 }
 
 std::vector<GroupView> GroupRegistry::List(const std::string& job) {

@@ -131,8 +131,16 @@ class GroupRegistry {
   absl::StatusOr<std::pair<GroupView, std::map<std::string, HostLedger>>> Ledgers(const std::string& job,
                                                                                   const std::string& group);
   const GroupRegistryLimits& limits() const { return limits_; }
-  // Groups held now (every job), and how many of them are formed (for metrics).
-  std::pair<int64_t, int64_t> GroupCounts();
+  // For metrics: groups held now (every job), how many of them are formed, and the
+  // generations formed since the registry started.
+  struct Counts {
+    int64_t groups = 0;
+    int64_t formed = 0;
+    int64_t generations_formed = 0;
+  };
+  Counts GroupCounts();
+  // The number of groups of each job that has any.
+  std::map<std::string, int> GroupsByJob();
 
  private:
   struct Waiter {
@@ -162,6 +170,7 @@ class GroupRegistry {
   const GroupRegistryLimits limits_;
   absl::Mutex mu_;
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
+  int64_t generations_formed_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

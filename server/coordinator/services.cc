@@ -1,5 +1,8 @@
 #include "server/coordinator/services.h"
 
+#include <map>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/common/ledger_proto.h"
@@ -453,6 +456,27 @@ grpc::ServerUnaryReactor* RegistryService::DumpGroup(grpc::CallbackServerContext
     }
   }
   return FinishNow(ctx, metrics_, "DumpGroup", start, s);
+}
+
+grpc::ServerUnaryReactor* RegistryService::ListJobs(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest*,
+                                                    pb::ListJobsResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = credentials_.AuthorizeAdmin(AuthorizationOf(*ctx), "ListJobs");
+  if (s.ok()) {
+    std::map<std::string, pb::JobSummary> jobs;
+    for (const store::Store::JobUsage& u : store_.ListJobs()) {
+      pb::JobSummary& j = jobs[u.job];
+      j.set_keys(u.keys);
+      j.set_bytes(u.bytes);
+    }
+    for (const auto& [job, groups] : registry_.GroupsByJob()) jobs[job].set_groups(groups);
+    for (auto& [name, j] : jobs) {
+      if (absl::StartsWith(name, "#")) continue;  // the coordinator's own (minted token digests)
+      j.set_job(name);
+      *resp->add_jobs() = std::move(j);
+    }
+  }
+  return FinishNow(ctx, metrics_, "ListJobs", start, s);
 }
 
 // ---- Auth ----

@@ -73,8 +73,9 @@ class StoreService final : public collserve::v1::Store::CallbackService {
 
 class RegistryService final : public collserve::v1::Registry::CallbackService {
  public:
-  RegistryService(GroupRegistry& registry, const JobCredentials& credentials, RpcMetrics& metrics)
-      : registry_(registry), credentials_(credentials), metrics_(metrics) {}
+  // `store` (for ListJobs' key counts) must outlive the service.
+  RegistryService(GroupRegistry& registry, store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics)
+      : registry_(registry), store_(store), credentials_(credentials), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const collserve::v1::JoinRequest* req,
                                  collserve::v1::JoinResponse* resp) override;
@@ -93,9 +94,12 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
                                           collserve::v1::DiagnoseGroupResponse* resp) override;
   grpc::ServerUnaryReactor* DumpGroup(grpc::CallbackServerContext* ctx, const collserve::v1::DumpGroupRequest* req,
                                       collserve::v1::DumpGroupResponse* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx, const collserve::v1::ListJobsRequest* req,
+                                     collserve::v1::ListJobsResponse* resp) override;
 
  private:
   GroupRegistry& registry_;
+  store::Store& store_;
   const JobCredentials& credentials_;
   RpcMetrics& metrics_;
 };

@@ -10,6 +10,7 @@
 //   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
 //   dump GROUP           the flight recorder: GROUP's last collectives with every rank's
 //                        arrival, the arrival skew and the last rank; the stragglers
+//   jobs                 every job: its keys, bytes and groups (admin token required)
 //   keys [PREFIX]        the job's keys (that start with PREFIX), in byte order
 //   get KEY              one key's value
 //   version              collservectl's, the coordinator's and each --sidecar's version
@@ -456,6 +457,24 @@ absl::Status Version(const Ctl& c) {
   return absl::OkStatus();
 }
 
+absl::Status Jobs(const Ctl& c) {
+  pb::ListJobsResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().ListJobs(ctx.get(), pb::ListJobsRequest(), &resp), "ListJobs"); !s.ok()) {
+    return s;
+  }
+  if (Json()) {
+    PrintJson(resp);
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<std::string>> rows = {{"JOB", "KEYS", "BYTES", "GROUPS"}};
+  for (const pb::JobSummary& j : resp.jobs()) {
+    rows.push_back({j.job(), absl::StrCat(j.keys()), absl::StrCat(j.bytes()), absl::StrCat(j.groups())});
+  }
+  PrintTable(rows);
+  return absl::OkStatus();
+}
+
 // The job's keys that start with `prefix`, a page at a time, at most --limit of them.
 absl::Status Keys(const Ctl& c, const std::string& prefix) {
   const int64_t limit = std::max<int64_t>(absl::GetFlag(FLAGS_limit), 0);
@@ -541,8 +560,8 @@ absl::Status RevokeTokens(const Ctl& c) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
-      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | keys [PREFIX] | get KEY | version |\n"
-      "  mint-token | revoke-tokens\n"
+      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] | get KEY |\n"
+      "  version | mint-token | revoke-tokens\n"
       "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
@@ -565,6 +584,8 @@ int main(int argc, char** argv) {
     s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
   } else if (command == "dump" && !arg.empty()) {
     s = collserve::ctl::Dump(*ctl, arg);
+  } else if (command == "jobs") {
+    s = collserve::ctl::Jobs(*ctl);
   } else if (command == "keys") {
     s = collserve::ctl::Keys(*ctl, arg);
   } else if (command == "get" && args.size() > 2) {

@@ -10,11 +10,34 @@ namespace collserve::server {
 
 static_assert(static_cast<int>(engine::CollectiveOp::kRecv) == 12, "durations_ covers the ops 1..12");
 
+namespace {
+
+// The size label of collserve_collective_duration_seconds: the upper bound of a rank's
+// tensor bytes (the larger of input and output), as a power-of-two unit.
+constexpr const char* kSizeLabels[] = {"0", "1KiB", "64KiB", "1MiB", "16MiB", "256MiB", "+Inf"};
+int SizeBucket(uint64_t bytes) {
+  if (bytes == 0) return 0;
+  if (bytes <= (uint64_t{1} << 10)) return 1;
+  if (bytes <= (uint64_t{64} << 10)) return 2;
+  if (bytes <= (uint64_t{1} << 20)) return 3;
+  if (bytes <= (uint64_t{16} << 20)) return 4;
+  if (bytes <= (uint64_t{256} << 20)) return 5;
+  return 6;
+}
+
+}  // namespace
+
 PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
     : collectives_(prometheus::BuildCounter()
                        .Name("collserve_collectives_total")
                        .Help("Collectives completed for local ranks, by op and status code.")
-                       .Register(registry)) {
+                       .Register(registry)),
+      algorithms_(prometheus::BuildCounter()
+                      .Name("collserve_collective_algorithms_total")
+                      .Help("Local ranks' successful collectives by op and the algorithm they ran with "
+                            "(local, gloo_direct, ring, local+gloo_ring, nccl, ...).")
+                      .Register(registry)) {
+  static_assert(sizeof(kSizeLabels) / sizeof(kSizeLabels[0]) == kSizeBuckets, "one label per size bucket");
   auto& tensor_bytes = prometheus::BuildCounter()
                            .Name("collserve_tensor_bytes_total")
                            .Help("Bytes of local ranks' tensors (inputs and outputs) given to collectives and "
@@ -36,7 +59,8 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
   auto& durations = prometheus::BuildHistogram()
                         .Name("collserve_collective_duration_seconds")
                         .Help("Time from the sidecar receiving a local rank's request to its completion being "
-                              "sent (waiting for the other ranks included), seconds, by op.")
+                              "sent (waiting for the other ranks included), seconds, by op and size (the upper "
+                              "bound of the rank's tensor bytes: 0, 1KiB, 64KiB, 1MiB, 16MiB, 256MiB, +Inf).")
                         .Register(registry);
   // Never destroyed: a collective that completes while exit() runs must still find them.
   static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
@@ -56,7 +80,9 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                         .Register(registry);
   for (int op = 0; op < 13; ++op) {
     const std::string name = op == 0 ? std::string("unknown") : engine::OpName(op);
-    durations_[op] = &durations.Add({{"op", name}}, *kBuckets);
+    for (int size = 0; size < kSizeBuckets; ++size) {
+      durations_[op][size] = &durations.Add({{"op", name}, {"size", kSizeLabels[size]}}, *kBuckets);
+    }
     sizes_[op] = &sizes.Add({{"op", name}});
     bus_bytes_[op] = &bus_bytes.Add({{"op", name}});
   }
@@ -111,13 +137,18 @@ void PrometheusObserver::OnGroups(int delta) { groups_->Increment(delta); }
 
 void PrometheusObserver::OnArgumentExchange() { exchanges_->Increment(); }
 
-void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency) {
+void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency,
+                                     uint64_t bytes, const char* algorithm) {
   int index = static_cast<int>(op);
   if (index < 1 || index > 12) index = 0;
   collectives_.Add({{"op", index == 0 ? std::string("unknown") : engine::OpName(op)},
                     {"code", absl::StatusCodeToString(status.code())}})
       .Increment();
-  durations_[index]->Observe(absl::ToDoubleSeconds(latency));
+  durations_[index][SizeBucket(bytes)]->Observe(absl::ToDoubleSeconds(latency));
+  if (algorithm != nullptr && *algorithm != '\0') {
+    algorithms_.Add({{"op", index == 0 ? std::string("unknown") : engine::OpName(op)}, {"algorithm", algorithm}})
+        .Increment();
+  }
 }
 
 void PrometheusObserver::OnTensorBytes(engine::BytePath path, uint64_t bytes) {

@@ -23,7 +23,8 @@ class PrometheusObserver : public engine::EngineObserver {
  public:
   // Registers the families on `registry`, which must outlive this object.
   explicit PrometheusObserver(prometheus::Registry& registry);
-  void OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency) override;
+  void OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency, uint64_t bytes,
+                   const char* algorithm) override;
   void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
   void OnArgumentExchange() override;
   void OnGroups(int delta) override;
@@ -35,8 +36,10 @@ class PrometheusObserver : public engine::EngineObserver {
 
  private:
   prometheus::Family<prometheus::Counter>& collectives_;
-  // By CollectiveOp value (1..kRecv); [0]: unknown ops.
-  prometheus::Histogram* durations_[13] = {};
+  // By CollectiveOp value (1..kRecv; [0]: unknown ops) and size bucket (kSizeBuckets).
+  static constexpr int kSizeBuckets = 7;
+  prometheus::Histogram* durations_[13][kSizeBuckets] = {};
+  prometheus::Family<prometheus::Counter>& algorithms_;
   // By CollectiveOp value, as durations_: sizes and bus bytes (nccl-tests' algbw and busbw).
   prometheus::Counter* sizes_[13] = {};
   prometheus::Counter* bus_bytes_[13] = {};

@@ -26,11 +26,12 @@ namespace {
 namespace pb = ::collserve::v1;
 using ::testing::HasSubstr;
 
-// Runs collservectl with `args` against `cluster` (its job token); returns (exit code, output).
-std::pair<int, std::string> Ctl(Cluster& cluster, const std::vector<std::string>& args) {
+// Runs collservectl with `args` against `cluster` (its job token, or `token`); returns
+// (exit code, output).
+std::pair<int, std::string> Ctl(Cluster& cluster, const std::vector<std::string>& args, std::string token = "") {
   std::vector<std::string> argv = {CollservectlBinary(), absl::StrCat("--coordinator=", cluster.coordinator_address())};
   argv.insert(argv.end(), args.begin(), args.end());
-  auto p = Process::Start(argv, {{"COLLSERVE_TOKEN", cluster.job_token()}},
+  auto p = Process::Start(argv, {{"COLLSERVE_TOKEN", token.empty() ? cluster.job_token() : token}},
                           absl::StrCat(cluster.dir(), "/ctl-", absl::ToUnixNanos(absl::Now()), ".log"));
   if (!p.ok()) return {-1, std::string(p.status().message())};
   auto code = (*p)->Wait(absl::Seconds(30));
@@ -221,6 +222,14 @@ TEST(DiagnoseTest, CollservectlListsKeysGetsValuesAndShowsVersionsAndSidecarHeal
   auto [hcode, health] = Ctl(cluster, {sidecar, "health"});
   EXPECT_EQ(hcode, 0) << health;
   EXPECT_THAT(health, ::testing::ContainsRegex("unix:[^ ]+ +SERVING +SERVING"));
+  // jobs: with the admin token only.
+  auto [jobs_code, jobs] = Ctl(cluster, {"jobs"}, cluster.admin_token());
+  EXPECT_EQ(jobs_code, 0) << jobs;
+  EXPECT_THAT(jobs, ::testing::ContainsRegex("JOB +KEYS +BYTES +GROUPS\ndefault +27 +[0-9]+ +0\n"));
+  EXPECT_THAT(jobs, ::testing::Not(HasSubstr("#auth")));
+  auto [denied_code, denied] = Ctl(cluster, {"jobs"});
+  EXPECT_EQ(denied_code, 1) << denied;
+  EXPECT_THAT(denied, ::testing::ContainsRegex("PERMISSION_DENIED|UNAUTHENTICATED"));
   auto [vjcode, vjson] = Ctl(cluster, {sidecar, "--json", "version"});
   EXPECT_THAT(vjson, HasSubstr("\"daemon\":\"sidecar\""));
   EXPECT_THAT(vjson, HasSubstr("\"host_id\":\"host0\""));

@@ -413,8 +413,10 @@ TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
   EXPECT_THAT(body, HasSubstr("grpc_server_handling_seconds_bucket{grpc_method=\"Session\""));
   EXPECT_THAT(body, HasSubstr("collserve_sessions "));
   EXPECT_THAT(body, HasSubstr("collserve_coordinator_connected 1"));
-  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"all_reduce\"} 2"));
-  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"unknown\"} 0"));
+  // 1000 float32 = 4000 bytes: the 64KiB size bucket.
+  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"all_reduce\",size=\"64KiB\"} 2"));
+  EXPECT_THAT(body, HasSubstr("collserve_collective_duration_seconds_count{op=\"unknown\",size=\"0\"} 0"));
+  EXPECT_THAT(body, HasSubstr("collserve_collective_algorithms_total{algorithm=\"local\",op=\"all_reduce\"} 2"));
   EXPECT_THAT(body, HasSubstr("\ncollserve_groups "));
 }
 
