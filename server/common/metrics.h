@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +56,8 @@ struct GaugeValue {
   std::string help;
   double value = 0;
   bool counter = false;
+  // Labels of this series (bounded values only); series of one name form one family.
+  std::map<std::string, std::string> labels = {};
 };
 
 // The process's own metrics under the Prometheus client libraries' standard names
@@ -63,7 +66,8 @@ struct GaugeValue {
 // value /proc does not give is left out. Defined in daemon.cc.
 std::vector<GaugeValue> ProcessMetrics();
 
-// Gauges (and counters) whose values are read when Prometheus scrapes (prometheus-cpp's Collectable): for
+// Gauges (and counters) whose values are read when Prometheus scrapes; consecutive values
+// of one name are one family (prometheus-cpp's Collectable): for
 // state another component owns (the store's size, the engine's in-flight collectives), so
 // that it needs no updating thread. `read` runs on the exposer's thread: it must be
 // thread-safe, must not block for long, and what it reads must outlive the exposer (reset
@@ -74,18 +78,22 @@ class ScrapeGauges : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
     for (GaugeValue& g : read_()) {
-      prometheus::MetricFamily f;
-      f.name = std::move(g.name);
-      f.help = std::move(g.help);
-      f.type = g.counter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge;
+      if (out.empty() || out.back().name != g.name) {
+        prometheus::MetricFamily f;
+        f.name = std::move(g.name);
+        f.help = std::move(g.help);
+        f.type = g.counter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge;
+        out.push_back(std::move(f));
+      }
+      prometheus::MetricFamily& f = out.back();
       prometheus::ClientMetric m;
+      for (auto& [k, v] : g.labels) m.label.push_back({k, v});
       if (g.counter) {
         m.counter.value = g.value;
       } else {
         m.gauge.value = g.value;
       }
       f.metric.push_back(std::move(m));
-      out.push_back(std::move(f));
     }
     return out;
   }

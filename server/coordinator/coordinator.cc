@@ -11,6 +11,7 @@
 #include "server/common/grpc_metrics.h"
 #include "server/common/info_service.h"
 #include "server/coordinator/services.h"
+#include "server/coordinator/tcpstore_protocol.h"
 #include "server/coordinator/tcpstore_server.h"
 
 namespace collserve::server {
@@ -120,6 +121,18 @@ class CoordinatorImpl : public Coordinator {
       g.push_back({"collserve_registry_generations_formed_total",
                    "Generations formed (rendezvous completed) since the coordinator started, every job.",
                    static_cast<double>(c.generations_formed), true});
+    }
+    if (tcpstore_ != nullptr) {
+      const std::vector<int64_t> requests = tcpstore_->requests();
+      for (int op = 0; op < static_cast<int>(requests.size()); ++op) {
+        g.push_back({"collserve_tcpstore_requests_total",
+                     "Requests served on the TCPStore-compatible endpoint, by torch's command name.",
+                     static_cast<double>(requests[op]), true,
+                     {{"command", tcpstore::OpName(static_cast<tcpstore::Op>(op))}}});
+      }
+      g.push_back({"collserve_tcpstore_protocol_errors_total",
+                   "TCPStore connections closed for bad input (a malformed or oversized request).",
+                   static_cast<double>(tcpstore_->protocol_errors()), true});
     }
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     return g;

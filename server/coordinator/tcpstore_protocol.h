@@ -52,6 +52,16 @@ enum class Op {
   kAppend, kMultiGet, kMultiSet, kCancelWait, kPing
 };
 
+inline constexpr int kNumOps = static_cast<int>(Op::kPing) + 1;
+
+// torch's name of `op` ("SET", "COMPARE_SET", "MULTI_GET", ...; TCPStore's QueryType).
+inline const char* OpName(Op op) {
+  static const char* const kNames[kNumOps] = {"VALIDATE", "SET",        "COMPARE_SET", "GET",       "ADD",
+                                              "CHECK",    "WAIT",       "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY",
+                                              "APPEND",   "MULTI_GET",  "MULTI_SET",   "CANCEL_WAIT", "PING"};
+  return kNames[static_cast<int>(op)];
+}
+
 enum class Dialect {
   kUndecided,  // nothing read yet
   kV1,         // torch 1.13 (and 2.0)

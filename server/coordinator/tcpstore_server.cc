@@ -146,6 +146,11 @@ class TcpStoreServerImpl : public TcpStoreServer {
 
   int port() const override { return port_; }
   int64_t protocol_errors() const override { return protocol_errors_.load(); }
+  std::vector<int64_t> requests() const override {
+    std::vector<int64_t> out;
+    for (const auto& r : requests_) out.push_back(r.load(std::memory_order_relaxed));
+    return out;
+  }
 
   void Shutdown() override {
     {
@@ -463,6 +468,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
 
   // Serves one request. Returns "" or why the connection must close.
   std::string Handle(tcpstore::Request& q, Connection& c) {
+    requests_[static_cast<int>(q.op)].fetch_add(1, std::memory_order_relaxed);
     auto failed = [](const char* what, const absl::Status& s) { return absl::StrCat(what, " failed: ", s.ToString()); };
     switch (q.op) {
       case Op::kValidate:
@@ -584,6 +590,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   int port_ = 0;
   std::thread thread_;
   std::atomic<int64_t> protocol_errors_{0};
+  std::atomic<int64_t> requests_[tcpstore::kNumOps] = {};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

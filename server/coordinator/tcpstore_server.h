@@ -79,6 +79,8 @@ class TcpStoreServer {
   virtual void Shutdown() = 0;
   // Connections closed because of bad input so far (for tests and metrics).
   virtual int64_t protocol_errors() const = 0;
+  // Requests served so far, by command (tcpstore::Op's value; torch's names: OpName).
+  virtual std::vector<int64_t> requests() const = 0;
 };
 
 }  // namespace collserve::server

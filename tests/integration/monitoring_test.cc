@@ -229,7 +229,8 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
 
   // The alert rules are loaded, and none fires on this healthy job.
   Struct rules = ApiGet(prom_port, "/api/v1/rules");
-  ASSERT_EQ(rules.fields().at("status").string_value(), "success");
+  ASSERT_TRUE(rules.fields().count("status") && rules.fields().at("status").string_value() == "success")
+      << (*prometheus)->Output();
   int alert_rules = 0;
   for (const Value& g : rules.fields().at("data").struct_value().fields().at("groups").list_value().values()) {
     for (const Value& r : g.struct_value().fields().at("rules").list_value().values()) {

@@ -2,6 +2,7 @@
 // (layouts in server/coordinator/tcpstore_server.cc), job namespacing, and bad input that
 // must close only the offending connection. torch's own client is driven by
 // tests/python/test_tcpstore.py.
+#include "server/coordinator/tcpstore_protocol.h"
 #include "server/coordinator/tcpstore_server.h"
 
 #include <arpa/inet.h>
@@ -189,6 +190,13 @@ TEST_F(TcpStoreServerTest, Torch2DialectByteForByte) {
   c.Send(U8(12));  // CANCEL_WAIT with nothing pending
   EXPECT_EQ(c.Read(1), U8(1));
   EXPECT_EQ(server_->protocol_errors(), 0);
+  // Counted by command (collserve_tcpstore_requests_total).
+  using ::collserve::server::tcpstore::Op;
+  const std::vector<int64_t> requests = server_->requests();
+  EXPECT_GE(requests[static_cast<int>(Op::kWait)], 2);
+  EXPECT_GE(requests[static_cast<int>(Op::kCancelWait)], 2);
+  EXPECT_GE(requests[static_cast<int>(Op::kValidate)], 1);
+  EXPECT_STREQ(::collserve::server::tcpstore::OpName(Op::kCancelWait), "CANCEL_WAIT");
 }
 
 TEST_F(TcpStoreServerTest, KeysLiveInTheJobNamespace) {
