@@ -402,6 +402,7 @@ Store::Stats MemoryStore::GetStats() {
     s.wal_compactions = wal_->compactions();
     s.wal_syncs = wal_->syncs();
     s.wal_sync_seconds = absl::ToDoubleSeconds(wal_->sync_time());
+    if (wal_->last_snapshot() != absl::InfinitePast()) s.snapshot_unix_s = absl::ToDoubleSeconds(wal_->last_snapshot() - absl::UnixEpoch());
   }
   s.pending_waits = static_cast<int64_t>(waiters_.size());
   return s;

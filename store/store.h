@@ -152,6 +152,7 @@ class Store {
     int64_t wal_compactions = 0;  // snapshots written since the store opened
     int64_t wal_syncs = 0;        // writes made durable (one fdatasync each) since it opened
     double wal_sync_seconds = 0;  // the time those fdatasyncs took
+    double snapshot_unix_s = 0;   // when the snapshot in use was written (Unix seconds); 0 = none
     int64_t pending_waits = 0;  // waits registered and not yet finished
   };
   // A consistent snapshot of the above; never blocks on the disk. Default: all zero.

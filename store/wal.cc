@@ -336,6 +336,8 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
   const std::string snapshot_path = JoinPath(options.dir, kSnapshotName);
   const int snapshot_fd = ::open(snapshot_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (snapshot_fd >= 0) {
+    struct stat st {};
+    if (::fstat(snapshot_fd, &st) == 0) wal->last_snapshot_ = absl::FromTimeT(st.st_mtime);
     std::string data;
     absl::Status status = ReadAll(snapshot_fd, snapshot_path, &data);
     ::close(snapshot_fd);
@@ -476,6 +478,7 @@ absl::Status Wal::Compact(const KeyValueMap& state) {
     return broken_;
   }
   ++compactions_;
+  last_snapshot_ = absl::Now();
   return absl::OkStatus();
 }
 

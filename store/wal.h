@@ -105,6 +105,8 @@ class Wal {
   int64_t compactions() const { return compactions_; }
   // Appends made durable (each one fdatasync) and the time those fdatasyncs took.
   int64_t syncs() const { return syncs_; }
+  // When the snapshot in use was written (InfinitePast: there is none yet).
+  absl::Time last_snapshot() const { return last_snapshot_; }
   absl::Duration sync_time() const { return sync_time_; }
 
  private:
@@ -120,6 +122,7 @@ class Wal {
   int64_t compactions_ = 0;
   int64_t syncs_ = 0;
   absl::Duration sync_time_;
+  absl::Time last_snapshot_ = absl::InfinitePast();
   // Set after a failed fdatasync(); every later Append() fails with it.
   absl::Status broken_;
 };

@@ -107,6 +107,10 @@ class CoordinatorImpl : public Coordinator {
                    static_cast<double>(s.wal_bytes)});
       g.push_back({"collserve_store_wal_compactions", "Snapshots the store wrote since the coordinator started "
                    "(each starts a new, empty log).", static_cast<double>(s.wal_compactions)});
+      g.push_back({"collserve_store_snapshot_timestamp_seconds",
+                   "When the store's snapshot in use was written (Unix time, seconds; 0 = none yet): time() minus "
+                   "it is the snapshot's age.",
+                   s.snapshot_unix_s});
       g.push_back({"collserve_store_wal_syncs_total", "Store writes made durable, one fdatasync of the log each.",
                    static_cast<double>(s.wal_syncs), true});
       g.push_back({"collserve_store_wal_sync_seconds_total", "Time those fdatasyncs took, seconds (over "

@@ -875,11 +875,18 @@ TEST(MemoryStoreCompactionTest, OverwritesCompactTheLogIntoASnapshot) {
     }
     EXPECT_GE(store->TEST_WalCompactions(), 2);
     EXPECT_LE(store->TEST_WalBytes(), 4096 + 256);
+    // The metrics' view: every write was one fdatasync; the snapshot is a few seconds old.
+    const Store::Stats stats = store->GetStats();
+    EXPECT_EQ(stats.wal_compactions, store->TEST_WalCompactions());
+    EXPECT_GE(stats.wal_syncs, 200);
+    EXPECT_GT(stats.wal_sync_seconds, 0);
+    EXPECT_NEAR(stats.snapshot_unix_s, absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), 60);
   }
   EXPECT_TRUE(std::filesystem::is_regular_file(dir.File("snapshot")));
   EXPECT_FALSE(std::filesystem::exists(dir.File("snapshot.tmp")));
   auto store = OpenStore(DurableOptions(dir), SmallCompaction());
   ASSERT_NE(store, nullptr);
+  EXPECT_GT(store->GetStats().snapshot_unix_s, 0);  // the snapshot's time survives the restart (its mtime)
   EXPECT_THAT(store->Get("hot", kShortTimeout), IsOkAndHolds(absl::StrCat(199, value)));
   EXPECT_THAT(store->Get("counter", kShortTimeout), IsOkAndHolds("200"));
   EXPECT_THAT(store->Check({"doomed"}), IsOkAndHolds(false));
