@@ -31,6 +31,7 @@ struct MemberInfo {
   int rank = -1;
   std::string host_id;       // the serving sidecar's id
   std::string host_address;  // informational
+  std::string sidecar_address;  // informational (Member.sidecar_address)
 };
 
 struct GroupView {

@@ -277,6 +277,7 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_rank(m.rank);
   out->set_host_id(m.host_id);
   out->set_host_address(m.host_address);
+  out->set_sidecar_address(m.sidecar_address);
 }
 
 void ToProto(const GroupView& v, pb::GroupInfo* out) {
@@ -298,6 +299,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
   member.rank = req->member().rank();
   member.host_id = req->member().host_id();
   member.host_address = req->member().host_address();
+  member.sidecar_address = req->member().sidecar_address().substr(0, 256);
   auto* reactor = new WaitingReactor();
   uint64_t id = registry_.JoinAsync(
       JobOf(req->job()), req->group(), req->world_size(), member, WaitDeadline(ctx, req->timeout_ms()),

@@ -330,6 +330,28 @@ absl::Status Describe(const Ctl& c, const std::string& group) {
   return absl::OkStatus();
 }
 
+// The sidecars to probe: each --sidecar, then each sidecar serving the job's groups that
+// told the coordinator its address (Member.sidecar_address), once each: (host id or "-",
+// address).
+std::vector<std::pair<std::string, std::string>> KnownSidecars(const Ctl& c,
+                                                               const absl::StatusOr<pb::ListResponse>& list) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> seen;
+  for (const std::string& address : absl::GetFlag(FLAGS_sidecar)) {
+    if (seen.insert(address).second) out.push_back({"-", address});
+  }
+  if (list.ok()) {
+    for (const pb::GroupInfo& g : list->groups()) {
+      for (const pb::Member& m : g.members()) {
+        if (!m.sidecar_address().empty() && seen.insert(m.sidecar_address()).second) {
+          out.push_back({m.host_id(), m.sidecar_address()});
+        }
+      }
+    }
+  }
+  return out;
+}
+
 absl::Status Health(const Ctl& c) {
   std::map<std::string, std::string> services;
   for (const char* s : {"", "liveness", "collserve.v1.Store", "collserve.v1.Registry", "collserve.v1.Auth"}) {
@@ -353,22 +375,23 @@ absl::Status Health(const Ctl& c) {
       }
     }
   }
-  // Each --sidecar's readiness (its coordinator reachable) and liveness.
-  std::vector<std::vector<std::string>> sidecars;  // address, ready, live
-  for (const std::string& address : absl::GetFlag(FLAGS_sidecar)) {
+  // Each known sidecar's readiness (its coordinator reachable) and liveness.
+  std::vector<std::vector<std::string>> sidecars;  // host, address, ready, live
+  for (const auto& [host, address] : KnownSidecars(c, list)) {
     auto channel = c.SidecarChannel(address);
     if (!channel.ok()) {
-      sidecars.push_back({address, std::string(channel.status().message()), ""});
+      sidecars.push_back({host, address, std::string(channel.status().message()), ""});
       continue;
     }
-    sidecars.push_back({address, client::CheckHealth(*channel, "", absl::GetFlag(FLAGS_timeout)),
+    sidecars.push_back({host, address, client::CheckHealth(*channel, "", absl::GetFlag(FLAGS_timeout)),
                         client::CheckHealth(*channel, "liveness", absl::GetFlag(FLAGS_timeout))});
   }
   if (Json()) {
     std::cout << "{\"coordinator\":\"" << c.address() << "\",\"sidecars\":[";
     for (size_t i = 0; i < sidecars.size(); ++i) {
-      std::cout << (i ? "," : "") << "{\"address\":\"" << sidecars[i][0] << "\",\"readiness\":\""
-                << absl::CEscape(sidecars[i][1]) << "\",\"liveness\":\"" << sidecars[i][2] << "\"}";
+      std::cout << (i ? "," : "") << "{\"host_id\":\"" << sidecars[i][0] << "\",\"address\":\""
+                << sidecars[i][1] << "\",\"readiness\":\"" << absl::CEscape(sidecars[i][2])
+                << "\",\"liveness\":\"" << sidecars[i][3] << "\"}";
     }
     std::cout << "],\"services\":{";
     bool first = true;
@@ -392,7 +415,7 @@ absl::Status Health(const Ctl& c) {
   PrintTable(rows);
   if (!sidecars.empty()) {
     std::cout << "\n";
-    rows = {{"SIDECAR", "READINESS", "LIVENESS"}};
+    rows = {{"SIDECAR", "ADDRESS", "READINESS", "LIVENESS"}};
     for (const auto& s : sidecars) rows.push_back(s);
     PrintTable(rows);
   }
@@ -438,7 +461,7 @@ absl::Status Version(const Ctl& c) {
                                 "\",\"started_unix_s\":", info->started_unix_s(), "}"));
   };
   add(c.address(), InfoOf(c.info()));
-  for (const std::string& address : absl::GetFlag(FLAGS_sidecar)) {
+  for (const auto& [host, address] : KnownSidecars(c, ListCall(c))) {
     auto channel = c.SidecarChannel(address);
     if (!channel.ok()) {
       add(address, channel.status());

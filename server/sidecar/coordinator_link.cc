@@ -69,6 +69,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   call->req.mutable_member()->set_rank(params.rank);
   call->req.mutable_member()->set_host_id(host_id_);
   call->req.mutable_member()->set_host_address(host_address_);
+  call->req.mutable_member()->set_sidecar_address(sidecar_address_);
   call->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.timeout + absl::Seconds(5)));
   client::AddJobToken(call->ctx, params.credential);

@@ -24,6 +24,9 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   // `tls`: how the rendezvous store clients reach the coordinator (as `channel` does).
   GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
                       client::TlsOptions tls, std::string host_id, std::string host_address);
+  // This sidecar's gRPC address (host:port of its TCP listener), sent with its joins as
+  // Member.sidecar_address. Call before the first Join (the sidecar does, before serving).
+  void set_sidecar_address(std::string address) { sidecar_address_ = std::move(address); }
   std::function<void()> Join(const JoinParams& params,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) override;
   void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override;
@@ -48,6 +51,7 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   const client::TlsOptions tls_;
   const std::string host_id_;
   const std::string host_address_;
+  std::string sidecar_address_;  // set before serving, read-only afterwards
 };
 
 }  // namespace collserve::server

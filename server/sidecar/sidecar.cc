@@ -352,6 +352,9 @@ class SidecarImpl : public Sidecar {
       auto listener = GrpcListener::Bind(options_.listen_address);
       if (!listener.ok()) return listener.status();
       port_ = (*listener)->port();
+      const std::string& h = options_.gloo_hostname;
+      coordinator_->set_sidecar_address(
+          absl::StrCat(h.find(':') != std::string::npos ? absl::StrCat("[", h, "]") : h, ":", port_));
       listeners_.push_back(std::move(*listener));
     }
     auto tcp_credentials = ServerCredentialsFor(options_.tls);

@@ -163,6 +163,15 @@ TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) 
   EXPECT_THAT(json, HasSubstr("\"stragglers\":[{\"rank\":2,\"host_id\":\"host1\""));
   EXPECT_THAT(json, HasSubstr("{\"rank\":3,\"arrived_unix_us\":\""));
   EXPECT_THAT(json, HasSubstr("\"host_id\":\"host0\""));
+  // The coordinator knows the group's sidecars' addresses (Member.sidecar_address):
+  // health and version reach them without --sidecar.
+  auto [hcode, health] = Ctl(cluster, {"health"});
+  EXPECT_EQ(hcode, 0) << health;
+  EXPECT_THAT(health, ::testing::ContainsRegex("host0 +127.0.0.1:[0-9]+ +SERVING +SERVING"));
+  EXPECT_THAT(health, ::testing::ContainsRegex("host1 +127.0.0.1:[0-9]+ +SERVING +SERVING"));
+  auto [vcode, version] = Ctl(cluster, {"version"});
+  EXPECT_EQ(vcode, 0) << version;
+  EXPECT_THAT(version, ::testing::ContainsRegex("sidecar +127.0.0.1:[0-9]+ +[0-9.]+ +host1"));
   for (auto& r : ranks) {
     auto c = r->Wait(absl::Seconds(60));
     ASSERT_TRUE(c.ok()) << r->Output();
