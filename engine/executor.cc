@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -342,6 +343,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
           "] on other hosts did not report within ", absl::FormatDuration(timeout),
           " (a whole host's ranks missing, or a host down): ", s.message()));
     } else {
+      if (env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(s.message()));
       // The exchange broke (a timeout, or a host that gave up on the collective): what the
       // coordinator's ledger says about it names who is missing, and where.
       s = absl::Status(s.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
@@ -408,6 +410,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
   }
   if (!status.ok()) {
+    if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
     status = absl::Status(status.code(),
                           absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name, "\": ", status.message()));
   }
@@ -418,6 +421,21 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     Complete(sub, status, env_.observer);
   }
   if (!status.ok()) FailLocked(status);
+}
+
+std::string Group::BlamedHost(absl::string_view message) const {
+  std::vector<int> others;
+  for (int h = 0; h < topology_.num_hosts; ++h) {
+    if (h != topology_.host_index) others.push_back(h);
+  }
+  if (others.size() == 1) return topology_.host_ids[others[0]];
+  // Gloo names the peer of a failed pair as "[<address>]:<port>".
+  std::vector<int> named;
+  for (int h : others) {
+    const std::string& address = topology_.host_addresses[h];
+    if (!address.empty() && absl::StrContains(message, absl::StrCat("[", address, "]"))) named.push_back(h);
+  }
+  return named.size() == 1 ? topology_.host_ids[named[0]] : "unknown";
 }
 
 std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t>>& sites,

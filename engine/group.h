@@ -197,6 +197,11 @@ class Group : public std::enable_shared_from_this<Group> {
   std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
 
+  // The host a backend error between hosts blames (OnBackendError): the group's only other
+  // host, else the one other host whose backend address `message` names; "unknown"
+  // otherwise. Executor thread.
+  std::string BlamedHost(absl::string_view message) const;
+
   // The ledger and the flight recorder: the executor answered collective `seq` of these
   // local ranks with `status`; it took it up at `started`. `all`: every rank's exchanged
   // arguments (their arrival times), null when the exchange failed; `algorithm`: how the

@@ -98,6 +98,10 @@ class EngineObserver {
   // of the group. Reported by one host per group (the host of the group's rank 0), so that
   // each collective counts once. Executor thread.
   virtual void OnArrivalSkew(absl::Duration skew) {}
+  // The backend between hosts (Gloo, NCCL) failed a collective of a group on this host;
+  // `peer_host` is the other host it blames (the only other host of the group, or the one
+  // whose address the backend's error names), or "unknown". Executor thread.
+  virtual void OnBackendError(const std::string& peer_host) {}
   // A local rank's collective completed successfully: `bytes` is its size in nccl-tests'
   // terms (the larger of its input and output, bytes), `bus_bytes` that size times
   // nccl-tests' bus bandwidth factor for `op` over the group's world size (all_reduce

@@ -28,12 +28,16 @@ absl::StatusOr<Topology> Topology::FromMembership(const Membership& membership, 
   }
   for (const Member* m : by_rank) {
     auto it = std::find(host_order.begin(), host_order.end(), m->host_id);
-    if (it == host_order.end()) it = host_order.insert(host_order.end(), m->host_id);
+    if (it == host_order.end()) {
+      it = host_order.insert(host_order.end(), m->host_id);
+      t.host_addresses.push_back(m->host_address);
+    }
     const int host = static_cast<int>(it - host_order.begin());
     t.rank_host[m->rank] = host;
     if (m->host_id == host_id) t.local_ranks.insert(m->rank);
   }
   t.num_hosts = static_cast<int>(host_order.size());
+  t.host_ids = host_order;
   auto me = std::find(host_order.begin(), host_order.end(), host_id);
   if (me == host_order.end()) {
     return absl::InvalidArgumentError(absl::StrCat("host ", host_id, " serves no rank of the group"));

@@ -22,6 +22,8 @@ struct Topology {
   // Hosts are numbered by their lowest rank, so every host derives the same numbering.
   std::vector<int> rank_host;                 // rank -> host index
   std::vector<std::vector<int>> ranks_by_host;  // host index -> its ranks, ascending
+  std::vector<std::string> host_ids;            // host index -> its sidecar's id
+  std::vector<std::string> host_addresses;      // host index -> its backend address (Member::host_address)
   std::set<int> local_ranks;                  // ranks served by this host
 
   // Builds the topology of `membership` as seen by host `host_id`. INVALID_ARGUMENT if the

@@ -36,7 +36,13 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                       .Name("collserve_collective_algorithms_total")
                       .Help("Local ranks' successful collectives by op and the algorithm they ran with "
                             "(local, gloo_direct, ring, local+gloo_ring, nccl, ...).")
-                      .Register(registry)) {
+                      .Register(registry)),
+      backend_errors_(prometheus::BuildCounter()
+                          .Name("collserve_backend_errors_total")
+                          .Help("Collectives the backend between hosts (Gloo, NCCL) failed on this sidecar, by the "
+                                "peer host blamed: the group's only other host, or the one whose address the "
+                                "backend's error names; \"unknown\" otherwise. Each failure fails its group.")
+                          .Register(registry)) {
   static_assert(sizeof(kSizeLabels) / sizeof(kSizeLabels[0]) == kSizeBuckets, "one label per size bucket");
   auto& tensor_bytes = prometheus::BuildCounter()
                            .Name("collserve_tensor_bytes_total")
@@ -111,6 +117,10 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
 void PrometheusObserver::OnArrivalSkew(absl::Duration skew) { skew_->Observe(absl::ToDoubleSeconds(skew)); }
 
 void PrometheusObserver::OnStraggler() { stragglers_->Increment(); }
+
+void PrometheusObserver::OnBackendError(const std::string& peer_host) {
+  backend_errors_.Add({{"peer_host", peer_host}}).Increment();
+}
 
 void PrometheusObserver::OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) {
   int index = static_cast<int>(op);

@@ -30,6 +30,7 @@ class PrometheusObserver : public engine::EngineObserver {
   void OnGroups(int delta) override;
   void OnArrivalSkew(absl::Duration skew) override;
   void OnStraggler() override;
+  void OnBackendError(const std::string& peer_host) override;
   void OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) override;
   void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
                             const std::string& reason, const std::vector<FlightRecord>& records) override;
@@ -40,6 +41,7 @@ class PrometheusObserver : public engine::EngineObserver {
   static constexpr int kSizeBuckets = 7;
   prometheus::Histogram* durations_[13][kSizeBuckets] = {};
   prometheus::Family<prometheus::Counter>& algorithms_;
+  prometheus::Family<prometheus::Counter>& backend_errors_;
   // By CollectiveOp value, as durations_: sizes and bus bytes (nccl-tests' algbw and busbw).
   prometheus::Counter* sizes_[13] = {};
   prometheus::Counter* bus_bytes_[13] = {};

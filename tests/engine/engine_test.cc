@@ -620,6 +620,26 @@ TEST(EngineTest, HostThatGoesAwayFailsTheOtherHost) {
     EXPECT_NE(c.status.code(), absl::StatusCode::kDeadlineExceeded) << "failed by the test's wait: " << c.status;
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  // The backend's failure is counted against the group's only other host.
+  EXPECT_EQ(cluster.observer(0).backend_errors(), std::vector<std::string>{"host1"});
+}
+
+TEST(EngineTest, ABackendErrorAmongSeveralHostsOnOneAddressBlamesNoHost) {
+  // Three hosts that all advertise 127.0.0.1: a Gloo error's "[127.0.0.1]:<port>" cannot
+  // tell them apart, so the survivors count it as "unknown" rather than guess.
+  TestCluster cluster(3);
+  auto formed = cluster.Form("three", 3);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  cluster.engine(2).Shutdown();
+  std::vector<TestRank> survivors = {(*formed)[0], (*formed)[1]};
+  OnEveryRank(survivors, [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(45));
+    EXPECT_FALSE(c.status.ok());
+  });
+  for (int h = 0; h < 2; ++h) {
+    for (const std::string& blamed : cluster.observer(h).backend_errors()) EXPECT_EQ(blamed, "unknown") << h;
+  }
+  EXPECT_FALSE(cluster.observer(0).backend_errors().empty() && cluster.observer(1).backend_errors().empty());
 }
 
 TEST(EngineTest, AttachErrors) {

@@ -266,6 +266,14 @@ class CountingObserver : public engine::EngineObserver {
     skews_.push_back(skew);
   }
   void OnStraggler() override { stragglers_.fetch_add(1); }
+  void OnBackendError(const std::string& peer_host) override {
+    absl::MutexLock lock(&mu_);
+    backend_errors_.push_back(peer_host);
+  }
+  std::vector<std::string> backend_errors() {
+    absl::MutexLock lock(&mu_);
+    return backend_errors_;
+  }
   void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
                             const std::string& reason, const std::vector<FlightRecord>& records) override {
     absl::MutexLock lock(&mu_);
@@ -296,6 +304,7 @@ class CountingObserver : public engine::EngineObserver {
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<absl::Duration> skews_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> backend_errors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::vector<FlightRecord>>> dumps_ ABSL_GUARDED_BY(mu_);
 };
 

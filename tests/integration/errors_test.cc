@@ -316,8 +316,11 @@ TEST(ErrorsTest, RendezvousTimeoutNamesMissingRanks) {
 }
 
 TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
-  auto cluster = StartCluster(2);
-  ASSERT_NE(cluster, nullptr);
+  const int metrics_port = UnusedPort();
+  ASSERT_NE(metrics_port, 0);
+  auto started = Cluster::Start(2, {}, {}, {{absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)}});
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<Cluster> cluster = std::move(*started);
   const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "10"}};
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 4; ++r) {
@@ -344,6 +347,8 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
         << out;
   }
   EXPECT_LT(absl::Now() - killed, absl::Seconds(10));
+  // Sidecar 0 counted the backend's failure against the host that went away.
+  EXPECT_THAT(HttpGet(metrics_port, "/metrics"), HasSubstr("collserve_backend_errors_total{peer_host=\"host1\"} 1"));
   // Sidecar 0 is still healthy: a new group on it works.
   ASSERT_FALSE(cluster->sidecar(0).Wait(absl::ZeroDuration()).ok()) << "sidecar 0 died";
   std::vector<std::unique_ptr<Process>> after;
