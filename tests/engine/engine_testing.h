@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <atomic>
+#include <csignal>
 #include <functional>
 #include <map>
 #include <memory>
@@ -312,6 +313,9 @@ class CountingObserver : public engine::EngineObserver {
 class TestCluster {
  public:
   explicit TestCluster(int hosts, const std::function<void(engine::EngineOptions&)>& tweak = nullptr) {
+    // As in the daemons (server/common/daemon.cc): a write to a host that went away (a
+    // test that shuts one engine down) is an error status, not a SIGPIPE that kills the test.
+    signal(SIGPIPE, SIG_IGN);
     absl::Status s = backends::AddBuiltinBackends(backends_);
     if (!s.ok()) std::abort();
     for (int h = 0; h < hosts; ++h) {
