@@ -183,6 +183,44 @@ TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) 
   EXPECT_THAT(cluster.sidecar(0).Output(), HasSubstr("\"last_rank\":2"));
 }
 
+// A rank that calls the collective with another count (or op, or root: DesyncTest covers
+// each kind's error) is caught by the argument exchange at once: every rank's error names
+// the ranks, the op and the sequence number, the group stays usable, and the flight
+// recorder keeps the failed collective for `collservectl dump` while the ranks live.
+TEST(DiagnoseTest, ARankWithAnotherCountIsNamedInTheErrorAndTheDumpWithin5Seconds) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 4; ++r) {
+    auto p = cluster.StartRank(r, 4, r / 2,
+                               {"--mode=loop", "--iters=1", r == 3 ? "--count=999" : "--count=1000", "--hold_s=30"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  std::string dump;
+  bool named = false;
+  while (!named && absl::Now() < deadline) {
+    auto [code, out] = Ctl(cluster, {"dump", "world"});
+    dump = out;
+    named = code == 0 && absl::StrContains(out, "INVALID_ARGUMENT");
+    if (!named) absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(named) << dump << cluster.Logs();
+  // From the processes' start (their rendezvous included) to the dump naming it.
+  EXPECT_LE(absl::Now() - start, absl::Seconds(10));
+  std::printf("collservectl dump world, %lld ms after the ranks started:\n%s\n",
+              static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)), dump.c_str());
+  EXPECT_THAT(dump, HasSubstr("#0: ranks disagree: count=999 on ranks [3] but count=1000 on ranks [0, 1, 2]"));
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("all_reduce #0 of group \"world\": ranks disagree: count=999 on ranks "
+                                              "[3] but count=1000 on ranks [0, 1, 2]"))
+        << ranks[r]->Output();
+  }
+}
+
 TEST(DiagnoseTest, CollservectlListsKeysGetsValuesAndShowsVersionsAndSidecarHealth) {
   auto started = Cluster::Start(1);
   ASSERT_TRUE(started.ok()) << started.status();

@@ -38,6 +38,7 @@ ABSL_FLAG(std::string, op, "SUM", "reduce op for single/loop");
 ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
 ABSL_FLAG(std::string, group, "world", "group name");
 ABSL_FLAG(int64_t, delay_ms, 0, "loop: sleep this long before each iteration's call (a straggler)");
+ABSL_FLAG(int64_t, hold_s, 0, "loop: after an error, keep the process (and its session) this long before exiting");
 
 namespace {
 
@@ -228,6 +229,8 @@ int main(int argc, char** argv) {
         std::printf("error after %lld ms at iter %lld: %s\n",
                     static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)),
                     static_cast<long long>(i), StatusLine(s).c_str());
+        std::fflush(stdout);
+        absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_hold_s)));
         return 3;
       }
       std::printf("iter %lld ok\n", static_cast<long long>(i));
