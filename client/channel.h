@@ -20,7 +20,8 @@ namespace collserve::client {
 // set and the address is not a unix socket: the server's certificate must chain to
 // tls.ca_file and name the address's host (or tls.server_name); tls.cert_file/key_file are
 // presented when a server asks for a client certificate. The files are watched through
-// gRPC's FileWatcherCertificateProvider (re-read every 60 s). Does not connect.
+// gRPC's FileWatcherCertificateProvider (re-read every 60 s). Reconnects after a lost
+// connection with gRPC's backoff bounded to 100 ms .. 1 s. Does not connect.
 // Errors: INVALID_ARGUMENT naming the file when a TLS file is missing, unreadable or not
 // PEM, or when the options are inconsistent (a key without a certificate, a certificate
 // without a CA). Thread-safe.

@@ -1,9 +1,15 @@
 // StoreClient over the coordinator's collserve.v1.Store gRPC service.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/channel.h"
 #include "collserve/client.h"
 #include "collserve/v1/store.grpc.pb.h"
@@ -15,18 +21,14 @@ namespace {
 
 namespace pb = ::collserve::v1;
 
-// Deadline for calls that do not wait for keys.
-constexpr absl::Duration kRpcTimeout = absl::Seconds(30);
 // Extra time past a server-side wait timeout, so the server's DEADLINE_EXCEEDED (which
 // names the missing keys) arrives before the transport deadline.
 constexpr absl::Duration kWaitGrace = absl::Seconds(5);
-
-// Sets the call's deadline, `d` from now, and its job token.
-void Prepare(grpc::ClientContext& ctx, const std::string& token, absl::Duration d) {
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(absl::ToInt64Milliseconds(d)));
-  AddJobToken(ctx, token);
-}
+// Pause before the first retry of a call the coordinator did not answer, doubled per retry
+// up to kMaxBackoff, each drawn uniformly from [0.5, 1.5) times that ("full jitter" would
+// also do; the point is that a restarted coordinator is not hit by every rank at once).
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(50);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
 
 int64_t TimeoutMs(absl::Duration d) {
   // The protocol reads 0 as "server default" and < 0 as "do not wait".
@@ -36,8 +38,12 @@ int64_t TimeoutMs(absl::Duration d) {
 
 class GrpcStoreClient : public StoreClient {
  public:
-  GrpcStoreClient(std::shared_ptr<grpc::Channel> channel, StoreClientOptions options)
-      : stub_(pb::Store::NewStub(channel)), options_(std::move(options)) {}
+  GrpcStoreClient(std::shared_ptr<grpc::Channel> channel, std::string address, StoreClientOptions options)
+      : channel_(channel),
+        stub_(pb::Store::NewStub(channel)),
+        address_(std::move(address)),
+        options_(std::move(options)),
+        client_id_(absl::StrFormat("%016x", absl::Uniform<uint64_t>(bitgen_))) {}
 
   absl::Status Set(absl::string_view key, absl::string_view value) override {
     pb::SetRequest req;
@@ -45,24 +51,20 @@ class GrpcStoreClient : public StoreClient {
     req.set_key(std::string(key));
     req.set_value(std::string(value));
     pb::SetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    return FromGrpcStatus(stub_->Set(&ctx, req, &resp));
+    return Call("set", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->Set(ctx, req, &resp); });
   }
 
-  absl::StatusOr<std::string> Get(absl::string_view key) override {
-    return Get(key, options_.timeout);
-  }
+  absl::StatusOr<std::string> Get(absl::string_view key) override { return Get(key, options_.timeout); }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
     pb::GetRequest req;
     req.set_job(options_.job);
     req.set_key(std::string(key));
-    req.set_timeout_ms(TimeoutMs(timeout));
     pb::GetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
-    absl::Status s = FromGrpcStatus(stub_->Get(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    const absl::Time wait_end = absl::Now() + std::max(timeout, absl::ZeroDuration());
+    COLLSERVE_RETURN_IF_ERROR(Call("get", wait_end + kWaitGrace, [&](grpc::ClientContext* ctx) {
+      req.set_timeout_ms(TimeoutMs(wait_end - absl::Now()));
+      return stub_->Get(ctx, req, &resp);
+    }));
     return std::move(*resp.mutable_value());
   }
 
@@ -71,11 +73,10 @@ class GrpcStoreClient : public StoreClient {
     req.set_job(options_.job);
     req.set_key(std::string(key));
     req.set_delta(delta);
+    req.set_request_id(NextRequestId());
     pb::AddResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    absl::Status s = FromGrpcStatus(stub_->Add(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    COLLSERVE_RETURN_IF_ERROR(
+        Call("add", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->Add(ctx, req, &resp); }));
     return resp.value();
   }
 
@@ -86,11 +87,10 @@ class GrpcStoreClient : public StoreClient {
     req.set_key(std::string(key));
     req.set_expected(std::string(expected));
     req.set_desired(std::string(desired));
+    req.set_request_id(NextRequestId());
     pb::CompareSetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    absl::Status s = FromGrpcStatus(stub_->CompareSet(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    COLLSERVE_RETURN_IF_ERROR(Call("compare_set", WriteDeadline(),
+                                   [&](grpc::ClientContext* ctx) { return stub_->CompareSet(ctx, req, &resp); }));
     return std::move(*resp.mutable_value());
   }
 
@@ -99,36 +99,32 @@ class GrpcStoreClient : public StoreClient {
     req.set_job(options_.job);
     for (const auto& k : keys) req.add_keys(k);
     pb::CheckResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    absl::Status s = FromGrpcStatus(stub_->Check(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    COLLSERVE_RETURN_IF_ERROR(
+        Call("check", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->Check(ctx, req, &resp); }));
     return resp.ready();
   }
 
-  absl::Status Wait(const std::vector<std::string>& keys) override {
-    return Wait(keys, options_.timeout);
-  }
+  absl::Status Wait(const std::vector<std::string>& keys) override { return Wait(keys, options_.timeout); }
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
     pb::WaitRequest req;
     req.set_job(options_.job);
     for (const auto& k : keys) req.add_keys(k);
-    req.set_timeout_ms(TimeoutMs(timeout));
     pb::WaitResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
-    return FromGrpcStatus(stub_->Wait(&ctx, req, &resp));
+    const absl::Time wait_end = absl::Now() + std::max(timeout, absl::ZeroDuration());
+    return Call("wait", wait_end + kWaitGrace, [&](grpc::ClientContext* ctx) {
+      req.set_timeout_ms(TimeoutMs(wait_end - absl::Now()));
+      return stub_->Wait(ctx, req, &resp);
+    });
   }
 
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override {
     pb::DeleteKeyRequest req;
     req.set_job(options_.job);
     req.set_key(std::string(key));
+    req.set_request_id(NextRequestId());
     pb::DeleteKeyResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    absl::Status s = FromGrpcStatus(stub_->DeleteKey(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    COLLSERVE_RETURN_IF_ERROR(Call("delete_key", WriteDeadline(),
+                                   [&](grpc::ClientContext* ctx) { return stub_->DeleteKey(ctx, req, &resp); }));
     return resp.deleted();
   }
 
@@ -137,10 +133,8 @@ class GrpcStoreClient : public StoreClient {
     req.set_job(options_.job);
     req.set_prefix(std::string(prefix));
     pb::NumKeysResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    absl::Status s = FromGrpcStatus(stub_->NumKeys(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    COLLSERVE_RETURN_IF_ERROR(
+        Call("num_keys", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->NumKeys(ctx, req, &resp); }));
     return resp.count();
   }
 
@@ -149,12 +143,12 @@ class GrpcStoreClient : public StoreClient {
     pb::MultiGetRequest req;
     req.set_job(options_.job);
     for (const auto& k : keys) req.add_keys(k);
-    req.set_timeout_ms(TimeoutMs(timeout));
     pb::MultiGetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, std::max(timeout, absl::ZeroDuration()) + kWaitGrace);
-    absl::Status s = FromGrpcStatus(stub_->MultiGet(&ctx, req, &resp));
-    if (!s.ok()) return s;
+    const absl::Time wait_end = absl::Now() + std::max(timeout, absl::ZeroDuration());
+    COLLSERVE_RETURN_IF_ERROR(Call("multi_get", wait_end + kWaitGrace, [&](grpc::ClientContext* ctx) {
+      req.set_timeout_ms(TimeoutMs(wait_end - absl::Now()));
+      return stub_->MultiGet(ctx, req, &resp);
+    }));
     return std::vector<std::string>(resp.values().begin(), resp.values().end());
   }
 
@@ -165,9 +159,8 @@ class GrpcStoreClient : public StoreClient {
     for (const auto& k : keys) req.add_keys(k);
     for (const auto& v : values) req.add_values(v);
     pb::MultiSetResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    return FromGrpcStatus(stub_->MultiSet(&ctx, req, &resp));
+    return Call("multi_set", WriteDeadline(),
+                [&](grpc::ClientContext* ctx) { return stub_->MultiSet(ctx, req, &resp); });
   }
 
   absl::Status Append(absl::string_view key, absl::string_view value) override {
@@ -175,15 +168,68 @@ class GrpcStoreClient : public StoreClient {
     req.set_job(options_.job);
     req.set_key(std::string(key));
     req.set_value(std::string(value));
+    req.set_request_id(NextRequestId());
     pb::AppendResponse resp;
-    grpc::ClientContext ctx;
-    Prepare(ctx, options_.token, kRpcTimeout);
-    return FromGrpcStatus(stub_->Append(&ctx, req, &resp));
+    return Call("append", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->Append(ctx, req, &resp); });
   }
 
  private:
+  // Calls that do not wait for keys end at the store timeout, as in torch's TCPStore.
+  absl::Time WriteDeadline() const { return absl::Now() + std::max(options_.timeout, absl::Seconds(1)); }
+
+  // "<client id>-<n>": unique per write of this client (the client id is 64 random bits).
+  std::string NextRequestId() { return absl::StrCat(client_id_, "-", next_request_.fetch_add(1) + 1); }
+
+  // Runs `attempt` (one RPC on the context it is given) until it gets an answer other than
+  // UNAVAILABLE, or until `deadline`. A coordinator that restarts answers nothing for a
+  // while: the RPC in flight fails with UNAVAILABLE ("Socket closed"), and the calls made
+  // while it is down wait for the channel to reconnect (wait_for_ready; gRPC reconnects
+  // with its own backoff, CreateChannel bounds it at 1 s). Retried writes are safe: set and
+  // multi_set are idempotent, and add, compare_set, append and delete_key carry a request
+  // id the coordinator answers once. DEADLINE_EXCEEDED from the server (a wait that timed
+  // out; it names the keys) is returned as it is; the deadline passing while no
+  // coordinator answers is UNAVAILABLE naming the address, the operation and the time.
+  template <typename Attempt>
+  absl::Status Call(const char* op, absl::Time deadline, Attempt attempt) {
+    const absl::Time start = absl::Now();
+    absl::Duration backoff = kFirstBackoff;
+    for (int attempts = 1;; ++attempts) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(deadline));
+      ctx.set_wait_for_ready(true);
+      AddJobToken(ctx, options_.token);
+      const grpc::Status s = attempt(&ctx);
+      if (s.ok()) return absl::OkStatus();
+      const bool unanswered = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                              (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                               channel_->GetState(false) != GRPC_CHANNEL_READY);
+      if (!unanswered) return FromGrpcStatus(s);
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration() || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        return absl::UnavailableError(absl::StrCat(
+            "the coordinator at ", address_, " did not answer ", op, " within ",
+            absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1))), " (", attempts,
+            attempts == 1 ? " attempt" : " attempts", "; the store timeout bounds the retries): ",
+            s.error_message()));
+      }
+      double jitter;
+      {
+        absl::MutexLock lock(&bitgen_mu_);
+        jitter = absl::Uniform(bitgen_, 0.5, 1.5);
+      }
+      absl::SleepFor(std::min(left, backoff * jitter));
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Store::Stub> stub_;
+  const std::string address_;
   StoreClientOptions options_;
+  absl::Mutex bitgen_mu_;
+  absl::BitGen bitgen_ ABSL_GUARDED_BY(bitgen_mu_);
+  const std::string client_id_;
+  std::atomic<uint64_t> next_request_{0};
 };
 
 }  // namespace
@@ -202,7 +248,7 @@ absl::StatusOr<std::unique_ptr<StoreClient>> StoreClient::Connect(
                                                " within ",
                                                absl::FormatDuration(options.connect_timeout)));
   }
-  return std::unique_ptr<StoreClient>(new GrpcStoreClient(std::move(channel), options));
+  return std::unique_ptr<StoreClient>(new GrpcStoreClient(std::move(channel), address, options));
 }
 
 }  // namespace collserve::client

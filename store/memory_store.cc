@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
         " max_job_keys=", options.max_job_keys, " max_job_bytes=", options.max_job_bytes));
   }
   KeyValueMap data;
+  RequestLog requests;
   std::unique_ptr<Wal> wal;
   if (!options.data_dir.empty()) {
     Wal::Options wal_options;
@@ -51,14 +52,17 @@ absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
     wal_options.compact_bytes = test_options.wal_compact_bytes;
     wal_options.repair = options.wal_repair;
     wal_options.warn = options.log_warning;
-    COLLSERVE_ASSIGN_OR_RETURN(wal, Wal::Open(wal_options, &data));
+    COLLSERVE_ASSIGN_OR_RETURN(wal, Wal::Open(wal_options, &data, &requests));
   }
-  return std::unique_ptr<MemoryStore>(new MemoryStore(options, std::move(wal), std::move(data)));
+  return std::unique_ptr<MemoryStore>(
+      new MemoryStore(options, std::move(wal), std::move(data), std::move(requests)));
 }
 
-MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data)
+MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data,
+                         RequestLog requests)
     : options_(options), data_(std::move(data)), wal_(std::move(wal)) {
   for (const auto& [key, value] : data_) CountLocked(key, static_cast<int64_t>(key.size() + value.size()), +1);
+  for (const auto& [id, answer] : requests) RememberRequestLocked(id, answer);
   timer_thread_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -134,6 +138,7 @@ absl::Status MemoryStore::CheckQuotasLocked(const std::vector<WalOp>& ops) const
   // The size each key touched will have (-1: absent), applying ops in order.
   std::map<absl::string_view, int64_t> after;
   for (const WalOp& op : ops) {
+    if (op.type == WalOp::kRequest) continue;  // held outside the quotas (max_request_ids)
     after[op.key] = op.type == WalOp::kPut ? static_cast<int64_t>(op.key.size() + op.value.size()) : -1;
   }
   int64_t total = live_bytes_;
@@ -183,7 +188,9 @@ absl::Status MemoryStore::ApplyLocked(const std::vector<WalOp>& ops, Ready* read
   COLLSERVE_RETURN_IF_ERROR(CheckQuotasLocked(ops));
   if (wal_ != nullptr) COLLSERVE_RETURN_IF_ERROR(wal_->Append(ops));
   for (const WalOp& op : ops) {
-    if (op.type == WalOp::kPut) {
+    if (op.type == WalOp::kRequest) {
+      RememberRequestLocked(op.key, op.value);
+    } else if (op.type == WalOp::kPut) {
       auto [it, inserted] = data_.try_emplace(std::string(op.key));
       if (!inserted) CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), -1);
       it->second.assign(op.value.data(), op.value.size());
@@ -199,9 +206,25 @@ absl::Status MemoryStore::ApplyLocked(const std::vector<WalOp>& ops, Ready* read
   if (wal_ != nullptr) {
     // The mutation is durable and applied; a failed compaction only leaves a longer log
     // (the Wal retries later), so it must not fail this call.
-    wal_->MaybeCompact(data_, live_bytes_).IgnoreError();
+    wal_->MaybeCompact(data_, live_bytes_, requests_).IgnoreError();
   }
   return absl::OkStatus();
+}
+
+const std::string* MemoryStore::FindRequestLocked(absl::string_view request_id) const {
+  if (request_id.empty()) return nullptr;
+  auto it = request_index_.find(std::string_view(request_id.data(), request_id.size()));
+  return it == request_index_.end() ? nullptr : it->second;
+}
+
+void MemoryStore::RememberRequestLocked(absl::string_view request_id, absl::string_view answer) {
+  if (request_id.empty() || FindRequestLocked(request_id) != nullptr) return;
+  requests_.emplace_back(std::string(request_id), std::string(answer));
+  request_index_.emplace(requests_.back().first, &requests_.back().second);
+  while (static_cast<int64_t>(requests_.size()) > std::max<int64_t>(options_.max_request_ids, 0)) {
+    request_index_.erase(requests_.front().first);
+    requests_.pop_front();
+  }
 }
 
 void MemoryStore::WakeLocked(const std::string& key, Ready* ready) {
@@ -454,12 +477,18 @@ absl::StatusOr<std::string> MemoryStore::Get(absl::string_view key, absl::Durati
   }
 }
 
-absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
+absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) { return AddOnce(key, delta, ""); }
+
+absl::StatusOr<int64_t> MemoryStore::AddOnce(absl::string_view key, int64_t delta, absl::string_view request_id) {
   COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   Ready ready;
   int64_t result = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (const std::string* seen = FindRequestLocked(request_id);
+        seen != nullptr && absl::SimpleAtoi(*seen, &result)) {
+      return result;
+    }
     int64_t current = 0;
     auto it = data_.find(key);
     if (it == data_.end()) {
@@ -474,7 +503,9 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
     }
     const std::string text = absl::StrCat(result);
     COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, text.size()));
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, text}}, &ready));
+    std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, text}};
+    if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, text});
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
   }
   RunReady(ready);
   return result;
@@ -483,12 +514,19 @@ absl::StatusOr<int64_t> MemoryStore::Add(absl::string_view key, int64_t delta) {
 absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
                                                     absl::string_view expected,
                                                     absl::string_view desired) {
+  return CompareSetOnce(key, expected, desired, "");
+}
+
+absl::StatusOr<std::string> MemoryStore::CompareSetOnce(absl::string_view key, absl::string_view expected,
+                                                        absl::string_view desired, absl::string_view request_id) {
   COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, desired.size()));
   Ready ready;
   std::string result;
   {
     absl::MutexLock lock(&mu_);
+    // The answer of an applied compare_set is `desired`, which the retry carries again.
+    if (FindRequestLocked(request_id) != nullptr) return std::string(desired);
     auto it = data_.find(key);
     if (it == data_.end()) {
       // torch's "lie": a missing key with a non-empty `expected` answers `expected`.
@@ -497,7 +535,9 @@ absl::StatusOr<std::string> MemoryStore::CompareSet(absl::string_view key,
     } else if (it->second != expected) {
       return it->second;
     }
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, desired}}, &ready));
+    std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, desired}};
+    if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
     result = std::string(desired);
   }
   RunReady(ready);
@@ -519,12 +559,17 @@ absl::Status MemoryStore::Wait(const std::vector<std::string>& keys, absl::Durat
   return BlockingWait(keys, start, start + std::max(timeout, absl::ZeroDuration()));
 }
 
-absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) {
+absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) { return DeleteKeyOnce(key, ""); }
+
+absl::StatusOr<bool> MemoryStore::DeleteKeyOnce(absl::string_view key, absl::string_view request_id) {
   COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   absl::MutexLock lock(&mu_);
+  if (FindRequestLocked(request_id) != nullptr) return true;
   if (data_.find(key) == data_.end()) return false;
   Ready ready;  // deletes wake nobody
-  COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kDelete, key, {}}}, &ready));
+  std::vector<WalOp> ops = {WalOp{WalOp::kDelete, key, {}}};
+  if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
+  COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
   return true;
 }
 
@@ -591,10 +636,15 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
 }
 
 absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value) {
+  return AppendOnce(key, value, "");
+}
+
+absl::Status MemoryStore::AppendOnce(absl::string_view key, absl::string_view value, absl::string_view request_id) {
   COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
+    if (FindRequestLocked(request_id) != nullptr) return absl::OkStatus();
     auto it = data_.find(key);
     std::string result;
     if (it == data_.end()) {
@@ -605,7 +655,9 @@ absl::Status MemoryStore::Append(absl::string_view key, absl::string_view value)
       COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, it->second.size() + value.size()));
       result = absl::StrCat(it->second, value);
     }
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, result}}, &ready));
+    std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, result}};
+    if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
+    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
   }
   RunReady(ready);
   return absl::OkStatus();

@@ -13,6 +13,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -80,6 +81,11 @@ class MemoryStore final : public Store {
   absl::Status MultiSet(const std::vector<std::string>& keys,
                         const std::vector<std::string>& values) override;
   absl::Status Append(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<int64_t> AddOnce(absl::string_view key, int64_t delta, absl::string_view request_id) override;
+  absl::StatusOr<std::string> CompareSetOnce(absl::string_view key, absl::string_view expected,
+                                             absl::string_view desired, absl::string_view request_id) override;
+  absl::Status AppendOnce(absl::string_view key, absl::string_view value, absl::string_view request_id) override;
+  absl::StatusOr<bool> DeleteKeyOnce(absl::string_view key, absl::string_view request_id) override;
   WaitId WaitAsync(const std::vector<std::string>& keys, absl::Time deadline,
                    WaitCallback done) override;
   void CancelWait(WaitId id) override;
@@ -107,7 +113,7 @@ class MemoryStore final : public Store {
   // A callback taken out of the registry, to be run once the mutex is released.
   using Ready = std::vector<std::pair<WaitCallback, absl::Status>>;
 
-  MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data);
+  MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data, RequestLog requests);
 
   // Registers a wait for `keys`; `start` only feeds the timeout message.
   WaitId Register(const std::vector<std::string>& keys, absl::Time start, absl::Time deadline,
@@ -118,8 +124,9 @@ class MemoryStore final : public Store {
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   static void RunReady(Ready& ready);
 
-  // Logs `ops` (when durable), then applies them to data_ and moves the callbacks of the
-  // waits they complete into `*ready`. Nothing is applied if logging fails.
+  // Logs `ops` (when durable), then applies them to data_ (kRequest ops to the remembered
+  // request ids) and moves the callbacks of the waits they complete into `*ready`. Nothing
+  // is applied if logging fails.
   absl::Status ApplyLocked(const std::vector<WalOp>& ops, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED if applying `ops` would raise the bytes held, or a job's keys or
@@ -153,6 +160,16 @@ class MemoryStore final : public Store {
   // Records that `key` (of `bytes` key plus value bytes) was added (+1) or removed (-1).
   void CountLocked(absl::string_view key, int64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);  // null when memory-only
+  // Exactly-once writes: the answers of the last options_.max_request_ids request ids,
+  // oldest first, and an index into them (views of the ids held by requests_; a deque
+  // keeps its elements in place on push_back and pop_front).
+  RequestLog requests_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string_view, const std::string*> request_index_ ABSL_GUARDED_BY(mu_);
+  // The remembered answer of `request_id`, or null ("" is never remembered).
+  const std::string* FindRequestLocked(absl::string_view request_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Remembers `answer` for `request_id`, forgetting the oldest beyond max_request_ids.
+  void RememberRequestLocked(absl::string_view request_id, absl::string_view answer)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   WaitId next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::unordered_map<WaitId, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::set<WaitId>> waiters_by_key_ ABSL_GUARDED_BY(mu_);

@@ -52,6 +52,10 @@ struct StoreOptions {
   // damaged tail aside (Wal::Options::repair; its writes are lost). Default: refuse with
   // DATA_LOSS and leave the files as they are.
   bool wal_repair = false;
+  // How many request ids of exactly-once writes (AddOnce etc.) are remembered, all jobs
+  // together; the oldest is forgotten first. A retry is applied once as long as fewer
+  // than this many other exactly-once writes landed in between. About 100 bytes each.
+  int64_t max_request_ids = 1 << 16;
   // Where opening the log reports what it dropped or moved aside, one line each (default:
   // standard error).
   std::function<void(const std::string&)> log_warning;
@@ -114,6 +118,34 @@ class Store {
 
   // Appends `value` to the value of `key` (creating it if missing); wakes waiters.
   virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
+
+  // Exactly-once forms of the four writes that are not idempotent, for clients that retry
+  // a write whose answer they lost (a coordinator restart, a broken connection).
+  // `request_id` names the write; "" = none (the plain form). When a write with the same
+  // id was already applied and is still remembered, nothing is applied again and its
+  // first answer is returned (for CompareSetOnce: `desired`; for DeleteKeyOnce: true). A
+  // write that was not applied (an error, a compare that did not match, deleting a missing
+  // key) is not remembered, so its retry is evaluated afresh. A durable store logs the id
+  // in the same record as the write, so a restart remembers it. The default forwards to
+  // the plain form (no deduplication). Remembered: the last StoreOptions::max_request_ids
+  // ids of all jobs together. Thread-safe like the rest.
+  virtual absl::StatusOr<int64_t> AddOnce(absl::string_view key, int64_t delta, absl::string_view request_id) {
+    (void)request_id;
+    return Add(key, delta);
+  }
+  virtual absl::StatusOr<std::string> CompareSetOnce(absl::string_view key, absl::string_view expected,
+                                                     absl::string_view desired, absl::string_view request_id) {
+    (void)request_id;
+    return CompareSet(key, expected, desired);
+  }
+  virtual absl::Status AppendOnce(absl::string_view key, absl::string_view value, absl::string_view request_id) {
+    (void)request_id;
+    return Append(key, value);
+  }
+  virtual absl::StatusOr<bool> DeleteKeyOnce(absl::string_view key, absl::string_view request_id) {
+    (void)request_id;
+    return DeleteKey(key);
+  }
 
   // Non-blocking wait: arranges for `done` to be called once (see WaitCallback). Holds no
   // thread while waiting. Returns an id for CancelWait().

@@ -114,7 +114,7 @@ void AppendOp(std::string* payload, const WalOp& op) {
   payload->push_back(static_cast<char>(op.type));
   PutVarint64(payload, op.key.size());
   payload->append(op.key.data(), op.key.size());
-  if (op.type == WalOp::kPut) {
+  if (op.type != WalOp::kDelete) {
     PutVarint64(payload, op.value.size());
     payload->append(op.value.data(), op.value.size());
   }
@@ -198,10 +198,10 @@ bool DecodePayload(absl::string_view payload, std::vector<WalOp>* ops) {
     WalOp op;
     const uint8_t type = static_cast<uint8_t>(payload.front());
     payload.remove_prefix(1);
-    if (type != WalOp::kPut && type != WalOp::kDelete) return false;
+    if (type != WalOp::kPut && type != WalOp::kDelete && type != WalOp::kRequest) return false;
     op.type = static_cast<WalOp::Type>(type);
     if (!GetLengthPrefixed(&payload, &op.key)) return false;
-    if (op.type == WalOp::kPut && !GetLengthPrefixed(&payload, &op.value)) return false;
+    if (op.type != WalOp::kDelete && !GetLengthPrefixed(&payload, &op.value)) return false;
     ops->push_back(op);
   }
   return true;
@@ -243,8 +243,8 @@ struct BadRecord {
 // it reaches (or runs past) the end of the file or is followed only by zero bytes, and no
 // well-formed record follows it. A record whose checksum matches but whose payload does not
 // decode is DATA_LOSS at once.
-absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap* state, size_t* valid_bytes,
-                    std::optional<BadRecord>* bad) {
+absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap* state, RequestLog* requests,
+                    size_t* valid_bytes, std::optional<BadRecord>* bad) {
   std::vector<WalOp> ops;
   size_t pos = 0;
   while (pos < data.size()) {
@@ -285,8 +285,10 @@ absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap*
     for (const WalOp& op : ops) {
       if (op.type == WalOp::kPut) {
         (*state)[std::string(op.key)] = std::string(op.value);
-      } else {
+      } else if (op.type == WalOp::kDelete) {
         state->erase(std::string(op.key));
+      } else if (requests != nullptr) {
+        requests->emplace_back(op.key, op.value);
       }
     }
     pos += kHeaderBytes + length;
@@ -297,7 +299,7 @@ absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap*
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueMap* state) {
+absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueMap* state, RequestLog* requests) {
   if (options.dir.empty()) return absl::InvalidArgumentError("wal directory is empty");
   if (options.compact_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -344,7 +346,7 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
     COLLSERVE_RETURN_IF_ERROR(status);
     size_t valid = 0;
     std::optional<BadRecord> bad;
-    COLLSERVE_RETURN_IF_ERROR(Replay(data, snapshot_path, state, &valid, &bad));
+    COLLSERVE_RETURN_IF_ERROR(Replay(data, snapshot_path, state, requests, &valid, &bad));
     if (bad.has_value()) {
       // Written whole and renamed into place: any damage is real loss, repair or not.
       return absl::DataLossError(absl::StrCat(bad->reason, " at offset ", bad->offset, " of ", snapshot_path, " (",
@@ -358,7 +360,7 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
   COLLSERVE_RETURN_IF_ERROR(ReadAll(log_fd, log_path, &data));
   size_t valid = 0;
   std::optional<BadRecord> bad;
-  COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, state, &valid, &bad));
+  COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, state, requests, &valid, &bad));
   if (bad.has_value()) {
     const size_t tail = data.size() - bad->offset;
     if (!bad->torn_tail && !options.repair) {
@@ -425,18 +427,18 @@ absl::Status Wal::Append(const std::vector<WalOp>& ops) {
   return absl::OkStatus();
 }
 
-absl::Status Wal::MaybeCompact(const KeyValueMap& state, int64_t live_bytes) {
+absl::Status Wal::MaybeCompact(const KeyValueMap& state, int64_t live_bytes, const RequestLog& requests) {
   if (!broken_.ok()) return absl::OkStatus();  // Append() reports it.
   if (log_bytes_ <= options_.compact_bytes || log_bytes_ <= 2 * live_bytes ||
       log_bytes_ < next_compact_attempt_bytes_) {
     return absl::OkStatus();
   }
-  absl::Status status = Compact(state);
+  absl::Status status = Compact(state, requests);
   if (!status.ok()) next_compact_attempt_bytes_ = log_bytes_ + options_.compact_bytes;
   return status;
 }
 
-absl::Status Wal::Compact(const KeyValueMap& state) {
+absl::Status Wal::Compact(const KeyValueMap& state, const RequestLog& requests) {
   const std::string temp_path = JoinPath(options_.dir, kSnapshotTempName);
   const std::string snapshot_path = JoinPath(options_.dir, kSnapshotName);
   const std::string log_path = JoinPath(options_.dir, kLogName);
@@ -445,17 +447,23 @@ absl::Status Wal::Compact(const KeyValueMap& state) {
   absl::Status status;
   std::string buffer;
   std::string record;
-  for (const auto& [key, value] : state) {
+  auto add = [&](const WalOp& op) {
     record.assign(kHeaderBytes, '\0');
-    AppendOp(&record, WalOp{WalOp::kPut, key, value});
-    status = FinishRecord(&record);
-    if (!status.ok()) break;
+    AppendOp(&record, op);
+    COLLSERVE_RETURN_IF_ERROR(FinishRecord(&record));
     buffer += record;
     if (buffer.size() >= kSnapshotBufferBytes) {
-      status = WriteAll(fd, buffer, temp_path);
-      if (!status.ok()) break;
+      COLLSERVE_RETURN_IF_ERROR(WriteAll(fd, buffer, temp_path));
       buffer.clear();
     }
+    return absl::OkStatus();
+  };
+  for (const auto& [key, value] : state) {
+    status = add(WalOp{WalOp::kPut, key, value});
+    if (!status.ok()) break;
+  }
+  for (auto it = requests.begin(); status.ok() && it != requests.end(); ++it) {
+    status = add(WalOp{WalOp::kRequest, it->first, it->second});
   }
   if (status.ok()) status = WriteAll(fd, buffer, temp_path);
   if (status.ok() && ::fsync(fd) != 0) status = IoError("cannot fsync", temp_path, errno);

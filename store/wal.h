@@ -8,6 +8,7 @@
 #define COLLSERVE_STORE_WAL_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -28,7 +29,7 @@ namespace collserve::store {
 //   record  := fixed32 length | fixed32 crc | payload[length]
 //   crc     := CRC-32 (zlib, IEEE polynomial) of the 4 length bytes followed by the payload
 //   payload := op+                       (all ops of one record are applied together)
-//   op      := uint8 type | varint64 key_len | key | (type == kPut: varint64 value_len | value)
+//   op      := uint8 type | varint64 key_len | key | (type != kDelete: varint64 value_len | value)
 //
 // Files, inside the data directory:
 //   wal       the log, appended to; started afresh after each compaction
@@ -38,11 +39,17 @@ namespace collserve::store {
 using KeyValueMap = std::map<std::string, std::string, std::less<>>;
 
 struct WalOp {
-  enum Type : uint8_t { kPut = 1, kDelete = 2 };
+  // kRequest (since issue 17) records that the write in the same record answered the
+  // idempotent request `key` (a request id) with `value`; it changes no key. A log with
+  // kRequest records cannot be opened by a binary older than that.
+  enum Type : uint8_t { kPut = 1, kDelete = 2, kRequest = 3 };
   Type type;
   absl::string_view key;
-  absl::string_view value;  // kPut only
+  absl::string_view value;  // kPut and kRequest only
 };
+
+// Answers of recent idempotent writes, (request id, answer), oldest first.
+using RequestLog = std::deque<std::pair<std::string, std::string>>;
 
 class Wal {
  public:
@@ -78,7 +85,10 @@ class Wal {
   // tail aside. Any bad record in the snapshot is DATA_LOSS, repair or not.
   // UNAVAILABLE: a file or the directory cannot be created, read, written or locked;
   // RESOURCE_EXHAUSTED: the disk or quota is full.
-  static absl::StatusOr<std::unique_ptr<Wal>> Open(const Options& options, KeyValueMap* state);
+  // The kRequest records found are appended to `*requests` (oldest first) when it is not
+  // null; the caller bounds what it keeps.
+  static absl::StatusOr<std::unique_ptr<Wal>> Open(const Options& options, KeyValueMap* state,
+                                                   RequestLog* requests = nullptr);
 
   ~Wal();
   Wal(const Wal&) = delete;
@@ -94,10 +104,11 @@ class Wal {
   absl::Status Append(const std::vector<WalOp>& ops);
 
   // Compacts when the log is over compact_bytes and over twice `live_bytes` (the sum of key
-  // and value sizes in `state`): writes `state` as the new snapshot and starts an empty log.
+  // and value sizes in `state`): writes `state`, then `requests` as kRequest records, as the
+  // new snapshot and starts an empty log.
   // Returns OK without doing anything otherwise. After a failed compaction the old files
   // stay valid, and the next attempt waits until the log has grown by compact_bytes again.
-  absl::Status MaybeCompact(const KeyValueMap& state, int64_t live_bytes);
+  absl::Status MaybeCompact(const KeyValueMap& state, int64_t live_bytes, const RequestLog& requests = {});
 
   // Size of the log file in bytes.
   int64_t log_bytes() const { return log_bytes_; }
@@ -112,7 +123,7 @@ class Wal {
  private:
   Wal(Options options, int log_fd, int64_t log_bytes);
 
-  absl::Status Compact(const KeyValueMap& state);
+  absl::Status Compact(const KeyValueMap& state, const RequestLog& requests);
 
   const Options options_;
   int log_fd_;

@@ -48,6 +48,9 @@ ABSL_FLAG(int64_t, max_store_bytes, int64_t{1} << 30,
           "Most bytes (keys plus values) the store holds, all jobs together; a write past it is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_job_keys, int64_t{1} << 18, "Most keys one job's namespace holds.");
 ABSL_FLAG(int64_t, max_job_bytes, int64_t{256} << 20, "Most bytes (keys plus values) one job's namespace holds.");
+ABSL_FLAG(int64_t, store_max_request_ids, int64_t{1} << 16,
+          "Request ids of exactly-once store writes (add, compare_set, append, delete_key retried by the SDK "
+          "after a lost answer) remembered, all jobs together, oldest forgotten first; about 100 bytes each.");
 ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{512} << 20,
           "Memory gRPC may hold for the RPCs in flight, in bytes: a client that sends more (an oversized message "
           "is buffered whole before its size is checked) is cut off. Must exceed --max_value_bytes + 1 MiB.");
@@ -107,6 +110,7 @@ int main(int argc, char** argv) {
   options.store.max_total_bytes = absl::GetFlag(FLAGS_max_store_bytes);
   options.store.max_job_keys = absl::GetFlag(FLAGS_max_job_keys);
   options.store.max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes);
+  options.store.max_request_ids = absl::GetFlag(FLAGS_store_max_request_ids);
   options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.tls = collserve::server::ServerTlsOptionsFromFlags();

@@ -33,6 +33,21 @@ absl::Status CheckKey(const std::string& key) {
   return absl::OkStatus();
 }
 
+// Longest request id of an exactly-once write (store.proto, AddRequest.request_id).
+constexpr size_t kMaxRequestIdBytes = 64;
+
+// CheckKey, plus the request id's size. The store remembers ids per job: "<job>/<id>".
+absl::Status CheckKeyAndRequestId(const std::string& key, const std::string& request_id) {
+  if (request_id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id of ", request_id.size(), " bytes; at most ",
+                                                   kMaxRequestIdBytes, " are accepted"));
+  }
+  return CheckKey(key);
+}
+std::string RequestKey(const std::string& job, const std::string& request_id) {
+  return request_id.empty() ? std::string() : NsKey(job, request_id);
+}
+
 // Where a wait ends: the request's timeout (0 = default, < 0 = now), capped by the call's
 // own deadline.
 absl::Time WaitDeadline(grpc::CallbackServerContext* ctx, int64_t timeout_ms) {
@@ -131,9 +146,10 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx, co
                                             pb::AddResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
-  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
   if (s.ok()) {
-    absl::StatusOr<int64_t> v = store_.Add(NsKey(req->job(), req->key()), req->delta());
+    absl::StatusOr<int64_t> v =
+        store_.AddOnce(NsKey(req->job(), req->key()), req->delta(), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_value(*v);
     s = v.status();
   }
@@ -145,10 +161,10 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
                                                    pb::CompareSetResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
-  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
   if (s.ok()) {
-    absl::StatusOr<std::string> v =
-        store_.CompareSet(NsKey(req->job(), req->key()), req->expected(), req->desired());
+    absl::StatusOr<std::string> v = store_.CompareSetOnce(NsKey(req->job(), req->key()), req->expected(),
+                                                          req->desired(), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_value(std::move(*v));
     s = v.status();
   }
@@ -184,9 +200,10 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
                                                   pb::DeleteKeyResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
-  if (s.ok()) s = CheckKey(req->key());
+  if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
   if (s.ok()) {
-    absl::StatusOr<bool> v = store_.DeleteKey(NsKey(req->job(), req->key()));
+    absl::StatusOr<bool> v =
+        store_.DeleteKeyOnce(NsKey(req->job(), req->key()), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_deleted(*v);
     s = v.status();
   }
@@ -264,8 +281,10 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
                                                const pb::AppendRequest* req, pb::AppendResponse*) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
-  if (s.ok()) s = CheckKey(req->key());
-  if (s.ok()) s = store_.Append(NsKey(req->job(), req->key()), req->value());
+  if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
+  if (s.ok()) {
+    s = store_.AppendOnce(NsKey(req->job(), req->key()), req->value(), RequestKey(req->job(), req->request_id()));
+  }
   return Done(ctx, "Append", start, StripJob(s, req->job()));
 }
 

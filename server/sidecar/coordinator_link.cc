@@ -2,7 +2,11 @@
 
 #include <glog/logging.h>
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "client/channel.h"
 #include "collserve/client.h"
 #include "common/grpc_status.h"
@@ -57,37 +61,89 @@ GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel,
 
 std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
                                                 std::function<void(absl::StatusOr<engine::Membership>)> done) {
-  struct Call {
-    grpc::ClientContext ctx;
+  // One join, retried while the coordinator does not answer (it restarts: the call in
+  // flight fails with UNAVAILABLE, and the next attempt waits for the channel to reconnect,
+  // wait_for_ready) until the deadline. A restarted coordinator has no record of the
+  // first attempt, so the retry joins afresh; one that did record it treats the same
+  // rank joining again from the same host as that rank's join.
+  struct Join : std::enable_shared_from_this<Join> {
+    pb::Registry::Stub* registry;
+    std::string coordinator;
+    std::string credential;
+    absl::Time deadline;
     pb::JoinRequest req;
+    std::function<void(absl::StatusOr<engine::Membership>)> done;
+    absl::Mutex mu;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
     pb::JoinResponse resp;
+    int attempts = 0;
+
+    void Attempt() {
+      grpc::ClientContext* attempt_ctx;
+      {
+        absl::MutexLock lock(&mu);
+        if (!cancelled) {
+          ++attempts;
+          ctx = std::make_unique<grpc::ClientContext>();
+          ctx->set_deadline(absl::ToChronoTime(deadline));
+          ctx->set_wait_for_ready(true);
+          client::AddJobToken(*ctx, credential);
+        }
+        attempt_ctx = cancelled ? nullptr : ctx.get();
+      }
+      if (attempt_ctx == nullptr) {
+        done(absl::CancelledError("join cancelled"));
+        return;
+      }
+      resp.Clear();
+      // Not under `mu`: the callback may run before Join returns. A Cancel in between
+      // cancels the call as it starts (ClientContext::TryCancel).
+      registry->async()->Join(attempt_ctx, &req, &resp, [self = shared_from_this()](grpc::Status s) {
+        self->Finished(s);
+      });
+    }
+    void Finished(const grpc::Status& s) {
+      if (s.ok()) {
+        done(FromProto(resp));
+        return;
+      }
+      constexpr int kMaxAttempts = 50;  // a server answering UNAVAILABLE at once must not spin
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() < deadline && attempts < kMaxAttempts) {
+        absl::SleepFor(absl::Milliseconds(20 * attempts));  // on a gRPC callback thread; short
+        Attempt();
+        return;
+      }
+      absl::Status st = FromGrpcStatus(s);
+      if (st.code() == absl::StatusCode::kUnavailable ||
+          (st.code() == absl::StatusCode::kDeadlineExceeded && attempts > 1)) {
+        st = absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", coordinator, " (", attempts,
+                                                 " attempts): ", st.message()));
+      }
+      done(st);
+    }
+    void Cancel() {
+      absl::MutexLock lock(&mu);
+      cancelled = true;
+      if (ctx != nullptr) ctx->TryCancel();
+    }
   };
-  auto call = std::make_shared<Call>();
-  call->req.set_job(params.job);
-  call->req.set_group(params.group);
-  call->req.set_world_size(params.world_size);
-  call->req.mutable_member()->set_rank(params.rank);
-  call->req.mutable_member()->set_host_id(host_id_);
-  call->req.mutable_member()->set_host_address(host_address_);
-  call->req.mutable_member()->set_sidecar_address(sidecar_address_);
-  call->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
-  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.timeout + absl::Seconds(5)));
-  client::AddJobToken(call->ctx, params.credential);
-  const std::string coordinator = coordinator_address_;
-  registry_->async()->Join(&call->ctx, &call->req, &call->resp,
-                           [call, coordinator, done = std::move(done)](grpc::Status s) {
-                             if (s.ok()) {
-                               done(FromProto(call->resp));
-                               return;
-                             }
-                             absl::Status st = FromGrpcStatus(s);
-                             if (st.code() == absl::StatusCode::kUnavailable) {
-                               st = absl::UnavailableError(
-                                   absl::StrCat("cannot reach the coordinator at ", coordinator, ": ", st.message()));
-                             }
-                             done(st);
-                           });
-  return [call] { call->ctx.TryCancel(); };
+  auto join = std::make_shared<Join>();
+  join->registry = registry_.get();
+  join->coordinator = coordinator_address_;
+  join->credential = params.credential;
+  join->deadline = absl::Now() + params.timeout + absl::Seconds(5);
+  join->done = std::move(done);
+  join->req.set_job(params.job);
+  join->req.set_group(params.group);
+  join->req.set_world_size(params.world_size);
+  join->req.mutable_member()->set_rank(params.rank);
+  join->req.mutable_member()->set_host_id(host_id_);
+  join->req.mutable_member()->set_host_address(host_address_);
+  join->req.mutable_member()->set_sidecar_address(sidecar_address_);
+  join->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
+  join->Attempt();
+  return [join] { join->Cancel(); };
 }
 
 void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank,
@@ -102,6 +158,7 @@ void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group
   call->req.set_group(group);
   call->req.set_rank(rank);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  call->ctx.set_wait_for_ready(true);  // across a coordinator restart
   client::AddJobToken(call->ctx, credential);
   registry_->async()->Leave(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {

@@ -11,6 +11,9 @@
 //           checked through the store.
 //   bcast_root / barrier  one broadcast with root --iters / one barrier (rank 0 late by --iters s).
 //   async   Work semantics (two ranks): Wait with a short timeout, IsCompleted, OnCompletion.
+//   store_loop  --iters rounds of an int64 all_reduce plus store add / set / get /
+//           compare_set / append, every result checked (exactly-once writes included);
+//           at the end the shared counter must hold world_size * iters.
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
 #include <atomic>
 #include <memory>
@@ -23,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -39,6 +43,7 @@ ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
 ABSL_FLAG(std::string, group, "world", "group name");
 ABSL_FLAG(int64_t, delay_ms, 0, "loop: sleep this long before each iteration's call (a straggler)");
 ABSL_FLAG(int64_t, hold_s, 0, "loop: after an error, keep the process (and its session) this long before exiting");
+ABSL_FLAG(std::string, key_prefix, "t", "store_loop: prefix of the store keys it writes");
 
 namespace {
 
@@ -235,6 +240,65 @@ int main(int argc, char** argv) {
       }
       std::printf("iter %lld ok\n", static_cast<long long>(i));
     }
+    return 0;
+  }
+  if (mode == "store_loop") {
+    collserve::client::StoreClient* store = (*pg)->store();
+    if (store == nullptr) {
+      std::printf("store: unavailable\n");
+      return 3;
+    }
+    const int rank = (*pg)->GetRank();
+    const int world = (*pg)->GetWorldSize();
+    const int64_t iters = absl::GetFlag(FLAGS_iters);
+    const std::string p = absl::StrCat(absl::GetFlag(FLAGS_key_prefix), "/");
+    const std::string mine = absl::StrCat(p, "r", rank, "/");
+    auto fail = [&](int64_t i, const std::string& what, const absl::Status& s) {
+      std::printf("error at iter %lld: %s: %s\n", static_cast<long long>(i), what.c_str(), StatusLine(s).c_str());
+      return 3;
+    };
+    auto wrong = [&](int64_t i, const std::string& what) {
+      std::printf("wrong at iter %lld: %s\n", static_cast<long long>(i), what.c_str());
+      return 1;
+    };
+    for (int64_t i = 0; i < iters; ++i) {
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
+      std::vector<int64_t> v(64, rank + i + 1);
+      absl::Status s = (*pg)->AllReduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum)->Wait();
+      if (!s.ok()) return fail(i, "all_reduce", s);
+      const int64_t want = int64_t{world} * (i + 1) + int64_t{world} * (world - 1) / 2;
+      for (int64_t x : v) {
+        if (x != want) return wrong(i, absl::StrCat("all_reduce ", x, " != ", want));
+      }
+      absl::StatusOr<int64_t> n = store->Add(mine + "count", 1);
+      if (!n.ok()) return fail(i, "add", n.status());
+      if (*n != i + 1) return wrong(i, absl::StrCat("add returned ", *n, ", want ", i + 1));
+      absl::StatusOr<int64_t> total = store->Add(p + "total", 1);
+      if (!total.ok()) return fail(i, "add total", total.status());
+      s = store->Set(mine + "last", absl::StrCat(i));
+      if (!s.ok()) return fail(i, "set", s);
+      absl::StatusOr<std::string> got = store->Get(mine + "last");
+      if (!got.ok()) return fail(i, "get", got.status());
+      if (*got != absl::StrCat(i)) return wrong(i, absl::StrCat("get returned ", *got));
+      absl::StatusOr<std::string> cas =
+          store->CompareSet(mine + "cas", i == 0 ? "" : absl::StrCat(i - 1), absl::StrCat(i));
+      if (!cas.ok()) return fail(i, "compare_set", cas.status());
+      if (*cas != absl::StrCat(i)) return wrong(i, absl::StrCat("compare_set returned ", *cas));
+      s = store->Append(mine + "log", "x");
+      if (!s.ok()) return fail(i, "append", s);
+      if (i % 50 == 0) std::printf("iter %lld ok\n", static_cast<long long>(i));
+    }
+    // Every rank's adds are in once every rank passed this all_reduce.
+    std::vector<int64_t> one(1, 1);
+    absl::Status s = (*pg)->AllReduce(one.data(), 1, DataType::kInt64, ReduceOp::kSum)->Wait();
+    if (!s.ok()) return fail(iters, "final all_reduce", s);
+    absl::StatusOr<int64_t> total = store->Add(p + "total", 0);
+    if (!total.ok()) return fail(iters, "add total", total.status());
+    if (*total != world * iters) return wrong(iters, absl::StrCat("total ", *total, ", want ", world * iters));
+    absl::StatusOr<std::string> log = store->Get(mine + "log");
+    if (!log.ok()) return fail(iters, "get log", log.status());
+    if (static_cast<int64_t>(log->size()) != iters) return wrong(iters, absl::StrCat("log has ", log->size()));
+    std::printf("store_loop: OK\n");
     return 0;
   }
   if (mode == "async") {

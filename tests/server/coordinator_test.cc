@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
+#include "collserve/v1/store.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/group_registry.h"
 #include "tests/testing/store_conformance.h"
@@ -113,6 +114,37 @@ TEST(CoordinatorStoreTest, JobsAreSeparateNamespaces) {
 TEST(CoordinatorStoreTest, BadJobNameIsInvalidArgument) {
   auto c = Client("bad/job");
   EXPECT_THAT(c->Set("k", "v"), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// The SDK's retries carry a request id: a repeated AddRequest with one id is applied once
+// (per job), and an id over 64 bytes is refused naming the limit.
+TEST(CoordinatorStoreTest, RequestIdsMakeRetriedWritesExactlyOnce) {
+  auto stub = pb::Store::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  const std::string job = UniqueName("once");
+  auto add = [&](const std::string& job_name, const std::string& id, pb::AddResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    pb::AddRequest req;
+    req.set_job(job_name);
+    req.set_key("n");
+    req.set_delta(3);
+    req.set_request_id(id);
+    return stub->Add(&ctx, req, resp);
+  };
+  pb::AddResponse r;
+  ASSERT_TRUE(add(job, "client-1", &r).ok());
+  EXPECT_EQ(r.value(), 3);
+  ASSERT_TRUE(add(job, "client-1", &r).ok());
+  EXPECT_EQ(r.value(), 3);  // the retry: not applied again
+  ASSERT_TRUE(add(job, "client-2", &r).ok());
+  EXPECT_EQ(r.value(), 6);
+  // Another job's identical id is another request.
+  ASSERT_TRUE(add(UniqueName("once-other"), "client-1", &r).ok());
+  EXPECT_EQ(r.value(), 3);
+  grpc::Status s = add(job, std::string(65, 'x'), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("request_id of 65 bytes; at most 64 are accepted"));
+  EXPECT_THAT(Client(job)->Add("n", 0), IsOkAndHolds(6));
 }
 
 TEST(CoordinatorStoreTest, ParkedWaitsHoldNoServerThread) {

@@ -969,5 +969,86 @@ TEST(MemoryStoreCompactionTest, StaleSnapshotTempFileIsIgnored) {
   EXPECT_FALSE(std::filesystem::exists(dir.File("snapshot.tmp")));
 }
 
+// ---- exactly-once writes (issue 17: a client retries a write whose answer it lost) ----
+
+TEST(MemoryStoreRequestIdTest, RetriedWritesAreAppliedOnceAndAnswerAsTheFirstTime) {
+  auto store = OpenStore(StoreOptions());
+  ASSERT_NE(store, nullptr);
+  EXPECT_THAT(store->AddOnce("n", 5, "c-1"), IsOkAndHolds(5));
+  EXPECT_THAT(store->AddOnce("n", 5, "c-1"), IsOkAndHolds(5));  // the retry
+  EXPECT_THAT(store->AddOnce("n", 1, "c-2"), IsOkAndHolds(6));
+  EXPECT_THAT(store->AddOnce("n", 5, "c-1"), IsOkAndHolds(5));  // a late retry: still the first answer
+  EXPECT_THAT(store->Get("n", kShortTimeout), IsOkAndHolds("6"));
+
+  EXPECT_THAT(store->AppendOnce("log", "a", "c-3"), IsOk());
+  EXPECT_THAT(store->AppendOnce("log", "a", "c-3"), IsOk());
+  EXPECT_THAT(store->Get("log", kShortTimeout), IsOkAndHolds("a"));
+
+  EXPECT_THAT(store->CompareSetOnce("cas", "", "x", "c-4"), IsOkAndHolds("x"));
+  EXPECT_THAT(store->CompareSetOnce("cas", "x", "y", "c-5"), IsOkAndHolds("y"));
+  // The retry of c-4 would now fail the compare ("y" != ""); it answers "x" as it did.
+  EXPECT_THAT(store->CompareSetOnce("cas", "", "x", "c-4"), IsOkAndHolds("x"));
+  EXPECT_THAT(store->Get("cas", kShortTimeout), IsOkAndHolds("y"));
+
+  ASSERT_THAT(store->Set("gone", "v"), IsOk());
+  EXPECT_THAT(store->DeleteKeyOnce("gone", "c-6"), IsOkAndHolds(true));
+  ASSERT_THAT(store->Set("gone", "again"), IsOk());
+  EXPECT_THAT(store->DeleteKeyOnce("gone", "c-6"), IsOkAndHolds(true));  // not applied again
+  EXPECT_THAT(store->Get("gone", kShortTimeout), IsOkAndHolds("again"));
+  // Request ids are not keys.
+  EXPECT_THAT(store->NumKeys(""), IsOkAndHolds(4));
+}
+
+TEST(MemoryStoreRequestIdTest, WritesThatWereNotAppliedAreEvaluatedAfreshOnRetry) {
+  auto store = OpenStore(StoreOptions());
+  ASSERT_NE(store, nullptr);
+  ASSERT_THAT(store->Set("text", "abc"), IsOk());
+  EXPECT_FALSE(store->AddOnce("text", 1, "c-1").ok());
+  ASSERT_THAT(store->Set("text", "1"), IsOk());
+  EXPECT_THAT(store->AddOnce("text", 1, "c-1"), IsOkAndHolds(2));
+  // A compare that did not match stored nothing, so its retry compares again.
+  EXPECT_THAT(store->CompareSetOnce("k", "", "v", "c-2"), IsOkAndHolds("v"));
+  EXPECT_THAT(store->CompareSetOnce("k", "w", "z", "c-3"), IsOkAndHolds("v"));
+  ASSERT_THAT(store->Set("k", "w"), IsOk());
+  EXPECT_THAT(store->CompareSetOnce("k", "w", "z", "c-3"), IsOkAndHolds("z"));
+  // Deleting a missing key is not remembered either.
+  EXPECT_THAT(store->DeleteKeyOnce("later", "c-4"), IsOkAndHolds(false));
+  ASSERT_THAT(store->Set("later", "v"), IsOk());
+  EXPECT_THAT(store->DeleteKeyOnce("later", "c-4"), IsOkAndHolds(true));
+}
+
+TEST(MemoryStoreRequestIdTest, OnlyTheLastMaxRequestIdsAreRemembered) {
+  StoreOptions options;
+  options.max_request_ids = 3;
+  auto store = OpenStore(options);
+  ASSERT_NE(store, nullptr);
+  for (int i = 1; i <= 4; ++i) ASSERT_THAT(store->AddOnce("n", 1, absl::StrCat("c-", i)), IsOkAndHolds(i));
+  EXPECT_THAT(store->AddOnce("n", 1, "c-4"), IsOkAndHolds(4));
+  EXPECT_THAT(store->AddOnce("n", 1, "c-2"), IsOkAndHolds(2));
+  EXPECT_THAT(store->AddOnce("n", 1, "c-1"), IsOkAndHolds(5));  // forgotten: applied again
+}
+
+TEST(MemoryStoreRequestIdTest, RequestIdsSurviveAReopenAndACompaction) {
+  ScopedTempDir dir;
+  {
+    auto store = OpenStore(DurableOptions(dir), SmallCompaction());
+    ASSERT_NE(store, nullptr);
+    ASSERT_THAT(store->AddOnce("n", 7, "early"), IsOkAndHolds(7));
+    // Enough overwrites to compact the log (the snapshot must carry "early").
+    const std::string value(100, 'v');
+    for (int i = 0; i < 200; ++i) ASSERT_THAT(store->Set("hot", absl::StrCat(i, value)), IsOk());
+    EXPECT_GE(store->TEST_WalCompactions(), 1);
+    ASSERT_THAT(store->AppendOnce("log", "x", "late"), IsOk());
+  }
+  auto store = OpenStore(DurableOptions(dir), SmallCompaction());
+  ASSERT_NE(store, nullptr);
+  EXPECT_THAT(store->AddOnce("n", 7, "early"), IsOkAndHolds(7));
+  EXPECT_THAT(store->AppendOnce("log", "x", "late"), IsOk());
+  EXPECT_THAT(store->Get("n", kShortTimeout), IsOkAndHolds("7"));
+  EXPECT_THAT(store->Get("log", kShortTimeout), IsOkAndHolds("x"));
+  EXPECT_THAT(store->AddOnce("n", 1, "new"), IsOkAndHolds(8));
+}
+
 }  // namespace
 }  // namespace collserve::store
+
