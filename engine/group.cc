@@ -47,6 +47,11 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
           "group \"", params_.name, "\" failed on this host and cannot take new ranks until every "
           "local rank has left: ", failure_.message()));
     }
+    if (departed_.count(rank) > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " left generation ", topology_.generation, " of group \"", params_.name,
+          "\" on this host; it can join again once every local rank has left (a new generation)"));
+    }
     if (locals_.count(rank) > 0) {
       return absl::AlreadyExistsError(absl::StrCat("rank ", rank, " is already attached to group \"",
                                                    params_.name, "\" on host ", env_.host_id));
@@ -188,6 +193,10 @@ void Group::Submit(int rank, Request request) {
       return;
     }
     p2p_->Submit(std::move(sub));
+    return;
+  }
+  if (!collectives_failure_.ok()) {
+    Complete(sub, collectives_failure_, env_.observer);  // a rank left: no collective can run
     return;
   }
   local.last_issued = sub.args;
@@ -403,6 +412,7 @@ void Group::FailLocked(const absl::Status& status) {
 
 void Group::OnSessionClosed(int rank) {
   std::function<void()> cancel_join;
+  absl::Status left;  // set when the rank left a formed one-host group (not a failure)
   bool was_member = false;
   std::string credential;
   {
@@ -417,7 +427,30 @@ void Group::OnSessionClosed(int rank) {
       cancel_join = std::move(it->second.cancel_join);
       locals_.erase(it);
       MaybeEmptyLocked();
+    } else if (state_ == State::kReady && !stop_ && topology_.num_hosts == 1) {
+      // Leaving is local (torch.distributed's semantics): the others' point-to-point ops
+      // among themselves go on; what needs the leaver fails naming it. Every collective
+      // needs every rank, so the queued and later ones fail.
+      left = absl::UnavailableError(absl::StrCat("rank ", rank, " left group \"", params_.name,
+                                                 "\" (its session on host ", env_.host_id,
+                                                 " ended: it destroyed the group, exited or died)"));
+      for (const Submission& sub : it->second.queue) Complete(sub, left, env_.observer);
+      locals_.erase(it);
+      departed_.insert(rank);
+      if (collectives_failure_.ok()) {
+        collectives_failure_ =
+            absl::UnavailableError(absl::StrCat(left.message(), "; collectives need every rank of the group"));
+        LOG(INFO) << "group \"" << params_.name << "\" (job " << params_.job << ") on host " << env_.host_id
+                  << ": " << left.message() << "; its point-to-point ops among the other ranks go on";
+      }
+      for (auto& [r, l] : locals_) {
+        for (const Submission& sub : l.queue) Complete(sub, collectives_failure_, env_.observer);
+        l.queue.clear();
+      }
+      ++progress_version_;
     } else {
+      // Across hosts a rank's leave still ends the generation (the hosts' collectives run
+      // in lockstep, and the others would only learn of it at their op timeout).
       if (state_ != State::kFailed) {
         FailLocked(absl::UnavailableError(absl::StrCat("rank ", rank, " of group \"", params_.name,
                                                        "\" disconnected from host ", env_.host_id)));
@@ -426,6 +459,7 @@ void Group::OnSessionClosed(int rank) {
       locals_.erase(it);
     }
   }
+  if (!left.ok() && p2p_ != nullptr) p2p_->Depart(rank, left);
   if (cancel_join) cancel_join();
   if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank, credential);
   absl::MutexLock lock(&mu_);

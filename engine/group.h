@@ -4,8 +4,10 @@
 //
 // Lifecycle: kJoining (local ranks attach and rendezvous at the coordinator) -> kConnecting
 // (the executor connects the backend) -> kReady (collectives run) -> kFailed (any error
-// that leaves the generation unusable: a rank left, a backend error, a timeout; every
-// pending and later request gets the failure). A group is removed once its last local rank
+// that leaves the generation unusable: a backend error, a timeout, a rank leaving a group
+// that spans hosts; every pending and later request gets the failure). A rank that leaves
+// a one-host group does not fail it: the others' point-to-point ops go on, and every
+// collective fails naming the rank that left (OnSessionClosed). A group is removed once its last local rank
 // left (EngineEnv::on_empty).
 #ifndef COLLSERVE_ENGINE_GROUP_H_
 #define COLLSERVE_ENGINE_GROUP_H_
@@ -235,6 +237,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // The earliest submission of the collective the executor runs now (InfiniteFuture: none).
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
+  // Local ranks that left this generation of a one-host group (OnSessionClosed), and the
+  // error every collective gets since the first left.
+  std::set<int> departed_ ABSL_GUARDED_BY(mu_);
+  absl::Status collectives_failure_ ABSL_GUARDED_BY(mu_);
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.
   Topology topology_;

@@ -78,6 +78,50 @@ void PointToPoint::Fail(const absl::Status& status) {
   ++changes_;
 }
 
+absl::Status PointToPoint::PeerLeftLocked(const Submission& sub) const {
+  const Request& c = sub.args;
+  const absl::Status& why = departed_.at(c.peer);
+  const bool send = c.op == CollectiveOp::kSend;
+  return absl::Status(why.code(), absl::StrCat(send ? "send from rank " : "recv on rank ", sub.rank,
+                                               send ? " to rank " : " from rank ", c.peer, " (tag ", c.tag,
+                                               ") cannot complete: ", why.message()));
+}
+
+void PointToPoint::Depart(int rank, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok()) return;
+  departed_.emplace(rank, why);
+  ++changes_;
+  const auto settle = [&](std::deque<PendingSend>& q) {
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->sub.rank == rank) {
+        Complete(it->sub, why, observer_);
+      } else if (it->sub.args.peer == rank) {
+        Complete(it->sub, PeerLeftLocked(it->sub), observer_);
+      } else {
+        ++it;
+        continue;
+      }
+      it = q.erase(it);
+    }
+  };
+  settle(sends_);
+  settle(outgoing_);
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    if (it->rank == rank) {
+      Complete(*it, why, observer_);
+    } else if (it->args.peer == rank) {
+      Complete(*it, PeerLeftLocked(*it), observer_);
+    } else {
+      ++it;
+      continue;
+    }
+    it = recvs_.erase(it);
+  }
+  staged_.erase(std::remove_if(staged_.begin(), staged_.end(), [rank](const StagedMessage& m) { return m.dst == rank; }),
+                staged_.end());
+}
+
 void PointToPoint::Submit(Submission sub) {
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) {
@@ -88,6 +132,10 @@ void PointToPoint::Submit(Submission sub) {
   const int peer = sub.args.peer;
   const int64_t tag = sub.args.tag;
   ++changes_;
+  if (sub.args.op == CollectiveOp::kSend && departed_.count(peer) != 0) {
+    Complete(sub, PeerLeftLocked(sub), observer_);
+    return;
+  }
   if (sub.args.op == CollectiveOp::kSend) {
     if (topology_.rank_host[peer] != topology_.host_index) {
       outgoing_.push_back(PendingSend{order_++, std::move(sub)});
@@ -119,6 +167,8 @@ void PointToPoint::Submit(Submission sub) {
     StagedMessage m = std::move(*staged);
     staged_.erase(staged);
     DeliverLocked(sub, m.src, m.dtype, m.count, m.bytes.data(), nullptr);
+  } else if (peer >= 0 && departed_.count(peer) != 0) {
+    Complete(sub, PeerLeftLocked(sub), observer_);
   } else {
     recvs_.push_back(std::move(sub));
   }
@@ -252,6 +302,7 @@ void PointToPoint::RecvMain() {
     ++changes_;
     const int src = static_cast<int>(h.src);
     const int dst = static_cast<int>(h.dst);
+    if (departed_.count(dst) != 0) continue;  // for a rank that left: nobody will receive it
     auto recv = std::find_if(recvs_.begin(), recvs_.end(),
                              [&](const Submission& r) { return Matches(r.args, r.rank, src, dst, h.tag); });
     if (recv != recvs_.end()) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -45,6 +46,12 @@ class PointToPoint {
   // Completes every pending send and recv with `status`, as every later Submit. Idempotent
   // (the first status stays).
   void Fail(const absl::Status& status);
+  // Local rank `rank` left the group (its session ended; `why` says so). Its own pending
+  // sends and recvs are dropped (completed with `why`: nobody reads the answer); the other
+  // ranks' sends to it and recvs from it (source `rank`, no message from it waiting) fail
+  // now, and so do later ones, with `why`'s code and a message naming both ranks and
+  // `why`. Everything else goes on: leaving is local, as in torch.distributed.
+  void Depart(int rank, const absl::Status& why);
   // Stops and joins the threads (idempotent). The communicator may be destroyed after.
   void Stop();
 
@@ -85,6 +92,9 @@ class PointToPoint {
   std::deque<PendingSend> outgoing_ ABSL_GUARDED_BY(mu_);  // to ranks on other hosts
   std::deque<StagedMessage> staged_ ABSL_GUARDED_BY(mu_);
   std::deque<Submission> recvs_ ABSL_GUARDED_BY(mu_);
+  std::map<int, absl::Status> departed_ ABSL_GUARDED_BY(mu_);  // rank -> why it left
+  // The error of `sub` (a send to or a recv from a departed rank).
+  absl::Status PeerLeftLocked(const Submission& sub) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The receiver thread's buffers: a cancelled Recv may still write them until the
   // communicator is destroyed, so they live as long as this object.
   char header_[64] = {};

@@ -494,7 +494,7 @@ TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
   ASSERT_TRUE(ranks[1]->Wait(absl::Seconds(5)).ok());
   auto [code, out] = Finish(*ranks[0], absl::Seconds(10));
   EXPECT_EQ(code, 3);
-  EXPECT_THAT(out, HasSubstr("UNAVAILABLE: rank 1 of group \"world\" disconnected"));
+  EXPECT_THAT(out, HasSubstr("UNAVAILABLE: rank 1 left group \"world\" (its session on host host0 ended"));
   // The sidecar removed every segment name as soon as it had mapped it.
   const std::string leaked = absl::StrCat("ls /dev/shm | grep -q '^collserve-", victim, "-'");
   EXPECT_NE(std::system(leaked.c_str()), 0) << "shared memory of the killed rank is left in /dev/shm";

@@ -11,6 +11,11 @@
 //           checked through the store.
 //   bcast_root / barrier  one broadcast with root --iters / one barrier (rank 0 late by --iters s).
 //   async   Work semantics (two ranks): Wait with a short timeout, IsCompleted, OnCompletion.
+//   ring_leave  the tutorial's ring all_reduce from isend/recv (--iters rounds of it), then
+//           the group is destroyed at once, with no barrier: exit 0 when every sum is right.
+//   leave_early rank 0 leaves at once; the others pass a token 1 -> 2 -> ... by send/recv
+//           (p2p that does not need rank 0), then check that an all_reduce and a send to
+//           rank 0 fail naming rank 0. Prints "leave_early: OK".
 //   store_loop  --iters rounds of an int64 all_reduce plus store add / set / get /
 //           compare_set / append, every result checked (exactly-once writes included);
 //           at the end the shared counter must hold world_size * iters.
@@ -26,6 +31,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
@@ -240,6 +246,81 @@ int main(int argc, char** argv) {
       }
       std::printf("iter %lld ok\n", static_cast<long long>(i));
     }
+    return 0;
+  }
+  if (mode == "ring_leave") {
+    const int rank = (*pg)->GetRank();
+    const int world = (*pg)->GetWorldSize();
+    const int right = (rank + 1) % world, left = (rank + world - 1) % world;
+    for (int64_t it = 0; it < std::max<int64_t>(absl::GetFlag(FLAGS_iters), 1); ++it) {
+      std::vector<float> send(4), recv(4), accum(4);
+      for (int i = 0; i < 4; ++i) send[i] = accum[i] = static_cast<float>(i + 10 * rank + it);
+      for (int step = 0; step < world - 1; ++step) {
+        std::shared_ptr<collserve::client::Work> s = (*pg)->Send(send.data(), 4, DataType::kFloat32, right);
+        absl::Status r = (*pg)->Recv(recv.data(), 4, DataType::kFloat32, left)->Wait();
+        if (!r.ok()) {
+          std::printf("recv: %s\n", StatusLine(r).c_str());
+          return 3;
+        }
+        absl::Status w = s->Wait();
+        if (!w.ok()) {
+          std::printf("send: %s\n", StatusLine(w).c_str());
+          return 3;
+        }
+        for (int i = 0; i < 4; ++i) accum[i] += recv[i];
+        send = recv;
+      }
+      for (int i = 0; i < 4; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) want += static_cast<float>(i + 10 * r + it);
+        if (accum[i] != want) {
+          std::printf("wrong sum %g != %g\n", accum[i], want);
+          return 1;
+        }
+      }
+    }
+    std::printf("ring_leave: OK\n");
+    std::fflush(stdout);
+    pg->reset();  // destroy_process_group: the session ends, with no barrier before it
+    return 0;
+  }
+  if (mode == "leave_early") {
+    const int rank = (*pg)->GetRank();
+    const int world = (*pg)->GetWorldSize();
+    if (rank == 0) {
+      pg->reset();
+      std::printf("leave_early: left\n");
+      return 0;
+    }
+    int64_t token = 0;
+    if (rank > 1) {
+      absl::Status s = (*pg)->Recv(&token, 1, DataType::kInt64, rank - 1)->Wait();
+      if (!s.ok()) {
+        std::printf("recv: %s\n", StatusLine(s).c_str());
+        return 3;
+      }
+    }
+    // Rank 1 starts the chain once rank 0 surely left (its session end reached the sidecar).
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(500));
+    token += rank;
+    if (rank + 1 < world) {
+      absl::Status s = (*pg)->Send(&token, 1, DataType::kInt64, rank + 1)->Wait();
+      if (!s.ok()) {
+        std::printf("send: %s\n", StatusLine(s).c_str());
+        return 3;
+      }
+    } else if (token != int64_t{world} * (world - 1) / 2) {
+      std::printf("wrong token %lld\n", static_cast<long long>(token));
+      return 1;
+    }
+    int64_t x = 1;
+    absl::Status ar = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum)->Wait();
+    absl::Status to0 = (*pg)->Send(&x, 1, DataType::kInt64, 0)->Wait();
+    std::printf("all_reduce: %s\nsend to 0: %s\n", StatusLine(ar).c_str(), StatusLine(to0).c_str());
+    const bool named = !ar.ok() && absl::StrContains(ar.message(), "rank 0 left group") && !to0.ok() &&
+                       absl::StrContains(to0.message(), "rank 0 left group");
+    if (!named) return 3;
+    std::printf("leave_early: OK\n");
     return 0;
   }
   if (mode == "store_loop") {
