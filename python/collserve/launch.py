@@ -22,6 +22,13 @@ MASTER_PORT is the coordinator's gRPC port (enough for the collserve SDK, not fo
 Several hosts: run one launcher per host with the same --nnodes, --nproc_per_node, --job and
 --coordinator HOST:PORT (a running collserve-coordinator), and --node_rank 0..nnodes-1.
 Each starts its own sidecar, reachable by the other hosts at --gloo_hostname.
+
+torchrun's interface where it fits: --rdzv_endpoint and --rdzv_id are --coordinator and
+--job; --rdzv_backend, --standalone and --start_method are accepted; --nproc_per_node takes
+cpu/gpu/auto; --nnodes takes N:N; --max_restarts restarts every rank of this host after a
+failure (TORCHELASTIC_RESTART_COUNT counts the attempts); --redirects/--tee write the
+ranks' output to LOG_DIR/attempt_<n>/<local_rank>/{stdout,stderr}.log; every option's
+default can come from PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_MAX_RESTARTS=2, ...).
 """
 import argparse
 import os
@@ -99,11 +106,15 @@ def start_server(name, argv, port_file, log_path, timeout_s, started=None, **pop
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="collserve launch", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=1, help="ranks on this host (default 1)")
-    p.add_argument("--nnodes", type=int, default=1, help="hosts in the job (default 1)")
+    p.add_argument("--nproc_per_node", "--nproc-per-node", default="1",
+                   help="ranks on this host: N, 'cpu' (one per CPU), 'gpu' (one per CUDA device) or 'auto' "
+                   "(gpu when CUDA is there, else cpu), as torchrun (default 1)")
+    p.add_argument("--nnodes", default="1", help="hosts in the job: N, or N:N (torchrun's MIN:MAX; an elastic "
+                   "range with MIN < MAX is refused: membership is fixed) (default 1)")
     p.add_argument("--node_rank", "--node-rank", type=int, default=0, help="this host's index in [0, nnodes)")
-    p.add_argument("--coordinator", default="", help="HOST:PORT of a running coordinator (default: start one on "
-                   "loopback; required with --nnodes > 1)")
+    p.add_argument("--coordinator", "--rdzv_endpoint", "--rdzv-endpoint", default="",
+                   help="HOST:PORT of a running coordinator (default: start one on loopback; required with "
+                   "--nnodes > 1); --rdzv_endpoint is torchrun's name")
     p.add_argument("--tcpstore_port", type=int, default=0, help="with --coordinator: the port of its TCPStore "
                    "endpoint (collserve-coordinator --tcpstore_address), given to the ranks as MASTER_PORT so "
                    "that torch's env:// rendezvous uses it (the embedded coordinator always has one)")
@@ -111,7 +122,24 @@ def parse_args(argv):
                    "host:port (default: start one)")
     p.add_argument("--sidecar_flag", action="append", default=[], metavar="--FLAG=VALUE",
                    help="a flag for the embedded sidecar (repeatable), e.g. --sidecar_flag=--allreduce_algorithm=ring")
-    p.add_argument("--job", default="default", help="job name: the namespace of keys and groups (default 'default')")
+    p.add_argument("--job", "--rdzv_id", "--rdzv-id", default="default",
+                   help="job name: the namespace of keys and groups; --rdzv_id is torchrun's name (default 'default')")
+    p.add_argument("--rdzv_backend", "--rdzv-backend", default="c10d",
+                   help="accepted for torchrun's command lines (c10d, static, collserve): the coordinator is the "
+                   "rendezvous either way")
+    p.add_argument("--standalone", action="store_true", help="torchrun's single-host mode: the default here "
+                   "(an embedded coordinator); refused with --coordinator or --nnodes > 1")
+    p.add_argument("--max_restarts", "--max-restarts", type=int, default=0,
+                   help="when a rank fails, stop every rank of this host and start them all again (a new "
+                   "generation of their groups), at most this many times, as torchrun's agent (default 0). Ranks "
+                   "see TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS")
+    p.add_argument("--redirects", "-r", default="0",
+                   help="send ranks' output to files LOG_DIR/attempt_<n>/<local_rank>/{stdout,stderr}.log instead "
+                   "of the console: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:3,1:0' (torchrun's)")
+    p.add_argument("--tee", "-t", default="0", help="like --redirects, but to the files and the console")
+    p.add_argument("--start_method", "--start-method", default="spawn", choices=("spawn", "fork", "forkserver"),
+                   help="accepted for torchrun's command lines: every rank is a new process (a script or module, "
+                   "as torchrun starts them), whatever the method")
     p.add_argument("--gloo_hostname", default="", help="address the other hosts reach this host's sidecar at "
                    "(default 127.0.0.1 for one host, else this host's address)")
     p.add_argument("--failure_grace_s", type=float, default=5.0,
@@ -126,7 +154,29 @@ def parse_args(argv):
     g.add_argument("--no_python", "--no-python", action="store_true", help="run the script as a command")
     p.add_argument("script", help="the training script (or module, or command)")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
+    # torchrun reads every option's default from PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4),
+    # as Kubernetes operators set them.
+    for action in p._actions:
+        env = os.environ.get("PET_" + action.dest.upper())
+        if env is not None and action.option_strings and action.nargs is None and action.const is None:
+            p.set_defaults(**{action.dest: env})
     args = p.parse_args(argv)
+    args.nproc_per_node = _nproc_per_node(p, args.nproc_per_node)
+    low, _, high = str(args.nnodes).partition(":")
+    if not low.isdigit() or (high and not high.isdigit()):
+        p.error(f"--nnodes {args.nnodes!r} must be N or MIN:MAX")
+    if high and int(high) != int(low):
+        p.error(f"--nnodes {args.nnodes}: elastic membership (MIN < MAX) is not supported; give a fixed count N")
+    args.nnodes = int(low)
+    if args.standalone and (args.coordinator or args.nnodes > 1):
+        p.error("--standalone starts its own coordinator: it cannot go with --coordinator or --nnodes > 1")
+    if args.max_restarts < 0:
+        p.error("--max_restarts must be at least 0")
+    for name in ("redirects", "tee"):
+        try:
+            setattr(args, name, _std_streams(getattr(args, name), args.nproc_per_node))
+        except ValueError:
+            p.error(f"--{name} {getattr(args, name)!r} must be 0..3 or LOCAL_RANK:0..3 pairs joined by ','")
     if args.nproc_per_node < 1 or args.nnodes < 1:
         p.error("--nproc_per_node and --nnodes must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
@@ -206,23 +256,38 @@ class Launcher:
             return [sys.executable, "-u", "-m", a.script, *a.script_args]
         return [sys.executable, "-u", a.script, *a.script_args]
 
-    def pump(self, rank, stream, sink):
+    def pump(self, rank, stream, sink, log):
+        """Copies a rank's stream line by line to the console `sink` (prefixed; None: not
+        there) and to the file `log` (None: no file)."""
         prefix = b"" if self.args.no_prefix else f"[rank{rank}]: ".encode()
         for line in iter(stream.readline, b""):
-            with self.out_lock:
-                sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-                sink.flush()
+            line = line if line.endswith(b"\n") else line + b"\n"
+            if log is not None:
+                log.write(line)
+                log.flush()
+            if sink is not None:
+                with self.out_lock:
+                    sink.write(prefix + line)
+                    sink.flush()
         stream.close()
+        if log is not None:
+            log.close()
 
-    def start_ranks(self, coordinator, sidecar, tcpstore_port):
+    def start_ranks(self, coordinator, sidecar, tcpstore_port, attempt):
         a = self.args
+        self.ranks, self.pumps = [], []
+        exits = os.path.join(self.dir, "exits")
+        for name in os.listdir(exits):  # the exit times of the previous attempt's ranks
+            os.unlink(os.path.join(exits, name))
         host, _, port = coordinator.rpartition(":")
         torch_store = {}
         if tcpstore_port:
             # torch's env:// rendezvous reaches the coordinator's TCPStore endpoint, every rank
             # as a client (as under torchrun's agent store).
             port = str(tcpstore_port)
-            torch_store = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+            # torch prefixes its keys with the restart count (/worker/attempt_<n>), so every
+            # attempt rendezvouses afresh.
+            torch_store = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
         world = a.nnodes * a.nproc_per_node
         for local_rank in range(a.nproc_per_node):
             rank = a.node_rank * a.nproc_per_node + local_rank
@@ -231,15 +296,24 @@ class Launcher:
                        LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
                        NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
                        COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
-                       PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=os.path.join(self.dir, "exits"), **torch_store)
+                       PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
+                       TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job, **torch_store)
             if self.token is not None:
                 env["COLLSERVE_TOKEN"] = self.token
                 env.pop("COLLSERVE_TOKEN_FILE", None)
             proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True)
             self.ranks.append((rank, proc))
-            for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-                t = threading.Thread(target=self.pump, args=(rank, stream, sink), daemon=True)
+            for bit, name, stream, console in ((1, "stdout", proc.stdout, sys.stdout.buffer),
+                                               (2, "stderr", proc.stderr, sys.stderr.buffer)):
+                to_file = (a.redirects[local_rank] | a.tee[local_rank]) & bit
+                log = None
+                if to_file:
+                    rank_dir = os.path.join(self.dir, f"attempt_{attempt}", str(local_rank))
+                    os.makedirs(rank_dir, exist_ok=True)
+                    log = open(os.path.join(rank_dir, f"{name}.log"), "wb")
+                sink = None if a.redirects[local_rank] & bit and not a.tee[local_rank] & bit else console
+                t = threading.Thread(target=self.pump, args=(rank, stream, sink, log), daemon=True)
                 t.start()
                 self.pumps.append(t)
 
@@ -298,10 +372,17 @@ class Launcher:
         previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
         try:
             coordinator, sidecar, tcpstore_port = self.start_servers()
-            self.start_ranks(coordinator, sidecar, tcpstore_port)
-            first = self.wait_ranks()
-            for t in self.pumps:
-                t.join(timeout=5)
+            attempt = 0
+            while True:
+                self.start_ranks(coordinator, sidecar, tcpstore_port, attempt)
+                first = self.wait_ranks()
+                for t in self.pumps:
+                    t.join(timeout=5)
+                if first is None or attempt >= self.args.max_restarts:
+                    break
+                attempt += 1
+                self.say(f"rank {first[0]} failed (exit code {first[1]}); restarting the "
+                         f"{len(self.ranks)} ranks of this host (restart {attempt} of {self.args.max_restarts})")
         except (RuntimeError, TimeoutError, FileNotFoundError, OSError) as e:
             self.say(str(e))
             first = (-1, 1)
@@ -312,7 +393,10 @@ class Launcher:
                 signal.signal(s, h)
             self.stop_servers()
         if first is None:
-            if self.own_dir and not self.failed_something:
+            keep = any(self.args.redirects.values()) or any(self.args.tee.values())
+            if keep:
+                self.say(f"the ranks' output files are in {self.dir}")
+            if self.own_dir and not self.failed_something and not keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
             return 0
         rank, code = first
@@ -323,6 +407,42 @@ class Launcher:
         if self.servers:
             self.say(f"server logs are in {self.dir}")
         return exit_code
+
+
+def _nproc_per_node(parser, value):
+    """torchrun's --nproc_per_node: N, cpu, gpu or auto (gpu when CUDA is there, else cpu)."""
+    if str(value).lstrip("-").isdigit():
+        return int(value)
+    if value == "cpu":
+        return os.cpu_count() or 1
+    if value in ("gpu", "auto"):
+        try:
+            import torch  # only for these two: importing it takes a second
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        except ImportError:
+            gpus = 0
+        if gpus:
+            return gpus
+        if value == "gpu":
+            parser.error("--nproc_per_node gpu: no CUDA device is visible")
+        return os.cpu_count() or 1
+    parser.error(f"--nproc_per_node {value!r} must be a number, cpu, gpu or auto")
+
+
+def _std_streams(value, nproc):
+    """--redirects/--tee: {local_rank: bits} with bit 1 stdout, bit 2 stderr (torchrun's Std)."""
+    value = str(value)
+    if value.isdigit():
+        if int(value) > 3:
+            raise ValueError(value)
+        return {r: int(value) for r in range(nproc)}
+    streams = {r: 0 for r in range(nproc)}
+    for pair in value.split(","):
+        rank, _, bits = pair.partition(":")
+        if not rank.isdigit() or not bits.isdigit() or int(bits) > 3:
+            raise ValueError(value)
+        streams[int(rank)] = int(bits)
+    return streams
 
 
 def _stop(proc, grace_s, wait=True):

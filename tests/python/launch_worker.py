@@ -3,6 +3,8 @@
   fail       rank 1 exits with code 3 at once; the others wait in a barrier
   sigterm    prints "ready", then on SIGTERM prints "got SIGTERM" and exits 7
   allreduce  all_reduce of the rank over the world; prints the sum
+  fail_once  rank 1 exits with code 3 in the first attempt (TORCHELASTIC_RESTART_COUNT 0);
+             in later ones every rank does `allreduce` and prints the attempt
 """
 import os
 import signal
@@ -39,6 +41,20 @@ def main(mode):
         while time.monotonic() < deadline:
             time.sleep(0.05)
         sys.exit(1)
+    elif mode == "fail_once":
+        attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+        dist.init_process_group("gloo")
+        if attempt == "0" and dist.get_rank() == 1:
+            sys.exit(3)
+        if attempt == "0":
+            try:
+                dist.barrier()
+            except dist.DistError:
+                sys.exit(4)
+        t = np.array([dist.get_rank()], dtype=np.int64)
+        dist.all_reduce(t)
+        print(f"attempt {attempt} of {os.environ['TORCHELASTIC_MAX_RESTARTS']}: world {dist.get_world_size()} "
+              f"sum {t[0]}")
     elif mode == "allreduce":
         dist.init_process_group("gloo")
         t = np.array([dist.get_rank()], dtype=np.int64)

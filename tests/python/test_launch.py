@@ -151,10 +151,46 @@ def test_two_nodes_against_one_coordinator():
         cluster.stop()
 
 
+def test_max_restarts_starts_every_rank_again_after_a_failure():
+    out, err = launch("--nproc_per_node", "3", "--max_restarts", "1", WORKER, "fail_once")
+    assert "restarting the 3 ranks of this host (restart 1 of 1)" in err, err
+    for r in range(3):
+        assert lines_of(out, r) == ["attempt 1 of 1: world 3 sum 3"], (out, err)
+    # Without restarts the first failure ends the job.
+    _, err = launch("--nproc_per_node", "3", WORKER, "fail_once", expect=3)
+    assert "rank 1 exited with code 3 (the first rank to fail)" in err, err
+
+
+def test_torchrun_names_pet_variables_and_redirects(tmp_path):
+    log_dir = str(tmp_path / "logs")
+    proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--rdzv_id", "petjob",
+                           "--rdzv_backend", "c10d", "--standalone", "--start_method", "spawn", "--nnodes", "1:1",
+                           "--redirects", "3", "--tee", "0:1", WORKER, "env"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PET_NPROC_PER_NODE": "2"})
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert_none_left(log_dir)
+    # Rank 0's stdout is teed (console and file); the rest only in the files.
+    (line,) = lines_of(proc.stdout, 0)
+    assert "WORLD_SIZE=2" in line and "COLLSERVE_JOB=petjob" in line, line
+    assert lines_of(proc.stdout, 1) == [], proc.stdout
+    assert "[rank0]: to stderr" not in proc.stderr, proc.stderr
+    for r in (0, 1):
+        with open(os.path.join(log_dir, "attempt_0", str(r), "stdout.log")) as f:
+            assert f"RANK={r} WORLD_SIZE=2" in f.read()
+        with open(os.path.join(log_dir, "attempt_0", str(r), "stderr.log")) as f:
+            assert f.read() == "to stderr\n"
+    out, _ = launch("--nproc_per_node", "cpu", WORKER, "env")
+    assert len([l for l in out.splitlines() if "WORLD_SIZE=" in l]) == os.cpu_count(), out
+
+
 def test_bad_arguments_are_refused():
     for args, text in ((["--nnodes", "2", WORKER, "env"], "needs --coordinator"),
                        (["--nnodes", "2", "--node_rank", "2", "--coordinator", "h:1", WORKER, "env"], "out of range"),
-                       (["--nproc_per_node", "0", WORKER, "env"], "at least 1")):
+                       (["--nproc_per_node", "0", WORKER, "env"], "at least 1"),
+                       (["--nproc_per_node", "many", WORKER, "env"], "must be a number, cpu, gpu or auto"),
+                       (["--nnodes", "1:4", WORKER, "env"], "elastic membership (MIN < MAX) is not supported"),
+                       (["--standalone", "--coordinator", "h:1", WORKER, "env"], "--standalone"),
+                       (["--redirects", "7", WORKER, "env"], "--redirects '7' must be 0..3")):
         proc = subprocess.run([sys.executable, "-m", "collserve.launch", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=30)
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
