@@ -22,7 +22,8 @@ from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, ReduceOp, Work,
                                broadcast_object_list, destroy_process_group, gather, get_backend, get_global_rank,
                                get_group_rank, get_process_group_ranks, get_rank, get_world_size, group,
                                init_process_group, irecv, is_available, is_initialized, isend, monitored_barrier,
-                               new_group, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter, send)
+                               new_group, reconfigure, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
+                               send)
 
 __all__ = [
     "DistArgumentError", "DistAuthError", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
@@ -31,5 +32,5 @@ __all__ = [
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group", "gather",
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "group", "init_process_group", "irecv", "is_available", "is_initialized", "isend", "monitored_barrier",
-    "new_group", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "new_group", "reconfigure", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
 ]

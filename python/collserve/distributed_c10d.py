@@ -224,7 +224,10 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                                         env.get("COLLSERVE_SIDECAR", ""), coordinator, env.get("COLLSERVE_JOB", ""),
                                         group_name, init_timeout, op_timeout)
     raise_for(code, message)
-    _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], timeout=op_timeout)
+    _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], timeout=op_timeout, generation=0,
+                  init=dict(local_rank=int(env.get("LOCAL_RANK", "-1")), sidecar=env.get("COLLSERVE_SIDECAR", ""),
+                            coordinator=coordinator, job=env.get("COLLSERVE_JOB", ""), group_name=group_name,
+                            init_timeout=init_timeout, op_timeout=op_timeout))
     if env.get("COLLSERVE_EXIT_DIR") and not _state.get("exit_hook"):
         _state["exit_hook"] = True
         _atexit.register(_note_exit, env["COLLSERVE_EXIT_DIR"], rank)
@@ -659,6 +662,81 @@ def broadcast_object_list(object_list, src=0, group=None):
             raise ValueError(f"broadcast_object_list: rank {src} sent {len(got)} objects, this rank's list has "
                              f"{len(object_list)}")
         object_list[:] = got
+
+
+def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
+    """Re-forms the default group in place after it lost members (a rank died or left, its
+    host or link failed), without restarting this process: a quorum in the spirit of
+    torchft's Manager. Every surviving rank calls it, typically in an `except DistError`
+    around a training step, and then continues from the state the survivors hold (see
+    examples/digits_sgd_elastic.py: rank 0 of the new group broadcasts it).
+
+    The survivors agree through the coordinator's store: each appends its current rank to
+    the next generation's member list; the list is closed (compare_set, so every rank reads
+    the same one) as soon as every member of the current group is on it, else once
+    `join_window` seconds passed since this rank's call. The closed list is the new group,
+    its ranks renumbered in the order of the old ones; it forms as a new group named
+    "<group_name>.g<generation>" through the sidecar and the coordinator, like
+    init_process_group. Subgroups of the old group are destroyed; so is the old group (its
+    session ends, so nothing of it stays half-used on the sidecar).
+
+    Returns (rank, world_size) in the new group (get_rank()/get_world_size() say the same
+    from now on). Raises DistError if fewer than `min_world_size` ranks joined, or if this
+    rank called after the list was closed (it was taken for lost: end it, or restart it);
+    DistTimeoutError if the new group does not form within `timeout` (default: the init
+    timeout); RuntimeError before init_process_group. Not thread-safe with other calls on
+    the default group.
+    """
+    init = _state["init"]
+    generation = _state["generation"] + 1
+    me = _default().rank()
+    members = _quorum(generation, join_window, min_world_size, _seconds(timeout, init["init_timeout"]))
+    rank, size = members.index(me), len(members)
+    # The old group ends here (its session closes), then the new one forms.
+    destroy_process_group()
+    code, message, pg = _collserve.init(rank, size, init["local_rank"], init["sidecar"], init["coordinator"],
+                                        init["job"], f"{init['group_name']}.g{generation}",
+                                        _seconds(timeout, init["init_timeout"]), init["op_timeout"])
+    raise_for(code, message)
+    _state.update(default=ProcessGroup(pg, range(size)), groups=[], generation=generation)
+    return rank, size
+
+
+def _quorum(generation, join_window, min_world_size, timeout_s):
+    """reconfigure's agreement: the old ranks of the next generation, sorted (this rank's
+    among them). Its references to the old group's store end with it, so that the old
+    group can be destroyed afterwards."""
+    old = _default()
+    init = _state["init"]
+    client = old._live().store()
+    if client is None:
+        raise RuntimeError("reconfigure needs the coordinator's store: init_process_group had no coordinator")
+    store = Store._wrap(client, timeout=timeout_s)
+    me, world = old.rank(), old.size()
+    prefix = f"collserve/reconfigure/{init['group_name']}/{generation}/"
+    store.append(prefix + "members", f"{me},")
+    start = _time.monotonic()
+    closed = None
+    while closed is None:
+        if store.check([prefix + "closed"]):
+            closed = store.get(prefix + "closed")
+            break
+        members = sorted({int(m) for m in store.get(prefix + "members").decode().split(",") if m})
+        if len(members) == world or (_time.monotonic() - start >= join_window and len(members) >= min_world_size):
+            closed = store.compare_set(prefix + "closed", "", ",".join(map(str, members)))
+            break
+        if _time.monotonic() - start >= join_window + store._timeout:
+            raise_for(4, f"reconfigure: only {len(members)} of at least {min_world_size} ranks joined generation "
+                         f"{generation} of group {init['group_name']!r}: {members}")
+        _time.sleep(0.05)
+    members = [int(m) for m in closed.decode().split(",") if m]
+    if me not in members:
+        raise_for(9, f"reconfigure: rank {me} came after generation {generation} of group {init['group_name']!r} "
+                     f"closed with ranks {members} of the old numbering; it was taken for lost")
+    if len(members) < min_world_size:
+        raise_for(9, f"reconfigure: generation {generation} of group {init['group_name']!r} has {len(members)} "
+                     f"ranks ({members} of the old numbering), fewer than min_world_size {min_world_size}")
+    return members
 
 
 def _get_default_store():

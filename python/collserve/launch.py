@@ -142,6 +142,10 @@ def parse_args(argv):
                    "as torchrun starts them), whatever the method")
     p.add_argument("--gloo_hostname", default="", help="address the other hosts reach this host's sidecar at "
                    "(default 127.0.0.1 for one host, else this host's address)")
+    p.add_argument("--survive_failures", action="store_true",
+                   help="a failed rank does not stop the others, for programs that re-form their group in place "
+                   "(collserve.reconfigure); the job succeeds if the ranks that did not fail all exit 0 and at "
+                   "least one does (the failures are reported)")
     p.add_argument("--failure_grace_s", type=float, default=5.0,
                    help="after a rank fails, seconds the others get before SIGTERM (default 5)")
     p.add_argument("--server_start_timeout_s", type=float, default=30.0,
@@ -344,7 +348,8 @@ class Launcher:
                 failures = [e for e in exits if e[1] != 0]
                 if failures and failed_at is None:
                     failed_at = time.monotonic()
-                if failed_at is not None and not terminated and time.monotonic() - failed_at > self.args.failure_grace_s:
+                if (failed_at is not None and not terminated and not self.args.survive_failures
+                        and time.monotonic() - failed_at > self.args.failure_grace_s):
                     terminated = True
                     self.say(f"rank {failures[0][0]} failed; stopping the other ranks")
                     for _, proc in self.ranks:
@@ -353,6 +358,11 @@ class Launcher:
                 changed.wait(timeout=0.1)
             failures = [e for e in exits if e[1] != 0]
         if not failures:
+            return None
+        if self.args.survive_failures and len(failures) < len(exits):
+            for rank, code, _ in failures:
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                self.say(f"rank {rank} {how}; the other ranks went on without it (--survive_failures)")
             return None
         # A failing rank takes its peers down with it (its session ends, their operations fail),
         # and they may finish exiting first. As torchrun orders error files by time, order by

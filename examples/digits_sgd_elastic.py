@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""digits_sgd.py made elastic: a rank that dies does not end the job. The survivors catch
+the failed collective (collserve.DistError), re-form the default group in place with
+collserve.reconfigure() (new rank and world size, no process restarted), take the model
+and optimizer state from rank 0 of the new group (every survivor holds the last step's
+state; a broadcast makes them agree exactly even if the failure hit between two of a
+step's all_reduces), re-partition the data for the new world size, and go on from the
+start of the epoch that failed.
+
+    collserve launch --nproc_per_node 4 examples/digits_sgd_elastic.py --die_rank 2 --die_epoch 5
+
+(--die_rank/--die_epoch make that rank kill itself with SIGKILL halfway through that
+epoch: the failure to survive. tests/python/test_elastic.py runs it.)
+"""
+import argparse
+import os
+import signal
+from math import ceil
+
+import torch
+import torch.nn.functional as F
+import torch.optim as optim
+
+import collserve as dist
+import digits_sgd as base  # the tutorial's Net, data partitioning and evaluation
+
+
+def sync_state(model, optimizer, epoch):
+    """Every rank takes rank 0's parameters, momentum buffers and epoch."""
+    for p in model.parameters():
+        dist.broadcast(p.data, src=0)
+        state = optimizer.state[p]
+        if "momentum_buffer" not in state or state["momentum_buffer"] is None:
+            state["momentum_buffer"] = torch.zeros_like(p.data)
+        dist.broadcast(state["momentum_buffer"], src=0)
+    e = torch.tensor([epoch], dtype=torch.int64)
+    dist.broadcast(e, src=0)
+    return int(e[0])
+
+
+def train(epochs, lr, die_rank, die_epoch):
+    torch.manual_seed(1234)
+    train_data, test = base.digits()
+    model = base.Net()
+    optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+    first_rank = dist.get_rank()  # this process's rank at the start, for --die_rank
+    epoch = 0
+    while epoch < epochs:
+        try:
+            train_set, bsz = base.partition_dataset(train_data)
+            num_batches = ceil(len(train_set.dataset) / float(bsz))
+            epoch_loss = 0.0
+            for b, (data, target) in enumerate(train_set):
+                if first_rank == die_rank and epoch == die_epoch and b == num_batches // 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                optimizer.zero_grad()
+                loss = F.nll_loss(model(data), target)
+                epoch_loss += loss.item()
+                loss.backward()
+                base.average_gradients(model)
+                optimizer.step()
+            print(f"Rank {dist.get_rank()} of {dist.get_world_size()}, epoch {epoch}: {epoch_loss / num_batches}")
+            epoch += 1
+        except dist.DistError as e:
+            old = (dist.get_rank(), dist.get_world_size())
+            rank, world = dist.reconfigure(join_window=3.0)
+            epoch = sync_state(model, optimizer, epoch)
+            print(f"reconfigured after {type(e).__name__} in epoch {epoch}: rank {old[0]} of {old[1]} is now "
+                  f"rank {rank} of {world}")
+    return base.evaluate(model, test)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--die_rank", type=int, default=-1, help="this rank kills itself (SIGKILL) ...")
+    p.add_argument("--die_epoch", type=int, default=5, help="... halfway through this epoch")
+    p.add_argument("--min_accuracy", type=float, default=0.0, help="exit 1 if the test accuracy is lower (0-1)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    accuracy = train(args.epochs, args.lr, args.die_rank, args.die_epoch)
+    print(f"Rank {dist.get_rank()} of {dist.get_world_size()}, test accuracy: {100 * accuracy:.2f}%")
+    dist.destroy_process_group()
+    if accuracy < args.min_accuracy:
+        raise SystemExit(f"test accuracy {accuracy:.4f} is below --min_accuracy {args.min_accuracy}")
+
+
+if __name__ == "__main__":
+    main()

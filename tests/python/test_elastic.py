@@ -1,0 +1,46 @@
+"""Survive a lost rank without restarting (issue 17): 4 ranks train the digits example's
+elastic variant; one kills itself with SIGKILL mid-epoch; the 3 survivors re-form the group
+in place (collserve.reconfigure) and finish training to >= 90% test accuracy."""
+import os
+import re
+import subprocess
+import sys
+
+from test_sdk import Cluster, outputs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+ELASTIC = os.path.join(ROOT, "examples", "digits_sgd_elastic.py")
+
+
+def test_under_the_launcher_with_survive_failures():
+    proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "4", "--survive_failures",
+                           ELASTIC, "--epochs", "8", "--die_rank", "1", "--die_epoch", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "rank 1 was killed by signal 9; the other ranks went on without it" in proc.stderr, proc.stderr
+    assert len(re.findall(r"is now rank \d of 3", proc.stdout)) == 3, proc.stdout
+
+
+def test_three_survivors_reform_and_finish_training():
+    cluster = Cluster()
+    try:
+        procs = [subprocess.Popen([sys.executable, ELASTIC, "--epochs", "12", "--die_rank", "2", "--die_epoch", "3",
+                                   "--min_accuracy", "0.9"], env=cluster.env(r, 4), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(4)]
+        results = outputs(procs, limit=240)
+    finally:
+        cluster.stop()
+    report = "\n".join(f"--- rank {r} (exit {code})\n{text}" for r, (code, text) in enumerate(results))
+    assert results[2][0] == -9, report  # the one that died
+    new_ranks = set()
+    for r in (0, 1, 3):
+        code, text = results[r]
+        assert code == 0, report
+        m = re.search(r"reconfigured after Dist\w+ in epoch 3: rank \d of 4 is now rank (\d) of 3", text)
+        assert m, report
+        new_ranks.add(int(m.group(1)))
+        acc = re.search(r"of 3, test accuracy: ([0-9.]+)%", text)
+        assert acc and float(acc.group(1)) >= 90.0, report
+        assert "epoch 11:" in text, report
+    assert new_ranks == {0, 1, 2}, report
