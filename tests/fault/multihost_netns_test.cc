@@ -66,9 +66,9 @@ class NetnsHosts : public ::testing::Test {
     return *procs_.back();
   }
 
-  // Coordinator on host 3, sidecars on hosts 1 and 2.
+  // Coordinator on host 3, sidecars on hosts 1 .. `sidecar_hosts` (2 or 3).
   // The coordinator requires job "default"'s token (token_), which the ranks present.
-  void StartService() {
+  void StartService(int sidecar_hosts = 2) {
     ASSERT_EQ(mkdir(absl::StrCat(dir_, "/job-tokens").c_str(), 0700), 0);
     auto token = WriteRandomToken(absl::StrCat(dir_, "/job-tokens/default"));
     ASSERT_TRUE(token.ok()) << token.status();
@@ -78,7 +78,7 @@ class NetnsHosts : public ::testing::Test {
             absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")},
         {}, "coordinator.log");
     WaitFile(dir_ + "/coord.port");
-    for (int h = 1; h <= 2; ++h) {
+    for (int h = 1; h <= sidecar_hosts; ++h) {
       Run(h, {SidecarBinary(), absl::StrCat("--coordinator=", Ip(3), ":29400"),
               absl::StrCat("--unix_socket=", dir_, "/s", h, ".sock"), absl::StrCat("--gloo_hostname=", Ip(h)),
               absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=warning",
@@ -99,6 +99,21 @@ class NetnsHosts : public ::testing::Test {
                 {"COLLSERVE_INIT_TIMEOUT_S", "30"},
                 {"COLLSERVE_OP_TIMEOUT_S", op_timeout},
                 {"COLLSERVE_TOKEN", token_}},
+               absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
+  }
+
+  // A Python rank (tests/python/elastic_worker.py) on `host`.
+  Process& PythonRank(int rank, int world, int host, const std::string& op_timeout) {
+    return Run(host, {COLLSERVE_PYTHON_EXE, COLLSERVE_ELASTIC_WORKER, "20"},
+               {{"RANK", absl::StrCat(rank)},
+                {"WORLD_SIZE", absl::StrCat(world)},
+                {"COLLSERVE_COORDINATOR", absl::StrCat(Ip(3), ":29400")},
+                {"COLLSERVE_SIDECAR", absl::StrCat("unix:", dir_, "/s", host, ".sock")},
+                {"COLLSERVE_INIT_TIMEOUT_S", "30"},
+                {"COLLSERVE_OP_TIMEOUT_S", op_timeout},
+                {"COLLSERVE_TOKEN", token_},
+                {"PYTHONPATH", COLLSERVE_PYTHON_DIR},
+                {"PYTHONUNBUFFERED", "1"}},
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
   }
 
@@ -148,6 +163,37 @@ TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
     EXPECT_NE(ranks[r]->Output().find("DEADLINE_EXCEEDED"), std::string::npos) << ranks[r]->Output();
   }
   EXPECT_LT(absl::Now() - cut, absl::Seconds(8));
+}
+
+// Three hosts, two ranks each (Python, tests/python/elastic_worker.py). Host 2 drops off the
+// network in the middle of all_reduces: the ranks of hosts 1 and 3 fail within the op
+// timeout, re-form the group without it (collserve.reconfigure: 4 ranks, a join window of
+// 3 s) and go on with correct sums, all within op timeout + a few seconds.
+TEST_F(NetnsHosts, CutHostIsLeftBehindAndTheOthersReformWithoutIt) {
+  if (access(COLLSERVE_PYTHON_DIR "/collserve/__init__.py", F_OK) != 0) GTEST_SKIP() << "no Python module built";
+  StartService(/*sidecar_hosts=*/3);
+  std::vector<Process*> ranks;
+  for (int r = 0; r < 6; ++r) ranks.push_back(&PythonRank(r, 6, 1 + r % 3, /*op_timeout=*/"5"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (Process* p : ranks) {
+    while (p->Output().find("iter 20 ok") == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    ASSERT_NE(p->Output().find("iter 20 ok"), std::string::npos) << p->Output();
+  }
+  ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 down")), 0);
+  const absl::Time cut = absl::Now();
+  for (int r : {0, 2, 3, 5}) {  // the ranks on hosts 1 and 3
+    auto code = ranks[r]->Wait(absl::Seconds(40));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 0) << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find(" of 4\n"), std::string::npos) << ranks[r]->Output();
+  }
+  const absl::Duration took = absl::Now() - cut;
+  // Op timeout (5 s) + join window (3 s) + forming and 20 iterations: well under 20 s.
+  EXPECT_LT(took, absl::Seconds(20)) << "re-formed and finished " << took << " after the cut";
+  std::printf("re-formed without the cut host and finished 20 iterations %s after the cut\n",
+              absl::FormatDuration(took).c_str());
 }
 
 }  // namespace
