@@ -7,6 +7,10 @@
 //   groups               the job's groups: members, generation, state, the last collective
 //                        every rank completed and the oldest one in flight
 //   describe GROUP       one group's members
+//   wait GROUP           blocks until GROUP is formed (exit 0) or --wait_timeout passes
+//                        (exit 1), printing every --progress_interval how many ranks joined
+//                        and which are missing: a Kubernetes init container or exec
+//                        readiness probe for "my job's group is up"
 //   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
 //   dump GROUP           the flight recorder: GROUP's last collectives with every rank's
 //                        arrival, the arrival skew and the last rank; the stragglers
@@ -57,6 +61,8 @@ ABSL_FLAG(std::vector<std::string>, sidecar, {},
           "Sidecars (unix:PATH or host:port, comma-separated) whose health and version `health` and `version` "
           "also show; TLS as for the coordinator (a unix socket is plaintext).");
 ABSL_FLAG(int64_t, limit, 100000, "keys: print at most this many keys.");
+ABSL_FLAG(absl::Duration, wait_timeout, absl::Minutes(5), "wait: give up after this long (exit 1).");
+ABSL_FLAG(absl::Duration, progress_interval, absl::Seconds(5), "wait: print progress this often.");
 
 namespace collserve::ctl {
 namespace {
@@ -330,6 +336,69 @@ absl::Status Describe(const Ctl& c, const std::string& group) {
   return absl::OkStatus();
 }
 
+// "n of m ranks joined; missing ranks [..]" for a group that is not formed (at most 16
+// missing ranks are listed).
+std::string JoinProgress(const pb::GroupInfo& g) {
+  std::set<int> joined;
+  for (const pb::Member& m : g.members()) joined.insert(m.rank());
+  std::vector<int> missing;
+  int more = 0;
+  for (int r = 0; r < g.world_size(); ++r) {
+    if (joined.count(r) != 0) continue;
+    if (missing.size() < 16) {
+      missing.push_back(r);
+    } else {
+      ++more;
+    }
+  }
+  return absl::StrCat(joined.size(), " of ", g.world_size(), " ranks joined; missing ranks [",
+                      absl::StrJoin(missing, ", "), more > 0 ? absl::StrCat(", ... and ", more, " more") : "", "]");
+}
+
+// Polls Registry.Describe every second until `group` is FORMED.
+absl::Status Wait(const Ctl& c, const std::string& group) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
+  absl::Time next_progress = start;
+  std::string last = "the coordinator has no such group yet";
+  for (;;) {
+    pb::DescribeRequest req;
+    req.set_job(c.job());
+    req.set_group(group);
+    pb::DescribeResponse resp;
+    auto ctx = c.Context();
+    const grpc::Status s = c.registry().Describe(ctx.get(), req, &resp);
+    if (s.ok()) {
+      const pb::GroupInfo& g = resp.group();
+      if (g.state() == "FORMED") {
+        std::set<std::string> hosts;
+        for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
+        std::cout << "group \"" << group << "\" (job " << c.job() << ") formed: generation " << g.generation() << ", "
+                  << g.world_size() << " ranks on " << hosts.size() << " host(s)" << std::endl;
+        return absl::OkStatus();
+      }
+      last = g.state() == "BROKEN" ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left)")
+                                   : JoinProgress(g);
+    } else if (s.error_code() != grpc::StatusCode::NOT_FOUND && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return c.Check(s, "Describe");
+    } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      last = absl::StrCat("the coordinator does not answer: ", s.error_message());
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("group \"", group, "\" (job ", c.job(), ") did not form within ",
+                                                      absl::FormatDuration(absl::GetFlag(FLAGS_wait_timeout)), ": ",
+                                                      last));
+    }
+    if (now >= next_progress) {
+      std::cout << "waiting for group \"" << group << "\" (" << absl::FormatDuration(absl::Trunc(now - start, absl::Seconds(1)))
+                << "): " << last << std::endl;
+      next_progress = now + absl::GetFlag(FLAGS_progress_interval);
+    }
+    absl::SleepFor(std::min(absl::Seconds(1), deadline - now));
+  }
+}
+
 // The sidecars to probe: each --sidecar, then each sidecar serving the job's groups that
 // told the coordinator its address (Member.sidecar_address), once each: (host id or "-",
 // address).
@@ -583,7 +652,8 @@ absl::Status RevokeTokens(const Ctl& c) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
-      "  health | groups | describe GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] | get KEY |\n"
+      "  health | groups | describe GROUP | wait GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] |\n"
+      "  get KEY |\n"
       "  version | mint-token | revoke-tokens\n"
       "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
@@ -605,6 +675,8 @@ int main(int argc, char** argv) {
     s = collserve::ctl::Groups(*ctl);
   } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
     s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
+  } else if (command == "wait" && !arg.empty()) {
+    s = collserve::ctl::Wait(*ctl, arg);
   } else if (command == "dump" && !arg.empty()) {
     s = collserve::ctl::Dump(*ctl, arg);
   } else if (command == "jobs") {

@@ -296,5 +296,29 @@ TEST(DiagnoseTest, CollservectlRefusesWithoutAToken) {
   EXPECT_THAT((*p)->Output(), HasSubstr("UNAUTHENTICATED"));
 }
 
+// collservectl wait: a readiness gate for "the job's group is formed". It reports who is
+// missing while it waits, fails at --wait_timeout, and succeeds once every rank joined.
+TEST(DiagnoseTest, CollservectlWaitReportsMissingRanksAndReturnsOnceTheGroupFormed) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto p = cluster.StartRank(r, 3, 0, {"--mode=idle", "--iters=30"}, {{"COLLSERVE_INIT_TIMEOUT_S", "60"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  auto [code, out] = Ctl(cluster, {"--wait_timeout=3s", "--progress_interval=500ms", "wait", "world"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("2 of 3 ranks joined; missing ranks [2]"));
+  EXPECT_THAT(out, HasSubstr("DEADLINE_EXCEEDED: group \"world\" (job default) did not form within 3s"));
+  auto last = cluster.StartRank(2, 3, 0, {"--mode=idle", "--iters=30"});
+  ASSERT_TRUE(last.ok()) << last.status();
+  auto [ok_code, ok_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
+  EXPECT_EQ(ok_code, 0) << ok_out;
+  EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed: generation"));
+  EXPECT_THAT(ok_out, HasSubstr("3 ranks on 1 host(s)"));
+}
+
 }  // namespace
 }  // namespace collserve::testing
