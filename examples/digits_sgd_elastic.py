@@ -10,7 +10,9 @@ start of the epoch that failed.
     collserve launch --nproc_per_node 4 examples/digits_sgd_elastic.py --die_rank 2 --die_epoch 5
 
 (--die_rank/--die_epoch make that rank kill itself with SIGKILL halfway through that
-epoch: the failure to survive. tests/python/test_elastic.py runs it.)
+epoch: the failure to survive. tests/python/test_elastic.py runs it.) Under `collserve
+launch --survive_failures --max_restarts 1` the launcher starts the lost rank again; it
+joins at the start of the next epoch (should_reconfigure) and the job ends with 4 ranks.
 """
 import argparse
 import os
@@ -44,14 +46,22 @@ def train(epochs, lr, die_rank, die_epoch):
     model = base.Net()
     optimizer = optim.SGD(model.parameters(), lr=lr, momentum=0.5)
     first_rank = dist.get_rank()  # this process's rank at the start, for --die_rank
+    restarted = os.environ.get("COLLSERVE_ELASTIC_JOIN") == "1"
     epoch = 0
+    if restarted:  # started again into the running job: take its state
+        epoch = sync_state(model, optimizer, epoch)
+        print(f"joined the running job at epoch {epoch} as rank {dist.get_rank()} of {dist.get_world_size()}")
     while epoch < epochs:
         try:
+            if dist.should_reconfigure():  # a restarted rank waits to join
+                rank, world = dist.reconfigure(join_window=3.0)
+                epoch = sync_state(model, optimizer, epoch)
+                print(f"admitted a joiner at epoch {epoch}: now rank {rank} of {world}")
             train_set, bsz = base.partition_dataset(train_data)
             num_batches = ceil(len(train_set.dataset) / float(bsz))
             epoch_loss = 0.0
             for b, (data, target) in enumerate(train_set):
-                if first_rank == die_rank and epoch == die_epoch and b == num_batches // 2:
+                if first_rank == die_rank and not restarted and epoch == die_epoch and b == num_batches // 2:
                     os.kill(os.getpid(), signal.SIGKILL)
                 optimizer.zero_grad()
                 loss = F.nll_loss(model(data), target)

@@ -23,7 +23,7 @@ from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, ReduceOp, Work,
                                get_group_rank, get_process_group_ranks, get_rank, get_world_size, group,
                                init_process_group, irecv, is_available, is_initialized, isend, monitored_barrier,
                                new_group, reconfigure, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
-                               send)
+                               send, should_reconfigure)
 
 __all__ = [
     "DistArgumentError", "DistAuthError", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
@@ -33,4 +33,5 @@ __all__ = [
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
     "group", "init_process_group", "irecv", "is_available", "is_initialized", "isend", "monitored_barrier",
     "new_group", "reconfigure", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
+    "should_reconfigure",
 ]

@@ -197,6 +197,11 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     the job COLLSERVE_JOB. timeout (timedelta or seconds) bounds the rendezvous and each
     operation (default COLLSERVE_INIT_TIMEOUT_S / COLLSERVE_OP_TIMEOUT_S, else 300 s).
     Raises ValueError for missing or bad arguments, RuntimeError if already initialized.
+
+    COLLSERVE_ELASTIC_JOIN=1 (set by `collserve launch --survive_failures --max_restarts`
+    for a rank it restarted) joins a running job instead: the rank waits until the running
+    ranks admit it (should_reconfigure, then reconfigure) and gets the rank and world size
+    of that generation; RANK and WORLD_SIZE are not used then.
     """
     del backend, pg_options
     if _state["default"] is not None:
@@ -220,14 +225,20 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         raise ValueError(f"unsupported init_method {init_method!r} (env:// or collserve://host:port)")
     op_timeout = _seconds(timeout, float(env.get("COLLSERVE_OP_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
     init_timeout = _seconds(timeout, float(env.get("COLLSERVE_INIT_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
-    code, message, pg = _collserve.init(rank, world_size, int(env.get("LOCAL_RANK", "-1")),
-                                        env.get("COLLSERVE_SIDECAR", ""), coordinator, env.get("COLLSERVE_JOB", ""),
-                                        group_name, init_timeout, op_timeout)
-    raise_for(code, message)
-    _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], timeout=op_timeout, generation=0,
+    _state.update(timeout=op_timeout, generation=0,
                   init=dict(local_rank=int(env.get("LOCAL_RANK", "-1")), sidecar=env.get("COLLSERVE_SIDECAR", ""),
                             coordinator=coordinator, job=env.get("COLLSERVE_JOB", ""), group_name=group_name,
                             init_timeout=init_timeout, op_timeout=op_timeout))
+    if env.get("COLLSERVE_ELASTIC_JOIN") == "1":
+        # A rank restarted into a running job: admitted at a later generation (reconfigure).
+        rank, size, generation = _join_running(init_timeout)
+        _form(rank, size, generation, init_timeout)
+    else:
+        code, message, pg = _collserve.init(rank, world_size, int(env.get("LOCAL_RANK", "-1")),
+                                            env.get("COLLSERVE_SIDECAR", ""), coordinator,
+                                            env.get("COLLSERVE_JOB", ""), group_name, init_timeout, op_timeout)
+        raise_for(code, message)
+        _state.update(default=ProcessGroup(pg, range(world_size)), groups=[])
     if env.get("COLLSERVE_EXIT_DIR") and not _state.get("exit_hook"):
         _state["exit_hook"] = True
         _atexit.register(_note_exit, env["COLLSERVE_EXIT_DIR"], rank)
@@ -666,16 +677,19 @@ def broadcast_object_list(object_list, src=0, group=None):
 
 def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     """Re-forms the default group in place after it lost members (a rank died or left, its
-    host or link failed), without restarting this process: a quorum in the spirit of
-    torchft's Manager. Every surviving rank calls it, typically in an `except DistError`
-    around a training step, and then continues from the state the survivors hold (see
-    examples/digits_sgd_elastic.py: rank 0 of the new group broadcasts it).
+    host or link failed), or to admit ranks waiting to join (should_reconfigure), without
+    restarting this process: a quorum in the spirit of torchft's Manager. Every member
+    calls it, typically in an `except DistError` around a training step, and then continues
+    from the state the members hold (see examples/digits_sgd_elastic.py: rank 0 of the new
+    group broadcasts it).
 
-    The survivors agree through the coordinator's store: each appends its current rank to
-    the next generation's member list; the list is closed (compare_set, so every rank reads
-    the same one) as soon as every member of the current group is on it, else once
-    `join_window` seconds passed since this rank's call. The closed list is the new group,
-    its ranks renumbered in the order of the old ones; it forms as a new group named
+    The members agree through the coordinator's store: each appends its current rank to the
+    next generation's member list, where ranks started to join a running job (a restarted
+    rank: COLLSERVE_ELASTIC_JOIN=1, see init_process_group) also wait. The list is closed
+    (compare_set, so every rank reads the same one) as soon as every member of the current
+    group is on it, else once `join_window` seconds passed since this rank's call. The
+    closed list is the new group: the current members in the order of their ranks, then
+    the joiners in the order they came. It forms as a new group named
     "<group_name>.g<generation>" through the sidecar and the coordinator, like
     init_process_group. Subgroups of the old group are destroyed; so is the old group (its
     session ends, so nothing of it stays half-used on the sidecar).
@@ -689,31 +703,82 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     """
     init = _state["init"]
     generation = _state["generation"] + 1
-    me = _default().rank()
-    members = _quorum(generation, join_window, min_world_size, _seconds(timeout, init["init_timeout"]))
-    rank, size = members.index(me), len(members)
-    # The old group ends here (its session closes), then the new one forms.
-    destroy_process_group()
+    timeout_s = _seconds(timeout, init["init_timeout"])
+    me = str(_default().rank())
+    members = _quorum(generation, join_window, min_world_size, timeout_s)
+    return _form(members.index(me), len(members), generation, timeout_s)
+
+
+def should_reconfigure():
+    """Whether ranks wait to join the default group (restarted ranks, see
+    init_process_group): rank 0 looks at the coordinator's store and broadcasts the answer,
+    so every rank gets the same one. A collective: every rank of the group calls it at the
+    same point (e.g. at each epoch's start), and all call reconfigure() when it is True."""
+    g = _default()
+    waiting = 0
+    if g.rank() == 0:
+        store = _elastic_store(g)
+        key = _elastic_prefix() + f"{_state['generation'] + 1}/members"
+        waiting = int(store.check([key]) and bool(store.get(key)))
+    flag = _numpy().array([waiting], dtype=_numpy().int64)
+    broadcast(flag, 0)
+    return bool(flag[0])
+
+
+def _elastic_prefix():
+    """Where reconfigure's lists live: per launch (COLLSERVE_RUN_ID, set by collserve
+    launch) and default group."""
+    return f"collserve/reconfigure/{_os.environ.get('COLLSERVE_RUN_ID', '')}/{_state['init']['group_name']}/"
+
+
+def _elastic_store(group):
+    client = group._live().store()
+    if client is None:
+        raise RuntimeError("reconfigure needs the coordinator's store: init_process_group had no coordinator")
+    return Store._wrap(client)
+
+
+def _form(rank, size, generation, timeout_s):
+    """Ends the current default group (its session closes), then forms generation
+    `generation` with this process as `rank` of `size`."""
+    init = _state["init"]
+    if _state["default"] is not None:
+        destroy_process_group()
     code, message, pg = _collserve.init(rank, size, init["local_rank"], init["sidecar"], init["coordinator"],
-                                        init["job"], f"{init['group_name']}.g{generation}",
-                                        _seconds(timeout, init["init_timeout"]), init["op_timeout"])
+                                        init["job"], f"{init['group_name']}.g{generation}", timeout_s,
+                                        init["op_timeout"])
     raise_for(code, message)
     _state.update(default=ProcessGroup(pg, range(size)), groups=[], generation=generation)
     return rank, size
 
 
+def _closed_members(store, prefix, timeout_s):
+    """The closed member list of one generation (waits up to timeout_s for it)."""
+    store.wait([prefix + "closed"], timeout_s)
+    return [m for m in store.get(prefix + "closed").decode().split(",") if m]
+
+
+def _order(members):
+    """Current members (their ranks, as text) by rank, then joiners ("j...") in arrival order."""
+    members = [m for m in members if m]
+    seen, joiners = set(), []
+    for m in members:
+        if m.startswith("j") and m not in seen:
+            joiners.append(m)
+        seen.add(m)
+    return sorted({m for m in members if not m.startswith("j")}, key=int) + joiners
+
+
 def _quorum(generation, join_window, min_world_size, timeout_s):
-    """reconfigure's agreement: the old ranks of the next generation, sorted (this rank's
-    among them). Its references to the old group's store end with it, so that the old
-    group can be destroyed afterwards."""
+    """reconfigure's agreement: the members of the next generation (this rank's among
+    them). Its references to the old group's store end with it, so that the old group can
+    be destroyed afterwards."""
     old = _default()
-    init = _state["init"]
-    client = old._live().store()
-    if client is None:
-        raise RuntimeError("reconfigure needs the coordinator's store: init_process_group had no coordinator")
-    store = Store._wrap(client, timeout=timeout_s)
-    me, world = old.rank(), old.size()
-    prefix = f"collserve/reconfigure/{init['group_name']}/{generation}/"
+    store = _elastic_store(old)
+    store.set_timeout(timeout_s)
+    me, world = str(old.rank()), old.size()
+    name = _state["init"]["group_name"]
+    prefix = _elastic_prefix() + f"{generation}/"
     store.append(prefix + "members", f"{me},")
     start = _time.monotonic()
     closed = None
@@ -721,22 +786,48 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
         if store.check([prefix + "closed"]):
             closed = store.get(prefix + "closed")
             break
-        members = sorted({int(m) for m in store.get(prefix + "members").decode().split(",") if m})
-        if len(members) == world or (_time.monotonic() - start >= join_window and len(members) >= min_world_size):
-            closed = store.compare_set(prefix + "closed", "", ",".join(map(str, members)))
+        members = _order(store.get(prefix + "members").decode().split(","))
+        everyone = all(str(r) in members for r in range(world))
+        if everyone or (_time.monotonic() - start >= join_window and len(members) >= min_world_size):
+            closed = store.compare_set(prefix + "closed", "", ",".join(members))
             break
-        if _time.monotonic() - start >= join_window + store._timeout:
+        if _time.monotonic() - start >= join_window + timeout_s:
             raise_for(4, f"reconfigure: only {len(members)} of at least {min_world_size} ranks joined generation "
-                         f"{generation} of group {init['group_name']!r}: {members}")
+                         f"{generation} of group {name!r}: {members}")
         _time.sleep(0.05)
-    members = [int(m) for m in closed.decode().split(",") if m]
+    members = [m for m in closed.decode().split(",") if m]
+    store.set(_elastic_prefix() + "current", str(generation))
     if me not in members:
-        raise_for(9, f"reconfigure: rank {me} came after generation {generation} of group {init['group_name']!r} "
-                     f"closed with ranks {members} of the old numbering; it was taken for lost")
+        raise_for(9, f"reconfigure: rank {me} came after generation {generation} of group {name!r} closed with "
+                     f"{members} (ranks of the old numbering, then joiners); it was taken for lost")
     if len(members) < min_world_size:
-        raise_for(9, f"reconfigure: generation {generation} of group {init['group_name']!r} has {len(members)} "
-                     f"ranks ({members} of the old numbering), fewer than min_world_size {min_world_size}")
+        raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
+                     f"fewer than min_world_size {min_world_size}")
     return members
+
+
+def _join_running(timeout_s):
+    """init_process_group of a rank started to join a running job (COLLSERVE_ELASTIC_JOIN=1):
+    waits on the next generation's member list until the members admit it (reconfigure),
+    moving on to the following generation if it came too late; returns (rank, size,
+    generation) of the group it was admitted to."""
+    init = _state["init"]
+    store = Store(address=init["coordinator"], job=init["job"] or None, timeout=timeout_s)
+    me = f"j{_os.environ.get('RANK', '')}.{_os.getpid()}.{_time.time_ns() % 1000000}"
+    current = _elastic_prefix() + "current"
+    generation = int(store.get(current)) + 1 if store.check([current]) else 1
+    deadline = _time.monotonic() + timeout_s
+    while True:
+        prefix = _elastic_prefix() + f"{generation}/"
+        store.append(prefix + "members", f"{me},")
+        left = deadline - _time.monotonic()
+        if left <= 0:
+            raise_for(4, f"init_process_group: not admitted to group {init['group_name']!r} within {timeout_s} s "
+                         "(the running ranks admit joiners when they call reconfigure)")
+        members = _closed_members(store, prefix, left)
+        if me in members:
+            return members.index(me), len(members), generation
+        generation += 1
 
 
 def _get_default_store():

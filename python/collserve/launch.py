@@ -132,7 +132,9 @@ def parse_args(argv):
     p.add_argument("--max_restarts", "--max-restarts", type=int, default=0,
                    help="when a rank fails, stop every rank of this host and start them all again (a new "
                    "generation of their groups), at most this many times, as torchrun's agent (default 0). Ranks "
-                   "see TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS")
+                   "see TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS. With --survive_failures only "
+                   "the failed rank is started again, with COLLSERVE_ELASTIC_JOIN=1: it joins the running ranks "
+                   "when they admit it (collserve.should_reconfigure and reconfigure)")
     p.add_argument("--redirects", "-r", default="0",
                    help="send ranks' output to files LOG_DIR/attempt_<n>/<local_rank>/{stdout,stderr}.log instead "
                    "of the console: 0 none, 1 stdout, 2 stderr, 3 both, or per local rank '0:3,1:0' (torchrun's)")
@@ -292,34 +294,46 @@ class Launcher:
             # torch prefixes its keys with the restart count (/worker/attempt_<n>), so every
             # attempt rendezvouses afresh.
             torch_store = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-        world = a.nnodes * a.nproc_per_node
+        self.rank_env = dict(host=host, port=port, coordinator=coordinator, sidecar=sidecar, exits=exits,
+                             torch_store=torch_store)
         for local_rank in range(a.nproc_per_node):
-            rank = a.node_rank * a.nproc_per_node + local_rank
-            env = dict(os.environ)
-            env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
-                       LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
-                       NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
-                       COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
-                       PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
-                       TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job, **torch_store)
-            if self.token is not None:
-                env["COLLSERVE_TOKEN"] = self.token
-                env.pop("COLLSERVE_TOKEN_FILE", None)
-            proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
-            self.ranks.append((rank, proc))
-            for bit, name, stream, console in ((1, "stdout", proc.stdout, sys.stdout.buffer),
-                                               (2, "stderr", proc.stderr, sys.stderr.buffer)):
-                to_file = (a.redirects[local_rank] | a.tee[local_rank]) & bit
-                log = None
-                if to_file:
-                    rank_dir = os.path.join(self.dir, f"attempt_{attempt}", str(local_rank))
-                    os.makedirs(rank_dir, exist_ok=True)
-                    log = open(os.path.join(rank_dir, f"{name}.log"), "wb")
-                sink = None if a.redirects[local_rank] & bit and not a.tee[local_rank] & bit else console
-                t = threading.Thread(target=self.pump, args=(rank, stream, sink, log), daemon=True)
-                t.start()
-                self.pumps.append(t)
+            self.spawn(local_rank, attempt)
+
+    def spawn(self, local_rank, attempt, join=False):
+        """Starts local rank `local_rank` (attempt `attempt`; `join`: into a running job,
+        COLLSERVE_ELASTIC_JOIN=1) and the threads that copy its output."""
+        a, e = self.args, self.rank_env
+        host, port, coordinator, sidecar, exits, torch_store = (
+            e["host"], e["port"], e["coordinator"], e["sidecar"], e["exits"], e["torch_store"])
+        world = a.nnodes * a.nproc_per_node
+        rank = a.node_rank * a.nproc_per_node + local_rank
+        env = dict(os.environ)
+        if join:
+            env["COLLSERVE_ELASTIC_JOIN"] = "1"
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
+                   LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
+                   NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
+                   COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
+                   PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
+                   TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job, **torch_store)
+        if self.token is not None:
+            env["COLLSERVE_TOKEN"] = self.token
+            env.pop("COLLSERVE_TOKEN_FILE", None)
+        proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        self.ranks.append((rank, proc))
+        for bit, name, stream, console in ((1, "stdout", proc.stdout, sys.stdout.buffer),
+                                           (2, "stderr", proc.stderr, sys.stderr.buffer)):
+            to_file = (a.redirects[local_rank] | a.tee[local_rank]) & bit
+            log = None
+            if to_file:
+                rank_dir = os.path.join(self.dir, f"attempt_{attempt}", str(local_rank))
+                os.makedirs(rank_dir, exist_ok=True)
+                log = open(os.path.join(rank_dir, f"{name}.log"), "wb")
+            sink = None if a.redirects[local_rank] & bit and not a.tee[local_rank] & bit else console
+            t = threading.Thread(target=self.pump, args=(rank, stream, sink, log), daemon=True)
+            t.start()
+            self.pumps.append(t)
 
     def forward(self, signum, _frame):
         for _, proc in self.ranks:
@@ -343,9 +357,20 @@ class Launcher:
             threading.Thread(target=waiter, args=(rank, proc), daemon=True).start()
         terminated = False
         failed_at = None
+        restarted = 0
         with changed:
             while len(exits) < len(self.ranks):
                 failures = [e for e in exits if e[1] != 0]
+                if self.args.survive_failures:
+                    # Restart failed ranks in place, into the running job (it admits them
+                    # through collserve.should_reconfigure / reconfigure).
+                    while restarted < min(len(failures), self.args.max_restarts):
+                        rank = failures[restarted][0]
+                        restarted += 1
+                        self.say(f"rank {rank} failed (exit code {failures[restarted - 1][1]}); starting it again to "
+                                 f"join the running ranks (restart {restarted} of {self.args.max_restarts})")
+                        self.spawn(rank - self.args.node_rank * self.args.nproc_per_node, restarted, join=True)
+                        threading.Thread(target=waiter, args=self.ranks[-1], daemon=True).start()
                 if failures and failed_at is None:
                     failed_at = time.monotonic()
                 if (failed_at is not None and not terminated and not self.args.survive_failures
@@ -388,7 +413,7 @@ class Launcher:
                 first = self.wait_ranks()
                 for t in self.pumps:
                     t.join(timeout=5)
-                if first is None or attempt >= self.args.max_restarts:
+                if first is None or attempt >= self.args.max_restarts or self.args.survive_failures:
                     break
                 attempt += 1
                 self.say(f"rank {first[0]} failed (exit code {first[1]}); restarting the "

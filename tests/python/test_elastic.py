@@ -22,6 +22,18 @@ def test_under_the_launcher_with_survive_failures():
     assert len(re.findall(r"is now rank \d of 3", proc.stdout)) == 3, proc.stdout
 
 
+def test_the_launcher_restarts_the_lost_rank_and_the_job_goes_on_with_four():
+    proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "4", "--survive_failures",
+                           "--max_restarts", "1", ELASTIC, "--epochs", "8", "--die_rank", "2", "--die_epoch", "2",
+                           "--min_accuracy", "0.9"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert "rank 2 failed (exit code -9); starting it again to join the running ranks (restart 1 of 1)" in proc.stderr
+    assert re.search(r"\[rank2\]: joined the running job at epoch \d as rank \d of 4", proc.stdout), proc.stdout
+    # Every rank ends in a group of 4 with >= 90% accuracy.
+    accuracies = re.findall(r"of 4, test accuracy: ([0-9.]+)%", proc.stdout)
+    assert len(accuracies) == 4 and all(float(a) >= 90.0 for a in accuracies), proc.stdout
+
+
 def test_three_survivors_reform_and_finish_training():
     cluster = Cluster()
     try:
