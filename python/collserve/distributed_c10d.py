@@ -694,18 +694,28 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     init_process_group. Subgroups of the old group are destroyed; so is the old group (its
     session ends, so nothing of it stays half-used on the sidecar).
 
+    A rank that calls after the list was closed (it was taken for lost, e.g. its host was
+    cut off while the others re-formed) waits to join the following generation, as a
+    restarted rank does: the members admit it when they call reconfigure again
+    (should_reconfigure tells them).
+
     Returns (rank, world_size) in the new group (get_rank()/get_world_size() say the same
-    from now on). Raises DistError if fewer than `min_world_size` ranks joined, or if this
-    rank called after the list was closed (it was taken for lost: end it, or restart it);
-    DistTimeoutError if the new group does not form within `timeout` (default: the init
-    timeout); RuntimeError before init_process_group. Not thread-safe with other calls on
-    the default group.
+    from now on). Raises DistError if fewer than `min_world_size` ranks joined;
+    DistTimeoutError if the new group does not form, or this rank is not admitted, within
+    `timeout` (default: the init timeout); RuntimeError before init_process_group. Not
+    thread-safe with other calls on the default group.
     """
     init = _state["init"]
     generation = _state["generation"] + 1
     timeout_s = _seconds(timeout, init["init_timeout"])
     me = str(_default().rank())
     members = _quorum(generation, join_window, min_world_size, timeout_s)
+    if me not in members:
+        # Too late for this generation (e.g. cut off the network while it formed): join the
+        # next one as a newcomer, admitted when the members call reconfigure again.
+        destroy_process_group()
+        rank, size, generation = _join_running(timeout_s)
+        return _form(rank, size, generation, timeout_s)
     return _form(members.index(me), len(members), generation, timeout_s)
 
 
@@ -797,10 +807,7 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
         _time.sleep(0.05)
     members = [m for m in closed.decode().split(",") if m]
     store.set(_elastic_prefix() + "current", str(generation))
-    if me not in members:
-        raise_for(9, f"reconfigure: rank {me} came after generation {generation} of group {name!r} closed with "
-                     f"{members} (ranks of the old numbering, then joiners); it was taken for lost")
-    if len(members) < min_world_size:
+    if me in members and len(members) < min_world_size:
         raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
                      f"fewer than min_world_size {min_world_size}")
     return members

@@ -102,9 +102,10 @@ class NetnsHosts : public ::testing::Test {
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
   }
 
-  // A Python rank (tests/python/elastic_worker.py) on `host`.
-  Process& PythonRank(int rank, int world, int host, const std::string& op_timeout) {
-    return Run(host, {COLLSERVE_PYTHON_EXE, COLLSERVE_ELASTIC_WORKER, "20"},
+  // A Python rank (tests/python/elastic_worker.py) on `host` that exits after 20 iterations
+  // in a re-formed group of `final_world` ranks.
+  Process& PythonRank(int rank, int world, int host, const std::string& op_timeout, int final_world) {
+    return Run(host, {COLLSERVE_PYTHON_EXE, COLLSERVE_ELASTIC_WORKER, absl::StrCat(final_world)},
                {{"RANK", absl::StrCat(rank)},
                 {"WORLD_SIZE", absl::StrCat(world)},
                 {"COLLSERVE_COORDINATOR", absl::StrCat(Ip(3), ":29400")},
@@ -115,6 +116,34 @@ class NetnsHosts : public ::testing::Test {
                 {"PYTHONPATH", COLLSERVE_PYTHON_DIR},
                 {"PYTHONUNBUFFERED", "1"}},
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
+  }
+
+  // Six Python ranks, two per host on hosts 1..3 (rank r on host 1 + r % 3), that have done
+  // 20 all_reduces; then host 2 drops off the network (no RST, only silence). Empty if
+  // skipped or failed.
+  std::vector<Process*> StartPythonRanksAndCutHost2(int final_world) {
+    if (access(COLLSERVE_PYTHON_DIR "/collserve/__init__.py", F_OK) != 0) {
+      ADD_FAILURE() << "no Python module in " << COLLSERVE_PYTHON_DIR;
+      return {};
+    }
+    StartService(/*sidecar_hosts=*/3);
+    std::vector<Process*> ranks;
+    for (int r = 0; r < 6; ++r) ranks.push_back(&PythonRank(r, 6, 1 + r % 3, /*op_timeout=*/"5", final_world));
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (Process* p : ranks) {
+      while (p->Output().find("iter 20 ok") == std::string::npos && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      if (p->Output().find("iter 20 ok") == std::string::npos) {
+        ADD_FAILURE() << p->Output();
+        return {};
+      }
+    }
+    if (Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 down")) != 0) {
+      ADD_FAILURE() << "cannot cut host 2's link";
+      return {};
+    }
+    return ranks;
   }
 
   void WaitFile(const std::string& path) {
@@ -170,18 +199,8 @@ TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
 // timeout, re-form the group without it (collserve.reconfigure: 4 ranks, a join window of
 // 3 s) and go on with correct sums, all within op timeout + a few seconds.
 TEST_F(NetnsHosts, CutHostIsLeftBehindAndTheOthersReformWithoutIt) {
-  if (access(COLLSERVE_PYTHON_DIR "/collserve/__init__.py", F_OK) != 0) GTEST_SKIP() << "no Python module built";
-  StartService(/*sidecar_hosts=*/3);
-  std::vector<Process*> ranks;
-  for (int r = 0; r < 6; ++r) ranks.push_back(&PythonRank(r, 6, 1 + r % 3, /*op_timeout=*/"5"));
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  for (Process* p : ranks) {
-    while (p->Output().find("iter 20 ok") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_NE(p->Output().find("iter 20 ok"), std::string::npos) << p->Output();
-  }
-  ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 down")), 0);
+  std::vector<Process*> ranks = StartPythonRanksAndCutHost2(/*final_world=*/4);
+  if (ranks.empty()) return;
   const absl::Time cut = absl::Now();
   for (int r : {0, 2, 3, 5}) {  // the ranks on hosts 1 and 3
     auto code = ranks[r]->Wait(absl::Seconds(40));
@@ -194,6 +213,31 @@ TEST_F(NetnsHosts, CutHostIsLeftBehindAndTheOthersReformWithoutIt) {
   EXPECT_LT(took, absl::Seconds(20)) << "re-formed and finished " << took << " after the cut";
   std::printf("re-formed without the cut host and finished 20 iterations %s after the cut\n",
               absl::FormatDuration(took).c_str());
+}
+
+// As above, then the link heals once the others re-formed: host 2's ranks, taken for lost,
+// join the next generation (reconfigure turns a late rank into a joiner; the others admit
+// it through should_reconfigure every 20 iterations), and all six finish in a group of 6.
+TEST_F(NetnsHosts, CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals) {
+  std::vector<Process*> ranks = StartPythonRanksAndCutHost2(/*final_world=*/6);
+  if (ranks.empty()) return;
+  const absl::Time deadline = absl::Now() + absl::Seconds(40);
+  for (int r : {0, 2, 3, 5}) {
+    while (ranks[r]->Output().find(" of 4\n") == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_NE(ranks[r]->Output().find(" of 4\n"), std::string::npos) << ranks[r]->Output();
+  }
+  ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 up")), 0);
+  const absl::Time healed = absl::Now();
+  for (int r = 0; r < 6; ++r) {
+    auto code = ranks[r]->Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 0) << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find(" of 6\n"), std::string::npos) << ranks[r]->Output();
+  }
+  std::printf("host 2 rejoined and all six finished %s after the link healed\n",
+              absl::FormatDuration(absl::Now() - healed).c_str());
 }
 
 }  // namespace
