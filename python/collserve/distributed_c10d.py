@@ -202,6 +202,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     for a rank it restarted) joins a running job instead: the rank waits until the running
     ranks admit it (should_reconfigure, then reconfigure) and gets the rank and world size
     of that generation; RANK and WORLD_SIZE are not used then.
+
+    Elastic formation: with COLLSERVE_MIN_WORLD_SIZE=MIN below WORLD_SIZE (`collserve launch
+    --nnodes MIN:MAX` sets it), the group forms with the ranks that arrived once WORLD_SIZE
+    of them did, or once COLLSERVE_JOIN_WINDOW_S (default 5) passed after the first with
+    at least MIN there: ranks renumbered in the order of their RANK, get_world_size() the
+    number that came. Later ranks wait to be admitted, as restarted ones do.
     """
     del backend, pg_options
     if _state["default"] is not None:
@@ -229,9 +235,15 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                   init=dict(local_rank=int(env.get("LOCAL_RANK", "-1")), sidecar=env.get("COLLSERVE_SIDECAR", ""),
                             coordinator=coordinator, job=env.get("COLLSERVE_JOB", ""), group_name=group_name,
                             init_timeout=init_timeout, op_timeout=op_timeout))
+    min_world = int(env.get("COLLSERVE_MIN_WORLD_SIZE", "0") or 0)
     if env.get("COLLSERVE_ELASTIC_JOIN") == "1":
         # A rank restarted into a running job: admitted at a later generation (reconfigure).
         rank, size, generation = _join_running(init_timeout)
+        _form(rank, size, generation, init_timeout)
+    elif 0 < min_world < world_size:
+        # Elastic: the group forms with the ranks that come within the join window.
+        rank, size, generation = _elastic_init(min_world, world_size, float(env.get("COLLSERVE_JOIN_WINDOW_S", "5")),
+                                               init_timeout)
         _form(rank, size, generation, init_timeout)
     else:
         code, message, pg = _collserve.init(rank, world_size, int(env.get("LOCAL_RANK", "-1")),
@@ -811,6 +823,37 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
         raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
                      f"fewer than min_world_size {min_world_size}")
     return members
+
+
+def _elastic_init(min_world, max_world, join_window, timeout_s):
+    """init_process_group's elastic formation (COLLSERVE_MIN_WORLD_SIZE): (rank, size,
+    generation) of the group this rank forms or, if it came after that closed, is
+    admitted to."""
+    init = _state["init"]
+    store = Store(address=init["coordinator"], job=init["job"] or None, timeout=timeout_s)
+    prefix = _elastic_prefix() + "1/"
+    if store.check([prefix + "closed"]):
+        return _join_running(timeout_s)  # the job runs: wait to be admitted
+    me = f"j{_os.environ.get('RANK', '0')}.{_os.getpid()}.{_time.time_ns() % 1000000}"
+    store.append(prefix + "members", f"{me},")
+    store.compare_set(prefix + "start", "", repr(_time.time()))  # the window opens with the first rank
+    start = float(store.get(prefix + "start"))
+    deadline = _time.monotonic() + timeout_s
+    while not store.check([prefix + "closed"]):
+        members = [m for m in store.get(prefix + "members").decode().split(",") if m]
+        if len(members) >= max_world or (_time.time() - start >= join_window and len(members) >= min_world):
+            members = sorted(members[:max_world], key=lambda m: int(m[1:].split(".")[0] or 0))
+            store.compare_set(prefix + "closed", "", ",".join(members))
+            break
+        if _time.monotonic() > deadline:
+            raise_for(4, f"init_process_group: only {len(members)} of at least {min_world} ranks came within "
+                         f"{timeout_s} s")
+        _time.sleep(0.05)
+    members = [m for m in store.get(prefix + "closed").decode().split(",") if m]
+    store.set(_elastic_prefix() + "current", "1")
+    if me not in members:
+        return _join_running(timeout_s)
+    return members.index(me), len(members), 1
 
 
 def _join_running(timeout_s):

@@ -25,7 +25,7 @@ Each starts its own sidecar, reachable by the other hosts at --gloo_hostname.
 
 torchrun's interface where it fits: --rdzv_endpoint and --rdzv_id are --coordinator and
 --job; --rdzv_backend, --standalone and --start_method are accepted; --nproc_per_node takes
-cpu/gpu/auto; --nnodes takes N:N; --max_restarts restarts every rank of this host after a
+cpu/gpu/auto; --nnodes takes MIN:MAX (elastic formation); --max_restarts restarts every rank of this host after a
 failure (TORCHELASTIC_RESTART_COUNT counts the attempts); --redirects/--tee write the
 ranks' output to LOG_DIR/attempt_<n>/<local_rank>/{stdout,stderr}.log; every option's
 default can come from PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_MAX_RESTARTS=2, ...).
@@ -109,8 +109,11 @@ def parse_args(argv):
     p.add_argument("--nproc_per_node", "--nproc-per-node", default="1",
                    help="ranks on this host: N, 'cpu' (one per CPU), 'gpu' (one per CUDA device) or 'auto' "
                    "(gpu when CUDA is there, else cpu), as torchrun (default 1)")
-    p.add_argument("--nnodes", default="1", help="hosts in the job: N, or N:N (torchrun's MIN:MAX; an elastic "
-                   "range with MIN < MAX is refused: membership is fixed) (default 1)")
+    p.add_argument("--nnodes", default="1", help="hosts in the job: N, or MIN:MAX (torchrun's): the group forms "
+                   "with the ranks that came within --join_window_s once MIN hosts' worth did (ranks renumbered), "
+                   "later ones join when the running ranks admit them (collserve.should_reconfigure) (default 1)")
+    p.add_argument("--join_window_s", type=float, default=5.0,
+                   help="with --nnodes MIN:MAX: how long after the first rank the group waits for more (default 5)")
     p.add_argument("--node_rank", "--node-rank", type=int, default=0, help="this host's index in [0, nnodes)")
     p.add_argument("--coordinator", "--rdzv_endpoint", "--rdzv-endpoint", default="",
                    help="HOST:PORT of a running coordinator (default: start one on loopback; required with "
@@ -171,9 +174,10 @@ def parse_args(argv):
     low, _, high = str(args.nnodes).partition(":")
     if not low.isdigit() or (high and not high.isdigit()):
         p.error(f"--nnodes {args.nnodes!r} must be N or MIN:MAX")
-    if high and int(high) != int(low):
-        p.error(f"--nnodes {args.nnodes}: elastic membership (MIN < MAX) is not supported; give a fixed count N")
-    args.nnodes = int(low)
+    args.min_nodes = int(low)
+    args.nnodes = int(high or low)
+    if args.min_nodes < 1 or args.min_nodes > args.nnodes:
+        p.error(f"--nnodes {args.nnodes!r}: MIN must be at least 1 and at most MAX")
     if args.standalone and (args.coordinator or args.nnodes > 1):
         p.error("--standalone starts its own coordinator: it cannot go with --coordinator or --nnodes > 1")
     if args.max_restarts < 0:
@@ -316,6 +320,9 @@ class Launcher:
                    COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
                    PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
                    TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job, **torch_store)
+        if a.min_nodes < a.nnodes:
+            env.update(COLLSERVE_MIN_WORLD_SIZE=str(a.min_nodes * a.nproc_per_node),
+                       COLLSERVE_JOIN_WINDOW_S=str(a.join_window_s))
         if self.token is not None:
             env["COLLSERVE_TOKEN"] = self.token
             env.pop("COLLSERVE_TOKEN_FILE", None)

@@ -1,8 +1,9 @@
 """A rank that keeps its job going through a lost host (issue 17): all_reduce of ones in a
 loop, each result checked against the world size; on a DistError it re-forms the group
 with collserve.reconfigure and goes on; every 20 iterations it admits ranks waiting to
-join (should_reconfigure). Exits 0 after 20 successful iterations in a re-formed group of
-argv[1] ranks. Used by tests/fault/multihost_netns_test.cc (ranks in network namespaces)."""
+join (should_reconfigure). Exits 0 after 20 successful iterations in a group of argv[1]
+ranks, one that was re-formed unless argv[2] is "any". Used by
+tests/fault/multihost_netns_test.cc (ranks in network namespaces) and test_elastic.py."""
 import sys
 import time
 
@@ -11,12 +12,12 @@ import numpy as np
 import collserve as dist
 
 
-def main(final_world):
+def main(final_world, any_group):
     dist.init_process_group("gloo")
     print(f"init: rank {dist.get_rank()} of {dist.get_world_size()}", flush=True)
     # n: iterations in the current group; every member of a group counts alike, so they
     # all call should_reconfigure (a collective) at the same points and stop together.
-    reformed, n = False, 0
+    reformed, n = any_group, 0
     while not (reformed and dist.get_world_size() == final_world and n >= 20):
         try:
             if n % 20 == 19 and dist.should_reconfigure():
@@ -42,4 +43,4 @@ def main(final_world):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), len(sys.argv) > 2 and sys.argv[2] == "any")

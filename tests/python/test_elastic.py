@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 from test_sdk import Cluster, outputs
 
@@ -32,6 +33,30 @@ def test_the_launcher_restarts_the_lost_rank_and_the_job_goes_on_with_four():
     # Every rank ends in a group of 4 with >= 90% accuracy.
     accuracies = re.findall(r"of 4, test accuracy: ([0-9.]+)%", proc.stdout)
     assert len(accuracies) == 4 and all(float(a) >= 90.0 for a in accuracies), proc.stdout
+
+
+def test_elastic_formation_with_min_world_size_and_a_late_rank():
+    """WORLD_SIZE 4, COLLSERVE_MIN_WORLD_SIZE 2: three ranks form a group of 3 after the
+    join window; a fourth that comes later is admitted at the next generation."""
+    cluster = Cluster()
+    worker = os.path.join(HERE, "elastic_worker.py")
+    env = dict(COLLSERVE_MIN_WORLD_SIZE="2", COLLSERVE_JOIN_WINDOW_S="2", COLLSERVE_RUN_ID="formation")
+    try:
+        procs = [subprocess.Popen([sys.executable, worker, "4", "any"], env=cluster.env(r, 4, **env), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1, 3)]
+        time.sleep(4)  # past the window: the three formed a group of 3
+        procs.append(subprocess.Popen([sys.executable, worker, "4", "any"], env=cluster.env(2, 4, **env), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        results = outputs(procs, limit=120)
+    finally:
+        cluster.stop()
+    report = "\n".join(f"--- process {i} (exit {code})\n{text}" for i, (code, text) in enumerate(results))
+    for i, (code, text) in enumerate(results):
+        assert code == 0, report
+        assert "ok: world 4" in text, report
+    for code, text in results[:3]:
+        assert "init: rank" in text and " of 3" in text and "admitted joiners:" in text, report
+    assert "init: rank 3 of 4" in results[3][1], report
 
 
 def test_three_survivors_reform_and_finish_training():
