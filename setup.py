@@ -2,7 +2,7 @@
 
 build_py first runs the CMake build of the pybind11 modules (_collserve, and _collserve_torch,
 the c10d backend, when torch's C++ headers are installed), the SDK library they share and the
-server binaries (collserve-coordinator, collserve-sidecar) in $COLLSERVE_BUILD_DIR (default:
+server binaries (collserve-coordinator, collserve-sidecar, collservectl) in $COLLSERVE_BUILD_DIR (default:
 build/ in the source tree, configured if it is not yet), then puts the modules and library in
 the package and the binaries in its bin/, where `collserve launch` finds them.
 CMAKE_BUILD_PARALLEL_LEVEL sets the build's parallelism (default 2).
@@ -18,7 +18,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-BINARIES = ["collserve-coordinator", "collserve-sidecar"]
+BINARIES = ["collserve-coordinator", "collserve-sidecar", "collservectl"]
 
 
 class BinaryDistribution(Distribution):

@@ -207,6 +207,7 @@ class Launcher:
         self.pumps = []
         self.failed_something = False
         self.token = None  # the embedded coordinator's job token, handed to the ranks
+        self.watchers = []  # collservectl wait (watch_formation)
         self.own_dir = not args.log_dir
         self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
         os.makedirs(os.path.join(self.dir, "exits"), exist_ok=True)
@@ -342,6 +343,33 @@ class Launcher:
             t.start()
             self.pumps.append(t)
 
+    def watch_formation(self, coordinator):
+        """Says every 5 s how far the default group's rendezvous got while it has not formed
+        (collservectl wait: "ranks joined n of m; missing ranks [...]"); quiet when it forms
+        within 5 s. Not with elastic formation (its group has another name)."""
+        a = self.args
+        if a.min_nodes < a.nnodes:
+            return
+        try:
+            ctl = find_binary("collservectl")
+        except FileNotFoundError:
+            return
+        env = dict(os.environ)
+        if self.token is not None:
+            env["COLLSERVE_TOKEN"] = self.token
+        timeout = os.environ.get("COLLSERVE_INIT_TIMEOUT_S", "300")
+        proc = subprocess.Popen([ctl, f"--coordinator={coordinator}", f"--job={a.job}", f"--wait_timeout={timeout}s",
+                                 "--progress_interval=5s", "wait", "world"], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.watchers.append(proc)
+
+        def say_progress():
+            for line in iter(proc.stdout.readline, b""):
+                if line.startswith(b"waiting for"):
+                    self.say(line.decode(errors="replace").rstrip())
+            proc.stdout.close()
+        threading.Thread(target=say_progress, daemon=True).start()
+
     def forward(self, signum, _frame):
         for _, proc in self.ranks:
             if proc.poll() is None:
@@ -414,6 +442,7 @@ class Launcher:
         previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
         try:
             coordinator, sidecar, tcpstore_port = self.start_servers()
+            self.watch_formation(coordinator)
             attempt = 0
             while True:
                 self.start_ranks(coordinator, sidecar, tcpstore_port, attempt)
@@ -433,6 +462,8 @@ class Launcher:
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
+            for proc in self.watchers:
+                _stop(proc, 1.0)
             self.stop_servers()
         if first is None:
             keep = any(self.args.redirects.values()) or any(self.args.tee.values())

@@ -359,7 +359,7 @@ std::string JoinProgress(const pb::GroupInfo& g) {
 absl::Status Wait(const Ctl& c, const std::string& group) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
-  absl::Time next_progress = start;
+  absl::Time next_progress = start + absl::GetFlag(FLAGS_progress_interval);  // quiet when it forms at once
   std::string last = "the coordinator has no such group yet";
   for (;;) {
     pb::DescribeRequest req;

@@ -3,6 +3,7 @@
   fail       rank 1 exits with code 3 at once; the others wait in a barrier
   sigterm    prints "ready", then on SIGTERM prints "got SIGTERM" and exits 7
   allreduce  all_reduce of the rank over the world; prints the sum
+  late       rank 1 sleeps 7 s before init_process_group; then `allreduce`
   fail_once  rank 1 exits with code 3 in the first attempt (TORCHELASTIC_RESTART_COUNT 0);
              in later ones every rank does `allreduce` and prints the attempt
 """
@@ -41,6 +42,10 @@ def main(mode):
         while time.monotonic() < deadline:
             time.sleep(0.05)
         sys.exit(1)
+    elif mode == "late":
+        if os.environ["RANK"] == "1":
+            time.sleep(7)
+        main("allreduce")
     elif mode == "fail_once":
         attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
         dist.init_process_group("gloo")

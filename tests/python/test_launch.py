@@ -183,6 +183,13 @@ def test_torchrun_names_pet_variables_and_redirects(tmp_path):
     assert len([l for l in out.splitlines() if "WORLD_SIZE=" in l]) == os.cpu_count(), out
 
 
+def test_a_slow_rendezvous_reports_who_is_missing():
+    out, err = launch("--nproc_per_node", "2", WORKER, "late")
+    assert 'collserve launch: waiting for group "world" (5s): 1 of 2 ranks joined; missing ranks [1]' in err, err
+    for r in (0, 1):
+        assert lines_of(out, r) == ["world 2 sum 1"], out
+
+
 def test_bad_arguments_are_refused():
     for args, text in ((["--nnodes", "2", WORKER, "env"], "needs --coordinator"),
                        (["--nnodes", "2", "--node_rank", "2", "--coordinator", "h:1", WORKER, "env"], "out of range"),
