@@ -135,6 +135,9 @@ void Group::ExecutorMain() {
         // A monitored_barrier goes on without them, so that every host learns who is missing.
         absent = std::move(missing);
       }
+      // Ranks of this host that left the group (OnSessionClosed) are absent from every
+      // collective: the exchange tells every host, and each fails it naming them.
+      absent.insert(absent.end(), departed_.begin(), departed_.end());
       for (auto& [rank, local] : locals_) {
         if (local.queue.empty()) continue;
         running_since_ = std::min(running_since_, local.queue.front().submitted);
@@ -361,6 +364,22 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     // added a collective (no signature check sees it).
     auto sites = CallSiteDisagreement(all);
     if (!sites.empty()) disagreement = DescribeCallSites(sites, subs, timeout);
+  }
+  if (disagreement.empty() && !monitored) {
+    std::vector<int64_t> left;
+    for (const RankArgs& a : all) {
+      if (!a.arrived) left.push_back(a.rank);
+    }
+    if (!left.empty()) {
+      const absl::Status s = absl::UnavailableError(absl::StrCat(
+          OpName(args.op), " #", seq, " of group \"", params_.name, "\": rank", left.size() > 1 ? "s " : " ",
+          absl::StrJoin(left, ", "), " left the group (a session ended: destroyed the group, exited or died); ",
+          "collectives need every rank"));
+      absl::MutexLock lock(&mu_);
+      RecordCompletedLocked(seq, subs, s, &all, "", started, /*fails_group=*/false);
+      for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
+      return;  // nothing moved; point-to-point goes on
+    }
   }
   if (disagreement.empty() && monitored) {
     std::vector<int64_t> missing;

@@ -412,7 +412,7 @@ void Group::FailLocked(const absl::Status& status) {
 
 void Group::OnSessionClosed(int rank) {
   std::function<void()> cancel_join;
-  absl::Status left;  // set when the rank left a formed one-host group (not a failure)
+  absl::Status left;  // set when the rank left a ready group without failing it
   bool was_member = false;
   std::string credential;
   {
@@ -427,16 +427,22 @@ void Group::OnSessionClosed(int rank) {
       cancel_join = std::move(it->second.cancel_join);
       locals_.erase(it);
       MaybeEmptyLocked();
-    } else if (state_ == State::kReady && !stop_ && topology_.num_hosts == 1) {
+    } else if (state_ == State::kReady && !stop_ && (topology_.num_hosts == 1 || it->second.queue.empty())) {
       // Leaving is local (torch.distributed's semantics): the others' point-to-point ops
       // among themselves go on; what needs the leaver fails naming it. Every collective
-      // needs every rank, so the queued and later ones fail.
+      // needs every rank, so the queued and later ones fail. Across hosts only a rank with
+      // no collective queued leaves this way (one queued may already be in another host's
+      // lookahead); the executor then gives the argument exchange an absent marker for it,
+      // so that every host fails each later collective naming it, at once.
       left = absl::UnavailableError(absl::StrCat("rank ", rank, " left group \"", params_.name,
                                                  "\" (its session on host ", env_.host_id,
                                                  " ended: it destroyed the group, exited or died)"));
       for (const Submission& sub : it->second.queue) Complete(sub, left, env_.observer);
       locals_.erase(it);
       departed_.insert(rank);
+      ++submissions_;  // the executor may now have every remaining local rank's next collective
+    }
+    if (!left.ok() && topology_.num_hosts == 1) {
       if (collectives_failure_.ok()) {
         collectives_failure_ =
             absl::UnavailableError(absl::StrCat(left.message(), "; collectives need every rank of the group"));
@@ -447,10 +453,12 @@ void Group::OnSessionClosed(int rank) {
         for (const Submission& sub : l.queue) Complete(sub, collectives_failure_, env_.observer);
         l.queue.clear();
       }
+    }
+    if (!left.ok()) {
       ++progress_version_;
-    } else {
-      // Across hosts a rank's leave still ends the generation (the hosts' collectives run
-      // in lockstep, and the others would only learn of it at their op timeout).
+    } else if (was_member) {
+      // A rank that leaves a group not yet (or no longer) ready, or one across hosts with a
+      // collective still queued, ends the generation.
       if (state_ != State::kFailed) {
         FailLocked(absl::UnavailableError(absl::StrCat("rank ", rank, " of group \"", params_.name,
                                                        "\" disconnected from host ", env_.host_id)));

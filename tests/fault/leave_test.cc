@@ -15,10 +15,11 @@ namespace {
 
 // Runs `world` ranks of collserve_test_rank with `args` on sidecar 0 and returns each
 // one's exit code (-1: still running after 60 s) and output.
-std::vector<std::pair<int, std::string>> RunRanks(Cluster& c, int world, const std::vector<std::string>& args) {
+std::vector<std::pair<int, std::string>> RunRanks(Cluster& c, int world, const std::vector<std::string>& args,
+                                                  int sidecars = 1) {
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < world; ++r) {
-    auto p = c.StartRank(r, world, 0, args);
+    auto p = c.StartRank(r, world, r % sidecars, args);
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return {};
     ranks.push_back(std::move(*p));
@@ -53,6 +54,21 @@ TEST(LeaveTest, RingAllReduceWhoseRanksDestroyTheGroupWhenDone) {
     EXPECT_TRUE(ok) << "run " << run << "\n" << outputs << c.Logs();
   }
   EXPECT_EQ(passed, kRuns);
+}
+
+// The same across two sidecars (ranks alternate between them, so every ring step crosses
+// hosts): a rank's leave is local there too.
+TEST(LeaveTest, RingAllReduceAcrossTwoHostsWhoseRanksDestroyTheGroupWhenDone) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& c = **started;
+  for (int run = 0; run < 5; ++run) {
+    auto results = RunRanks(c, 4, {"--mode=ring_leave", "--iters=3", absl::StrCat("--group=xring", run)}, 2);
+    ASSERT_EQ(results.size(), 4u);
+    for (size_t r = 0; r < results.size(); ++r) {
+      EXPECT_EQ(results[r].first, 0) << "run " << run << " rank " << r << ":\n" << results[r].second << c.Logs();
+    }
+  }
 }
 
 // Rank 0 leaves at once. Ranks 1..3 still pass a token along 1 -> 2 -> 3 (point-to-point
