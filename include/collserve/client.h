@@ -421,7 +421,17 @@ struct StoreClientOptions {
 // add, compare_set, check, wait, delete_key, num_keys, multi_get, multi_set, append).
 // Values are bytes. Thread-safe. Errors: INVALID_ARGUMENT (empty key, over the size
 // limits, Add on a non-integer), DEADLINE_EXCEEDED (a wait timed out; names the keys),
-// UNAVAILABLE (coordinator unreachable).
+// UNAVAILABLE (the coordinator did not answer before the call's deadline).
+//
+// Coordinator restarts: a call the coordinator does not answer (UNAVAILABLE: it is down
+// or restarting) is retried with exponential backoff (50 ms doubling to 1 s, +-50 %
+// jitter), waiting for the channel to reconnect, until the call's deadline: the store
+// timeout for calls that do not wait for keys, the wait's own timeout plus 5 s for get,
+// wait and multi_get (which are re-sent with the time left). add, compare_set, append and
+// delete_key carry a request id (64 random bits per client plus a counter) so that a
+// retried write is applied once (the coordinator remembers the last
+// --store_max_request_ids ids and logs them with the writes); set and multi_set are
+// idempotent.
 class StoreClient {
  public:
   // Connects to "host:port" (waits up to connect_timeout for the channel).
