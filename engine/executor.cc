@@ -105,7 +105,8 @@ void Group::ExecutorMain() {
         auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready() || submissions_ != seen; };
         mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
       }
-      if (stop_ || state_ == State::kFailed) break;
+      // No local rank left (the group is being dropped): nothing can run.
+      if (stop_ || state_ == State::kFailed || locals_.empty()) break;
       if (!ready()) {
         std::vector<int> missing, called;
         bool monitored = true;

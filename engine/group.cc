@@ -441,6 +441,9 @@ void Group::OnSessionClosed(int rank) {
       locals_.erase(it);
       departed_.insert(rank);
       ++submissions_;  // the executor may now have every remaining local rank's next collective
+      // The last local rank gone: the group ends now, under this lock (the executor must
+      // never find it ready with no local rank: it would run a collective of nobody).
+      MaybeEmptyLocked();
     }
     if (!left.ok() && topology_.num_hosts == 1) {
       if (collectives_failure_.ok()) {
