@@ -569,6 +569,19 @@ TEST(EngineTest, MonitoredBarrierNamesTheMissingRank) {
   });
 }
 
+// Every local rank of a one-host group leaves, one right after the other: the group ends
+// with the last one (under the same lock), and its executor never runs a collective of no
+// rank (the sidecar_session fuzzer once found it reading an empty submission set).
+TEST(EngineTest, EveryRankLeavingEndsTheGroupCleanly) {
+  for (int round = 0; round < 20; ++round) {
+    TestCluster cluster(1);
+    auto formed = cluster.Form(absl::StrCat("gone", round), 3);
+    ASSERT_TRUE(formed.ok()) << formed.status();
+    for (int r = 0; r < 3; ++r) (*formed)[r].group->OnSessionClosed(r);
+    // The cluster's teardown joins the group's executor: it must have stopped, not run.
+  }
+}
+
 // A rank that leaves a group across hosts (its session ends with nothing queued) does not
 // fail it: every host fails each later collective at once, naming the rank (the argument
 // exchange carries an absent marker for it), and point-to-point between the other ranks,
