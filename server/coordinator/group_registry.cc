@@ -11,6 +11,7 @@ GroupRegistry::GroupRegistry(GroupRegistryLimits limits) : limits_(limits), time
 
 GroupRegistry::~GroupRegistry() {
   std::vector<Completion> done;
+  std::vector<WatchCallback> watches;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -19,11 +20,15 @@ GroupRegistry::~GroupRegistry() {
         done.emplace_back(std::move(w.done), absl::UnavailableError("the coordinator is shutting down"));
       }
       g.waiters.clear();
+      for (Watch& w : g.watches) watches.push_back(std::move(w.done));
+      g.watches.clear();
     }
     waiter_index_.clear();
+    watch_index_.clear();
   }
   timer_.join();
   for (auto& [cb, result] : done) std::move(cb)(std::move(result));
+  for (auto& cb : watches) std::move(cb)(absl::UnavailableError("the coordinator is shutting down"));
 }
 
 GroupView GroupRegistry::ViewOf(const Group& g) {
@@ -99,6 +104,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
     ++changes_;  // wake the timer: this deadline may be the earliest
     if (static_cast<int>(g.members.size()) == g.world_size) {
       g.state = "FORMED";
+      g.formed_members = g.members;
       ++generations_formed_;
       GroupView view = ViewOf(g);
       for (auto& [rank, w] : g.waiters) {
@@ -137,6 +143,7 @@ void GroupRegistry::CancelJoin(uint64_t id) {
 
 absl::Status GroupRegistry::Leave(const std::string& job, const std::string& group, int rank) {
   JoinCallback cb;
+  std::vector<WatchCompletion> watches;
   {
     absl::MutexLock lock(&mu_);
     const Key key(job, group);
@@ -157,7 +164,14 @@ absl::Status GroupRegistry::Leave(const std::string& job, const std::string& gro
       RemoveForming(it, rank);
     } else {
       g.state = "BROKEN";
+      const std::string host = g.members[rank].host_id;
+      g.departures.push_back(Departure{rank, host,
+                                       absl::StrCat("left: its sidecar on host ", host,
+                                                    " reported that its session ended (it destroyed the group, "
+                                                    "exited or died)"),
+                                       false});
       g.members.erase(rank);
+      AnswerWatchesLocked(g, /*all=*/true, absl::Now(), &watches);
       if (g.members.empty()) {
         last_generation_[key] = g.generation;
         groups_.erase(it);
@@ -165,7 +179,141 @@ absl::Status GroupRegistry::Leave(const std::string& job, const std::string& gro
     }
   }
   if (cb) std::move(cb)(absl::CancelledError(absl::StrCat("rank ", rank, " left the group")));
+  for (auto& [done, events] : watches) std::move(done)(std::move(events));
   return absl::OkStatus();
+}
+
+GroupEvents GroupRegistry::EventsOf(const Group& g) {
+  GroupEvents e;
+  e.generation = g.generation;
+  e.state = g.state;
+  e.departures = g.departures;
+  return e;
+}
+
+void GroupRegistry::AnswerWatchesLocked(Group& g, bool all, absl::Time now, std::vector<WatchCompletion>* out) {
+  for (auto w = g.watches.begin(); w != g.watches.end();) {
+    if (!all && w->deadline > now) {
+      ++w;
+      continue;
+    }
+    auto lease = g.leases.find(w->host);
+    if (lease != g.leases.end()) lease->second = now + limits_.lease_grace;
+    out->emplace_back(std::move(w->done), EventsOf(g));
+    watch_index_.erase(w->id);
+    w = g.watches.erase(w);
+  }
+}
+
+void GroupRegistry::CancelWatch(uint64_t id) {
+  WatchCallback done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto idx = watch_index_.find(id);
+    if (idx == watch_index_.end()) return;
+    auto it = groups_.find(idx->second);
+    watch_index_.erase(idx);
+    if (it == groups_.end()) return;
+    auto& watches = it->second.watches;
+    for (auto w = watches.begin(); w != watches.end(); ++w) {
+      if (w->id != id) continue;
+      done = std::move(w->done);
+      watches.erase(w);
+      break;
+    }
+  }
+  if (done) std::move(done)(absl::CancelledError("watch cancelled"));
+}
+
+uint64_t GroupRegistry::WatchAsync(const std::string& job, const std::string& group, int64_t generation,
+                                   const std::string& host_id, int known, absl::Duration wait, WatchCallback done) {
+  absl::StatusOr<GroupEvents> now_answer = absl::UnknownError("");
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(Key(job, group));
+    if (stopping_) {
+      now_answer = absl::UnavailableError("the coordinator is shutting down");
+    } else if (it == groups_.end() || it->second.state == "FORMING" || it->second.generation != generation) {
+      now_answer = absl::NotFoundError(
+          absl::StrCat("no generation ", generation, " of group \"", group, "\" in job \"", job, "\""));
+    } else if (known < 0) {
+      now_answer = absl::InvalidArgumentError(absl::StrCat("known departures ", known, " must be >= 0"));
+    } else {
+      Group& g = it->second;
+      bool serves_one = false;
+      for (const auto& [rank, m] : g.formed_members) serves_one |= m.host_id == host_id;
+      int pending = 0;
+      for (const Watch& w : g.watches) pending += w.host == host_id ? 1 : 0;
+      const absl::Time now = absl::Now();
+      if (!serves_one) {
+        now_answer = absl::PermissionDeniedError(
+            absl::StrCat("host \"", host_id, "\" serves no rank of group \"", group, "\""));
+      } else if (pending >= kMaxWatchesPerHost) {
+        now_answer = absl::ResourceExhaustedError(absl::StrCat("host \"", host_id, "\" has ", pending,
+                                                               " watches of group \"", group,
+                                                               "\" waiting, the most one host may have"));
+      } else if (g.departures.size() > static_cast<size_t>(known)) {
+        g.leases[host_id] = now + limits_.lease_grace;
+        now_answer = EventsOf(g);
+      } else {
+        const absl::Time deadline = now + std::clamp(wait, kMinWatchWait, kMaxWatchWait);
+        g.leases[host_id] = deadline + limits_.lease_grace;
+        const uint64_t id = next_id_++;
+        g.watches.push_back(Watch{id, host_id, static_cast<size_t>(known), deadline, std::move(done)});
+        watch_index_[id] = it->first;
+        ++changes_;  // wake the timer: this deadline may be the earliest
+        return id;
+      }
+    }
+  }
+  std::move(done)(std::move(now_answer));
+  return 0;
+}
+
+void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out) {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    Group& g = it->second;
+    AnswerWatchesLocked(g, /*all=*/false, now, out);
+    bool lost_one = false;
+    for (auto lease = g.leases.begin(); lease != g.leases.end();) {
+      const std::string& host = lease->first;
+      bool waiting = false;
+      for (const Watch& w : g.watches) waiting |= w.host == host;
+      if (waiting || lease->second > now) {
+        if (!waiting) *next = std::min(*next, lease->second);
+        ++lease;
+        continue;
+      }
+      // The host neither watches nor renewed in time: it is gone (crashed, cut off, or its
+      // ranks all left and it stopped watching: then nothing of it is left to lose).
+      for (auto m = g.members.begin(); m != g.members.end();) {
+        if (m->second.host_id != host) {
+          ++m;
+          continue;
+        }
+        g.departures.push_back(Departure{
+            m->first, host,
+            absl::StrCat("lost with host ", host, ": its sidecar stopped renewing its lease on the group (",
+                         absl::FormatDuration(limits_.lease_grace), " grace); it crashed or was cut off"),
+            true});
+        m = g.members.erase(m);
+        lost_one = true;
+      }
+      lease = g.leases.erase(lease);
+    }
+    for (const Watch& w : g.watches) *next = std::min(*next, w.deadline);
+    if (lost_one) {
+      g.state = "BROKEN";
+      AnswerWatchesLocked(g, /*all=*/true, now, out);
+    }
+    if (g.state != "FORMING" && g.members.empty()) {
+      AnswerWatchesLocked(g, /*all=*/true, now, out);
+      last_generation_[it->first] = g.generation;
+      it = groups_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 absl::StatusOr<GroupView> GroupRegistry::Describe(const std::string& job, const std::string& group) {
@@ -271,6 +419,14 @@ void GroupRegistry::TimerLoop() {
   while (!stopping_) {
     const absl::Time now = absl::Now();
     absl::Time next = now + absl::Seconds(1);
+    std::vector<WatchCompletion> answered;
+    ExpireLeasesLocked(now, &next, &answered);
+    if (!answered.empty()) {
+      mu_.Unlock();
+      for (auto& [done, events] : answered) std::move(done)(std::move(events));
+      mu_.Lock();
+      continue;
+    }
     std::vector<Completion> expired;
     for (auto it = groups_.begin(); it != groups_.end();) {
       Group& g = it->second;

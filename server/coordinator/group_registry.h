@@ -4,7 +4,10 @@
 // rank and completes once all world_size ranks have joined (every joiner gets the same
 // view and generation) or at the joiner's deadline. Generations count formations of a
 // name: 1, 2, ... A rank leaving a formed group marks it BROKEN; once every rank has left,
-// the next formation gets the next generation.
+// the next formation gets the next generation. Member hosts watch a formed generation
+// (WatchAsync): the watch reports its departures (ranks that left, or were lost with a
+// host) and is the host's lease; a host whose lease ends is lost, which also ends the
+// generation.
 //
 // Thread safety: all methods are thread-safe. Callbacks run outside the registry's lock,
 // on the thread whose call completed the group, on the registry's timer thread, or inline.
@@ -75,6 +78,26 @@ struct HostLedger {
   absl::Time received;  // when the coordinator got it
 };
 
+// A rank that left a formed generation (Leave) or was lost with its host (its lease ran out).
+struct Departure {
+  int rank = -1;
+  std::string host_id;
+  std::string reason;
+  bool host_lost = false;
+};
+
+// What a watch of one generation answers (WatchAsync).
+struct GroupEvents {
+  int64_t generation = 0;
+  std::string state;                 // "FORMED" or "BROKEN"
+  std::vector<Departure> departures;  // every departure of the generation, in order
+};
+
+// The bounds of a watch's wait (WatchAsync clamps the asked wait to them).
+inline constexpr absl::Duration kMinWatchWait = absl::Milliseconds(100);
+inline constexpr absl::Duration kMaxWatchWait = absl::Seconds(60);
+inline constexpr int kMaxWatchesPerHost = 4;
+
 // Bounds on what joins may ask the registry to hold (every request is untrusted input).
 struct GroupRegistryLimits {
   // Largest world_size a group may have (torch jobs reach tens of thousands of ranks).
@@ -84,6 +107,10 @@ struct GroupRegistryLimits {
   // A collective whose last rank called it at least this long after its first makes that
   // rank a straggler in diagnoses and dumps (ledger.h).
   absl::Duration straggler_threshold = kDefaultStragglerThreshold;
+  // A host that watches a generation (WatchAsync) holds a lease on it: it must watch again
+  // within this long after each answer, or after its watch's wait ended; otherwise it is
+  // lost and the generation ends (--lease_grace).
+  absl::Duration lease_grace = absl::Seconds(3);
 };
 
 // How many missing ranks a rendezvous timeout names; the rest are counted.
@@ -114,7 +141,28 @@ class GroupRegistry {
   // No-op for unknown or completed ids.
   void CancelJoin(uint64_t id);
 
-  // Removes `rank` from the group. NOT_FOUND if the group or the rank is unknown.
+  // Called once with the generation's events, or with: NOT_FOUND (no such group, still
+  // forming, or another generation), PERMISSION_DENIED (the host serves none of its ranks at
+  // formation), INVALID_ARGUMENT (known < 0), UNAVAILABLE (registry destroyed).
+  using WatchCallback = absl::AnyInvocable<void(absl::StatusOr<GroupEvents>) &&>;
+  // Watches generation `generation` of (job, group) for member host `host_id`: `done` gets
+  // the events once the generation has more than `known` departures (at once if it has
+  // already), or the unchanged events after `wait` (clamped to [kMinWatchWait,
+  // kMaxWatchWait]). The call renews the host's lease (GroupRegistryLimits::lease_grace):
+  // a host that stops watching is taken as lost once its lease ends; each of its ranks
+  // still in the group then departs with host_lost set, and the group turns BROKEN. Never
+  // blocks; `done` may run inline. Memory: one pending watch per call; at most
+  // kMaxWatchesPerHost pending per host and group (a host re-watches after each answer, so
+  // it has one), beyond which RESOURCE_EXHAUSTED naming the limit.
+  // Returns an id for CancelWatch (0 when `done` ran inline).
+  uint64_t WatchAsync(const std::string& job, const std::string& group, int64_t generation,
+                      const std::string& host_id, int known, absl::Duration wait, WatchCallback done);
+  // Ends a waiting watch now: `done` gets CANCELLED. The host's lease runs on as if the
+  // watch's wait had ended. No-op for unknown or answered ids.
+  void CancelWatch(uint64_t id);
+
+  // Removes `rank` from the group. NOT_FOUND if the group or the rank is unknown. A rank
+  // leaving a formed group is a departure (WatchAsync) and makes it BROKEN.
   absl::Status Leave(const std::string& job, const std::string& group, int rank);
   // NOT_FOUND if the group is unknown.
   absl::StatusOr<GroupView> Describe(const std::string& job, const std::string& group);
@@ -149,6 +197,13 @@ class GroupRegistry {
     absl::Time deadline;
     JoinCallback done;
   };
+  struct Watch {
+    uint64_t id = 0;
+    std::string host;
+    size_t known = 0;
+    absl::Time deadline;
+    WatchCallback done;
+  };
   struct Group {
     std::string name;
     int world_size = 0;
@@ -159,9 +214,26 @@ class GroupRegistry {
     std::map<int, Waiter> waiters;  // by rank, while FORMING
     std::set<int> gave_up;          // joined, then timed out before the group formed
     std::map<std::string, HostLedger> ledgers;  // by host id, this generation's
+    // Since formed: the members at formation, the departures, the watches waiting, and the
+    // hosts holding a lease (by host id: when it ends).
+    std::map<int, MemberInfo> formed_members;
+    std::vector<Departure> departures;
+    std::vector<Watch> watches;
+    std::map<std::string, absl::Time> leases;
   };
   using Key = std::pair<std::string, std::string>;  // (job, group)
   using Completion = std::pair<JoinCallback, absl::StatusOr<GroupView>>;
+  using WatchCompletion = std::pair<WatchCallback, GroupEvents>;
+
+  static GroupEvents EventsOf(const Group& g);
+  // Answers the group's watches (all of them, or those whose wait ended by `now`) into
+  // `out`, renewing their hosts' leases from `now`.
+  void AnswerWatchesLocked(Group& g, bool all, absl::Time now, std::vector<WatchCompletion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The timer's lease pass: answers ended waits, takes hosts whose lease ended as lost
+  // (erasing groups left with no member), and lowers *next to the next deadline.
+  void ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static GroupView ViewOf(const Group& g);
   void TimerLoop();
@@ -174,6 +246,7 @@ class GroupRegistry {
   int64_t generations_formed_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
+  std::map<uint64_t, Key> watch_index_ ABSL_GUARDED_BY(mu_);  // waiting watches: id -> group
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added

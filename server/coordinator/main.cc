@@ -63,6 +63,10 @@ ABSL_FLAG(int, max_world_size, 1 << 16,
 ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
           "A collective whose last rank called it at least this long after its first makes that rank a "
           "straggler in DiagnoseGroup and DumpGroup (collservectl diagnose, dump).");
+ABSL_FLAG(absl::Duration, lease_grace, absl::Seconds(3),
+          "How long a member sidecar of a multi-host group may go without renewing its lease on the group "
+          "(Registry.WatchGroup) after its last watch ended before the coordinator takes its host as lost and "
+          "ends the group's generation for every member (> 0)");
 ABSL_FLAG(int, max_groups, 10000,
           "Groups (forming or formed, all jobs together) held at once; a join that would create one more is "
           "RESOURCE_EXHAUSTED naming this limit.");
@@ -99,6 +103,11 @@ int main(int argc, char** argv) {
   options.registry.max_world_size = absl::GetFlag(FLAGS_max_world_size);
   options.registry.max_groups = absl::GetFlag(FLAGS_max_groups);
   options.registry.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  options.registry.lease_grace = absl::GetFlag(FLAGS_lease_grace);
+  if (options.registry.lease_grace <= absl::ZeroDuration()) {
+    std::cerr << "--lease_grace must be > 0\n";
+    return 2;
+  }
   if (options.registry.max_world_size < 1 || options.registry.max_groups < 1) {
     std::cerr << "--max_world_size and --max_groups must be >= 1\n";
     return 2;

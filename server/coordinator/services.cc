@@ -337,6 +337,35 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
   return reactor;
 }
 
+grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContext* ctx,
+                                                      const pb::WatchGroupRequest* req, pb::WatchGroupResponse* resp) {
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (!s.ok()) return FinishNow(ctx, metrics_, "WatchGroup", start, s);
+  auto* reactor = new WaitingReactor();
+  const uint64_t id = registry_.WatchAsync(
+      JobOf(req->job()), req->group(), req->generation(), req->host_id(), req->known(),
+      absl::Milliseconds(req->wait_ms()), [this, reactor, resp, start](absl::StatusOr<GroupEvents> events) {
+        if (events.ok()) {
+          resp->set_generation(events->generation);
+          resp->set_state(events->state);
+          for (const Departure& d : events->departures) {
+            pb::Departure* out = resp->add_departures();
+            out->set_rank(d.rank);
+            out->set_host_id(d.host_id);
+            out->set_reason(d.reason);
+            out->set_host_lost(d.host_lost);
+          }
+        }
+        metrics_.Record("WatchGroup", events.status(), absl::Now() - start);
+        reactor->Finish(ToGrpcStatus(events.status()));
+      });
+  GroupRegistry* registry = &registry_;
+  if (id != 0) reactor->SetCancel([registry, id] { registry->CancelWatch(id); });
+  reactor->Started();
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ctx, const pb::LeaveRequest* req,
                                                  pb::LeaveResponse*) {
   const absl::Time start = absl::Now();

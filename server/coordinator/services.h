@@ -89,6 +89,8 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* ctx,
                                            const collserve::v1::ReportProgressRequest* req,
                                            collserve::v1::ReportProgressResponse* resp) override;
+  grpc::ServerUnaryReactor* WatchGroup(grpc::CallbackServerContext* ctx, const collserve::v1::WatchGroupRequest* req,
+                                       collserve::v1::WatchGroupResponse* resp) override;
   grpc::ServerUnaryReactor* DiagnoseGroup(grpc::CallbackServerContext* ctx,
                                           const collserve::v1::DiagnoseGroupRequest* req,
                                           collserve::v1::DiagnoseGroupResponse* resp) override;

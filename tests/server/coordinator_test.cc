@@ -299,6 +299,172 @@ TEST(GroupRegistryLimitsTest, TimeoutNamesTheFirstMissingRanksAndCountsTheRest) 
   EXPECT_LT(s.message().size(), 400u);
 }
 
+// Forms (job "job", `group`) with rank r served by hosts[r]; every join must succeed.
+void FormGroup(server::GroupRegistry& registry, const std::string& group, const std::vector<std::string>& hosts) {
+  std::vector<std::thread> joins;
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    joins.emplace_back([&, r] {
+      absl::Notification done;
+      server::MemberInfo m;
+      m.rank = static_cast<int>(r);
+      m.host_id = hosts[r];
+      registry.JoinAsync("job", group, static_cast<int>(hosts.size()), m, absl::Now() + absl::Seconds(10),
+                         [&](absl::StatusOr<server::GroupView> v) {
+                           EXPECT_TRUE(v.ok()) << v.status();
+                           done.Notify();
+                         });
+      done.WaitForNotification();
+    });
+  }
+  for (auto& t : joins) t.join();
+}
+
+// A watch whose answer a test waits for.
+struct PendingWatch {
+  absl::Notification done;
+  absl::StatusOr<server::GroupEvents> events = absl::UnknownError("no answer");
+  absl::Time answered;
+  uint64_t id = 0;
+  void Start(server::GroupRegistry& registry, const std::string& group, int64_t generation, const std::string& host,
+             int known, absl::Duration wait) {
+    id = registry.WatchAsync("job", group, generation, host, known, wait, [this](absl::StatusOr<server::GroupEvents> e) {
+      events = std::move(e);
+      answered = absl::Now();
+      done.Notify();
+    });
+  }
+  bool Wait(absl::Duration timeout = absl::Seconds(10)) { return done.WaitForNotificationWithTimeout(timeout); }
+};
+
+TEST(GroupRegistryWatchTest, ALeaveIsReportedToWatchersAtOnce) {
+  server::GroupRegistry registry;
+  FormGroup(registry, "g", {"a", "a", "b"});
+  PendingWatch w;
+  w.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  EXPECT_NE(w.id, 0u);
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(w.done.HasBeenNotified());
+  const absl::Time left = absl::Now();
+  ASSERT_TRUE(registry.Leave("job", "g", 2).ok());
+  ASSERT_TRUE(w.Wait());
+  ASSERT_TRUE(w.events.ok()) << w.events.status();
+  EXPECT_LT(w.answered - left, absl::Seconds(1));
+  EXPECT_EQ(w.events->generation, 1);
+  EXPECT_EQ(w.events->state, "BROKEN");
+  ASSERT_EQ(w.events->departures.size(), 1u);
+  EXPECT_EQ(w.events->departures[0].rank, 2);
+  EXPECT_EQ(w.events->departures[0].host_id, "b");
+  EXPECT_FALSE(w.events->departures[0].host_lost);
+  EXPECT_THAT(w.events->departures[0].reason, HasSubstr("session ended"));
+  // A watch that knows fewer departures is answered at once; one that knows them all waits
+  // out its wait and gets the same list.
+  PendingWatch behind, current;
+  behind.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  EXPECT_EQ(behind.id, 0u);
+  ASSERT_TRUE(behind.done.HasBeenNotified());
+  current.Start(registry, "g", 1, "a", 1, absl::Milliseconds(200));
+  ASSERT_TRUE(current.Wait());
+  ASSERT_TRUE(current.events.ok());
+  EXPECT_EQ(current.events->departures.size(), 1u);
+  // Cancelling answers CANCELLED.
+  PendingWatch cancelled;
+  cancelled.Start(registry, "g", 1, "a", 1, absl::Seconds(30));
+  registry.CancelWatch(cancelled.id);
+  ASSERT_TRUE(cancelled.Wait(absl::Seconds(1)));
+  EXPECT_EQ(cancelled.events.status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(GroupRegistryWatchTest, ErrorCasesAndTheBoundOnWaitingWatches) {
+  server::GroupRegistry registry;
+  FormGroup(registry, "g", {"a", "b"});
+  auto code = [&](const std::string& group, int64_t generation, const std::string& host, int known) {
+    PendingWatch w;
+    w.Start(registry, group, generation, host, known, absl::Milliseconds(100));
+    EXPECT_TRUE(w.Wait());
+    return w.events.status().code();
+  };
+  EXPECT_EQ(code("nope", 1, "a", 0), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code("g", 2, "a", 0), absl::StatusCode::kNotFound);
+  EXPECT_EQ(code("g", 1, "c", 0), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(code("g", 1, "a", -1), absl::StatusCode::kInvalidArgument);
+  std::vector<std::unique_ptr<PendingWatch>> waiting;
+  for (int i = 0; i < server::kMaxWatchesPerHost; ++i) {
+    waiting.push_back(std::make_unique<PendingWatch>());
+    waiting.back()->Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  }
+  PendingWatch one_more;
+  one_more.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  ASSERT_TRUE(one_more.Wait(absl::Seconds(1)));
+  EXPECT_EQ(one_more.events.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(one_more.events.status().message()), HasSubstr("the most one host may have"));
+  for (auto& w : waiting) registry.CancelWatch(w->id);
+  for (auto& w : waiting) EXPECT_TRUE(w->Wait(absl::Seconds(1)));
+}
+
+TEST(GroupRegistryWatchTest, AHostThatStopsRenewingItsLeaseIsLostAndTheGenerationEnds) {
+  server::GroupRegistryLimits limits;
+  limits.lease_grace = absl::Milliseconds(300);
+  server::GroupRegistry registry(limits);
+  FormGroup(registry, "g", {"a", "b", "b"});
+  // Both hosts watch once; then only "a" renews.
+  PendingWatch b_once;
+  b_once.Start(registry, "g", 1, "b", 0, absl::Milliseconds(100));
+  ASSERT_TRUE(b_once.Wait());
+  const absl::Time b_silent = b_once.answered;
+  absl::StatusOr<server::GroupEvents> seen = absl::UnknownError("");
+  for (int i = 0; i < 100; ++i) {
+    PendingWatch a;
+    a.Start(registry, "g", 1, "a", 0, absl::Milliseconds(100));
+    ASSERT_TRUE(a.Wait());
+    ASSERT_TRUE(a.events.ok()) << a.events.status();
+    if (!a.events->departures.empty()) {
+      seen = a.events;
+      // Lost within its grace plus the timer's granularity, not before the grace.
+      EXPECT_GE(a.answered - b_silent, limits.lease_grace);
+      EXPECT_LT(a.answered - b_silent, absl::Seconds(2));
+      break;
+    }
+  }
+  ASSERT_TRUE(seen.ok()) << "host b was never taken as lost";
+  EXPECT_EQ(seen->state, "BROKEN");
+  ASSERT_EQ(seen->departures.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(seen->departures[i].rank, i + 1);
+    EXPECT_EQ(seen->departures[i].host_id, "b");
+    EXPECT_TRUE(seen->departures[i].host_lost);
+    EXPECT_THAT(seen->departures[i].reason, HasSubstr("stopped renewing its lease"));
+  }
+  auto view = registry.Describe("job", "g");
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->state, "BROKEN");
+  ASSERT_EQ(view->members.size(), 1u);
+  // Once the last member leaves, the next formation gets generation 2.
+  ASSERT_TRUE(registry.Leave("job", "g", 0).ok());
+  EXPECT_EQ(registry.Describe("job", "g").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(GroupRegistryWatchTest, AHostWhoseRanksAllLeftIsNotLost) {
+  server::GroupRegistryLimits limits;
+  limits.lease_grace = absl::Milliseconds(200);
+  server::GroupRegistry registry(limits);
+  FormGroup(registry, "g", {"a", "b"});
+  PendingWatch b_once;
+  b_once.Start(registry, "g", 1, "b", 0, absl::Milliseconds(100));
+  ASSERT_TRUE(b_once.Wait());
+  ASSERT_TRUE(registry.Leave("job", "g", 1).ok());
+  // Host b stops watching (its ranks are gone); a keeps renewing and sees one departure,
+  // the leave, never a loss.
+  const absl::Time end = absl::Now() + absl::Milliseconds(800);
+  while (absl::Now() < end) {
+    PendingWatch a;
+    a.Start(registry, "g", 1, "a", 1, absl::Milliseconds(100));
+    ASSERT_TRUE(a.Wait());
+    ASSERT_TRUE(a.events.ok()) << a.events.status();
+    ASSERT_EQ(a.events->departures.size(), 1u);
+    EXPECT_FALSE(a.events->departures[0].host_lost);
+  }
+}
+
 TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
   const std::string group = UniqueName("gen");
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
