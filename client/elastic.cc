@@ -1,0 +1,239 @@
+// collserve/elastic.h: the same protocol and store keys as the Python SDK's reconfigure
+// (python/collserve/distributed_c10d.py: _quorum, _join_running, should_reconfigure).
+#include "collserve/elastic.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace collserve::client {
+namespace {
+
+// How often a rank looks at a member list that is still open.
+constexpr absl::Duration kPoll = absl::Milliseconds(50);
+
+struct Context {
+  std::unique_ptr<StoreClient> store;
+  std::string prefix;  // "collserve/reconfigure/<run_id>/<group>/"
+  absl::Duration timeout;
+};
+
+absl::StatusOr<Context> Open(const InitOptions& init, const ReconfigureOptions& options) {
+  if (init.coordinator_address.empty()) {
+    return absl::FailedPreconditionError(
+        "re-forming a group needs the coordinator's store: InitOptions has no coordinator_address");
+  }
+  Context c;
+  c.timeout = options.timeout > absl::ZeroDuration() ? options.timeout : init.init_timeout;
+  std::string run_id = options.run_id;
+  if (run_id.empty()) {
+    const char* env = std::getenv("COLLSERVE_RUN_ID");
+    if (env != nullptr) run_id = env;
+  }
+  c.prefix = absl::StrCat("collserve/reconfigure/", run_id, "/", init.group, "/");
+  StoreClientOptions so;
+  so.job = init.job.empty() ? "default" : init.job;
+  so.timeout = c.timeout;
+  so.tls = init.tls;
+  so.token = init.token;
+  auto store = StoreClient::Connect(init.coordinator_address, so);
+  if (!store.ok()) return store.status();
+  c.store = std::move(*store);
+  return c;
+}
+
+std::vector<std::string> Split(absl::string_view list) {
+  return absl::StrSplit(list, ',', absl::SkipEmpty());
+}
+
+// Current members (their ranks, as text) by rank, then joiners ("j...") in arrival order;
+// each once.
+std::vector<std::string> Order(const std::vector<std::string>& appended) {
+  std::set<int64_t> ranks;
+  std::vector<std::string> joiners;
+  std::set<std::string> seen;
+  for (const std::string& m : appended) {
+    if (!seen.insert(m).second) continue;
+    int64_t r = 0;
+    if (!m.empty() && m[0] == 'j') {
+      joiners.push_back(m);
+    } else if (absl::SimpleAtoi(m, &r)) {
+      ranks.insert(r);
+    }
+  }
+  std::vector<std::string> out;
+  for (int64_t r : ranks) out.push_back(absl::StrCat(r));
+  out.insert(out.end(), joiners.begin(), joiners.end());
+  return out;
+}
+
+int IndexOf(const std::vector<std::string>& members, const std::string& me) {
+  auto it = std::find(members.begin(), members.end(), me);
+  return it == members.end() ? -1 : static_cast<int>(it - members.begin());
+}
+
+// The members of generation `generation`, agreed through the store (this rank, `me` of an
+// old group of `world` ranks, among them unless it came after the list closed).
+absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& group, int64_t generation,
+                                                const std::string& me, int world, const ReconfigureOptions& options) {
+  const std::string p = absl::StrCat(c.prefix, generation, "/");
+  if (absl::Status s = c.store->Append(p + "members", me + ","); !s.ok()) return s;
+  const absl::Time start = absl::Now();
+  std::string closed;
+  for (;;) {
+    auto done = c.store->Check({p + "closed"});
+    if (!done.ok()) return done.status();
+    if (*done) {
+      auto got = c.store->Get(p + "closed");
+      if (!got.ok()) return got.status();
+      closed = *got;
+      break;
+    }
+    auto appended = c.store->Get(p + "members");
+    if (!appended.ok()) return appended.status();
+    const std::vector<std::string> members = Order(Split(*appended));
+    bool everyone = true;
+    for (int r = 0; r < world && everyone; ++r) everyone = IndexOf(members, absl::StrCat(r)) >= 0;
+    const absl::Duration waited = absl::Now() - start;
+    if (everyone ||
+        (waited >= options.join_window && static_cast<int>(members.size()) >= options.min_world_size)) {
+      auto swapped = c.store->CompareSet(p + "closed", "", absl::StrJoin(members, ","));
+      if (!swapped.ok()) return swapped.status();
+      closed = *swapped;
+      break;
+    }
+    if (waited >= options.join_window + c.timeout) {
+      return absl::DeadlineExceededError(absl::StrCat("reconfigure: only ", members.size(), " of at least ",
+                                                      options.min_world_size, " ranks joined generation ", generation,
+                                                      " of group \"", group, "\": [", absl::StrJoin(members, ", "),
+                                                      "]"));
+    }
+    absl::SleepFor(kPoll);
+  }
+  std::vector<std::string> members = Split(closed);
+  if (absl::Status s = c.store->Set(c.prefix + "current", absl::StrCat(generation)); !s.ok()) return s;
+  if (IndexOf(members, me) >= 0 && static_cast<int>(members.size()) < options.min_world_size) {
+    return absl::AbortedError(absl::StrCat("reconfigure: generation ", generation, " of group \"", group, "\" has ",
+                                           members.size(), " ranks ([", absl::StrJoin(members, ", "),
+                                           "]), fewer than min_world_size ", options.min_world_size));
+  }
+  return members;
+}
+
+struct Admission {
+  int rank = 0;
+  int size = 0;
+  int64_t generation = 0;
+};
+
+// A joiner's wait: appends its id to the next generation's list until a closed list has it.
+absl::StatusOr<Admission> JoinRunning(Context& c, const InitOptions& init) {
+  const std::string me = absl::StrCat("j", std::max(init.rank, 0), ".", getpid(), ".",
+                                      absl::ToUnixNanos(absl::Now()) % 1000000);
+  int64_t generation = 1;
+  auto known = c.store->Check({c.prefix + "current"});
+  if (!known.ok()) return known.status();
+  if (*known) {
+    auto current = c.store->Get(c.prefix + "current");
+    if (!current.ok()) return current.status();
+    int64_t g = 0;
+    if (!absl::SimpleAtoi(*current, &g) || g < 0) {
+      return absl::DataLossError(absl::StrCat("the store's ", c.prefix, "current holds \"", *current,
+                                              "\", not a generation"));
+    }
+    generation = g + 1;
+  }
+  const absl::Time deadline = absl::Now() + c.timeout;
+  for (;; ++generation) {
+    const std::string p = absl::StrCat(c.prefix, generation, "/");
+    if (absl::Status s = c.store->Append(p + "members", me + ","); !s.ok()) return s;
+    const absl::Duration left = deadline - absl::Now();
+    absl::Status waited = left > absl::ZeroDuration() ? c.store->Wait({p + "closed"}, left)
+                                                      : absl::DeadlineExceededError("");
+    if (absl::IsDeadlineExceeded(waited)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "not admitted to group \"", init.group, "\" within ", absl::FormatDuration(c.timeout),
+          " (the running ranks admit joiners when they call reconfigure)"));
+    }
+    if (!waited.ok()) return waited;
+    auto closed = c.store->Get(p + "closed");
+    if (!closed.ok()) return closed.status();
+    const std::vector<std::string> members = Split(*closed);
+    const int index = IndexOf(members, me);
+    if (index >= 0) return Admission{index, static_cast<int>(members.size()), generation};
+  }
+}
+
+absl::StatusOr<ElasticGroup> Form(const InitOptions& init, const Admission& a, absl::Duration timeout) {
+  InitOptions o = init;
+  o.group = absl::StrCat(init.group, ".g", a.generation);
+  o.rank = a.rank;
+  o.world_size = a.size;
+  o.init_timeout = timeout;
+  auto group = InitProcessGroup(o);
+  if (!group.ok()) return group.status();
+  return ElasticGroup{std::move(*group), a.generation};
+}
+
+}  // namespace
+
+absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions& init,
+                                         const ReconfigureOptions& options) {
+  if (current.group == nullptr) return absl::InvalidArgumentError("Reconfigure of no group");
+  auto c = Open(init, options);
+  if (!c.ok()) return c.status();
+  const int64_t generation = current.generation + 1;
+  const std::string me = absl::StrCat(current.group->GetRank());
+  auto members = Quorum(*c, init.group, generation, me, current.group->GetWorldSize(), options);
+  if (!members.ok()) return members.status();
+  current.group.reset();  // its session ends: the sidecar drops the old generation's state
+  const int index = IndexOf(*members, me);
+  if (index < 0) {
+    // Too late for this generation: join the next one as a newcomer.
+    auto admitted = JoinRunning(*c, init);
+    if (!admitted.ok()) return admitted.status();
+    return Form(init, *admitted, c->timeout);
+  }
+  return Form(init, Admission{index, static_cast<int>(members->size()), generation}, c->timeout);
+}
+
+absl::StatusOr<bool> ShouldReconfigure(const ElasticGroup& current, const InitOptions& init,
+                                       const ReconfigureOptions& options) {
+  if (current.group == nullptr) return absl::InvalidArgumentError("ShouldReconfigure of no group");
+  std::vector<int64_t> flag = {0};
+  if (current.group->GetRank() == 0) {
+    auto c = Open(init, options);
+    if (!c.ok()) return c.status();
+    const std::string key = absl::StrCat(c->prefix, current.generation + 1, "/members");
+    auto present = c->store->Check({key});
+    if (!present.ok()) return present.status();
+    if (*present) {
+      auto list = c->store->Get(key);
+      if (!list.ok()) return list.status();
+      flag[0] = list->empty() ? 0 : 1;
+    }
+  }
+  if (absl::Status s = current.group->Broadcast(flag, 0)->Wait(); !s.ok()) return s;
+  return flag[0] != 0;
+}
+
+absl::StatusOr<ElasticGroup> JoinRunningGroup(const InitOptions& init, const ReconfigureOptions& options) {
+  auto c = Open(init, options);
+  if (!c.ok()) return c.status();
+  auto admitted = JoinRunning(*c, init);
+  if (!admitted.ok()) return admitted.status();
+  return Form(init, *admitted, c->timeout);
+}
+
+}  // namespace collserve::client
