@@ -114,6 +114,11 @@ class Communicator {
   }
   // Makes a blocked (or the next) Recv return CANCELLED. For shutting down a receive loop.
   virtual void AbortRecv() {}
+  // Host `peer` is known to be gone (the coordinator lost it): every call blocked on it, and
+  // every later one, fails now instead of at its timeout; calls among the other hosts fail
+  // as the failure spreads (the communicator is unusable afterwards, as after any error).
+  // Thread-safe; any thread. Default: nothing (calls end at their timeout).
+  virtual void ShutdownPeer(int peer) { (void)peer; }
 
   // Device memory (backends with a GPU data path: NCCL). Each call queues the collective on
   // `stream` (a cudaStream_t on this communicator's device) and returns without waiting;

@@ -29,7 +29,7 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
   if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   pool_ = std::make_unique<backends::ThreadPool>(threads);
   janitor_ = std::thread([this] { JanitorMain(); });
-  if (options_.progress_interval > absl::ZeroDuration()) reporter_ = std::thread([this] { ReporterMain(); });
+  reporter_ = std::thread([this] { ReporterMain(); });
 }
 
 Engine::Stats Engine::GetStats() {
@@ -58,7 +58,8 @@ Engine::Stats Engine::GetStats() {
 void Engine::ReporterMain() {
   // (job, group, generation) -> the version last published.
   std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> published;
-  while (!stop_reporter_.WaitForNotificationWithTimeout(options_.progress_interval)) {
+  const bool report = options_.progress_interval > absl::ZeroDuration();
+  while (!stop_reporter_.WaitForNotificationWithTimeout(report ? options_.progress_interval : absl::Seconds(1))) {
     std::vector<std::shared_ptr<Group>> groups;
     {
       absl::MutexLock lock(&mu_);
@@ -68,6 +69,8 @@ void Engine::ReporterMain() {
     for (const auto& g : groups) {
       std::string credential;
       uint64_t version = 0;
+      g->MaybeRewatch();
+      if (!report) continue;
       GroupProgress progress = g->Progress(&credential, &version);
       if (progress.generation == 0) continue;  // still forming: the registry has no group yet
       auto key = std::make_tuple(progress.job, progress.group, progress.generation);
@@ -144,6 +147,7 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.flight_recorder_entries = std::max(options_.flight_recorder_entries, 0);
     env.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     env.straggler_threshold = options_.straggler_threshold;
+    env.lease_renewal = options_.lease_renewal;
     env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
     slot = std::make_shared<Group>(std::move(env), params);
     if (observer_ != nullptr) observer_->OnGroups(1);

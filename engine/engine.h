@@ -60,6 +60,11 @@ struct EngineOptions {
   // A collective whose last rank called it at least this long after its first is counted
   // as a straggler on the last rank's host (EngineObserver::OnStraggler).
   absl::Duration straggler_threshold = absl::Milliseconds(100);
+  // Each group across hosts is watched at the coordinator while it runs (Registry.
+  // WatchGroup), which is also this host's lease on it: the coordinator holds a watch at
+  // most this long, and the host renews it at once. A host silent for this plus the
+  // coordinator's --lease_grace is taken as lost, and the generation ends for every member.
+  absl::Duration lease_renewal = absl::Seconds(2);
 };
 
 // Thread-safe.

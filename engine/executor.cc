@@ -78,6 +78,7 @@ void Group::ExecutorMain() {
   }
   LOG(INFO) << "group \"" << params_.name << "\" generation " << topology_.generation << " ready: host "
             << topology_.host_index << " of " << topology_.num_hosts << " (" << params_.backend << ")";
+  if (topology_.num_hosts > 1) Watch();
   p2p_->Start(comm_.get());
 
   // 2. Run collectives in seq order.
@@ -171,7 +172,12 @@ void Group::ExecutorMain() {
     failed = state_ == State::kFailed;
   }
   StopDevice(failed);
-  comm_.reset();  // closes the pairs so peer hosts fail fast
+  std::unique_ptr<backends::Communicator> comm;
+  {
+    absl::MutexLock lock(&mu_);  // OnWatched may be shutting a peer down
+    comm = std::move(comm_);
+  }
+  comm.reset();  // closes the pairs so peer hosts fail fast
 }
 
 int Group::LookaheadDepth() const {
@@ -431,8 +437,8 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   if (!status.ok()) {
     if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
-    status = absl::Status(status.code(),
-                          absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name, "\": ", status.message()));
+    status = absl::Status(status.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
+                                                      "\": ", status.message(), FailedMeanwhileSuffix()));
   }
   absl::MutexLock lock(&mu_);
   RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
@@ -501,7 +507,15 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
                       "purpose, call it from one function, or set COLLSERVE_CALL_SITES=0)");
 }
 
+std::string Group::FailedMeanwhileSuffix() {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kFailed || failure_.ok()) return "";
+  return absl::StrCat(" (the group had failed meanwhile: ", failure_.message(), ")");
+}
+
 std::string Group::DiagnosisSuffix() {
+  // The coordinator ended the generation (a host lost): that is the diagnosis.
+  if (std::string meanwhile = FailedMeanwhileSuffix(); !meanwhile.empty()) return meanwhile;
   std::string credential;
   {
     absl::MutexLock lock(&mu_);

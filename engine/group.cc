@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace collserve::engine {
 
@@ -486,7 +487,103 @@ void Group::MaybeEmptyLocked() {
   if (env_.on_empty) env_.on_empty(params_.job, params_.name);
 }
 
+void Group::Watch() {
+  CoordinatorLink::WatchParams params;
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || emptied_ || state_ == State::kFailed || watching_ || topology_.num_hosts < 2) return;
+    watching_ = true;
+    rewatch_at_ = absl::InfiniteFuture();
+    id = ++watch_id_;
+    params.job = params_.job;
+    params.group = params_.name;
+    params.generation = topology_.generation;
+    params.known = watch_known_;
+    params.wait = env_.lease_renewal;
+    params.credential = credential_;
+  }
+  std::weak_ptr<Group> weak = weak_from_this();
+  auto cancel = env_.coordinator->WatchGroup(params, [weak, id](absl::StatusOr<GroupEvents> events) {
+    if (auto self = weak.lock()) self->OnWatched(id, std::move(events));
+  });
+  absl::MutexLock lock(&mu_);
+  if (watching_ && watch_id_ == id) cancel_watch_ = std::move(cancel);
+}
+
+void Group::MaybeRewatch() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (watching_ || rewatch_at_ > absl::Now()) return;
+  }
+  Watch();
+}
+
+void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
+  std::vector<std::pair<int, absl::Status>> left;  // remote ranks that left: point-to-point
+  bool rewatch = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (id != watch_id_) return;
+    watching_ = false;
+    cancel_watch_ = nullptr;
+    if (stop_ || emptied_ || state_ == State::kFailed) return;
+    if (!events.ok() || events->generation != topology_.generation) {
+      // Unreachable or restarted coordinator: try again later (the data path needs it not).
+      const absl::StatusCode code = events.status().code();
+      if (code != absl::StatusCode::kUnimplemented && code != absl::StatusCode::kCancelled) {
+        rewatch_at_ = absl::Now() + absl::Seconds(1);
+      }
+      if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
+      return;
+    }
+    std::set<int> lost_hosts;
+    std::vector<int> lost_ranks;
+    std::string lost_reason;
+    const auto& departures = events->departures;
+    for (size_t i = static_cast<size_t>(watch_known_); i < departures.size(); ++i) {
+      const Departure& d = departures[i];
+      if (d.rank < 0 || d.rank >= topology_.world_size) continue;  // not of this generation
+      if (d.host_lost) {
+        lost_hosts.insert(topology_.rank_host[d.rank]);
+        lost_ranks.push_back(d.rank);
+        lost_reason = d.reason;
+      } else if (topology_.local_ranks.count(d.rank) == 0 && remote_departed_.insert(d.rank).second) {
+        left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
+                                                                      params_.name, "\" (the coordinator: ", d.reason,
+                                                                      ")")));
+      }
+    }
+    watch_known_ = static_cast<int>(departures.size());
+    if (!lost_ranks.empty()) {
+      const bool self_lost = lost_hosts.count(topology_.host_index) != 0;
+      FailLocked(absl::UnavailableError(absl::StrCat(
+          "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+          " at the coordinator): ranks [", absl::StrJoin(lost_ranks, ", "), "] ",
+          self_lost ? "are taken as lost with this host (" : "were lost with their host (", lost_reason,
+          "); re-form the group (reconfigure) to go on")));
+      ++progress_version_;
+      for (int h : lost_hosts) {
+        if (comm_ != nullptr && h != topology_.host_index) comm_->ShutdownPeer(h);
+      }
+    } else {
+      rewatch = true;
+    }
+  }
+  if (p2p_ != nullptr) {
+    for (const auto& [rank, why] : left) p2p_->DepartSendsTo(rank, why);
+  }
+  if (rewatch) Watch();
+}
+
 void Group::Stop() {
+  std::function<void()> cancel_watch;
+  {
+    absl::MutexLock lock(&mu_);
+    cancel_watch = std::move(cancel_watch_);
+    cancel_watch_ = nullptr;
+  }
+  if (cancel_watch) cancel_watch();
   absl::MutexLock lock(&mu_);
   stop_ = true;
   FailLocked(absl::UnavailableError(absl::StrCat("sidecar ", env_.host_id, " is shutting down")));

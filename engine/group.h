@@ -60,6 +60,8 @@ struct GroupEnv {
   int flight_recorder_entries = 128;
   absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
   absl::Duration straggler_threshold = absl::Milliseconds(100);
+  // How long the coordinator may hold one watch of a generation (EngineOptions::lease_renewal).
+  absl::Duration lease_renewal = absl::Seconds(2);
   // Called (once, with the group's lock held: must not block) when the group has no local
   // ranks left; the engine drops it.
   std::function<void(const std::string& job, const std::string& group)> on_empty;
@@ -117,6 +119,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // Shutdown: fails everything with UNAVAILABLE and closes every session.
   void Stop();
 
+  // Restarts the coordinator's watch of this generation if one ended in an error (the
+  // coordinator unreachable or restarted) at least a second ago. The engine calls it about
+  // every second; cheap when there is nothing to do.
+  void MaybeRewatch() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct LocalRank {
     std::shared_ptr<Session> session;
@@ -143,6 +150,16 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // The coordinator answered `rank`'s join.
   void OnJoined(int rank, const absl::StatusOr<Membership>& result);
+
+  // The coordinator's watch of this generation (groups across hosts, once ready): the
+  // departures it reports and this host's lease on the group (CoordinatorLink::WatchGroup).
+  // A remote rank that left: sends to it fail at once (recvs from it fail when its own host
+  // says so in band, after its earlier messages; its collectives fail through the argument
+  // exchange). A host lost: the generation is over; the group
+  // fails at once with an error naming the lost ranks, and the backend's connections to
+  // that host are shut down so that no collective waits for it until its timeout.
+  void Watch() ABSL_LOCKS_EXCLUDED(mu_);
+  void OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A store for the backend's rendezvous in the job's namespace, with the group's credential.
   std::unique_ptr<backends::RendezvousStore> RendezvousStore();
@@ -197,6 +214,9 @@ class Group : public std::enable_shared_from_this<Group> {
   // "; the coordinator's ledger: <its diagnosis of this group>" for an error message, or ""
   // when it has none within kDiagnosisTimeout. Blocks; executor thread, no lock held.
   std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);
+  // " (the group had failed meanwhile: <why>)" when the group failed while the executor ran
+  // a collective (the coordinator ended the generation), else "". No lock held.
+  std::string FailedMeanwhileSuffix() ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
 
   // The host a backend error between hosts blames (OnBackendError): the group's only other
@@ -240,14 +260,25 @@ class Group : public std::enable_shared_from_this<Group> {
   // Local ranks that left this generation of a one-host group (OnSessionClosed), and the
   // error every collective gets since the first left.
   std::set<int> departed_ ABSL_GUARDED_BY(mu_);
+  // Ranks of other hosts that left, as the coordinator reported them (OnWatched): their
+  // point-to-point fails here; their collectives fail through their own host's exchange.
+  std::set<int> remote_departed_ ABSL_GUARDED_BY(mu_);
   absl::Status collectives_failure_ ABSL_GUARDED_BY(mu_);
+  // The watch (Watch): its id (a later one makes earlier answers stale), whether one is
+  // waiting, how to cancel it, the departures already seen, and when to retry after an error.
+  uint64_t watch_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool watching_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> cancel_watch_ ABSL_GUARDED_BY(mu_);
+  int watch_known_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time rewatch_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.
   Topology topology_;
   // Created with the executor; p2p_ before comm_, so that the communicator (whose cancelled
   // receives may still write p2p_'s buffers) is destroyed first.
   std::unique_ptr<PointToPoint> p2p_;
-  std::unique_ptr<backends::Communicator> comm_;  // executor and p2p threads; reset after they stop
+  // Executor and p2p threads; set and reset under mu_ (OnWatched uses it under mu_).
+  std::unique_ptr<backends::Communicator> comm_;
   std::unique_ptr<Hierarchical> algorithms_;      // executor thread only
   // Executor thread only: the argument exchange's buffers, reused by every collective.
   std::vector<char> exchange_send_, exchange_recv_;

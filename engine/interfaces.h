@@ -63,6 +63,27 @@ class CoordinatorLink {
   // Publishes one group's ledger on this host (fire and forget: never blocks, failures are
   // dropped; the next report replaces it). Default: nowhere.
   virtual void ReportProgress(const GroupProgress& progress, const std::string& credential) {}
+  // Watches generation `generation` of `group` at the coordinator, as a member host, and
+  // renews this host's lease on it (Registry.WatchGroup): `done` runs once, on any thread
+  // (possibly inline: call without locks `done` takes), with every departure of the
+  // generation once there are more than `known`, or with the same list after about `wait`;
+  // or with NOT_FOUND (the coordinator does not know the generation: it ended, or the
+  // coordinator restarted), UNAVAILABLE / DEADLINE_EXCEEDED (unreachable), CANCELLED (the
+  // returned function was called). Default: UNIMPLEMENTED, inline (no watch, no lease).
+  struct WatchParams {
+    std::string job;
+    std::string group;
+    int64_t generation = 0;
+    int known = 0;
+    absl::Duration wait;
+    std::string credential;
+  };
+  virtual std::function<void()> WatchGroup(const WatchParams& params,
+                                           std::function<void(absl::StatusOr<GroupEvents>)> done) {
+    (void)params;
+    done(absl::UnimplementedError("no watch"));
+    return [] {};
+  }
   // The coordinator's diagnosis of `group` from every host's ledger (one line naming the
   // oldest incomplete collective, who has and has not called it, and any disagreement),
   // within `timeout`. For error messages; blocks. Default: UNIMPLEMENTED.

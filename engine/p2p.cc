@@ -18,6 +18,8 @@ namespace {
 constexpr uint32_t kHeaderSlot = 1;
 constexpr uint32_t kPayloadSlot = 2;
 constexpr int64_t kHeaderMagic = 0x636f6c6c70327031;  // "collp2p1"
+// A departure: rank `src` of the sending host left the group (no payload; dst -1).
+constexpr int64_t kDepartMagic = 0x636f6c6c70326c31;  // "collp2l1"
 struct P2PHeader {
   int64_t magic;
   int64_t src;
@@ -78,9 +80,16 @@ void PointToPoint::Fail(const absl::Status& status) {
   ++changes_;
 }
 
+const absl::Status* PointToPoint::WhyLeftLocked(int peer) const {
+  auto it = departed_.find(peer);
+  if (it != departed_.end()) return &it->second;
+  it = unreachable_.find(peer);
+  return it != unreachable_.end() ? &it->second : nullptr;
+}
+
 absl::Status PointToPoint::PeerLeftLocked(const Submission& sub) const {
   const Request& c = sub.args;
-  const absl::Status& why = departed_.at(c.peer);
+  const absl::Status& why = *WhyLeftLocked(c.peer);
   const bool send = c.op == CollectiveOp::kSend;
   return absl::Status(why.code(), absl::StrCat(send ? "send from rank " : "recv on rank ", sub.rank,
                                                send ? " to rank " : " from rank ", c.peer, " (tag ", c.tag,
@@ -90,6 +99,26 @@ absl::Status PointToPoint::PeerLeftLocked(const Submission& sub) const {
 void PointToPoint::Depart(int rank, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) return;
+  DepartLocked(rank, why);
+  if (topology_.num_hosts > 1 && topology_.local_ranks.count(rank) != 0) announce_.push_back(rank);
+}
+
+void PointToPoint::DepartSendsTo(int rank, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (!failure_.ok() || departed_.count(rank) != 0) return;
+  unreachable_.emplace(rank, why);
+  ++changes_;
+  for (auto it = outgoing_.begin(); it != outgoing_.end();) {
+    if (it->sub.args.peer != rank) {
+      ++it;
+      continue;
+    }
+    Complete(it->sub, PeerLeftLocked(it->sub), observer_);
+    it = outgoing_.erase(it);
+  }
+}
+
+void PointToPoint::DepartLocked(int rank, const absl::Status& why) {
   departed_.emplace(rank, why);
   ++changes_;
   const auto settle = [&](std::deque<PendingSend>& q) {
@@ -132,7 +161,7 @@ void PointToPoint::Submit(Submission sub) {
   const int peer = sub.args.peer;
   const int64_t tag = sub.args.tag;
   ++changes_;
-  if (sub.args.op == CollectiveOp::kSend && departed_.count(peer) != 0) {
+  if (sub.args.op == CollectiveOp::kSend && WhyLeftLocked(peer) != nullptr) {
     Complete(sub, PeerLeftLocked(sub), observer_);
     return;
   }
@@ -235,13 +264,36 @@ void PointToPoint::TimerMain() {
 void PointToPoint::SendMain() {
   for (;;) {
     PendingSend send;
+    int announce = -1;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !outgoing_.empty(); };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !outgoing_.empty() || !announce_.empty();
+      };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      send = std::move(outgoing_.front());
-      outgoing_.pop_front();
+      if (!announce_.empty()) {
+        announce = announce_.front();
+        announce_.pop_front();
+      } else {
+        send = std::move(outgoing_.front());
+        outgoing_.pop_front();
+      }
+    }
+    if (announce >= 0) {
+      // After every message this thread sent for the rank, so no host hears of the
+      // departure before the rank's earlier messages.
+      P2PHeader header{kDepartMagic, announce, -1, 0, 0, 0};
+      for (int h = 0; h < topology_.num_hosts; ++h) {
+        if (h == topology_.host_index) continue;
+        absl::Status s = comm_->Send(&header, sizeof header, h, kHeaderSlot, op_timeout_);
+        if (!s.ok()) {
+          on_failure_(absl::Status(s.code(), absl::StrCat("telling host ", topology_.host_ids[h], " that rank ",
+                                                          announce, " left failed: ", s.message())));
+          return;
+        }
+      }
+      continue;
     }
     const Request& c = send.sub.args;
     const int dst_host = topology_.rank_host[c.peer];
@@ -274,6 +326,22 @@ void PointToPoint::RecvMain() {
     P2PHeader h;
     std::memcpy(&h, header_, sizeof h);
     // The header comes from another host: check every field before it sizes anything.
+    if (s.ok() && h.magic == kDepartMagic) {
+      // Rank h.src of host `from` left: only that host may say so.
+      if (h.src < 0 || h.src >= topology_.world_size || from < 0 || from >= topology_.num_hosts ||
+          topology_.rank_host[h.src] != from) {
+        s = absl::InternalError(absl::StrCat("malformed departure header from host ", from));
+      } else {
+        absl::MutexLock lock(&mu_);
+        if (failure_.ok() && departed_.count(static_cast<int>(h.src)) == 0) {
+          DepartLocked(static_cast<int>(h.src),
+                       absl::UnavailableError(absl::StrCat("rank ", h.src, " left the group (its session on host ",
+                                                           topology_.host_ids[from],
+                                                           " ended: it destroyed the group, exited or died)")));
+        }
+        continue;
+      }
+    }
     if (s.ok() && (h.magic != kHeaderMagic || !IsValidDataType(static_cast<int>(h.dtype)) || h.count < 0 ||
                    h.count > (int64_t{1} << 40) || h.src < 0 || h.src >= topology_.world_size ||
                    topology_.local_ranks.count(static_cast<int>(h.dst)) == 0)) {

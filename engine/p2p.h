@@ -50,8 +50,15 @@ class PointToPoint {
   // sends and recvs are dropped (completed with `why`: nobody reads the answer); the other
   // ranks' sends to it and recvs from it (source `rank`, no message from it waiting) fail
   // now, and so do later ones, with `why`'s code and a message naming both ranks and
-  // `why`. Everything else goes on: leaving is local, as in torch.distributed.
+  // `why`. Everything else goes on: leaving is local, as in torch.distributed. With
+  // several hosts the sender thread then tells every other host, in band (a departure
+  // header on the header slot, after every message the rank sent): there its recvs and
+  // sends fail the same way, and never before the rank's earlier messages arrived.
   void Depart(int rank, const absl::Status& why);
+  // Rank `rank` of another host left (the coordinator said so; `why`): sends to it fail now
+  // and later, as in Depart. Recvs from it wait for its host's in-band word (its messages
+  // sent before it left may still be on their way), or their deadline.
+  void DepartSendsTo(int rank, const absl::Status& why);
   // Stops and joins the threads (idempotent). The communicator may be destroyed after.
   void Stop();
 
@@ -60,6 +67,10 @@ class PointToPoint {
     uint64_t order = 0;
     Submission sub;
   };
+  // Fails what needs `rank` (Depart's effect on this host).
+  void DepartLocked(int rank, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why sends to `peer` cannot complete (it left), or null.
+  const absl::Status* WhyLeftLocked(int peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct StagedMessage {  // a remote rank's message for a local rank, not yet received
     int src = 0;
     int dst = 0;
@@ -93,6 +104,8 @@ class PointToPoint {
   std::deque<StagedMessage> staged_ ABSL_GUARDED_BY(mu_);
   std::deque<Submission> recvs_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> departed_ ABSL_GUARDED_BY(mu_);  // rank -> why it left
+  std::map<int, absl::Status> unreachable_ ABSL_GUARDED_BY(mu_);  // DepartSendsTo: sends only
+  std::deque<int> announce_ ABSL_GUARDED_BY(mu_);  // local ranks that left, for the sender to announce
   // The error of `sub` (a send to or a recv from a departed rank).
   absl::Status PeerLeftLocked(const Submission& sub) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The receiver thread's buffers: a cancelled Recv may still write them until the

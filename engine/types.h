@@ -167,6 +167,22 @@ struct Member {
   std::string host_address;  // where that sidecar's backend listens
 };
 
+// A rank that left a formed generation, or was lost with its host, as the coordinator
+// saw it (collserve.v1.Departure).
+struct Departure {
+  int rank = -1;
+  std::string host_id;
+  std::string reason;
+  bool host_lost = false;  // its host stopped renewing its lease: every rank there is gone
+};
+
+// A watch's answer (collserve.v1.WatchGroupResponse).
+struct GroupEvents {
+  int64_t generation = 0;
+  std::string state;                  // FORMED or BROKEN
+  std::vector<Departure> departures;  // every departure of the generation so far, in order
+};
+
 // The answer of a rendezvous (collserve.v1.JoinResponse): every rank of the generation.
 struct Membership {
   int64_t generation = 0;

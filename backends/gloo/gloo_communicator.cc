@@ -1,6 +1,11 @@
 #include "backends/gloo/gloo_communicator.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -17,6 +22,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +105,22 @@ void SetBuffers(::gloo::AllreduceOptions& opts, std::vector<std::unique_ptr<::gl
                 std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> out) {
   if (!in.empty()) opts.setInputs<T>(std::move(in));
   opts.setOutputs<T>(std::move(out));
+}
+
+// Whether two socket addresses are the same IPv4/IPv6 address and port.
+bool SameSocketAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && std::memcmp(&x.sin_addr, &y.sin_addr, sizeof(x.sin_addr)) == 0;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port && std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof(x.sin6_addr)) == 0;
+  }
+  return false;
 }
 
 class GlooCommunicator : public Communicator {
@@ -310,6 +332,37 @@ class GlooCommunicator : public Communicator {
       return absl::CancelledError("receive aborted");
     }
     return absl::OkStatus();
+  }
+
+  // Gloo (this version) has no abort: a pair's close does not wake the operations waiting
+  // on it, but a connection the peer closed does (the transport's read sees end-of-file and
+  // fails every operation on the pair). So the pair's socket is shut down: found among this
+  // process's descriptors by its local address, which Gloo's pair reports once connected
+  // (each pair has a socket of its own, bound to a port of its own).
+  void ShutdownPeer(int peer) override {
+    if (peer < 0 || peer >= size() || peer == rank()) return;
+    auto& pair = context_->getPair(peer);
+    if (pair == nullptr) return;
+    const auto* address = dynamic_cast<const ::gloo::transport::tcp::Address*>(&pair->address());
+    if (address == nullptr) return;
+    const sockaddr_storage target = address->getSockaddr();
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return;
+    while (dirent* entry = readdir(dir)) {
+      char* end = nullptr;
+      const long fd = std::strtol(entry->d_name, &end, 10);
+      if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+      if (!SameSocketAddress(local, target)) continue;
+      int type = 0;
+      socklen_t type_len = sizeof(type);
+      if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_STREAM) continue;
+      shutdown(static_cast<int>(fd), SHUT_RDWR);
+    }
+    closedir(dir);
+    SetFailure(absl::UnavailableError(absl::StrCat("host ", peer, " of the communicator is gone"))).IgnoreError();
   }
 
   void AbortRecv() override {

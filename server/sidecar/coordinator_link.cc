@@ -202,6 +202,44 @@ void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, 
   });
 }
 
+std::function<void()> GrpcCoordinatorLink::WatchGroup(
+    const WatchParams& params, std::function<void(absl::StatusOr<engine::GroupEvents>)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::WatchGroupRequest req;
+    pb::WatchGroupResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req.set_job(params.job);
+  call->req.set_group(params.group);
+  call->req.set_generation(params.generation);
+  call->req.set_host_id(host_id_);
+  call->req.set_known(params.known);
+  call->req.set_wait_ms(absl::ToInt64Milliseconds(params.wait));
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.wait + absl::Seconds(5)));
+  call->ctx.set_wait_for_ready(true);
+  client::AddJobToken(call->ctx, params.credential);
+  registry_->async()->WatchGroup(&call->ctx, &call->req, &call->resp,
+                                 [call, done = std::move(done)](grpc::Status s) {
+                                   if (!s.ok()) {
+                                     done(FromGrpcStatus(s));
+                                     return;
+                                   }
+                                   engine::GroupEvents events;
+                                   events.generation = call->resp.generation();
+                                   events.state = call->resp.state();
+                                   for (const pb::Departure& d : call->resp.departures()) {
+                                     events.departures.push_back(
+                                         engine::Departure{d.rank(), d.host_id(), d.reason(), d.host_lost()});
+                                   }
+                                   done(std::move(events));
+                                 });
+  std::weak_ptr<Call> weak = call;
+  return [weak] {
+    if (auto c = weak.lock()) c->ctx.TryCancel();
+  };
+}
+
 absl::StatusOr<std::string> GrpcCoordinatorLink::Diagnose(const std::string& job, const std::string& group,
                                                           const std::string& credential, absl::Duration timeout) {
   grpc::ClientContext ctx;

@@ -34,6 +34,10 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
                                                                 const std::string& credential) override;
   // Registry.ReportProgress, asynchronous; deadline 5 s; failures are logged at VLOG(1).
   void ReportProgress(const engine::GroupProgress& progress, const std::string& credential) override;
+  // Registry.WatchGroup, asynchronous; the call's deadline is the wait plus 5 s, and it
+  // waits for a reconnecting channel (wait_for_ready) within it.
+  std::function<void()> WatchGroup(const WatchParams& params,
+                                   std::function<void(absl::StatusOr<engine::GroupEvents>)> done) override;
   // Registry.DiagnoseGroup's summary.
   absl::StatusOr<std::string> Diagnose(const std::string& job, const std::string& group,
                                        const std::string& credential, absl::Duration timeout) override;

@@ -72,6 +72,12 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
           "A collective whose last rank called it at least this long after its first counts in "
           "collserve_straggler_collectives_total on the last rank's sidecar.");
 
+ABSL_FLAG(absl::Duration, lease_renewal, absl::Seconds(2),
+          "Each group spanning hosts is watched at the coordinator while it runs; the watch is this host's "
+          "lease on the group. The coordinator holds one watch at most this long and the sidecar renews it at "
+          "once; a host silent for this plus the coordinator's --lease_grace is taken as lost and the group's "
+          "generation ends for every member. In [100ms, 60s].");
+
 int main(int argc, char** argv) {
   collserve::server::BlockTerminationSignals();
   collserve::server::SetDaemonUsage(
@@ -120,6 +126,11 @@ int main(int argc, char** argv) {
   options.flight_recorder_entries = absl::GetFlag(FLAGS_flight_recorder_entries);
   options.flight_recorder_log_threshold = absl::GetFlag(FLAGS_flight_recorder_log_threshold);
   options.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  options.lease_renewal = absl::GetFlag(FLAGS_lease_renewal);
+  if (options.lease_renewal < absl::Milliseconds(100) || options.lease_renewal > absl::Seconds(60)) {
+    std::cerr << "--lease_renewal must be in [100ms, 60s]\n";
+    return 2;
+  }
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.coordinator_connect_timeout = absl::GetFlag(FLAGS_coordinator_connect_timeout);
   options.coordinator_tls.ca_file = absl::GetFlag(FLAGS_coordinator_tls_ca);

@@ -308,6 +308,7 @@ class SidecarImpl : public Sidecar {
     eo.flight_recorder_entries = options_.flight_recorder_entries;
     eo.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     eo.straggler_threshold = options_.straggler_threshold;
+    eo.lease_renewal = options_.lease_renewal;
     // CUDA tensors of local clients (docs/gpu.md), when this build and host have CUDA.
     std::string no_device;
     device_ = backends::NewDeviceRuntime(&no_device);

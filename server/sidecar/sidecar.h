@@ -54,6 +54,9 @@ struct SidecarOptions {
   int flight_recorder_entries = 128;
   absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
   absl::Duration straggler_threshold = absl::Milliseconds(100);
+  // How long the coordinator may hold one watch of a group spanning hosts, which the sidecar
+  // renews at once (engine::EngineOptions::lease_renewal).
+  absl::Duration lease_renewal = absl::Seconds(2);
   // Memory gRPC may hold for the sessions' messages in flight, in bytes (LimitRpcMemory);
   // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
   // of remote clients).

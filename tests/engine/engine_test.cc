@@ -618,6 +618,109 @@ TEST(EngineTest, RankThatLeavesIsNamedInEveryHostsCollectivesAndPointToPointGoes
   EXPECT_TRUE(left);
 }
 
+TEST(EngineTest, ARemoteRankThatLeftFailsPointToPointWithItButNeverBeforeItsEarlierMessages) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("remote-leave", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  // Both hosts watch the generation at the coordinator once it is ready.
+  for (int i = 0; i < 100 && cluster.coordinator().watches_started("remote-leave") < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(cluster.coordinator().watches_started("remote-leave"), 2);
+  TestRank& r0 = (*formed)[0];
+  // Rank 2 (host 1) sends rank 0 (host 0) a message and leaves at once; rank 0 waits for a
+  // second message from it.
+  engine::Request sent = FloatRequest(CollectiveOp::kSend, {3, 4});
+  sent.peer = 0;
+  Completion handed = (*formed)[2].Call(sent, absl::Seconds(20));
+  ASSERT_TRUE(handed.status.ok()) << handed.status;
+  engine::Request second = FloatRequest(CollectiveOp::kRecv, {});
+  second.count = 2;
+  second.peer = 2;
+  second.tag = 9;
+  second.seq = r0.next_seq++;
+  r0.group->Submit(0, second);
+  const absl::Time departed = absl::Now();
+  (*formed)[2].group->OnSessionClosed(2);
+  cluster.coordinator().Depart("remote-leave", engine::Departure{2, "host1", "left: the test says so", false});
+  // The second message will never come: the recv fails once host 1's word arrives (in band).
+  Completion c = r0.session->WaitCompletion(second.seq, absl::Seconds(20));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+  EXPECT_THAT(c.status.message(), HasSubstr("rank 2 left the group (its session on host host1 ended"));
+  EXPECT_LT(absl::Now() - departed, absl::Seconds(2)) << "not the op timeout";
+  // The message it sent before it left is still received, whatever arrived first.
+  engine::Request first = FloatRequest(CollectiveOp::kRecv, {});
+  first.count = 2;
+  first.peer = 2;
+  Completion got = r0.Call(first, absl::Seconds(20));
+  ASSERT_TRUE(got.status.ok()) << got.status;
+  EXPECT_THAT(FloatsOf(got.inline_data), ::testing::ElementsAre(3.0f, 4.0f));
+  // A send to it fails at once.
+  engine::Request send = FloatRequest(CollectiveOp::kSend, {1, 2});
+  send.peer = 2;
+  Completion s = (*formed)[1].Call(send, absl::Seconds(20));
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kUnavailable) << s.status;
+  // Every host's next collective fails naming it, at once.
+  std::vector<TestRank> rest = {(*formed)[0], (*formed)[1], (*formed)[3]};
+  OnEveryRank(rest, [&](TestRank& r) {
+    Completion done = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(30));
+    EXPECT_EQ(done.status.code(), absl::StatusCode::kUnavailable) << done.status;
+    EXPECT_THAT(done.status.message(), HasSubstr("rank 2 left the group"));
+  });
+  // Point-to-point among the others goes on, across hosts.
+  std::vector<TestRank> pair = {rest[1], rest[2]};
+  OnEveryRank(pair, [&](TestRank& r) {
+    engine::Request q = r.rank == 1 ? FloatRequest(CollectiveOp::kSend, {5, 6}) : FloatRequest(CollectiveOp::kRecv, {});
+    q.count = 2;
+    q.peer = r.rank == 1 ? 3 : 1;
+    Completion done = r.Call(q, absl::Seconds(30));
+    ASSERT_TRUE(done.status.ok()) << done.status;
+  });
+}
+
+TEST(EngineTest, TheCoordinatorsWordThatARemoteRankLeftFailsSendsToItAtOnce) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("remote-word", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  cluster.coordinator().Depart("remote-word", engine::Departure{2, "host1", "left: the test says so", false});
+  engine::Request send = FloatRequest(CollectiveOp::kSend, {1, 2});
+  send.peer = 2;
+  Completion s = (*formed)[1].Call(send, absl::Seconds(20));
+  EXPECT_EQ(s.status.code(), absl::StatusCode::kUnavailable) << s.status;
+  EXPECT_THAT(s.status.message(), HasSubstr("rank 2 left group \"remote-word\" (the coordinator: left: the test says so)"));
+  // Collectives go on until its own host says it left (its session is still attached here).
+  std::vector<TestRank> all = *formed;
+  OnEveryRank(all, [&](TestRank& r) {
+    Completion done = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(30));
+    ASSERT_TRUE(done.status.ok()) << done.status;
+    EXPECT_THAT(FloatsOf(done.inline_data), ::testing::ElementsAre(4.0f));
+  });
+}
+
+TEST(EngineTest, AHostTheCoordinatorLostEndsTheGenerationAndNoCollectiveWaitsForIt) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("host-lost", 2, /*op_timeout=*/absl::Seconds(60));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  TestRank& r0 = (*formed)[0];
+  // Rank 0's all_reduce waits in the backend for host 1, whose rank never calls (as if its
+  // link were cut: its connections stay open and silent).
+  engine::Request ar = FloatRequest(CollectiveOp::kAllReduce, {1});
+  ar.seq = r0.next_seq++;
+  r0.group->Submit(0, ar);
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time lost = absl::Now();
+  cluster.coordinator().Depart(
+      "host-lost", engine::Departure{1, "host1", "lost with host host1: its sidecar stopped renewing its lease", true});
+  Completion c = r0.session->WaitCompletion(ar.seq, absl::Seconds(90));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+  EXPECT_THAT(c.status.message(), HasSubstr("generation 1 of group \"host-lost\" is over (BROKEN at the coordinator): "
+                                             "ranks [1] were lost with their host"));
+  EXPECT_LT(absl::Now() - lost, absl::Seconds(5)) << "waited for the op timeout";
+  // Later requests get the same failure.
+  Completion later = r0.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(10));
+  EXPECT_THAT(later.status.message(), HasSubstr("is over"));
+}
+
 TEST(EngineTest, CoordinatorCallsCarryTheAttachingRanksCredentials) {
   TestCluster cluster(2);
   auto formed = cluster.Form("credentials", 4);

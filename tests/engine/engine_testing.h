@@ -65,6 +65,28 @@ class FakeCoordinator {
     return it->second;
   }
 
+  // Watches (CoordinatorLink::WatchGroup) wait until a departure or their cancel; there are
+  // no leases. Depart adds a departure to generation `generation` of (job "test", `group`)
+  // and answers every waiting watch of it.
+  void Depart(const std::string& group, engine::Departure d) {
+    std::vector<std::function<void(absl::StatusOr<engine::GroupEvents>)>> answer;
+    engine::GroupEvents events;
+    {
+      absl::MutexLock lock(&mu_);
+      const std::string key = "test/" + group;
+      departures_[key].push_back(std::move(d));
+      events = EventsLocked(key);
+      for (auto& [id, w] : watches_[key]) answer.push_back(std::move(w));
+      watches_[key].clear();
+    }
+    for (auto& done : answer) done(events);
+  }
+  // Watches of (job "test", `group`) started so far, by every host.
+  int watches_started(const std::string& group) {
+    absl::MutexLock lock(&mu_);
+    return watches_started_["test/" + group];
+  }
+
   // The credential of every Join, Leave and rendezvous store the engines asked for, in order.
   std::vector<std::string> credentials() {
     absl::MutexLock lock(&mu_);
@@ -107,6 +129,10 @@ class FakeCoordinator {
                                          const std::string& credential, absl::Duration timeout) override {
       return absl::StrCat("the fake ledger of group ", group);
     }
+    std::function<void()> WatchGroup(const WatchParams& p,
+                                     std::function<void(absl::StatusOr<engine::GroupEvents>)> done) override {
+      return c_->Watch(p, std::move(done));
+    }
 
    private:
     FakeCoordinator* c_;
@@ -128,6 +154,42 @@ class FakeCoordinator {
     backends::RendezvousStore* s_;
     std::string p_;
   };
+
+  engine::GroupEvents EventsLocked(const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    engine::GroupEvents events;
+    events.generation = groups_[key].membership.generation;
+    events.departures = departures_[key];
+    events.state = events.departures.empty() ? "FORMED" : "BROKEN";
+    return events;
+  }
+
+  std::function<void()> Watch(const engine::CoordinatorLink::WatchParams& p,
+                              std::function<void(absl::StatusOr<engine::GroupEvents>)> done) {
+    const std::string key = p.job + "/" + p.group;
+    engine::GroupEvents events;
+    {
+      absl::MutexLock lock(&mu_);
+      ++watches_started_[key];
+      if (departures_[key].size() <= static_cast<size_t>(p.known)) {
+        const int64_t id = ++next_watch_;
+        watches_[key][id] = std::move(done);
+        return [this, key, id] {
+          std::function<void(absl::StatusOr<engine::GroupEvents>)> cancelled;
+          {
+            absl::MutexLock lock(&mu_);
+            auto it = watches_[key].find(id);
+            if (it == watches_[key].end()) return;
+            cancelled = std::move(it->second);
+            watches_[key].erase(it);
+          }
+          cancelled(absl::CancelledError("watch cancelled"));
+        };
+      }
+      events = EventsLocked(key);
+    }
+    done(std::move(events));
+    return [] {};
+  }
 
   std::function<void()> Join(const std::string& host, const engine::CoordinatorLink::JoinParams& p,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) {
@@ -182,6 +244,11 @@ class FakeCoordinator {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> credentials_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, engine::GroupProgress> reports_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<engine::Departure>> departures_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::map<int64_t, std::function<void(absl::StatusOr<engine::GroupEvents>)>>> watches_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> watches_started_ ABSL_GUARDED_BY(mu_);
+  int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
   InMemoryRendezvousStore store_;
 };
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/testing/process.h"
 
 namespace collserve::testing {
@@ -86,6 +87,26 @@ TEST(LeaveTest, OthersPointToPointGoesOnAndWhatNeedsTheLeaverFailsNamingIt) {
           << results[r].second;
     }
   }
+}
+
+// The same with the ranks alternating between two sidecars: the leaver's host tells the
+// other host in band (after the leaver's earlier messages) and the coordinator passes the
+// leave on, so ranks there fail their send to it, their recv from it and their collective
+// at once, naming it, instead of at the op timeout.
+TEST(LeaveTest, AcrossTwoHostsWhatNeedsTheLeaverFailsNamingItAtOnce) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const absl::Time start = absl::Now();
+  auto results = RunRanks(**started, 4, {"--mode=leave_early"}, /*sidecars=*/2);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].first, 0) << "rank " << r << ":\n" << results[r].second << (*started)->Logs();
+    if (r > 0) {
+      EXPECT_NE(results[r].second.find("leave_early: OK"), std::string::npos) << results[r].second;
+      EXPECT_NE(results[r].second.find("recv from 0: UNAVAILABLE"), std::string::npos) << results[r].second;
+    }
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "something waited for a timeout";
 }
 
 }  // namespace

@@ -138,12 +138,31 @@ class NetnsHosts : public ::testing::Test {
     StartService(/*sidecar_hosts=*/3);
     std::vector<Process*> ranks;
     for (int r = 0; r < 6; ++r) ranks.push_back(&PythonRank(r, 6, 1 + r % 3, /*op_timeout=*/"5", final_world));
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    return CutHost2Once(ranks, "iter 20 ok", absl::Seconds(60));
+  }
+
+  // Four C++ ranks in a loop of all_reduces (rank r on host 1 + r % 2) with `op_timeout`;
+  // once each did 3, host 2 drops off the network (no RST reaches host 1, only silence).
+  // Empty if that failed (the failure is recorded).
+  std::vector<Process*> StartLoopRanksAndCutHost2(const std::string& op_timeout) {
+    StartService();
+    std::vector<Process*> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.push_back(&Rank(r, 4, 1 + r % 2, {"--mode=loop", "--count=262144"}, op_timeout));
+    }
+    return CutHost2Once(ranks, "iter 2 ok", absl::Seconds(30));
+  }
+
+  // Once every rank printed `progress` (within `timeout`), cuts host 2's link and returns
+  // `ranks`; empty (the failure recorded) otherwise.
+  std::vector<Process*> CutHost2Once(const std::vector<Process*>& ranks, const std::string& progress,
+                                     absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
     for (Process* p : ranks) {
-      while (p->Output().find("iter 20 ok") == std::string::npos && absl::Now() < deadline) {
+      while (p->Output().find(progress) == std::string::npos && absl::Now() < deadline) {
         absl::SleepFor(absl::Milliseconds(10));
       }
-      if (p->Output().find("iter 20 ok") == std::string::npos) {
+      if (p->Output().find(progress) == std::string::npos) {
         ADD_FAILURE() << p->Output();
         return {};
       }
@@ -179,28 +198,45 @@ TEST_F(NetnsHosts, AllReduceAcrossTwoHostsWithTwoRanksEach) {
 }
 
 TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
-  StartService();
-  std::vector<Process*> ranks;
-  for (int r = 0; r < 4; ++r) {
-    ranks.push_back(&Rank(r, 4, 1 + r % 2, {"--mode=loop", "--count=262144"}, /*op_timeout=*/"5"));
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (Process* p : ranks) {
-    while (p->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_NE(p->Output().find("iter 2 ok"), std::string::npos) << p->Output();
-  }
-  // Host 2 drops off the network: no RST reaches host 1, only silence.
-  ASSERT_EQ(Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 down")), 0);
+  std::vector<Process*> ranks = StartLoopRanksAndCutHost2(/*op_timeout=*/"5");
+  if (ranks.empty()) return;
   const absl::Time cut = absl::Now();
   for (int r : {0, 2}) {  // the ranks on host 1
     auto code = ranks[r]->Wait(absl::Seconds(5) + absl::Seconds(3));
     ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within the op timeout: " << ranks[r]->Output();
     EXPECT_EQ(*code, 3) << ranks[r]->Output();
-    EXPECT_NE(ranks[r]->Output().find("DEADLINE_EXCEEDED"), std::string::npos) << ranks[r]->Output();
+    // The op timeout, or the coordinator's lease (renewed every 2 s, 3 s of grace) if it
+    // ended first.
+    const std::string out = ranks[r]->Output();
+    EXPECT_TRUE(out.find("DEADLINE_EXCEEDED") != std::string::npos ||
+                out.find("were lost with their host") != std::string::npos)
+        << out;
   }
   EXPECT_LT(absl::Now() - cut, absl::Seconds(8));
+}
+
+// The same cut with an op timeout of 60 s: the coordinator takes host 2 as lost once its
+// sidecar stops renewing its lease on the group (a watch every 2 s, --lease_grace 3 s), ends
+// the generation, and host 1's sidecar fails its ranks' collective at once, naming the lost
+// ranks, and shuts its backend connections to host 2 down, so nothing waits for the op
+// timeout.
+TEST_F(NetnsHosts, CutHostIsTakenAsLostByTheCoordinatorLongBeforeTheOpTimeout) {
+  std::vector<Process*> ranks = StartLoopRanksAndCutHost2(/*op_timeout=*/"60");
+  if (ranks.empty()) return;
+  const absl::Time cut = absl::Now();
+  for (int r : {0, 2}) {  // the ranks on host 1
+    auto code = ranks[r]->Wait(absl::Seconds(20));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 3) << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find("ranks [1, 3] were lost with their host (lost with host host2"),
+              std::string::npos)
+        << ranks[r]->Output();
+  }
+  const absl::Duration took = absl::Now() - cut;
+  // At most one renewal interval and the grace (5 s), plus the timer and the exit.
+  EXPECT_LT(took, absl::Seconds(9));
+  std::printf("host 1's ranks failed %s after host 2 was cut off (op timeout 60 s)\n",
+              absl::FormatDuration(took).c_str());
 }
 
 // Three hosts, two ranks each (Python, tests/python/elastic_worker.py). Host 2 drops off the

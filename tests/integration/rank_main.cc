@@ -38,6 +38,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
+#include "collserve/elastic.h"
 #include "common/types.h"
 
 ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init | idle | ...");
@@ -49,6 +50,9 @@ ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
 ABSL_FLAG(std::string, group, "world", "group name");
 ABSL_FLAG(int64_t, delay_ms, 0, "loop: sleep this long before each iteration's call (a straggler)");
 ABSL_FLAG(int64_t, hold_s, 0, "loop: after an error, keep the process (and its session) this long before exiting");
+ABSL_FLAG(bool, elastic_join, false,
+          "reconfigure: join the running job (collserve::client::JoinRunningGroup) instead of initializing");
+ABSL_FLAG(int64_t, admit_every, 10, "reconfigure: members ask ShouldReconfigure every this many iterations");
 ABSL_FLAG(std::string, key_prefix, "t", "store_loop: prefix of the store keys it writes");
 
 namespace {
@@ -190,6 +194,79 @@ int main(int argc, char** argv) {
   }
   options->group = absl::GetFlag(FLAGS_group);
   const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "reconfigure") {
+    // An elastic loop (collserve/elastic.h): int64 all_reduces of 1 (the sum is the world
+    // size); a failed one re-forms the group among the ranks left (join window 3 s) and is
+    // retried; every --admit_every iterations the members admit waiting joiners.
+    collserve::client::ReconfigureOptions ro;
+    ro.join_window = absl::Seconds(3);
+    collserve::client::ElasticGroup eg;
+    if (absl::GetFlag(FLAGS_elastic_join)) {
+      auto joined = collserve::client::JoinRunningGroup(*options, ro);
+      if (!joined.ok()) {
+        std::printf("join: %s\n", StatusLine(joined.status()).c_str());
+        return 3;
+      }
+      eg = std::move(*joined);
+    } else {
+      auto first = collserve::client::InitProcessGroup(*options);
+      if (!first.ok()) {
+        std::printf("init: %s\n", StatusLine(first.status()).c_str());
+        return 3;
+      }
+      eg.group = std::move(*first);
+    }
+    const int64_t iters = absl::GetFlag(FLAGS_iters);
+    int64_t i = 0;
+    int failures = 0;
+    // After each formation the new rank 0's iteration is everyone's (a failed collective
+    // may have completed on some ranks; a joiner knows none): the state the survivors hold.
+    auto formed = [&]() {
+      std::vector<int64_t> at = {i};
+      absl::Status s = eg.group->Broadcast(at, 0)->Wait();
+      if (s.ok()) i = at[0];
+      std::printf("formed: rank %d of %d (generation %lld) at iter %lld: %s\n", eg.group->GetRank(),
+                  eg.group->GetWorldSize(), static_cast<long long>(eg.generation), static_cast<long long>(i),
+                  StatusLine(s).c_str());
+      return s;
+    };
+    if (!formed().ok()) return 3;
+    while (i < iters) {
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
+      absl::Status s = absl::OkStatus();
+      if (i > 0 && i % absl::GetFlag(FLAGS_admit_every) == 0) {
+        auto admit = collserve::client::ShouldReconfigure(eg, *options, ro);
+        s = admit.status();
+        if (admit.ok() && *admit) s = absl::UnavailableError("joiners are waiting");
+      }
+      std::vector<int64_t> one = {1};
+      if (s.ok()) s = eg.group->AllReduce(one)->Wait();
+      if (s.ok() && one[0] != eg.group->GetWorldSize()) {
+        std::printf("WRONG at iter %lld: %lld != %d\n", static_cast<long long>(i), static_cast<long long>(one[0]),
+                    eg.group->GetWorldSize());
+        return 4;
+      }
+      if (s.ok()) {
+        std::printf("iter %lld ok\n", static_cast<long long>(i));
+        ++i;
+        continue;
+      }
+      if (++failures > 5) {
+        std::printf("giving up at iter %lld: %s\n", static_cast<long long>(i), StatusLine(s).c_str());
+        return 3;
+      }
+      std::printf("iter %lld: %s; reconfiguring\n", static_cast<long long>(i), StatusLine(s).c_str());
+      auto next = collserve::client::Reconfigure(std::move(eg), *options, ro);
+      if (!next.ok()) {
+        std::printf("reconfigure: %s\n", StatusLine(next.status()).c_str());
+        return 3;
+      }
+      eg = std::move(*next);
+      if (!formed().ok()) return 3;
+    }
+    std::printf("done: rank %d of %d\n", eg.group->GetRank(), eg.group->GetWorldSize());
+    return 0;
+  }
   auto pg = collserve::client::InitProcessGroup(*options);
   if (!pg.ok()) {
     std::printf("init: %s\n", StatusLine(pg.status()).c_str());
@@ -316,9 +393,14 @@ int main(int argc, char** argv) {
     int64_t x = 1;
     absl::Status ar = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum)->Wait();
     absl::Status to0 = (*pg)->Send(&x, 1, DataType::kInt64, 0)->Wait();
-    std::printf("all_reduce: %s\nsend to 0: %s\n", StatusLine(ar).c_str(), StatusLine(to0).c_str());
-    const bool named = !ar.ok() && absl::StrContains(ar.message(), "rank 0 left group") && !to0.ok() &&
-                       absl::StrContains(to0.message(), "rank 0 left group");
+    absl::Status from0 = (*pg)->Recv(&x, 1, DataType::kInt64, 0)->Wait();
+    std::printf("all_reduce: %s\nsend to 0: %s\nrecv from 0: %s\n", StatusLine(ar).c_str(), StatusLine(to0).c_str(),
+                StatusLine(from0).c_str());
+    // "rank 0 left group \"world\" (...)" on its host, "rank 0 left the group (...)" from
+    // another host's word.
+    const bool named = !ar.ok() && absl::StrContains(ar.message(), "rank 0 left") && !to0.ok() &&
+                       absl::StrContains(to0.message(), "rank 0 left") && !from0.ok() &&
+                       absl::StrContains(from0.message(), "rank 0 left");
     if (!named) return 3;
     std::printf("leave_early: OK\n");
     return 0;
