@@ -10,7 +10,9 @@
 //   wait GROUP           blocks until GROUP is formed (exit 0) or --wait_timeout passes
 //                        (exit 1), printing every --progress_interval how many ranks joined
 //                        and which are missing: a Kubernetes init container or exec
-//                        readiness probe for "my job's group is up"
+//                        readiness probe for "my job's group is up". Follows a group
+//                        re-formed in place (collserve.reconfigure names it GROUP.gN):
+//                        the latest of GROUP, GROUP.g2, GROUP.g3, ... is the one waited for
 //   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
 //   dump GROUP           the flight recorder: GROUP's last collectives with every rank's
 //                        arrival, the arrival skew and the last rank; the stragglers
@@ -41,6 +43,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
@@ -355,33 +358,61 @@ std::string JoinProgress(const pb::GroupInfo& g) {
                       absl::StrJoin(missing, ", "), more > 0 ? absl::StrCat(", ... and ", more, " more") : "", "]");
 }
 
-// Polls Registry.Describe every second until `group` is FORMED.
+// The re-formation number of `name` as a successor of `group`: 1 for `group` itself, N for
+// "<group>.gN" (collserve.reconfigure's name for generation N), 0 for anything else.
+int64_t Reformation(const std::string& group, const std::string& name) {
+  if (name == group) return 1;
+  const std::string prefix = group + ".g";
+  if (!absl::StartsWith(name, prefix)) return 0;
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(name.substr(prefix.size()), &n) || n < 2) return 0;
+  return n;
+}
+
+// Polls Registry.List every second until `group`, or its latest re-formation in place
+// ("<group>.gN", collserve.reconfigure), is FORMED.
 absl::Status Wait(const Ctl& c, const std::string& group) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
   absl::Time next_progress = start + absl::GetFlag(FLAGS_progress_interval);  // quiet when it forms at once
   std::string last = "the coordinator has no such group yet";
   for (;;) {
-    pb::DescribeRequest req;
+    pb::ListRequest req;
     req.set_job(c.job());
-    req.set_group(group);
-    pb::DescribeResponse resp;
+    pb::ListResponse resp;
     auto ctx = c.Context();
-    const grpc::Status s = c.registry().Describe(ctx.get(), req, &resp);
+    const grpc::Status s = c.registry().List(ctx.get(), req, &resp);
     if (s.ok()) {
-      const pb::GroupInfo& g = resp.group();
-      if (g.state() == "FORMED") {
-        std::set<std::string> hosts;
-        for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
-        std::cout << "group \"" << group << "\" (job " << c.job() << ") formed: generation " << g.generation() << ", "
-                  << g.world_size() << " ranks on " << hosts.size() << " host(s)" << std::endl;
-        return absl::OkStatus();
+      const pb::GroupInfo* latest = nullptr;
+      int64_t latest_n = 0;
+      for (const pb::GroupInfo& g : resp.groups()) {
+        const int64_t n = Reformation(group, g.group());
+        if (n > latest_n) {
+          latest = &g;
+          latest_n = n;
+        }
       }
-      last = g.state() == "BROKEN" ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left)")
-                                   : JoinProgress(g);
-    } else if (s.error_code() != grpc::StatusCode::NOT_FOUND && s.error_code() != grpc::StatusCode::UNAVAILABLE) {
-      return c.Check(s, "Describe");
-    } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      if (latest != nullptr) {
+        const pb::GroupInfo& g = *latest;
+        const std::string as = g.group() == group ? "" : absl::StrCat(" as \"", g.group(), "\" (re-formed in place)");
+        if (g.state() == "FORMED") {
+          std::set<std::string> hosts;
+          for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
+          std::cout << "group \"" << group << "\" (job " << c.job() << ") formed" << as << ": generation "
+                    << g.generation() << ", " << g.world_size() << " ranks on " << hosts.size() << " host(s)"
+                    << std::endl;
+          return absl::OkStatus();
+        }
+        last = absl::StrCat(as.empty() ? "" : absl::StrCat(g.group(), ": "),
+                            g.state() == "BROKEN"
+                                ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left or was lost)")
+                                : JoinProgress(g));
+      } else {
+        last = "the coordinator has no such group yet";
+      }
+    } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      return c.Check(s, "List");
+    } else {
       last = absl::StrCat("the coordinator does not answer: ", s.error_message());
     }
     const absl::Time now = absl::Now();

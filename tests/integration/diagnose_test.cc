@@ -320,5 +320,30 @@ TEST(DiagnoseTest, CollservectlWaitReportsMissingRanksAndReturnsOnceTheGroupForm
   EXPECT_THAT(ok_out, HasSubstr("3 ranks on 1 host(s)"));
 }
 
+// A group re-formed in place (collserve.reconfigure names generation N "<group>.gN"): wait
+// follows the latest one, "world.g3" over "world.g2", and reports its progress by name.
+TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  auto start = [&](int rank, int world, const std::string& group) {
+    auto p = cluster.StartRank(rank, world, 0, {"--mode=idle", "--iters=30", "--group=" + group},
+                               {{"COLLSERVE_INIT_TIMEOUT_S", "60"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  };
+  start(0, 2, "world.g2");
+  start(1, 2, "world.g2");
+  start(0, 2, "world.g3");
+  auto [code, out] = Ctl(cluster, {"--wait_timeout=3s", "--progress_interval=500ms", "wait", "world"});
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_THAT(out, HasSubstr("world.g3: 1 of 2 ranks joined; missing ranks [1]"));
+  start(1, 2, "world.g3");
+  auto [ok_code, ok_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
+  EXPECT_EQ(ok_code, 0) << ok_out;
+  EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed as \"world.g3\" (re-formed in place)"));
+}
+
 }  // namespace
 }  // namespace collserve::testing
