@@ -10,7 +10,7 @@
 #                the 3 survivors re-form (collserve.reconfigure) and must reach >= 90 %
 #   rank_restart the same under `collserve launch --survive_failures --max_restarts 1`: the
 #                lost rank is started again, rejoins, and the job must end with 4 ranks at >= 90 %
-#   link_cut     3 hosts in network namespaces (root), host 2's link goes down mid-all_reduce;
+#   link_cut     3 hosts in network namespaces (root), host 2 is cut off (nft drop) mid-all_reduce;
 #                hosts 1 and 3 must re-form without it and go on (multihost_netns_test)
 #   link_heal    as link_cut, then the link heals and host 2's ranks must rejoin (6 ranks again)
 # A trial that passes its check survived; one that ends otherwise failed; one that does not

@@ -22,6 +22,8 @@
 //   version              collservectl's, the coordinator's and each --sidecar's version
 //   mint-token           a new token for --job (admin token required)
 //   revoke-tokens        revokes --job's minted tokens (admin token required)
+// describe, diagnose and dump take GROUP as wait does: a group re-formed in place is
+// found under its base name (the output names the group it shows, e.g. "world.g3").
 //
 // The token comes from COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE (the job's, or the admin
 // token), TLS from COLLSERVE_TLS_CA/CERT/KEY/SERVER_NAME, as for every collserve client.
@@ -211,6 +213,38 @@ void PrintStragglers(const google::protobuf::RepeatedPtrField<pb::StragglerStats
   PrintTable(rows);
 }
 
+// The re-formation number of `name` as a successor of `group`: 1 for `group` itself, N for
+// "<group>.gN" (collserve.reconfigure's name for generation N), 0 for anything else.
+int64_t Reformation(const std::string& group, const std::string& name) {
+  if (name == group) return 1;
+  const std::string prefix = group + ".g";
+  if (!absl::StartsWith(name, prefix)) return 0;
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(name.substr(prefix.size()), &n) || n < 2) return 0;
+  return n;
+}
+
+// The group that `group` names now: the latest of `group`, "<group>.g2", "<group>.g3", ...
+// (collserve.reconfigure re-forms a group in place under those names) that the registry
+// holds; `group` itself when none is held or List fails (the caller's call then says so).
+std::string LatestReformation(const Ctl& c, const std::string& group) {
+  pb::ListRequest req;
+  req.set_job(c.job());
+  pb::ListResponse resp;
+  auto ctx = c.Context();
+  if (!c.registry().List(ctx.get(), req, &resp).ok()) return group;
+  std::string latest = group;
+  int64_t latest_n = 0;
+  for (const pb::GroupInfo& g : resp.groups()) {
+    const int64_t n = Reformation(group, g.group());
+    if (n > latest_n) {
+      latest = g.group();
+      latest_n = n;
+    }
+  }
+  return latest;
+}
+
 absl::Status Diagnose(const Ctl& c, const std::string& group) {
   auto d = DiagnoseCall(c, group);
   if (!d.ok()) return d.status();
@@ -356,17 +390,6 @@ std::string JoinProgress(const pb::GroupInfo& g) {
   }
   return absl::StrCat(joined.size(), " of ", g.world_size(), " ranks joined; missing ranks [",
                       absl::StrJoin(missing, ", "), more > 0 ? absl::StrCat(", ... and ", more, " more") : "", "]");
-}
-
-// The re-formation number of `name` as a successor of `group`: 1 for `group` itself, N for
-// "<group>.gN" (collserve.reconfigure's name for generation N), 0 for anything else.
-int64_t Reformation(const std::string& group, const std::string& name) {
-  if (name == group) return 1;
-  const std::string prefix = group + ".g";
-  if (!absl::StartsWith(name, prefix)) return 0;
-  int64_t n = 0;
-  if (!absl::SimpleAtoi(name.substr(prefix.size()), &n) || n < 2) return 0;
-  return n;
 }
 
 // Polls Registry.List every second until `group`, or its latest re-formation in place
@@ -705,11 +728,12 @@ int main(int argc, char** argv) {
   } else if (command == "groups") {
     s = collserve::ctl::Groups(*ctl);
   } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
-    s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
+    const std::string group = collserve::ctl::LatestReformation(*ctl, arg);
+    s = command == "describe" ? collserve::ctl::Describe(*ctl, group) : collserve::ctl::Diagnose(*ctl, group);
   } else if (command == "wait" && !arg.empty()) {
     s = collserve::ctl::Wait(*ctl, arg);
   } else if (command == "dump" && !arg.empty()) {
-    s = collserve::ctl::Dump(*ctl, arg);
+    s = collserve::ctl::Dump(*ctl, collserve::ctl::LatestReformation(*ctl, arg));
   } else if (command == "jobs") {
     s = collserve::ctl::Jobs(*ctl);
   } else if (command == "keys") {

@@ -343,6 +343,10 @@ TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
   auto [ok_code, ok_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
   EXPECT_EQ(ok_code, 0) << ok_out;
   EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed as \"world.g3\" (re-formed in place)"));
+  // describe takes the base name too.
+  auto [d_code, d_out] = Ctl(cluster, {"describe", "world"});
+  EXPECT_EQ(d_code, 0) << d_out;
+  EXPECT_THAT(d_out, HasSubstr("group \"world.g3\" (job default): generation 1, FORMED"));
 }
 
 }  // namespace
