@@ -502,6 +502,10 @@ void Group::Watch() {
     params.known = watch_known_;
     params.wait = env_.lease_renewal;
     params.credential = credential_;
+    for (int r = 0; r < topology_.world_size; ++r) {
+      const int h = topology_.rank_host[r];
+      params.members.push_back(Member{r, topology_.host_ids[h], topology_.host_addresses[h]});
+    }
   }
   std::weak_ptr<Group> weak = weak_from_this();
   auto cancel = env_.coordinator->WatchGroup(params, [weak, id](absl::StatusOr<GroupEvents> events) {

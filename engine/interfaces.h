@@ -77,6 +77,9 @@ class CoordinatorLink {
     int known = 0;
     absl::Duration wait;
     std::string credential;
+    // The generation's membership as this host knows it (every rank), so that a coordinator
+    // that restarted after it formed can adopt it.
+    std::vector<Member> members;
   };
   virtual std::function<void()> WatchGroup(const WatchParams& params,
                                            std::function<void(absl::StatusOr<GroupEvents>)> done) {

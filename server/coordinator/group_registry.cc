@@ -226,11 +226,13 @@ void GroupRegistry::CancelWatch(uint64_t id) {
 }
 
 uint64_t GroupRegistry::WatchAsync(const std::string& job, const std::string& group, int64_t generation,
-                                   const std::string& host_id, int known, absl::Duration wait, WatchCallback done) {
+                                   const std::string& host_id, int known, absl::Duration wait, WatchCallback done,
+                                   const std::vector<MemberInfo>& members) {
   absl::StatusOr<GroupEvents> now_answer = absl::UnknownError("");
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(Key(job, group));
+    if (it == groups_.end() && !stopping_ && !members.empty()) it = AdoptLocked(job, group, generation, host_id, members);
     if (stopping_) {
       now_answer = absl::UnavailableError("the coordinator is shutting down");
     } else if (it == groups_.end() || it->second.state == "FORMING" || it->second.generation != generation) {
@@ -268,6 +270,36 @@ uint64_t GroupRegistry::WatchAsync(const std::string& job, const std::string& gr
   }
   std::move(done)(std::move(now_answer));
   return 0;
+}
+
+std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::AdoptLocked(
+    const std::string& job, const std::string& group, int64_t generation, const std::string& host_id,
+    const std::vector<MemberInfo>& members) {
+  const Key key(job, group);
+  const int world = static_cast<int>(members.size());
+  if (group.empty() || generation <= last_generation_[key] || world > limits_.max_world_size ||
+      groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
+    return groups_.end();
+  }
+  Group g;
+  g.name = group;
+  g.world_size = world;
+  g.generation = generation;
+  g.state = "FORMED";
+  g.started = absl::Now();
+  bool serves_one = false;
+  for (const MemberInfo& m : members) {
+    if (m.rank < 0 || m.rank >= world || m.host_id.empty() || g.members.count(m.rank) != 0) return groups_.end();
+    g.members[m.rank] = m;
+    serves_one |= m.host_id == host_id;
+  }
+  if (!serves_one) return groups_.end();
+  g.formed_members = g.members;
+  const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
+  for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
+  ++generations_formed_;
+  ++changes_;  // the timer: the new leases' ends
+  return groups_.emplace(key, std::move(g)).first;
 }
 
 void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out) {

@@ -98,6 +98,7 @@ inline constexpr absl::Duration kMinWatchWait = absl::Milliseconds(100);
 inline constexpr absl::Duration kMaxWatchWait = absl::Seconds(60);
 inline constexpr int kMaxWatchesPerHost = 4;
 
+
 // Bounds on what joins may ask the registry to hold (every request is untrusted input).
 struct GroupRegistryLimits {
   // Largest world_size a group may have (torch jobs reach tens of thousands of ranks).
@@ -111,6 +112,10 @@ struct GroupRegistryLimits {
   // within this long after each answer, or after its watch's wait ended; otherwise it is
   // lost and the generation ends (--lease_grace).
   absl::Duration lease_grace = absl::Seconds(3);
+  // The member hosts of a generation adopted from a watch (WatchAsync) must watch within
+  // this plus the grace: they retry about every second while the coordinator does not know
+  // the generation.
+  absl::Duration adoption_lease = absl::Seconds(10);
 };
 
 // How many missing ranks a rendezvous timeout names; the rest are counted.
@@ -155,8 +160,16 @@ class GroupRegistry {
   // kMaxWatchesPerHost pending per host and group (a host re-watches after each answer, so
   // it has one), beyond which RESOURCE_EXHAUSTED naming the limit.
   // Returns an id for CancelWatch (0 when `done` ran inline).
+  // `members` (may be empty): the generation as the watching host knows it, every rank of
+  // it; when the registry has no such group (it restarted after the generation formed),
+  // it adopts the generation from them, FORMED, and gives every member host a lease of
+  // limits.adoption_lease plus the grace to watch. Adoption is refused (NOT_FOUND, as without
+  // members) when `members` is not exactly ranks 0..n-1 once each, n is over
+  // max_world_size, `host_id` serves none of them, the registry holds max_groups groups, or
+  // a later generation of the name already formed here.
   uint64_t WatchAsync(const std::string& job, const std::string& group, int64_t generation,
-                      const std::string& host_id, int known, absl::Duration wait, WatchCallback done);
+                      const std::string& host_id, int known, absl::Duration wait, WatchCallback done,
+                      const std::vector<MemberInfo>& members = {});
   // Ends a waiting watch now: `done` gets CANCELLED. The host's lease runs on as if the
   // watch's wait had ended. No-op for unknown or answered ids.
   void CancelWatch(uint64_t id);
@@ -229,6 +242,11 @@ class GroupRegistry {
   // Answers the group's watches (all of them, or those whose wait ended by `now`) into
   // `out`, renewing their hosts' leases from `now`.
   void AnswerWatchesLocked(Group& g, bool all, absl::Time now, std::vector<WatchCompletion>* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts generation `generation` of (job, group) from a member host's watch (WatchAsync);
+  // end() when refused.
+  std::map<Key, Group>::iterator AdoptLocked(const std::string& job, const std::string& group, int64_t generation,
+                                             const std::string& host_id, const std::vector<MemberInfo>& members)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The timer's lease pass: answers ended waits, takes hosts whose lease ended as lost
   // (erasing groups left with no member), and lowers *next to the next deadline.

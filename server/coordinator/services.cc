@@ -299,6 +299,15 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_sidecar_address(m.sidecar_address);
 }
 
+MemberInfo MemberOf(const pb::Member& m) {
+  MemberInfo out;
+  out.rank = m.rank();
+  out.host_id = m.host_id();
+  out.host_address = m.host_address();
+  out.sidecar_address = m.sidecar_address().substr(0, 256);
+  return out;
+}
+
 void ToProto(const GroupView& v, pb::GroupInfo* out) {
   out->set_group(v.group);
   out->set_world_size(v.world_size);
@@ -314,11 +323,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (!s.ok()) return FinishNow(ctx, metrics_, "Join", start, s);
-  MemberInfo member;
-  member.rank = req->member().rank();
-  member.host_id = req->member().host_id();
-  member.host_address = req->member().host_address();
-  member.sidecar_address = req->member().sidecar_address().substr(0, 256);
+  const MemberInfo member = MemberOf(req->member());
   auto* reactor = new WaitingReactor();
   uint64_t id = registry_.JoinAsync(
       JobOf(req->job()), req->group(), req->world_size(), member, WaitDeadline(ctx, req->timeout_ms()),
@@ -342,6 +347,11 @@ grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContex
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (!s.ok()) return FinishNow(ctx, metrics_, "WatchGroup", start, s);
+  // The membership a restarted coordinator may adopt the generation from (bounded first).
+  std::vector<MemberInfo> members;
+  if (req->members_size() == req->world_size() && req->world_size() <= registry_.limits().max_world_size) {
+    for (const pb::Member& m : req->members()) members.push_back(MemberOf(m));
+  }
   auto* reactor = new WaitingReactor();
   const uint64_t id = registry_.WatchAsync(
       JobOf(req->job()), req->group(), req->generation(), req->host_id(), req->known(),
@@ -359,7 +369,8 @@ grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContex
         }
         metrics_.Record("WatchGroup", events.status(), absl::Now() - start);
         reactor->Finish(ToGrpcStatus(events.status()));
-      });
+      },
+      members);
   GroupRegistry* registry = &registry_;
   if (id != 0) reactor->SetCancel([registry, id] { registry->CancelWatch(id); });
   reactor->Started();

@@ -216,6 +216,13 @@ std::function<void()> GrpcCoordinatorLink::WatchGroup(
   call->req.set_host_id(host_id_);
   call->req.set_known(params.known);
   call->req.set_wait_ms(absl::ToInt64Milliseconds(params.wait));
+  call->req.set_world_size(static_cast<int32_t>(params.members.size()));
+  for (const engine::Member& m : params.members) {
+    pb::Member* out = call->req.add_members();
+    out->set_rank(m.rank);
+    out->set_host_id(m.host_id);
+    out->set_host_address(m.host_address);
+  }
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.wait + absl::Seconds(5)));
   call->ctx.set_wait_for_ready(true);
   client::AddJobToken(call->ctx, params.credential);

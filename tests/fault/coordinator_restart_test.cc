@@ -116,5 +116,60 @@ TEST(CoordinatorRestartTest, RendezvousRidesOutARestart) {
   }
 }
 
+// A restarted coordinator has no record of the groups formed before it: the sidecars'
+// watches carry the membership, and it adopts the running group from the first one (so
+// collservectl describe knows it again) with leases for its member hosts. A sidecar then
+// stopped (SIGSTOP: silent, its connections open) is taken as lost, and the other host's
+// ranks fail at once, naming the lost ranks, instead of at their op timeout (60 s).
+TEST(CoordinatorRestartTest, ARestartedCoordinatorAdoptsTheRunningGroupAndLeasesItsHosts) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& c = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = c.StartRank(r, 4, r % 2, {"--mode=loop", "--count=1000", "--delay_ms=20"},
+                         {{"COLLSERVE_OP_TIMEOUT_S", "60"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (auto& p : ranks) {
+    while (p->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_NE(p->Output().find("iter 2 ok"), std::string::npos) << p->Output() << c.Logs();
+  }
+  c.coordinator().Kill(SIGKILL);
+  absl::SleepFor(absl::Seconds(1));
+  ASSERT_TRUE(c.RestartCoordinator({}).ok()) << c.Logs();
+  // Known again within a few seconds (the sidecars retry their watches every second).
+  std::string described;
+  const absl::Time known_by = absl::Now() + absl::Seconds(15);
+  while (described.find("FORMED") == std::string::npos && absl::Now() < known_by) {
+    auto ctl = Process::Start({CollservectlBinary(), absl::StrCat("--coordinator=", c.coordinator_address()),
+                               "describe", "world"},
+                              {{"COLLSERVE_TOKEN", c.job_token()}},
+                              absl::StrCat(c.dir(), "/ctl-", absl::ToUnixNanos(absl::Now()), ".log"));
+    ASSERT_TRUE(ctl.ok()) << ctl.status();
+    (void)(*ctl)->Wait(absl::Seconds(20));
+    described = (*ctl)->Output();
+    if (described.find("FORMED") == std::string::npos) absl::SleepFor(absl::Milliseconds(500));
+  }
+  ASSERT_NE(described.find("generation 1, FORMED"), std::string::npos) << described << c.Logs();
+  const absl::Time stopped = absl::Now();
+  c.sidecar(1).Kill(SIGSTOP);
+  for (int r : {0, 2}) {  // the ranks of sidecar 0
+    absl::StatusOr<int> code = ranks[r]->Wait(absl::Seconds(40));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not fail: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 3) << ranks[r]->Output();
+    EXPECT_NE(ranks[r]->Output().find("were lost with their host"), std::string::npos) << ranks[r]->Output();
+  }
+  const absl::Duration took = absl::Now() - stopped;
+  c.sidecar(1).Kill(SIGCONT);  // so that the teardown stops it as usual
+  EXPECT_LT(took, absl::Seconds(20)) << "waited for the op timeout";
+  std::printf("after the restart, a stopped sidecar's host was taken as lost in %s\n",
+              absl::FormatDuration(took).c_str());
+}
+
 }  // namespace
 }  // namespace collserve::testing

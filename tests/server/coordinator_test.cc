@@ -465,6 +465,63 @@ TEST(GroupRegistryWatchTest, AHostWhoseRanksAllLeftIsNotLost) {
   }
 }
 
+TEST(GroupRegistryWatchTest, ARestartedRegistryAdoptsAGenerationFromAMembersWatch) {
+  server::GroupRegistryLimits limits;
+  limits.lease_grace = absl::Milliseconds(200);
+  limits.adoption_lease = absl::Milliseconds(300);
+  server::GroupRegistry registry(limits);  // as after a restart: it never saw "g" form
+  auto member = [](int rank, const std::string& host) {
+    server::MemberInfo m;
+    m.rank = rank;
+    m.host_id = host;
+    return m;
+  };
+  const std::vector<server::MemberInfo> members = {member(0, "a"), member(1, "b"), member(2, "b")};
+  auto watch_code = [&](const std::vector<server::MemberInfo>& claimed, const std::string& host) {
+    PendingWatch w;
+    w.id = registry.WatchAsync("job", "bad", 7, host, 0, absl::Milliseconds(100),
+                               [&w](absl::StatusOr<server::GroupEvents> e) {
+                                 w.events = std::move(e);
+                                 w.done.Notify();
+                               },
+                               claimed);
+    EXPECT_TRUE(w.Wait());
+    return w.events.status().code();
+  };
+  // Refused: a rank twice, a rank out of range, a host that serves none of them.
+  EXPECT_EQ(watch_code({member(0, "a"), member(0, "b")}, "a"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(watch_code({member(0, "a"), member(2, "b")}, "a"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(watch_code(members, "c"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Describe("job", "bad").status().code(), absl::StatusCode::kNotFound);
+  // Host a's watch adopts generation 7 of "g", FORMED with the claimed members.
+  PendingWatch a;
+  a.id = registry.WatchAsync("job", "g", 7, "a", 0, absl::Seconds(30),
+                             [&a](absl::StatusOr<server::GroupEvents> e) {
+                               a.events = std::move(e);
+                               a.answered = absl::Now();
+                               a.done.Notify();
+                             },
+                             members);
+  EXPECT_NE(a.id, 0u);
+  auto view = registry.Describe("job", "g");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->state, "FORMED");
+  EXPECT_EQ(view->generation, 7);
+  EXPECT_EQ(view->world_size, 3);
+  ASSERT_EQ(view->members.size(), 3u);
+  EXPECT_EQ(view->members[2].host_id, "b");
+  // Host b never watches: once its adoption lease ends it is lost, and a's watch hears it.
+  ASSERT_TRUE(a.Wait(absl::Seconds(10)));
+  ASSERT_TRUE(a.events.ok()) << a.events.status();
+  ASSERT_EQ(a.events->departures.size(), 2u);
+  EXPECT_TRUE(a.events->departures[0].host_lost);
+  EXPECT_EQ(a.events->departures[0].host_id, "b");
+  // A later formation of the name keeps counting from the adopted generation.
+  ASSERT_TRUE(registry.Leave("job", "g", 0).ok());
+  EXPECT_EQ(JoinNow(registry, "g", 1, 0, absl::Seconds(5)), absl::OkStatus());
+  EXPECT_EQ(registry.Describe("job", "g")->generation, 8);
+}
+
 TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
   const std::string group = UniqueName("gen");
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
