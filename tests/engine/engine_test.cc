@@ -417,11 +417,18 @@ TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
     }
   });
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  // Each host wrote its flight recorder when the timeout failed the group.
-  auto dumps = cluster.observer(1).dumps();
+  // Each host wrote its flight recorder when the timeout failed the group: just after it
+  // answered its ranks (the answers and the dump are made in that order, so the dump may
+  // still be on its way when a rank has its answer).
+  auto dumps_of = [&](int host) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (cluster.observer(host).dumps().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    return cluster.observer(host).dumps();
+  };
+  auto dumps = dumps_of(1);
   ASSERT_EQ(dumps.size(), 1u);
   EXPECT_THAT(dumps[0].first, HasSubstr("local ranks [3] did not call it"));
-  dumps = cluster.observer(0).dumps();
+  dumps = dumps_of(0);
   ASSERT_EQ(dumps.size(), 1u);
   EXPECT_THAT(dumps[0].first, HasSubstr("all_reduce #0 failed the group"));
   ASSERT_EQ(dumps[0].second.size(), 1u);
