@@ -37,6 +37,7 @@ TSAN_BINARIES="tests/store/memory_store_test tests/server/coordinator_test tests
   tests/integration/coordinator_process_test"
 
 declare -a TIMES=()
+declare -a DIGEST=()  # one line per sanitizer report, repeated after the phase durations
 failed=0
 last_rc=0
 now() { date +%s; }
@@ -65,6 +66,8 @@ check_reports() {
     for f in $files; do
       echo "----- $f"
       head -c 20000 "$f"
+      DIGEST+=("$(basename "$f"): $({ grep -m1 '^SUMMARY' "$f" || grep -m1 -E 'ERROR|WARNING' "$f"; } | head -c 300)")
+      DIGEST+=("    first frames: $(grep -m3 -E '^ +#[0-9]+ ' "$f" | sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in //' | tr '\n' '|' | head -c 400)")
     done
   fi
   if grep -h -A12 ': runtime error: ' "$dir"/ctest-*.log > "$dir/ubsan-in-test-output.txt"; then
@@ -157,6 +160,12 @@ done
 echo
 echo "=== phase durations"
 printf '%s\n' "${TIMES[@]}"
+if [ ${#DIGEST[@]} -gt 0 ]; then
+  # Repeated here so that the end of a long log (all that CI may keep) names them.
+  echo
+  echo "=== sanitizer reports (each printed in full under its phase above)"
+  printf '%s\n' "${DIGEST[@]}" | head -60
+fi
 if [ $failed -ne 0 ]; then
   echo "sanitizers: FAILED"
   exit 1
