@@ -72,7 +72,10 @@ rpc 0 SetRequest 'job: "j" key: "k" value: "v"' set
 rpc 1 GetRequest 'job: "j" key: "k" timeout_ms: -1' get
 rpc 2 AddRequest 'job: "j" key: "c" delta: 3' add
 rpc 11 JoinRequest 'job: "j" group: "g" world_size: 1 member { rank: 0 host_id: "h" } timeout_ms: 100' join
+rpc 11 JoinRequest 'job: "j" group: "g" world_size: 2 member { rank: 1 host_id: "h" } timeout_ms: 100 generation: 3' join_generation
+rpc 12 LeaveRequest 'job: "j" group: "g" rank: 0 generation: 2' leave_generation
 rpc 13 DescribeRequest 'job: "j" group: "g"' describe
+rpc 24 WatchGroupRequest 'job: "j" group: "w" generation: 2 host_id: "h" known: 0 wait_ms: 100 world_size: 2 members { rank: 0 host_id: "h" } members { rank: 1 host_id: "h2" }' watch_adopt
 # Sidecar sessions: SessionRequest messages, each behind a 2-byte little-endian length.
 session() {  # session <file> <text>...
   local out="$corpus/sidecar_session/$1"
@@ -90,5 +93,6 @@ session shared_memory 'attach { group: "s" rank: 0 world_size: 1 shared_memory: 
 session barrier_then_bad_seq "$attach" 'collective { seq: 0 op: BARRIER }' 'collective { seq: 5 op: BARRIER }'
 session collective_first 'collective { seq: 0 op: ALL_REDUCE dtype: INT32 reduce_op: MAX count: 1 buffer { inline_data: "\001\000\000\000" } }'
 session attach_twice "$attach" "$attach"
+session attach_generations 'attach { group: "s" rank: 0 world_size: 1 generation: 2 }' 'attach { group: "s" rank: 0 world_size: 1 generation: 3 }'
 session all_gather "$attach" 'collective { seq: 0 op: ALL_GATHER dtype: UINT8 count: 3 output_count: 3 output_splits: [3] buffer { inline_data: "abc" } }'
 echo "seed corpora written to $corpus"
