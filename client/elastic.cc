@@ -84,9 +84,12 @@ int IndexOf(const std::vector<std::string>& members, const std::string& me) {
 }
 
 // The members of generation `generation`, agreed through the store (this rank, `me` of an
-// old group of `world` ranks, among them unless it came after the list closed).
+// old group of `world` ranks at the coordinator's generation `registry`, among them unless
+// it came after the list closed). Records the new group's coordinator generation for the
+// joiners.
 absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& group, int64_t generation,
-                                                const std::string& me, int world, const ReconfigureOptions& options) {
+                                                const std::string& me, int world, int64_t registry,
+                                                const ReconfigureOptions& options) {
   const std::string p = absl::StrCat(c.prefix, generation, "/");
   if (absl::Status s = c.store->Append(p + "members", me + ","); !s.ok()) return s;
   const absl::Time start = absl::Now();
@@ -122,6 +125,7 @@ absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& g
     absl::SleepFor(kPoll);
   }
   std::vector<std::string> members = Split(closed);
+  if (absl::Status s = c.store->Set(p + "registry", absl::StrCat(registry + 1)); !s.ok()) return s;
   if (absl::Status s = c.store->Set(c.prefix + "current", absl::StrCat(generation)); !s.ok()) return s;
   if (IndexOf(members, me) >= 0 && static_cast<int>(members.size()) < options.min_world_size) {
     return absl::AbortedError(absl::StrCat("reconfigure: generation ", generation, " of group \"", group, "\" has ",
@@ -135,6 +139,7 @@ struct Admission {
   int rank = 0;
   int size = 0;
   int64_t generation = 0;
+  int64_t registry = 0;  // the coordinator's generation of the name to form (0 = any)
 };
 
 // A joiner's wait: appends its id to the next generation's list until a closed list has it.
@@ -171,13 +176,26 @@ absl::StatusOr<Admission> JoinRunning(Context& c, const InitOptions& init) {
     if (!closed.ok()) return closed.status();
     const std::vector<std::string> members = Split(*closed);
     const int index = IndexOf(members, me);
-    if (index >= 0) return Admission{index, static_cast<int>(members.size()), generation};
+    if (index < 0) continue;
+    // The members write the group's coordinator generation right after the list closed.
+    const absl::Duration rest = deadline - absl::Now();
+    absl::Status noted = rest > absl::ZeroDuration() ? c.store->Wait({p + "registry"}, rest)
+                                                     : absl::DeadlineExceededError("admission timed out");
+    if (!noted.ok()) return noted;
+    auto registry = c.store->Get(p + "registry");
+    if (!registry.ok()) return registry.status();
+    int64_t r = 0;
+    if (!absl::SimpleAtoi(*registry, &r) || r < 1) {
+      return absl::DataLossError(absl::StrCat("the store's ", p, "registry holds \"", *registry,
+                                              "\", not a generation"));
+    }
+    return Admission{index, static_cast<int>(members.size()), generation, r};
   }
 }
 
 absl::StatusOr<ElasticGroup> Form(const InitOptions& init, const Admission& a, absl::Duration timeout) {
   InitOptions o = init;
-  o.group = absl::StrCat(init.group, ".g", a.generation);
+  o.generation = a.registry;
   o.rank = a.rank;
   o.world_size = a.size;
   o.init_timeout = timeout;
@@ -195,7 +213,8 @@ absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions
   if (!c.ok()) return c.status();
   const int64_t generation = current.generation + 1;
   const std::string me = absl::StrCat(current.group->GetRank());
-  auto members = Quorum(*c, init.group, generation, me, current.group->GetWorldSize(), options);
+  const int64_t registry = current.group->generation();
+  auto members = Quorum(*c, init.group, generation, me, current.group->GetWorldSize(), registry, options);
   if (!members.ok()) return members.status();
   current.group.reset();  // its session ends: the sidecar drops the old generation's state
   const int index = IndexOf(*members, me);
@@ -205,7 +224,7 @@ absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions
     if (!admitted.ok()) return admitted.status();
     return Form(init, *admitted, c->timeout);
   }
-  return Form(init, Admission{index, static_cast<int>(members->size()), generation}, c->timeout);
+  return Form(init, Admission{index, static_cast<int>(members->size()), generation, registry + 1}, c->timeout);
 }
 
 absl::StatusOr<bool> ShouldReconfigure(const ElasticGroup& current, const InitOptions& init,

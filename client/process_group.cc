@@ -295,6 +295,7 @@ class SessionProcessGroup : public ProcessGroup {
     attach->set_init_timeout_ms(absl::ToInt64Milliseconds(options_.init_timeout));
     attach->set_op_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
     attach->set_shared_memory(options_.shared_memory);
+    attach->set_generation(options_.generation);
     if (!stream_->Write(req)) return FinishWithError("the sidecar closed the session at attach");
 
     // Watchdog: the sidecar bounds rendezvous by init_timeout; if it does not answer at
@@ -324,6 +325,7 @@ class SessionProcessGroup : public ProcessGroup {
       }
     }
     num_hosts_ = resp.attached().num_hosts();
+    generation_ = resp.attached().generation();
     local_world_size_ = resp.attached().local_world_size();
     collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
     p2p_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
@@ -335,6 +337,7 @@ class SessionProcessGroup : public ProcessGroup {
   int GetWorldSize() const override { return options_.world_size; }
   const std::string& group_name() const override { return options_.group; }
   int num_hosts() const override { return num_hosts_; }
+  int64_t generation() const override { return generation_; }
   int local_world_size() const override { return local_world_size_; }
 
   std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype, ReduceOpArg op) override {
@@ -1154,6 +1157,7 @@ class SessionProcessGroup : public ProcessGroup {
   int fd_channel_ = -1;        // the shared-memory channel (with shared_memory_)
   bool finished_ = false;  // Finish() called during Init
   int num_hosts_ = 0;
+  int64_t generation_ = 0;
   int local_world_size_ = 0;
 
   absl::Mutex write_mu_;  // orders seq assignment with stream writes

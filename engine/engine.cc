@@ -33,11 +33,7 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
 }
 
 Engine::Stats Engine::GetStats() {
-  std::vector<std::shared_ptr<Group>> groups;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [key, g] : groups_) groups.push_back(g);
-  }
+  std::vector<std::shared_ptr<Group>> groups = AllGroups();
   Stats s;
   s.groups = static_cast<int64_t>(groups.size());
   const absl::Time now = absl::Now();
@@ -60,11 +56,7 @@ void Engine::ReporterMain() {
   std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> published;
   const bool report = options_.progress_interval > absl::ZeroDuration();
   while (!stop_reporter_.WaitForNotificationWithTimeout(report ? options_.progress_interval : absl::Seconds(1))) {
-    std::vector<std::shared_ptr<Group>> groups;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& [key, g] : groups_) groups.push_back(g);
-    }
+    std::vector<std::shared_ptr<Group>> groups = AllGroups();
     std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> now;
     for (const auto& g : groups) {
       std::string credential;
@@ -85,6 +77,13 @@ void Engine::ReporterMain() {
 
 Engine::~Engine() { Shutdown(); }
 
+std::vector<std::shared_ptr<Group>> Engine::AllGroups() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Group>> groups = retired_;
+  for (auto& [key, g] : groups_) groups.push_back(g);
+  return groups;
+}
+
 absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& request, std::shared_ptr<Session> session) {
   if (request.group.empty()) return absl::InvalidArgumentError("empty group name");
   if (request.world_size <= 0) {
@@ -93,6 +92,9 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
   if (request.rank < 0 || request.rank >= request.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", request.rank, " is out of range for group \"",
                                                    request.group, "\" of world_size ", request.world_size));
+  }
+  if (request.generation < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("generation ", request.generation, " must be >= 0"));
   }
   auto backend = backends_->Resolve(request.backend, DeviceType::kCpu);
   if (!backend.ok()) return backend.status();
@@ -104,9 +106,24 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
   params.init_timeout = request.init_timeout;
   params.op_timeout = request.op_timeout;
   params.backend = *backend;
+  params.generation = request.generation;
   for (;;) {
     std::shared_ptr<Group> group = GetOrCreate(params);
     if (group == nullptr) return absl::UnavailableError(absl::StrCat("host ", options_.host_id, " is shutting down"));
+    if (params.generation > 0) {
+      const int64_t at = group->Generation();
+      if (at > params.generation) {
+        return absl::FailedPreconditionError(absl::StrCat("generation ", params.generation, " of group \"",
+                                                          params.name, "\" is over on host ", options_.host_id,
+                                                          ": its ranks here are at generation ", at));
+      }
+      if (at < params.generation) {
+        // An earlier generation (or one not yet known): retire it, apart, for the ranks
+        // still in it, and make this generation's group.
+        Retire(group);
+        continue;
+      }
+    }
     if (group->params().backend != params.backend) {
       return absl::InvalidArgumentError(absl::StrCat("group \"", params.name, "\" uses backend ",
                                                      group->params().backend, "; rank ", request.rank, " asked for ",
@@ -122,6 +139,10 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
         if (observer_ != nullptr) observer_->OnGroups(-1);
       }
       continue;
+    }
+    if (s.code() == absl::StatusCode::kFailedPrecondition && params.generation > 0 &&
+        group->Generation() < params.generation) {
+      continue;  // it formed an earlier generation meanwhile: retired on the next pass
     }
     if (!s.ok()) return s;
     return group;
@@ -148,21 +169,35 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     env.straggler_threshold = options_.straggler_threshold;
     env.lease_renewal = options_.lease_renewal;
-    env.on_empty = [this](const std::string& job, const std::string& group) { Remove(job, group); };
+    env.on_empty = [this](Group* group) { Remove(group); };
     slot = std::make_shared<Group>(std::move(env), params);
     if (observer_ != nullptr) observer_->OnGroups(1);
   }
   return slot;
 }
 
-void Engine::Remove(const std::string& job, const std::string& group) {
+void Engine::Retire(const std::shared_ptr<Group>& group) {
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find({group->params().job, group->params().name});
+  if (it == groups_.end() || it->second != group) return;  // already retired or removed
+  retired_.push_back(std::move(it->second));
+  groups_.erase(it);
+}
+
+void Engine::Remove(Group* group) {
   {
     std::lock_guard<std::mutex> jl(janitor_mu_);
     absl::MutexLock lock(&mu_);
-    auto it = groups_.find({job, group});
-    if (it == groups_.end()) return;
-    graveyard_.push_back(std::move(it->second));
-    groups_.erase(it);
+    auto it = groups_.find({group->params().job, group->params().name});
+    if (it != groups_.end() && it->second.get() == group) {
+      graveyard_.push_back(std::move(it->second));
+      groups_.erase(it);
+    } else {
+      auto r = std::find_if(retired_.begin(), retired_.end(), [group](const auto& g) { return g.get() == group; });
+      if (r == retired_.end()) return;
+      graveyard_.push_back(std::move(*r));
+      retired_.erase(r);
+    }
     if (observer_ != nullptr) observer_->OnGroups(-1);
   }
   janitor_cv_.notify_all();
@@ -192,21 +227,21 @@ void Engine::JanitorMain() {
 void Engine::Shutdown() {
   if (!stop_reporter_.HasBeenNotified()) stop_reporter_.Notify();
   if (reporter_.joinable()) reporter_.join();
-  std::vector<std::shared_ptr<Group>> groups;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [key, g] : groups_) groups.push_back(g);
-  }
+  std::vector<std::shared_ptr<Group>> groups = AllGroups();
   for (auto& g : groups) g->Stop();
   std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> doomed;
+  std::vector<std::shared_ptr<Group>> retired;
   {
     std::lock_guard<std::mutex> jl(janitor_mu_);
     absl::MutexLock lock(&mu_);
     doomed.swap(groups_);
-    if (observer_ != nullptr && !doomed.empty()) observer_->OnGroups(-static_cast<int>(doomed.size()));
+    retired.swap(retired_);
+    const size_t n = doomed.size() + retired.size();
+    if (observer_ != nullptr && n > 0) observer_->OnGroups(-static_cast<int>(n));
     stopping_ = true;
   }
   groups.clear();
+  retired.clear();
   doomed.clear();  // outside mu_: a group's destructor joins its executor
   janitor_cv_.notify_all();
   if (janitor_.joinable()) janitor_.join();

@@ -107,7 +107,13 @@ class Engine {
   Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,
          EngineObserver* observer);
   std::shared_ptr<Group> GetOrCreate(const GroupParams& params);
-  void Remove(const std::string& job, const std::string& group);
+  // Moves `group` out of the (job, name) slot into retired_, where it lives on for its
+  // remaining local ranks (an earlier generation, AttachRequest::generation).
+  void Retire(const std::shared_ptr<Group>& group);
+  // Drops an emptied group (from its slot or retired_) for the janitor to destroy.
+  void Remove(Group* group);
+  // The current and retired groups.
+  std::vector<std::shared_ptr<Group>> AllGroups();
   // Destroys removed groups (joining their executors) off the callers' threads.
   void JanitorMain();
   // Publishes the groups' ledgers every options_.progress_interval until Shutdown.
@@ -121,6 +127,7 @@ class Engine {
 
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Group>> retired_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Group>> graveyard_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::mutex janitor_mu_;

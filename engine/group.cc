@@ -69,6 +69,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   join.rank = rank;
   join.timeout = params_.init_timeout;
   join.credential = credential;
+  join.generation = params_.generation;
   // The callback may run before Join returns; the canceller is stored only if the join is
   // still in flight then. It may also run after the group is gone (the session ended and
   // the emptied group was destroyed while the join was in flight: found by fuzzing the
@@ -136,7 +137,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
       FailLocked(absl::UnavailableError(absl::StrCat("rank ", r, " of group \"", params_.name,
                                                      "\" disconnected from host ", env_.host_id,
                                                      " during rendezvous")));
-      env_.coordinator->Leave(params_.job, params_.name, r, credential_);
+      env_.coordinator->Leave(params_.job, params_.name, r, topology_.generation, credential_);
       return;
     }
   }
@@ -416,9 +417,11 @@ void Group::OnSessionClosed(int rank) {
   absl::Status left;  // set when the rank left a ready group without failing it
   bool was_member = false;
   std::string credential;
+  int64_t generation = 0;
   {
     absl::MutexLock lock(&mu_);
     credential = credential_;
+    generation = formed_ ? topology_.generation : params_.generation;
     auto it = locals_.find(rank);
     if (it == locals_.end()) return;
     was_member = it->second.joined;
@@ -473,7 +476,7 @@ void Group::OnSessionClosed(int rank) {
   }
   if (!left.ok() && p2p_ != nullptr) p2p_->Depart(rank, left);
   if (cancel_join) cancel_join();
-  if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank, credential);
+  if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank, generation, credential);
   absl::MutexLock lock(&mu_);
   MaybeEmptyLocked();
 }
@@ -484,7 +487,12 @@ void Group::MaybeEmptyLocked() {
   state_ = State::kFailed;
   if (failure_.ok()) failure_ = absl::UnavailableError("every local rank left the group");
   // The engine destroys the group on another thread (the destructor joins the executor).
-  if (env_.on_empty) env_.on_empty(params_.job, params_.name);
+  if (env_.on_empty) env_.on_empty(this);
+}
+
+int64_t Group::Generation() {
+  absl::MutexLock lock(&mu_);
+  return formed_ ? topology_.generation : params_.generation;
 }
 
 void Group::Watch() {
@@ -539,6 +547,17 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
         rewatch_at_ = absl::Now() + absl::Seconds(1);
       }
       if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
+      return;
+    }
+    if (events->state != "FORMED" && events->state != "BROKEN") {
+      // SUPERSEDED or ENDED: the coordinator has done with this generation.
+      FailLocked(absl::UnavailableError(absl::StrCat(
+          "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+          " at the coordinator: ",
+          events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
+                                        : "every rank left it",
+          "); re-form the group (reconfigure) to go on")));
+      ++progress_version_;
       return;
     }
     std::set<int> lost_hosts;

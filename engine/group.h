@@ -40,6 +40,8 @@
 namespace collserve::engine {
 
 // What a Group needs from its engine. Every pointer outlives the group.
+class Group;
+
 struct GroupEnv {
   std::string host_id;
   // Address the backend binds to and advertises to other hosts.
@@ -64,7 +66,7 @@ struct GroupEnv {
   absl::Duration lease_renewal = absl::Seconds(2);
   // Called (once, with the group's lock held: must not block) when the group has no local
   // ranks left; the engine drops it.
-  std::function<void(const std::string& job, const std::string& group)> on_empty;
+  std::function<void(Group* group)> on_empty;
 };
 
 struct GroupParams {
@@ -74,6 +76,7 @@ struct GroupParams {
   absl::Duration init_timeout;
   absl::Duration op_timeout;
   std::string backend;  // resolved name ("gloo", "nccl")
+  int64_t generation = 0;  // the generation asked for (AttachRequest::generation); 0 = any
 };
 
 // Thread-safe. Created on the first attach of one of its ranks on this host.
@@ -83,6 +86,8 @@ class Group : public std::enable_shared_from_this<Group> {
   ~Group();  // stops and joins the executor
 
   const GroupParams& params() const { return params_; }
+  // The generation this group is: the formed one, else the one asked for (0 = not known yet).
+  int64_t Generation();
 
   // Registers a local rank's session and starts its rendezvous at the coordinator.
   // INVALID_ARGUMENT (world_size differs from the group's), ALREADY_EXISTS (rank already

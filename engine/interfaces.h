@@ -44,6 +44,7 @@ class CoordinatorLink {
     int rank = 0;
     absl::Duration timeout;  // the rendezvous deadline (the group's init timeout)
     std::string credential;  // the joining rank's (AttachRequest::credential)
+    int64_t generation = 0;  // AttachRequest::generation (0 = the one forming, or the next)
   };
   // Starts the rendezvous of local rank `params.rank` at the coordinator; `done` runs once,
   // on any thread, with the membership of the formed generation or the error
@@ -52,9 +53,11 @@ class CoordinatorLink {
   // `done` still runs, with CANCELLED); calling it after `done` is harmless.
   virtual std::function<void()> Join(const JoinParams& params,
                                      std::function<void(absl::StatusOr<Membership>)> done) = 0;
-  // Tells the coordinator that `rank` left `group` (fire and forget; never blocks), with
-  // `credential`, a credential one of the group's local ranks attached with.
-  virtual void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) = 0;
+  // Tells the coordinator that `rank` left generation `generation` of `group` (0 = the
+  // current one; fire and forget; never blocks), with `credential`, a credential one of the
+  // group's local ranks attached with.
+  virtual void Leave(const std::string& job, const std::string& group, int rank, int64_t generation,
+                     const std::string& credential) = 0;
   // A store in `job`'s namespace for the backends' rendezvous (addresses, unique ids).
   // Never null: an unreachable coordinator gives a store whose calls fail.
   // Its calls carry `credential` (as Leave's).

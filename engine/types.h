@@ -119,6 +119,11 @@ struct AttachRequest {
   // The backend among the group's hosts ("gloo", "nccl"); "" = the registry's default for
   // CPU tensors (backends/registry.h).
   std::string backend;
+  // The generation of the group to join (>= 0; collserve.v1.JoinRequest.generation): 0 =
+  // the one forming, or the next; N > 0 = generation N, re-forming the name in place. An
+  // earlier generation of the group still on this host (ranks that have not left it yet)
+  // is retired: it goes on for them, apart, until they leave.
+  int64_t generation = 0;
   // The rank's job credential (its bearer token), opaque to the engine: handed to the
   // CoordinatorLink calls made for this rank and its group (join, leave, the backend's
   // rendezvous store), so the coordinator checks them as the rank's own. The RPC layer

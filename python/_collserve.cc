@@ -220,6 +220,8 @@ PYBIND11_MODULE(_collserve, m) {
       .def_property_readonly("world_size", &ProcessGroup::GetWorldSize)
       .def_property_readonly("ranks", &ProcessGroup::GetProcessGroupRanks)
       .def_property_readonly("name", &ProcessGroup::group_name)
+      // The generation of the name this group is (InitOptions::generation).
+      .def_property_readonly("generation", &ProcessGroup::generation)
       .def("all_reduce",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int op, double factor) {
              py::gil_scoped_release release;
@@ -344,10 +346,12 @@ PYBIND11_MODULE(_collserve, m) {
   m.def("cuda_available", [] { return collserve::client::CudaSupported(); });
 
   // init(...) -> (code, message, ProcessGroup or None)
+  // generation: InitOptions::generation (0 = the one forming, or the next).
   m.def("init", [](int rank, int world_size, int local_rank, const std::string& sidecar,
                    const std::string& coordinator, const std::string& job, const std::string& group,
-                   double init_timeout_s, double op_timeout_s) {
+                   double init_timeout_s, double op_timeout_s, int64_t generation) {
     collserve::client::InitOptions o;
+    o.generation = generation;
     o.rank = rank;
     o.world_size = world_size;
     o.local_rank = local_rank;
@@ -375,5 +379,6 @@ PYBIND11_MODULE(_collserve, m) {
       pg = collserve::client::InitProcessGroup(o);
     }
     return Result(std::move(pg), [](std::unique_ptr<ProcessGroup> g) { return py::cast(std::move(g)); });
-  });
+  }, py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("sidecar"), py::arg("coordinator"),
+     py::arg("job"), py::arg("group"), py::arg("init_timeout_s"), py::arg("op_timeout_s"), py::arg("generation") = 0);
 }

@@ -72,6 +72,12 @@ struct InitOptions {
   std::string job = "default";
   // Name of the default group. Default "world".
   std::string group = "world";
+  // The generation of `group` to form (>= 0): 0 = the one forming, or the next (a fresh
+  // name's first is 1). N > 0 re-forms the name in place as generation N: the first rank
+  // to ask for it ends the group's earlier generation at the coordinator for every member
+  // (collserve.v1.JoinRequest.generation), as Reconfigure does. FAILED_PRECONDITION when
+  // generation N is already over.
+  int64_t generation = 0;
   // This process's rank in [0, world_size). Env: RANK.
   int rank = -1;
   // Number of ranks in the group (> 0). Env: WORLD_SIZE.
@@ -221,6 +227,9 @@ class ProcessGroup {
   // Number of sidecars (hosts) serving the group, and ranks of the group on this host.
   virtual int num_hosts() const = 0;
   virtual int local_world_size() const = 0;
+  // The generation of the group's name that this process group is (1 for a name's first
+  // formation at the coordinator, then 2, ...; InitOptions::generation).
+  virtual int64_t generation() const = 0;
 
   // all_reduce, in place: `data` holds `count` elements of `dtype` and receives the
   // element-wise reduction over all ranks. Every rank must pass the same count, dtype and

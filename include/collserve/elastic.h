@@ -11,8 +11,12 @@
 // compare_set of ".../<g+1>/closed" (so every rank reads the same list) once every member
 // of generation g is on it, else once the join window passed with at least
 // min_world_size on it. The closed list, current members by rank and then joiners in the
-// order they came, forms group "<G>.g<g+1>" through the sidecar and the coordinator like
-// InitProcessGroup. Generation 1 is the group InitProcessGroup formed, named G.
+// order they came, forms the next generation of group G at the coordinator (the same
+// name: InitOptions::generation is the old group's ProcessGroup::generation() + 1, which
+// the members also write to ".../<g+1>/registry" for the joiners) through the sidecar,
+// like InitProcessGroup. Generation 1 is the group InitProcessGroup formed. (g counts
+// re-formations of this launch; the coordinator's generation of the name may be higher
+// when the name was formed before.)
 //
 // Thread safety: each function may be called from any thread, but not concurrently with
 // other calls on the group it is given.
@@ -53,7 +57,7 @@ struct ElasticGroup {
 // member: a collective failed with UNAVAILABLE or DEADLINE_EXCEEDED) among the members
 // that call Reconfigure within the join window, plus waiting joiners. Every member calls
 // it. Destroys `current.group` (its session ends; the sidecar drops its executor and
-// backend context) before forming the next generation, named "<init.group>.g<n>", with
+// backend context) before forming the next generation of the same name, with
 // this process as rank: its position in the closed list (ranks renumbered: members in the
 // order of their old ranks, then joiners). A member that calls after the list closed (it
 // was taken for lost, e.g. cut off while the others re-formed) waits to be admitted to

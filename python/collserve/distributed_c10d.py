@@ -231,26 +231,24 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         raise ValueError(f"unsupported init_method {init_method!r} (env:// or collserve://host:port)")
     op_timeout = _seconds(timeout, float(env.get("COLLSERVE_OP_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
     init_timeout = _seconds(timeout, float(env.get("COLLSERVE_INIT_TIMEOUT_S", _DEFAULT_TIMEOUT_S)))
-    _state.update(timeout=op_timeout, generation=0,
+    _state.update(timeout=op_timeout, generation=0, registry_generation=0,
                   init=dict(local_rank=int(env.get("LOCAL_RANK", "-1")), sidecar=env.get("COLLSERVE_SIDECAR", ""),
                             coordinator=coordinator, job=env.get("COLLSERVE_JOB", ""), group_name=group_name,
                             init_timeout=init_timeout, op_timeout=op_timeout))
     min_world = int(env.get("COLLSERVE_MIN_WORLD_SIZE", "0") or 0)
     if env.get("COLLSERVE_ELASTIC_JOIN") == "1":
         # A rank restarted into a running job: admitted at a later generation (reconfigure).
-        rank, size, generation = _join_running(init_timeout)
-        _form(rank, size, generation, init_timeout)
+        _form(*_join_running(init_timeout), init_timeout)
     elif 0 < min_world < world_size:
         # Elastic: the group forms with the ranks that come within the join window.
-        rank, size, generation = _elastic_init(min_world, world_size, float(env.get("COLLSERVE_JOIN_WINDOW_S", "5")),
-                                               init_timeout)
-        _form(rank, size, generation, init_timeout)
+        _form(*_elastic_init(min_world, world_size, float(env.get("COLLSERVE_JOIN_WINDOW_S", "5")), init_timeout),
+              init_timeout)
     else:
         code, message, pg = _collserve.init(rank, world_size, int(env.get("LOCAL_RANK", "-1")),
                                             env.get("COLLSERVE_SIDECAR", ""), coordinator,
                                             env.get("COLLSERVE_JOB", ""), group_name, init_timeout, op_timeout)
         raise_for(code, message)
-        _state.update(default=ProcessGroup(pg, range(world_size)), groups=[])
+        _state.update(default=ProcessGroup(pg, range(world_size)), groups=[], registry_generation=pg.generation)
     if env.get("COLLSERVE_EXIT_DIR") and not _state.get("exit_hook"):
         _state["exit_hook"] = True
         _atexit.register(_note_exit, env["COLLSERVE_EXIT_DIR"], rank)
@@ -701,10 +699,11 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     (compare_set, so every rank reads the same one) as soon as every member of the current
     group is on it, else once `join_window` seconds passed since this rank's call. The
     closed list is the new group: the current members in the order of their ranks, then
-    the joiners in the order they came. It forms as a new group named
-    "<group_name>.g<generation>" through the sidecar and the coordinator, like
-    init_process_group. Subgroups of the old group are destroyed; so is the old group (its
-    session ends, so nothing of it stays half-used on the sidecar).
+    the joiners in the order they came. It forms as the next generation of the same group
+    name at the coordinator (which ends the old generation there for every member),
+    through the sidecar, like init_process_group. Subgroups of the old group are
+    destroyed; so is the old group (its session ends, so nothing of it stays half-used on
+    the sidecar).
 
     A rank that calls after the list was closed (it was taken for lost, e.g. its host was
     cut off while the others re-formed) waits to join the following generation, as a
@@ -719,6 +718,7 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     """
     init = _state["init"]
     generation = _state["generation"] + 1
+    registry = _state["registry_generation"] + 1
     timeout_s = _seconds(timeout, init["init_timeout"])
     me = str(_default().rank())
     members = _quorum(generation, join_window, min_world_size, timeout_s)
@@ -726,9 +726,8 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
         # Too late for this generation (e.g. cut off the network while it formed): join the
         # next one as a newcomer, admitted when the members call reconfigure again.
         destroy_process_group()
-        rank, size, generation = _join_running(timeout_s)
-        return _form(rank, size, generation, timeout_s)
-    return _form(members.index(me), len(members), generation, timeout_s)
+        return _form(*_join_running(timeout_s), timeout_s)
+    return _form(members.index(me), len(members), generation, registry, timeout_s)
 
 
 def should_reconfigure():
@@ -760,17 +759,19 @@ def _elastic_store(group):
     return Store._wrap(client)
 
 
-def _form(rank, size, generation, timeout_s):
+def _form(rank, size, generation, registry, timeout_s):
     """Ends the current default group (its session closes), then forms generation
-    `generation` with this process as `rank` of `size`."""
+    `generation` of reconfigure's count, the coordinator's generation `registry` of the
+    group's name (0 = whichever forms next), with this process as `rank` of `size`."""
     init = _state["init"]
     if _state["default"] is not None:
         destroy_process_group()
     code, message, pg = _collserve.init(rank, size, init["local_rank"], init["sidecar"], init["coordinator"],
-                                        init["job"], f"{init['group_name']}.g{generation}", timeout_s,
-                                        init["op_timeout"])
+                                        init["job"], init["group_name"], timeout_s, init["op_timeout"],
+                                        generation=registry)
     raise_for(code, message)
-    _state.update(default=ProcessGroup(pg, range(size)), groups=[], generation=generation)
+    _state.update(default=ProcessGroup(pg, range(size)), groups=[], generation=generation,
+                  registry_generation=pg.generation)
     return rank, size
 
 
@@ -818,6 +819,8 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
                          f"{generation} of group {name!r}: {members}")
         _time.sleep(0.05)
     members = [m for m in closed.decode().split(",") if m]
+    # The new group's generation at the coordinator, for the joiners on the list.
+    store.set(prefix + "registry", str(_state["registry_generation"] + 1))
     store.set(_elastic_prefix() + "current", str(generation))
     if me in members and len(members) < min_world_size:
         raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
@@ -827,8 +830,8 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
 
 def _elastic_init(min_world, max_world, join_window, timeout_s):
     """init_process_group's elastic formation (COLLSERVE_MIN_WORLD_SIZE): (rank, size,
-    generation) of the group this rank forms or, if it came after that closed, is
-    admitted to."""
+    generation, coordinator generation; 0 = the next) of the group this rank forms or, if
+    it came after that closed, is admitted to."""
     init = _state["init"]
     store = Store(address=init["coordinator"], job=init["job"] or None, timeout=timeout_s)
     prefix = _elastic_prefix() + "1/"
@@ -853,14 +856,14 @@ def _elastic_init(min_world, max_world, join_window, timeout_s):
     store.set(_elastic_prefix() + "current", "1")
     if me not in members:
         return _join_running(timeout_s)
-    return members.index(me), len(members), 1
+    return members.index(me), len(members), 1, 0
 
 
 def _join_running(timeout_s):
     """init_process_group of a rank started to join a running job (COLLSERVE_ELASTIC_JOIN=1):
     waits on the next generation's member list until the members admit it (reconfigure),
     moving on to the following generation if it came too late; returns (rank, size,
-    generation) of the group it was admitted to."""
+    generation, coordinator generation) of the group it was admitted to."""
     init = _state["init"]
     store = Store(address=init["coordinator"], job=init["job"] or None, timeout=timeout_s)
     me = f"j{_os.environ.get('RANK', '')}.{_os.getpid()}.{_time.time_ns() % 1000000}"
@@ -876,7 +879,9 @@ def _join_running(timeout_s):
                          "(the running ranks admit joiners when they call reconfigure)")
         members = _closed_members(store, prefix, left)
         if me in members:
-            return members.index(me), len(members), generation
+            # The members write it right after the list closed.
+            store.wait([prefix + "registry"], max(deadline - _time.monotonic(), 0.001))
+            return members.index(me), len(members), generation, int(store.get(prefix + "registry"))
         generation += 1
 
 

@@ -345,8 +345,9 @@ class Launcher:
 
     def watch_formation(self, coordinator):
         """Says every 5 s how far the default group's rendezvous got while it has not formed
-        (collservectl wait: "ranks joined n of m; missing ranks [...]"); quiet when it forms
-        within 5 s. Not with elastic formation (its group has another name)."""
+        (collservectl wait: "generation g: n of m ranks joined; missing ranks [...]"); quiet
+        when it forms within 5 s. Not with elastic formation (its ranks agree on the
+        membership in the store before they join, so the registry's count says little)."""
         a = self.args
         if a.min_nodes < a.nnodes:
             return

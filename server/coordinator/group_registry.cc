@@ -42,7 +42,8 @@ GroupView GroupRegistry::ViewOf(const Group& g) {
 }
 
 uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& group, int world_size,
-                                  const MemberInfo& member, absl::Time deadline, JoinCallback done) {
+                                  const MemberInfo& member, absl::Time deadline, JoinCallback done,
+                                  int64_t generation) {
   auto fail = [&](absl::Status s) {
     std::move(done)(std::move(s));
     return uint64_t{0};
@@ -59,13 +60,32 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "rank ", member.rank, " is out of range for group \"", group, "\" of world_size ", world_size)));
   }
+  if (generation < 0) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("generation ", generation, " must be >= 0")));
+  }
   std::vector<Completion> completions;
+  std::vector<WatchCompletion> watches;
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return fail(absl::UnavailableError("the coordinator is shutting down"));
     const Key key(job, group);
     auto it = groups_.find(key);
+    auto last = last_generation_.find(key);
+    const int64_t last_formed = last == last_generation_.end() ? 0 : last->second;
+    if (generation > 0) {
+      const int64_t at = it != groups_.end() ? it->second.generation : last_formed;
+      if (generation < at || (it == groups_.end() && generation == at)) {
+        return fail(absl::FailedPreconditionError(absl::StrCat(
+            "generation ", generation, " of group \"", group, "\" is over: the group ",
+            it != groups_.end() ? "is at" : "last formed", " generation ", at, " here")));
+      }
+      if (it != groups_.end() && it->second.generation < generation) {
+        // The first rank of a later generation ends this one for everyone still in it.
+        SupersedeLocked(it, generation, &completions, &watches);
+        it = groups_.end();
+      }
+    }
     if (it == groups_.end()) {
       if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
         return fail(absl::ResourceExhaustedError(absl::StrCat(
@@ -75,7 +95,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
       Group g;
       g.name = group;
       g.world_size = world_size;
-      g.generation = last_generation_[key] + 1;
+      g.generation = std::max(last_generation_[key] + 1, generation);
       g.started = absl::Now();
       it = groups_.emplace(key, std::move(g)).first;
     }
@@ -115,7 +135,25 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
     }
   }
   for (auto& [cb, result] : completions) std::move(cb)(std::move(result));
+  for (auto& [cb, events] : watches) std::move(cb)(std::move(events));
   return id;
+}
+
+void GroupRegistry::SupersedeLocked(std::map<Key, Group>::iterator it, int64_t generation,
+                                    std::vector<Completion>* joins, std::vector<WatchCompletion>* watches) {
+  Group& g = it->second;
+  const absl::Status over = absl::FailedPreconditionError(absl::StrCat(
+      "generation ", g.generation, " of group \"", g.name, "\" is over: a rank joined generation ", generation,
+      " (the group re-forms)"));
+  for (auto& [rank, w] : g.waiters) {
+    waiter_index_.erase(w.id);
+    joins->emplace_back(std::move(w.done), over);
+  }
+  g.waiters.clear();
+  g.state = "SUPERSEDED";
+  AnswerWatchesLocked(g, /*all=*/true, absl::Now(), watches);
+  last_generation_[it->first] = g.generation;
+  groups_.erase(it);
 }
 
 void GroupRegistry::RemoveForming(std::map<Key, Group>::iterator it, int rank) {
@@ -141,13 +179,22 @@ void GroupRegistry::CancelJoin(uint64_t id) {
   std::move(cb)(absl::CancelledError("join cancelled"));
 }
 
-absl::Status GroupRegistry::Leave(const std::string& job, const std::string& group, int rank) {
+absl::Status GroupRegistry::Leave(const std::string& job, const std::string& group, int rank, int64_t generation) {
   JoinCallback cb;
   std::vector<WatchCompletion> watches;
   {
     absl::MutexLock lock(&mu_);
     const Key key(job, group);
     auto it = groups_.find(key);
+    if (generation > 0) {
+      // A late leave of an ended generation (superseded, or left by every rank): nothing to do.
+      auto last = last_generation_.find(key);
+      if (last != last_generation_.end() && generation <= last->second) return absl::OkStatus();
+      if (it != groups_.end() && it->second.generation != generation) {
+        return absl::NotFoundError(absl::StrCat("group \"", group, "\" is at generation ", it->second.generation,
+                                                ", not ", generation));
+      }
+    }
     if (it == groups_.end()) {
       return absl::NotFoundError(absl::StrCat("no group \"", group, "\" in job \"", job, "\""));
     }
@@ -232,9 +279,21 @@ uint64_t GroupRegistry::WatchAsync(const std::string& job, const std::string& gr
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(Key(job, group));
-    if (it == groups_.end() && !stopping_ && !members.empty()) it = AdoptLocked(job, group, generation, host_id, members);
+    auto last = last_generation_.find(Key(job, group));
+    const bool ended = (it != groups_.end() && it->second.generation > generation) ||
+                       (it == groups_.end() && last != last_generation_.end() && generation <= last->second);
+    if (it == groups_.end() && !stopping_ && !members.empty() && !ended) {
+      it = AdoptLocked(job, group, generation, host_id, members);
+    }
     if (stopping_) {
       now_answer = absl::UnavailableError("the coordinator is shutting down");
+    } else if (ended && generation > 0) {
+      // The generation is over here: a later one formed or forms (SUPERSEDED), or every rank
+      // left it (ENDED). Its members' sidecars end it too.
+      GroupEvents e;
+      e.generation = generation;
+      e.state = it != groups_.end() ? "SUPERSEDED" : "ENDED";
+      now_answer = std::move(e);
     } else if (it == groups_.end() || it->second.state == "FORMING" || it->second.generation != generation) {
       now_answer = absl::NotFoundError(
           absl::StrCat("no generation ", generation, " of group \"", group, "\" in job \"", job, "\""));

@@ -140,14 +140,22 @@ class GroupRegistry {
 
   // Registers `member` in (job, group) and arranges for `done` to be called (see
   // JoinCallback). Never blocks. Returns an id for CancelJoin.
+  // `generation` > 0 asks for that generation of the name (re-forming in place, as the
+  // SDKs' reconfigure does; 0 = the one forming, or the next): the first join of a later
+  // generation than the group's ends the group's (SUPERSEDED: its pending joins fail with
+  // FAILED_PRECONDITION, its watches are answered with state SUPERSEDED, its remaining
+  // members are dropped) and starts the new one, with its own world_size. A generation
+  // that is already over here is FAILED_PRECONDITION naming the current one.
   uint64_t JoinAsync(const std::string& job, const std::string& group, int world_size,
-                     const MemberInfo& member, absl::Time deadline, JoinCallback done);
+                     const MemberInfo& member, absl::Time deadline, JoinCallback done, int64_t generation = 0);
   // Withdraws a pending join (its rank leaves the forming group); `done` gets CANCELLED.
   // No-op for unknown or completed ids.
   void CancelJoin(uint64_t id);
 
-  // Called once with the generation's events, or with: NOT_FOUND (no such group, still
-  // forming, or another generation), PERMISSION_DENIED (the host serves none of its ranks at
+  // Called once with the generation's events (state FORMED or BROKEN; SUPERSEDED when a
+  // later generation of the name formed or forms, ENDED when every rank left it: answered
+  // at once, the generation is over), or with: NOT_FOUND (no such group, still forming,
+  // or a generation not known here), PERMISSION_DENIED (the host serves none of its ranks at
   // formation), INVALID_ARGUMENT (known < 0), UNAVAILABLE (registry destroyed).
   using WatchCallback = absl::AnyInvocable<void(absl::StatusOr<GroupEvents>) &&>;
   // Watches generation `generation` of (job, group) for member host `host_id`: `done` gets
@@ -175,8 +183,10 @@ class GroupRegistry {
   void CancelWatch(uint64_t id);
 
   // Removes `rank` from the group. NOT_FOUND if the group or the rank is unknown. A rank
-  // leaving a formed group is a departure (WatchAsync) and makes it BROKEN.
-  absl::Status Leave(const std::string& job, const std::string& group, int rank);
+  // leaving a formed group is a departure (WatchAsync) and makes it BROKEN. `generation`
+  // > 0: the generation the rank leaves; OK without effect when that generation is already
+  // over (superseded or left by every rank), NOT_FOUND when the group is at another.
+  absl::Status Leave(const std::string& job, const std::string& group, int rank, int64_t generation = 0);
   // NOT_FOUND if the group is unknown.
   absl::StatusOr<GroupView> Describe(const std::string& job, const std::string& group);
   std::vector<GroupView> List(const std::string& job);
@@ -253,6 +263,10 @@ class GroupRegistry {
   void ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Ends the group `it` for generation `generation` of its name (JoinAsync): fails its
+  // pending joins, answers its watches with state SUPERSEDED and erases it.
+  void SupersedeLocked(std::map<Key, Group>::iterator it, int64_t generation, std::vector<Completion>* joins,
+                       std::vector<WatchCompletion>* watches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static GroupView ViewOf(const Group& g);
   void TimerLoop();
   // Removes a forming member (and its waiter) after a timeout/cancel; erases empty groups.

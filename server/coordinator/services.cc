@@ -335,7 +335,8 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
         }
         metrics_.Record("Join", st, absl::Now() - start);
         reactor->Finish(ToGrpcStatus(st));
-      });
+      },
+      req->generation());
   GroupRegistry* registry = &registry_;
   reactor->SetCancel([registry, id] { registry->CancelJoin(id); });
   reactor->Started();
@@ -381,7 +382,7 @@ grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ct
                                                  pb::LeaveResponse*) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
-  if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank());
+  if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank(), req->generation());
   return FinishNow(ctx, metrics_, "Leave", start, s);
 }
 

@@ -10,9 +10,9 @@
 //   wait GROUP           blocks until GROUP is formed (exit 0) or --wait_timeout passes
 //                        (exit 1), printing every --progress_interval how many ranks joined
 //                        and which are missing: a Kubernetes init container or exec
-//                        readiness probe for "my job's group is up". Follows a group
-//                        re-formed in place (collserve.reconfigure names it GROUP.gN):
-//                        the latest of GROUP, GROUP.g2, GROUP.g3, ... is the one waited for
+//                        readiness probe for "my job's group is up". A group re-formed
+//                        in place (collserve.reconfigure) keeps its name at the next
+//                        generation: wait follows it while it re-forms
 //   diagnose GROUP       why GROUP is stuck, from every host's ledger (Registry.DiagnoseGroup)
 //   dump GROUP           the flight recorder: GROUP's last collectives with every rank's
 //                        arrival, the arrival skew and the last rank; the stragglers
@@ -22,9 +22,6 @@
 //   version              collservectl's, the coordinator's and each --sidecar's version
 //   mint-token           a new token for --job (admin token required)
 //   revoke-tokens        revokes --job's minted tokens (admin token required)
-// describe, diagnose and dump take GROUP as wait does: a group re-formed in place is
-// found under its base name (the output names the group it shows, e.g. "world.g3").
-//
 // The token comes from COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE (the job's, or the admin
 // token), TLS from COLLSERVE_TLS_CA/CERT/KEY/SERVER_NAME, as for every collserve client.
 // Exit codes: 0 success, 1 the call failed (its status on standard error), 2 bad usage.
@@ -213,38 +210,6 @@ void PrintStragglers(const google::protobuf::RepeatedPtrField<pb::StragglerStats
   PrintTable(rows);
 }
 
-// The re-formation number of `name` as a successor of `group`: 1 for `group` itself, N for
-// "<group>.gN" (collserve.reconfigure's name for generation N), 0 for anything else.
-int64_t Reformation(const std::string& group, const std::string& name) {
-  if (name == group) return 1;
-  const std::string prefix = group + ".g";
-  if (!absl::StartsWith(name, prefix)) return 0;
-  int64_t n = 0;
-  if (!absl::SimpleAtoi(name.substr(prefix.size()), &n) || n < 2) return 0;
-  return n;
-}
-
-// The group that `group` names now: the latest of `group`, "<group>.g2", "<group>.g3", ...
-// (collserve.reconfigure re-forms a group in place under those names) that the registry
-// holds; `group` itself when none is held or List fails (the caller's call then says so).
-std::string LatestReformation(const Ctl& c, const std::string& group) {
-  pb::ListRequest req;
-  req.set_job(c.job());
-  pb::ListResponse resp;
-  auto ctx = c.Context();
-  if (!c.registry().List(ctx.get(), req, &resp).ok()) return group;
-  std::string latest = group;
-  int64_t latest_n = 0;
-  for (const pb::GroupInfo& g : resp.groups()) {
-    const int64_t n = Reformation(group, g.group());
-    if (n > latest_n) {
-      latest = g.group();
-      latest_n = n;
-    }
-  }
-  return latest;
-}
-
 absl::Status Diagnose(const Ctl& c, const std::string& group) {
   auto d = DiagnoseCall(c, group);
   if (!d.ok()) return d.status();
@@ -392,8 +357,8 @@ std::string JoinProgress(const pb::GroupInfo& g) {
                       absl::StrJoin(missing, ", "), more > 0 ? absl::StrCat(", ... and ", more, " more") : "", "]");
 }
 
-// Polls Registry.List every second until `group`, or its latest re-formation in place
-// ("<group>.gN", collserve.reconfigure), is FORMED.
+// Polls Registry.List every second until `group` is FORMED (a later generation of it when
+// it re-forms in place meanwhile: collserve.reconfigure).
 absl::Status Wait(const Ctl& c, const std::string& group) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
@@ -406,30 +371,22 @@ absl::Status Wait(const Ctl& c, const std::string& group) {
     auto ctx = c.Context();
     const grpc::Status s = c.registry().List(ctx.get(), req, &resp);
     if (s.ok()) {
-      const pb::GroupInfo* latest = nullptr;
-      int64_t latest_n = 0;
+      const pb::GroupInfo* found = nullptr;
       for (const pb::GroupInfo& g : resp.groups()) {
-        const int64_t n = Reformation(group, g.group());
-        if (n > latest_n) {
-          latest = &g;
-          latest_n = n;
-        }
+        if (g.group() == group) found = &g;
       }
-      if (latest != nullptr) {
-        const pb::GroupInfo& g = *latest;
-        const std::string as = g.group() == group ? "" : absl::StrCat(" as \"", g.group(), "\" (re-formed in place)");
+      if (found != nullptr) {
+        const pb::GroupInfo& g = *found;
         if (g.state() == "FORMED") {
           std::set<std::string> hosts;
           for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
-          std::cout << "group \"" << group << "\" (job " << c.job() << ") formed" << as << ": generation "
-                    << g.generation() << ", " << g.world_size() << " ranks on " << hosts.size() << " host(s)"
-                    << std::endl;
+          std::cout << "group \"" << group << "\" (job " << c.job() << ") formed: generation " << g.generation()
+                    << ", " << g.world_size() << " ranks on " << hosts.size() << " host(s)" << std::endl;
           return absl::OkStatus();
         }
-        last = absl::StrCat(as.empty() ? "" : absl::StrCat(g.group(), ": "),
-                            g.state() == "BROKEN"
-                                ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left or was lost)")
-                                : JoinProgress(g));
+        last = g.state() == "BROKEN"
+                   ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left or was lost)")
+                   : absl::StrCat("generation ", g.generation(), ": ", JoinProgress(g));
       } else {
         last = "the coordinator has no such group yet";
       }
@@ -728,12 +685,11 @@ int main(int argc, char** argv) {
   } else if (command == "groups") {
     s = collserve::ctl::Groups(*ctl);
   } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
-    const std::string group = collserve::ctl::LatestReformation(*ctl, arg);
-    s = command == "describe" ? collserve::ctl::Describe(*ctl, group) : collserve::ctl::Diagnose(*ctl, group);
+    s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
   } else if (command == "wait" && !arg.empty()) {
     s = collserve::ctl::Wait(*ctl, arg);
   } else if (command == "dump" && !arg.empty()) {
-    s = collserve::ctl::Dump(*ctl, collserve::ctl::LatestReformation(*ctl, arg));
+    s = collserve::ctl::Dump(*ctl, arg);
   } else if (command == "jobs") {
     s = collserve::ctl::Jobs(*ctl);
   } else if (command == "keys") {

@@ -142,11 +142,12 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   join->req.mutable_member()->set_host_address(host_address_);
   join->req.mutable_member()->set_sidecar_address(sidecar_address_);
   join->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
+  join->req.set_generation(params.generation);
   join->Attempt();
   return [join] { join->Cancel(); };
 }
 
-void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank,
+void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank, int64_t generation,
                                 const std::string& credential) {
   struct Call {
     grpc::ClientContext ctx;
@@ -157,6 +158,7 @@ void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group
   call->req.set_job(job);
   call->req.set_group(group);
   call->req.set_rank(rank);
+  call->req.set_generation(generation);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   call->ctx.set_wait_for_ready(true);  // across a coordinator restart
   client::AddJobToken(call->ctx, credential);

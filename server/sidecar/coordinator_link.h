@@ -29,7 +29,8 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   void set_sidecar_address(std::string address) { sidecar_address_ = std::move(address); }
   std::function<void()> Join(const JoinParams& params,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) override;
-  void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override;
+  void Leave(const std::string& job, const std::string& group, int rank, int64_t generation,
+             const std::string& credential) override;
   std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
                                                                 const std::string& credential) override;
   // Registry.ReportProgress, asynchronous; deadline 5 s; failures are logged at VLOG(1).

@@ -73,6 +73,7 @@ engine::AttachRequest FromProto(const pb::Attach& a) {
   r.init_timeout = a.init_timeout_ms() > 0 ? absl::Milliseconds(a.init_timeout_ms()) : absl::Seconds(300);
   r.op_timeout = a.op_timeout_ms() > 0 ? absl::Milliseconds(a.op_timeout_ms()) : absl::Seconds(300);
   r.backend = a.backend();
+  r.generation = a.generation();
   return r;
 }
 

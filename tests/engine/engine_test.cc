@@ -728,6 +728,80 @@ TEST(EngineTest, AHostTheCoordinatorLostEndsTheGenerationAndNoCollectiveWaitsFor
   EXPECT_THAT(later.status.message(), HasSubstr("is over"));
 }
 
+// Re-forming a name in place (AttachRequest::generation): the coordinator's word that a
+// later generation began ends the running one on every host at once; the ranks attach to
+// the next generation while the old one is still on their hosts (retired, apart, until its
+// sessions end), and an attach to an earlier generation than the host runs is refused.
+TEST(EngineTest, TheNextGenerationOfAGroupRetiresTheEarlierOneOnEachHost) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("reform", 2, /*op_timeout=*/absl::Seconds(60));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [](TestRank& r) {
+    EXPECT_TRUE(r.Call(FloatRequest(CollectiveOp::kAllReduce, {1})).status.ok());
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (cluster.coordinator().watches_started("reform") < 2 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  cluster.coordinator().Supersede("reform");
+  for (TestRank& r : *formed) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(10));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("generation 1 of group \"reform\" is over (SUPERSEDED at the "
+                                               "coordinator: a later generation of the group formed or forms there)"));
+  }
+  // Generation 2, while generation 1's sessions are still open.
+  std::vector<TestRank> next(2);
+  for (int r = 0; r < 2; ++r) {
+    next[r].rank = r;
+    next[r].host = r;
+    next[r].session = std::make_shared<RecordingSession>();
+    engine::AttachRequest a;
+    a.job = "test";
+    a.group = "reform";
+    a.rank = r;
+    a.world_size = 2;
+    a.init_timeout = absl::Seconds(30);
+    a.generation = 2;
+    auto g = cluster.engine(r).Attach(a, next[r].session);
+    ASSERT_TRUE(g.ok()) << g.status();
+    next[r].group = *g;
+    EXPECT_NE(next[r].group, (*formed)[r].group);
+  }
+  for (TestRank& t : next) {
+    auto attached = t.session->WaitAttached(absl::Seconds(60));
+    ASSERT_TRUE(attached.ok()) << attached.status();
+    EXPECT_EQ(attached->generation, 2);
+  }
+  OnEveryRank(next, [](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {float(r.rank + 1)}));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(FloatsOf(c.inline_data), std::vector<float>({3}));
+  });
+  EXPECT_EQ(cluster.engine(0).GetStats().groups, 2);  // the retired one lives on for its session
+  engine::AttachRequest stale;
+  stale.job = "test";
+  stale.group = "reform";
+  stale.rank = 0;
+  stale.world_size = 2;
+  stale.generation = 1;
+  auto refused = cluster.engine(0).Attach(stale, std::make_shared<RecordingSession>());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("generation 1 of group \"reform\" is over on host host0"));
+  stale.generation = -1;
+  EXPECT_EQ(cluster.engine(0).Attach(stale, std::make_shared<RecordingSession>()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Generation 1's sessions end: the retired groups go; generation 2 runs on.
+  for (TestRank& r : *formed) r.group->OnSessionClosed(r.rank);
+  const absl::Time gone = absl::Now() + absl::Seconds(10);
+  while (cluster.engine(0).GetStats().groups != 1 && absl::Now() < gone) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(cluster.engine(0).GetStats().groups, 1);
+  EXPECT_EQ(cluster.engine(1).GetStats().groups, 1);
+  OnEveryRank(next, [](TestRank& r) {
+    EXPECT_TRUE(r.Call(FloatRequest(CollectiveOp::kAllReduce, {1})).status.ok());
+  });
+}
+
 TEST(EngineTest, CoordinatorCallsCarryTheAttachingRanksCredentials) {
   TestCluster cluster(2);
   auto formed = cluster.Form("credentials", 4);

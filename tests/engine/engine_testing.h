@@ -32,7 +32,8 @@
 namespace collserve::testing {
 
 // Rendezvous for every simulated host: a join completes when world_size ranks of the group
-// joined (generation 1), after its timeout (DEADLINE_EXCEEDED naming the missing ranks), or
+// joined (the next generation, counted over every group; a join that names a generation
+// N > 0 forms N, apart from the name's other generations), after its timeout (DEADLINE_EXCEEDED naming the missing ranks), or
 // when withdrawn (CANCELLED). Thread-safe.
 class FakeCoordinator {
  public:
@@ -81,6 +82,21 @@ class FakeCoordinator {
     }
     for (auto& done : answer) done(events);
   }
+  // The coordinator began a later generation of (job "test", `group`): every waiting watch
+  // of it is answered SUPERSEDED.
+  void Supersede(const std::string& group) {
+    std::vector<std::function<void(absl::StatusOr<engine::GroupEvents>)>> answer;
+    engine::GroupEvents events;
+    {
+      absl::MutexLock lock(&mu_);
+      const std::string key = "test/" + group;
+      events.generation = groups_[key].membership.generation;
+      events.state = "SUPERSEDED";
+      for (auto& [id, w] : watches_[key]) answer.push_back(std::move(w));
+      watches_[key].clear();
+    }
+    for (auto& done : answer) done(events);
+  }
   // Watches of (job "test", `group`) started so far, by every host.
   int watches_started(const std::string& group) {
     absl::MutexLock lock(&mu_);
@@ -108,7 +124,8 @@ class FakeCoordinator {
     std::function<void()> Join(const JoinParams& p, std::function<void(absl::StatusOr<engine::Membership>)> done) override {
       return c_->Join(host_, p, std::move(done));
     }
-    void Leave(const std::string& job, const std::string& group, int rank, const std::string& credential) override {
+    void Leave(const std::string& job, const std::string& group, int rank, int64_t /*generation*/,
+               const std::string& credential) override {
       absl::MutexLock lock(&c_->mu_);
       c_->leaves_.emplace_back(job, group, rank);
       c_->credentials_.push_back(credential);
@@ -193,7 +210,7 @@ class FakeCoordinator {
 
   std::function<void()> Join(const std::string& host, const engine::CoordinatorLink::JoinParams& p,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) {
-    const std::string key = p.job + "/" + p.group;
+    const std::string key = p.job + "/" + p.group + (p.generation > 0 ? absl::StrCat("#", p.generation) : "");
     auto cancelled = std::make_shared<bool>(false);
     absl::MutexLock lock(&mu_);
     credentials_.push_back(p.credential);
@@ -206,7 +223,7 @@ class FakeCoordinator {
         f.joined[p.rank] = host;
         if (static_cast<int>(f.joined.size()) == f.world_size && !f.formed) {
           f.formed = true;
-          f.membership.generation = ++generation_;
+          f.membership.generation = p.generation > 0 ? p.generation : ++generation_;
           for (const auto& [rank, h] : f.joined) f.membership.members.push_back(engine::Member{rank, h, "127.0.0.1"});
         }
         auto over = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || *cancelled || groups_[key].formed; };

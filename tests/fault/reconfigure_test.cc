@@ -39,7 +39,8 @@ TEST(ReconfigureTest, SurvivorsReformWithoutAKilledRankAndARestartedRankJoinsAga
   ranks[3]->Kill(SIGKILL);
   const absl::Time killed = absl::Now();
   for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(WaitOutput(*ranks[r], "of 3 (generation 2)", absl::Seconds(30))) << ranks[r]->Output() << c.Logs();
+    ASSERT_TRUE(WaitOutput(*ranks[r], "of 3 (generation 2) as group \"world\" generation 2", absl::Seconds(30)))
+        << ranks[r]->Output() << c.Logs();
   }
   const absl::Duration reformed = absl::Now() - killed;
   // The killed rank's session ends, its sidecar tells the others (a leave), and the
@@ -57,6 +58,8 @@ TEST(ReconfigureTest, SurvivorsReformWithoutAKilledRankAndARestartedRankJoinsAga
     ASSERT_TRUE(code.ok()) << "rank process " << r << " did not finish: " << ranks[r]->Output() << c.Logs();
     EXPECT_EQ(*code, 0) << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find("of 4 (generation 3)"), std::string::npos) << ranks[r]->Output();
+    // The same name at the coordinator, at its next generations (the job formed it first).
+    EXPECT_NE(ranks[r]->Output().find("as group \"world\" generation 3"), std::string::npos) << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find("done: rank"), std::string::npos) << ranks[r]->Output();
     EXPECT_EQ(ranks[r]->Output().find("WRONG"), std::string::npos) << ranks[r]->Output();
   }

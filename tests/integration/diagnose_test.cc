@@ -320,33 +320,39 @@ TEST(DiagnoseTest, CollservectlWaitReportsMissingRanksAndReturnsOnceTheGroupForm
   EXPECT_THAT(ok_out, HasSubstr("3 ranks on 1 host(s)"));
 }
 
-// A group re-formed in place (collserve.reconfigure names generation N "<group>.gN"): wait
-// follows the latest one, "world.g3" over "world.g2", and reports its progress by name.
+// A group re-formed in place keeps its name at the next generation (collserve.reconfigure):
+// the first rank of generation 2 ends generation 1 for its members, and wait follows the
+// name, reporting the new generation's progress.
 TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
   auto started = Cluster::Start(1);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   std::vector<std::unique_ptr<Process>> ranks;
-  auto start = [&](int rank, int world, const std::string& group) {
-    auto p = cluster.StartRank(rank, world, 0, {"--mode=idle", "--iters=30", "--group=" + group},
+  auto start = [&](int rank, int world, const std::string& group, int64_t generation = 0) {
+    auto p = cluster.StartRank(rank, world, 0,
+                               {"--mode=idle", "--iters=30", "--group=" + group,
+                                absl::StrCat("--generation=", generation)},
                                {{"COLLSERVE_INIT_TIMEOUT_S", "60"}});
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   };
-  start(0, 2, "world.g2");
-  start(1, 2, "world.g2");
-  start(0, 2, "world.g3");
+  start(0, 2, "world");
+  start(1, 2, "world");
+  auto [first_code, first_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
+  EXPECT_EQ(first_code, 0) << first_out;
+  EXPECT_THAT(first_out, HasSubstr("formed: generation 1, 2 ranks"));
+  start(0, 3, "world", 2);
   auto [code, out] = Ctl(cluster, {"--wait_timeout=3s", "--progress_interval=500ms", "wait", "world"});
   EXPECT_EQ(code, 1) << out;
-  EXPECT_THAT(out, HasSubstr("world.g3: 1 of 2 ranks joined; missing ranks [1]"));
-  start(1, 2, "world.g3");
+  EXPECT_THAT(out, HasSubstr("generation 2: 1 of 3 ranks joined; missing ranks [1, 2]"));
+  start(1, 3, "world", 2);
+  start(2, 3, "world", 2);
   auto [ok_code, ok_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
   EXPECT_EQ(ok_code, 0) << ok_out;
-  EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed as \"world.g3\" (re-formed in place)"));
-  // describe takes the base name too.
+  EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed: generation 2, 3 ranks on 1 host(s)"));
   auto [d_code, d_out] = Ctl(cluster, {"describe", "world"});
   EXPECT_EQ(d_code, 0) << d_out;
-  EXPECT_THAT(d_out, HasSubstr("group \"world.g3\" (job default): generation 1, FORMED"));
+  EXPECT_THAT(d_out, HasSubstr("group \"world\" (job default): generation 2, FORMED"));
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ ABSL_FLAG(std::string, dtype, "float32", "dtype for single/loop");
 ABSL_FLAG(std::string, op, "SUM", "reduce op for single/loop");
 ABSL_FLAG(int64_t, iters, 0, "loop iterations (0 = until error)");
 ABSL_FLAG(std::string, group, "world", "group name");
+ABSL_FLAG(int64_t, generation, 0, "the group's generation to form (InitOptions::generation; 0 = the next)");
 ABSL_FLAG(int64_t, delay_ms, 0, "loop: sleep this long before each iteration's call (a straggler)");
 ABSL_FLAG(int64_t, hold_s, 0, "loop: after an error, keep the process (and its session) this long before exiting");
 ABSL_FLAG(bool, elastic_join, false,
@@ -193,6 +194,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options->group = absl::GetFlag(FLAGS_group);
+  options->generation = absl::GetFlag(FLAGS_generation);
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "reconfigure") {
     // An elastic loop (collserve/elastic.h): int64 all_reduces of 1 (the sum is the world
@@ -225,9 +227,10 @@ int main(int argc, char** argv) {
       std::vector<int64_t> at = {i};
       absl::Status s = eg.group->Broadcast(at, 0)->Wait();
       if (s.ok()) i = at[0];
-      std::printf("formed: rank %d of %d (generation %lld) at iter %lld: %s\n", eg.group->GetRank(),
-                  eg.group->GetWorldSize(), static_cast<long long>(eg.generation), static_cast<long long>(i),
-                  StatusLine(s).c_str());
+      std::printf("formed: rank %d of %d (generation %lld) as group \"%s\" generation %lld at iter %lld: %s\n",
+                  eg.group->GetRank(), eg.group->GetWorldSize(), static_cast<long long>(eg.generation),
+                  eg.group->group_name().c_str(), static_cast<long long>(eg.group->generation()),
+                  static_cast<long long>(i), StatusLine(s).c_str());
       return s;
     };
     if (!formed().ok()) return 3;

@@ -522,6 +522,106 @@ TEST(GroupRegistryWatchTest, ARestartedRegistryAdoptsAGenerationFromAMembersWatc
   EXPECT_EQ(registry.Describe("job", "g")->generation, 8);
 }
 
+// A join that the test waits for (JoinAsync with a generation).
+struct PendingJoin {
+  absl::Notification done;
+  absl::StatusOr<server::GroupView> view = absl::UnknownError("no answer");
+  void Start(server::GroupRegistry& registry, const std::string& group, int world, int rank, const std::string& host,
+             int64_t generation) {
+    server::MemberInfo m;
+    m.rank = rank;
+    m.host_id = host;
+    registry.JoinAsync(
+        "job", group, world, m, absl::Now() + absl::Seconds(10),
+        [this](absl::StatusOr<server::GroupView> v) {
+          view = std::move(v);
+          done.Notify();
+        },
+        generation);
+  }
+  bool Wait(absl::Duration timeout = absl::Seconds(10)) { return done.WaitForNotificationWithTimeout(timeout); }
+};
+
+TEST(GroupRegistryReformTest, TheNextGenerationOfANameEndsTheEarlierOneForEveryMember) {
+  server::GroupRegistry registry;
+  FormGroup(registry, "g", {"a", "a", "b"});
+  PendingWatch formed;
+  formed.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  // Rank 2 leaves (its host was cut, say): generation 1 is BROKEN and keeps ranks 0 and 1.
+  ASSERT_TRUE(registry.Leave("job", "g", 2, 1).ok());
+  ASSERT_TRUE(formed.Wait());
+  PendingWatch broken;
+  broken.Start(registry, "g", 1, "a", 1, absl::Seconds(30));
+  EXPECT_FALSE(broken.done.HasBeenNotified());
+  // The survivors re-form the same name as generation 2 with two ranks: the first join
+  // ends generation 1 for its members at once.
+  PendingJoin r0, r1;
+  r0.Start(registry, "g", 2, 0, "a", 2);
+  ASSERT_TRUE(broken.Wait(absl::Seconds(2)));
+  ASSERT_TRUE(broken.events.ok()) << broken.events.status();
+  EXPECT_EQ(broken.events->generation, 1);
+  EXPECT_EQ(broken.events->state, "SUPERSEDED");
+  auto forming = registry.Describe("job", "g");
+  ASSERT_TRUE(forming.ok());
+  EXPECT_EQ(forming->generation, 2);
+  EXPECT_EQ(forming->state, "FORMING");
+  EXPECT_EQ(forming->world_size, 2);
+  // A late leave of generation 1 (rank 1's session ended after the re-form began) does not
+  // touch generation 2; a leave of a generation the group never had is NOT_FOUND.
+  EXPECT_TRUE(registry.Leave("job", "g", 0, 1).ok());
+  EXPECT_EQ(registry.Describe("job", "g")->members.size(), 1u);
+  EXPECT_EQ(registry.Leave("job", "g", 0, 5).code(), absl::StatusCode::kNotFound);
+  // Generation 1 is over: joining it names the current one; its watches are answered at once.
+  PendingJoin late;
+  late.Start(registry, "g", 3, 2, "b", 1);
+  ASSERT_TRUE(late.Wait(absl::Seconds(2)));
+  EXPECT_EQ(late.view.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(late.view.status().message()), HasSubstr("generation 1 of group \"g\" is over"));
+  EXPECT_THAT(std::string(late.view.status().message()), HasSubstr("at generation 2"));
+  PendingWatch old;
+  old.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  ASSERT_TRUE(old.done.HasBeenNotified());
+  EXPECT_EQ(old.events->state, "SUPERSEDED");
+  r1.Start(registry, "g", 2, 1, "a", 2);
+  ASSERT_TRUE(r0.Wait() && r1.Wait());
+  ASSERT_TRUE(r0.view.ok()) << r0.view.status();
+  ASSERT_TRUE(r1.view.ok()) << r1.view.status();
+  EXPECT_EQ(r0.view->generation, 2);
+  EXPECT_EQ(r1.view->members.size(), 2u);
+  // A generation-3 join waiting when generation 4 begins fails, naming why.
+  PendingJoin g3, g4;
+  g3.Start(registry, "g", 2, 1, "a", 3);
+  EXPECT_FALSE(g3.done.HasBeenNotified());
+  g4.Start(registry, "g", 1, 0, "a", 4);
+  ASSERT_TRUE(g3.Wait(absl::Seconds(2)));
+  EXPECT_EQ(g3.view.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(g3.view.status().message()), HasSubstr("a rank joined generation 4"));
+  ASSERT_TRUE(g4.Wait());
+  ASSERT_TRUE(g4.view.ok()) << g4.view.status();
+  EXPECT_EQ(g4.view->generation, 4);
+  // Every rank left generation 4: a member's watch learns it ENDED (not adopted again),
+  // and the name forms again as generation 5.
+  ASSERT_TRUE(registry.Leave("job", "g", 0, 4).ok());
+  PendingWatch ended;
+  server::MemberInfo m;
+  m.rank = 0;
+  m.host_id = "a";
+  ended.id = registry.WatchAsync(
+      "job", "g", 4, "a", 0, absl::Seconds(30),
+      [&ended](absl::StatusOr<server::GroupEvents> e) {
+        ended.events = std::move(e);
+        ended.done.Notify();
+      },
+      {m});
+  ASSERT_TRUE(ended.done.HasBeenNotified());
+  ASSERT_TRUE(ended.events.ok()) << ended.events.status();
+  EXPECT_EQ(ended.events->state, "ENDED");
+  EXPECT_FALSE(registry.Describe("job", "g").ok());
+  EXPECT_TRUE(JoinNow(registry, "g", 1, 0, absl::Seconds(5)).ok());
+  EXPECT_EQ(registry.Describe("job", "g")->generation, 5);
+  EXPECT_EQ(registry.GroupCounts().groups, 1);
+}
+
 TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
   const std::string group = UniqueName("gen");
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
