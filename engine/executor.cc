@@ -358,7 +358,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
       // coordinator's ledger says about it names who is missing, and where.
       s = absl::Status(s.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
                                               "\": the argument exchange between hosts failed: ", s.message(),
-                                              DiagnosisSuffix()));
+                                              DiagnosisSuffix(s)));
     }
     fail_all(s);
     return;
@@ -438,7 +438,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   if (!status.ok()) {
     if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
     status = absl::Status(status.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
-                                                      "\": ", status.message(), FailedMeanwhileSuffix()));
+                                                      "\": ", status.message(), FailedMeanwhileSuffix(status)));
   }
   absl::MutexLock lock(&mu_);
   RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
@@ -507,15 +507,26 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
                       "purpose, call it from one function, or set COLLSERVE_CALL_SITES=0)");
 }
 
-std::string Group::FailedMeanwhileSuffix() {
+std::string Group::FailedMeanwhileSuffix(const absl::Status& error) {
   absl::MutexLock lock(&mu_);
-  if (state_ != State::kFailed || failure_.ok()) return "";
-  return absl::StrCat(" (the group had failed meanwhile: ", failure_.message(), ")");
+  auto known = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || state_ == State::kFailed || !remote_left_.empty();
+  };
+  const bool departures = error.code() != absl::StatusCode::kDeadlineExceeded;
+  if (departures && topology_.num_hosts > 1) mu_.AwaitWithTimeout(absl::Condition(&known), kExplainWait);
+  if (state_ == State::kFailed && !failure_.ok()) {
+    return absl::StrCat(" (the group had failed meanwhile: ", failure_.message(), ")");
+  }
+  if (!departures) return "";
+  std::vector<std::string> left;
+  for (const auto& [rank, why] : remote_left_) left.push_back(why);
+  return left.empty() ? "" : absl::StrCat("; ", absl::StrJoin(left, "; "));
 }
 
-std::string Group::DiagnosisSuffix() {
-  // The coordinator ended the generation (a host lost): that is the diagnosis.
-  if (std::string meanwhile = FailedMeanwhileSuffix(); !meanwhile.empty()) return meanwhile;
+std::string Group::DiagnosisSuffix(const absl::Status& error) {
+  // The coordinator ended the generation (a host lost), or ranks of other hosts left: that
+  // is the diagnosis.
+  if (std::string meanwhile = FailedMeanwhileSuffix(error); !meanwhile.empty()) return meanwhile;
   std::string credential;
   {
     absl::MutexLock lock(&mu_);

@@ -123,6 +123,10 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
     }
     topology_ = std::move(*topology);
     formed_ = true;
+    // Across hosts the coordinator leases this host the generation from now on: the
+    // engine's reporter starts the watch within about a second (the executor, once the
+    // backend connected, at once).
+    if (topology_.num_hosts > 1) rewatch_at_ = absl::Now();
   } else if (result->generation != topology_.generation) {
     FailLocked(absl::InternalError(absl::StrCat("rank ", rank, " joined generation ", result->generation,
                                                 " but this host's ranks joined generation ", topology_.generation)));
@@ -575,6 +579,7 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
         left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
                                                                       params_.name, "\" (the coordinator: ", d.reason,
                                                                       ")")));
+        remote_left_[d.rank] = std::string(left.back().second.message());
       }
     }
     watch_known_ = static_cast<int>(departures.size());

@@ -218,11 +218,20 @@ class Group : public std::enable_shared_from_this<Group> {
                                 const std::map<int, Submission>& subs, absl::Duration timeout);
   // "; the coordinator's ledger: <its diagnosis of this group>" for an error message, or ""
   // when it has none within kDiagnosisTimeout. Blocks; executor thread, no lock held.
-  std::string DiagnosisSuffix() ABSL_LOCKS_EXCLUDED(mu_);
+  std::string DiagnosisSuffix(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Why a collective across hosts failed in the backend, as the coordinator told this host:
   // " (the group had failed meanwhile: <why>)" when the group failed while the executor ran
-  // a collective (the coordinator ended the generation), else "". No lock held.
-  std::string FailedMeanwhileSuffix() ABSL_LOCKS_EXCLUDED(mu_);
+  // it (the coordinator ended the generation), "; rank R left group ... (the coordinator:
+  // ...)" when ranks of other hosts left (their host ends the generation when one leaves
+  // with a collective queued, and its connections close), else "". The word usually comes
+  // within milliseconds of the backend error (the leaver's sidecar tells the coordinator,
+  // which answers this host's watch at once), so it waits up to kExplainWait for it.
+  // Only for `error`s other than DEADLINE_EXCEEDED: after a timeout, ranks that leave are
+  // a consequence (they gave up too), not the cause, which the ledger's diagnosis names.
+  // Blocks; executor thread, no lock held.
+  std::string FailedMeanwhileSuffix(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
+  static constexpr absl::Duration kExplainWait = absl::Seconds(1);
 
   // The host a backend error between hosts blames (OnBackendError): the group's only other
   // host, else the one other host whose backend address `message` names; "unknown"
@@ -268,6 +277,8 @@ class Group : public std::enable_shared_from_this<Group> {
   // Ranks of other hosts that left, as the coordinator reported them (OnWatched): their
   // point-to-point fails here; their collectives fail through their own host's exchange.
   std::set<int> remote_departed_ ABSL_GUARDED_BY(mu_);
+  // What the coordinator said of each (the message their point-to-point fails with).
+  std::map<int, std::string> remote_left_ ABSL_GUARDED_BY(mu_);
   absl::Status collectives_failure_ ABSL_GUARDED_BY(mu_);
   // The watch (Watch): its id (a later one makes earlier answers stale), whether one is
   // waiting, how to cancel it, the departures already seen, and when to retry after an error.

@@ -126,6 +126,14 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
       g.state = "FORMED";
       g.formed_members = g.members;
       ++generations_formed_;
+      // Across hosts, every member host holds a lease from now on (GroupRegistryLimits::
+      // adoption_lease): one that never watches is lost like one that stops.
+      std::set<std::string> hosts;
+      for (const auto& [rank, m] : g.members) hosts.insert(m.host_id);
+      if (hosts.size() > 1) {
+        const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
+        for (const std::string& host : hosts) g.leases[host] = lease;
+      }
       GroupView view = ViewOf(g);
       for (auto& [rank, w] : g.waiters) {
         waiter_index_.erase(w.id);

@@ -112,9 +112,10 @@ struct GroupRegistryLimits {
   // within this long after each answer, or after its watch's wait ended; otherwise it is
   // lost and the generation ends (--lease_grace).
   absl::Duration lease_grace = absl::Seconds(3);
-  // The member hosts of a generation adopted from a watch (WatchAsync) must watch within
-  // this plus the grace: they retry about every second while the coordinator does not know
-  // the generation.
+  // The member hosts of a generation across hosts, once it formed here or was adopted from
+  // a watch (WatchAsync), must watch within this plus the grace (a host cut off right after
+  // the rendezvous is lost too): their sidecars watch within about a second of formation,
+  // and retry about every second while the coordinator does not know the generation.
   absl::Duration adoption_lease = absl::Seconds(10);
 };
 

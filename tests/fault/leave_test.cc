@@ -109,5 +109,22 @@ TEST(LeaveTest, AcrossTwoHostsWhatNeedsTheLeaverFailsNamingItAtOnce) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "something waited for a timeout";
 }
 
+// A rank that leaves with a collective queued on its host ends the generation there; the
+// other host's ranks fail at once too, and their error names the leaver (the coordinator's
+// word on it, which its sidecar's backend error waits a moment for).
+TEST(LeaveTest, AcrossTwoHostsALeaverWithACollectiveQueuedIsNamedEverywhere) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  const absl::Time start = absl::Now();
+  auto results = RunRanks(**started, 4, {"--mode=leave_queued"}, /*sidecars=*/2);
+  ASSERT_EQ(results.size(), 4u);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].first, 0) << "rank " << r << ":\n" << results[r].second << (*started)->Logs();
+    if (r != 2) EXPECT_NE(results[r].second.find("leave_queued: OK"), std::string::npos) << results[r].second;
+  }
+  std::printf("rank 1 (the other host): %s", results[1].second.c_str());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "something waited for a timeout";
+}
+
 }  // namespace
 }  // namespace collserve::testing

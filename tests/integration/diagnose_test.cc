@@ -342,6 +342,11 @@ TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
   EXPECT_EQ(first_code, 0) << first_out;
   EXPECT_THAT(first_out, HasSubstr("formed: generation 1, 2 ranks"));
   start(0, 3, "world", 2);
+  // Once its join reached the coordinator (the rank process starts first).
+  for (int i = 0; i < 200; ++i) {
+    if (Ctl(cluster, {"describe", "world"}).second.find("generation 2") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   auto [code, out] = Ctl(cluster, {"--wait_timeout=3s", "--progress_interval=500ms", "wait", "world"});
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("generation 2: 1 of 3 ranks joined; missing ranks [1, 2]"));

@@ -16,6 +16,8 @@
 //   leave_early rank 0 leaves at once; the others pass a token 1 -> 2 -> ... by send/recv
 //           (p2p that does not need rank 0), then check that an all_reduce and a send to
 //           rank 0 fail naming rank 0. Prints "leave_early: OK".
+//   leave_queued rank 2 leaves with an all_reduce queued on its host; every other rank's
+//           all_reduce must fail naming rank 2. Prints "leave_queued: OK".
 //   store_loop  --iters rounds of an int64 all_reduce plus store add / set / get /
 //           compare_set / append, every result checked (exactly-once writes included);
 //           at the end the shared counter must hold world_size * iters.
@@ -362,6 +364,24 @@ int main(int argc, char** argv) {
     std::printf("ring_leave: OK\n");
     std::fflush(stdout);
     pg->reset();  // destroy_process_group: the session ends, with no barrier before it
+    return 0;
+  }
+  if (mode == "leave_queued") {
+    const int rank = (*pg)->GetRank();
+    int64_t x = 1;
+    if (rank == 2) {
+      // Its all_reduce is queued on its host (rank 0 there has not called yet) when it leaves.
+      std::shared_ptr<collserve::client::Work> queued = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+      absl::SleepFor(absl::Milliseconds(300));
+      pg->reset();
+      std::printf("leave_queued: left\n");
+      return 0;
+    }
+    if (rank == 0) absl::SleepFor(absl::Milliseconds(1500));
+    absl::Status ar = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum)->Wait();
+    std::printf("all_reduce: %s\n", StatusLine(ar).c_str());
+    if (ar.ok() || !absl::StrContains(ar.message(), "rank 2")) return 3;
+    std::printf("leave_queued: OK\n");
     return 0;
   }
   if (mode == "leave_early") {

@@ -522,6 +522,29 @@ TEST(GroupRegistryWatchTest, ARestartedRegistryAdoptsAGenerationFromAMembersWatc
   EXPECT_EQ(registry.Describe("job", "g")->generation, 8);
 }
 
+// A host cut off right after the rendezvous never watches: its lease, which starts at
+// formation across hosts, ends all the same.
+TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseEnds) {
+  server::GroupRegistryLimits limits;
+  limits.adoption_lease = absl::Milliseconds(300);
+  limits.lease_grace = absl::Milliseconds(200);
+  server::GroupRegistry registry(limits);
+  const absl::Time formed = absl::Now();
+  FormGroup(registry, "g", {"a", "b"});
+  FormGroup(registry, "one-host", {"a", "a"});  // never watched, never lost
+  PendingWatch w;
+  w.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
+  ASSERT_TRUE(w.Wait());
+  ASSERT_TRUE(w.events.ok()) << w.events.status();
+  EXPECT_GE(w.answered - formed, absl::Milliseconds(450));
+  EXPECT_EQ(w.events->state, "BROKEN");
+  ASSERT_EQ(w.events->departures.size(), 1u);
+  EXPECT_EQ(w.events->departures[0].host_id, "b");
+  EXPECT_TRUE(w.events->departures[0].host_lost);
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
+}
+
 // A join that the test waits for (JoinAsync with a generation).
 struct PendingJoin {
   absl::Notification done;
