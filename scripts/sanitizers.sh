@@ -54,6 +54,35 @@ phase() {  # phase NAME COMMAND...: runs it, records its duration and result; st
   return 0
 }
 
+# A report with its frames symbolized here: the runs set symbolize=0, because a daemon
+# symbolizing in-process (slow: addr2line on large binaries) is often killed by its test's
+# teardown before the stack is written (a CI report once ended after its first line). Raw
+# frames are "#N 0xPC  (/path/module+0xOFFSET)"; each becomes "#N 0xPC in FUNCTION FILE:LINE".
+symbolize() {
+  python3 - "$1" <<'PY'
+import re, subprocess, sys
+cache = {}
+def resolve(module, offset):
+    key = (module, offset)
+    if key not in cache:
+        try:
+            out = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", module, offset], capture_output=True,
+                                 text=True, timeout=60).stdout.split("\n")
+            cache[key] = " in ".join(f"{out[i]} {out[i + 1]}" for i in range(0, len(out) - 1, 2)) or None
+        except Exception:
+            cache[key] = None
+    return cache[key]
+frame = re.compile(r"^(\s*#\d+ 0x[0-9a-f]+)\s+\((.+)\+(0x[0-9a-f]+)\)\s*$")
+try:
+    for line in open(sys.argv[1], errors="replace"):
+        m = frame.match(line)
+        where = resolve(m.group(2), m.group(3)) if m else None
+        sys.stdout.write(f"{m.group(1)} in {where} ({m.group(2)}+{m.group(3)})\n" if where else line)
+except BrokenPipeError:  # the reader (head) has enough
+    pass
+PY
+}
+
 # Fails (and prints them) if any process wrote a sanitizer report into $1/reports, or the
 # tests' output ($1/ctest-*.log) has a UBSan report: GCC's UBSan runtime ignores log_path
 # when ASan is linked too, so its reports go to stderr (and the process aborts).
@@ -65,9 +94,9 @@ check_reports() {
     echo "SANITIZER REPORTS ($(echo "$files" | wc -l) processes; file names are <tool>.<program>.<pid>):"
     for f in $files; do
       echo "----- $f"
-      head -c 20000 "$f"
+      symbolize "$f" | head -c 20000
       DIGEST+=("$(basename "$f"): $({ grep -m1 '^SUMMARY' "$f" || grep -m1 -E 'ERROR|WARNING' "$f"; } | head -c 300)")
-      DIGEST+=("    first frames: $(grep -m3 -E '^ +#[0-9]+ ' "$f" | sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in //' | tr '\n' '|' | head -c 400)")
+      DIGEST+=("    first frames: $(symbolize "$f" | grep -m4 -E '^ +#[0-9]+ ' | sed -E 's/^ +#[0-9]+ 0x[0-9a-f]+ in //' | tr '\n' '|' | head -c 500)")
     done
   fi
   if grep -h -A12 ': runtime error: ' "$dir"/ctest-*.log > "$dir/ubsan-in-test-output.txt"; then
@@ -91,11 +120,13 @@ run_asan() {
   rm -rf "$logs" && mkdir -p "$logs/reports"
   local common="halt_on_error=1:detect_leaks=1:check_initialization_order=1:log_exe_name=1"
   local ubsan="halt_on_error=1:print_stacktrace=1:report_error_type=1"
-  # C++ suites: full leak checking, no suppressions.
-  phase "asan: ctest (C++)" env ASAN_OPTIONS="$common:log_path=$logs/reports/asan" UBSAN_OPTIONS="$ubsan" \
+  # C++ suites: full leak checking, no suppressions; frames symbolized afterwards (symbolize()).
+  # (The Python suites keep in-process symbolization: their leak suppressions match
+  # function names.)
+  phase "asan: ctest (C++)" env ASAN_OPTIONS="$common:symbolize=0:log_path=$logs/reports/asan" UBSAN_OPTIONS="$ubsan" \
     ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-cc.log" \
     -E "$ASAN_EXCLUDE|$ASAN_NO_VPTR|^python_"
-  phase "asan: ctest (no vptr check)" env ASAN_OPTIONS="$common:log_path=$logs/reports/asan" \
+  phase "asan: ctest (no vptr check)" env ASAN_OPTIONS="$common:symbolize=0:log_path=$logs/reports/asan" \
     UBSAN_OPTIONS="$ubsan:suppressions=$SAN/ubsan-no-vptr.supp" \
     ctest --test-dir "$build" --timeout 600 --output-on-failure --output-log "$logs/ctest-no-vptr.log" \
     -R "$ASAN_NO_VPTR"
