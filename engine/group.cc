@@ -151,6 +151,8 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
   state_ = State::kConnecting;
   p2p_ = std::make_unique<PointToPoint>(topology_, params_.op_timeout, env_.observer,
                                         [this](const absl::Status& s) { Fail(s); });
+  // Remote ranks the coordinator said left before this (the watch starts at formation).
+  for (const auto& [rank, why] : remote_left_) p2p_->DepartSendsTo(rank, absl::UnavailableError(why));
   algorithms_ = std::make_unique<Hierarchical>(topology_, env_.pool, env_.algorithms);
   executor_ = std::thread([this] { ExecutorMain(); });
 }
@@ -523,8 +525,16 @@ void Group::Watch() {
   auto cancel = env_.coordinator->WatchGroup(params, [weak, id](absl::StatusOr<GroupEvents> events) {
     if (auto self = weak.lock()) self->OnWatched(id, std::move(events));
   });
-  absl::MutexLock lock(&mu_);
-  if (watching_ && watch_id_ == id) cancel_watch_ = std::move(cancel);
+  std::function<void()> stopped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (watching_ && watch_id_ == id) {
+      // Stop ran while the call started: it found nothing to cancel, so cancel it here
+      // (no watch may outlive the group's Stop, nor the sidecar's shutdown).
+      (stop_ ? stopped : cancel_watch_) = std::move(cancel);
+    }
+  }
+  if (stopped) stopped();
 }
 
 void Group::MaybeRewatch() {
@@ -538,8 +548,10 @@ void Group::MaybeRewatch() {
 void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
   std::vector<std::pair<int, absl::Status>> left;  // remote ranks that left: point-to-point
   bool rewatch = false;
+  PointToPoint* p2p = nullptr;  // set once, with the executor; lives as long as the group
   {
     absl::MutexLock lock(&mu_);
+    p2p = p2p_.get();
     if (id != watch_id_) return;
     watching_ = false;
     cancel_watch_ = nullptr;
@@ -598,8 +610,8 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
       rewatch = true;
     }
   }
-  if (p2p_ != nullptr) {
-    for (const auto& [rank, why] : left) p2p_->DepartSendsTo(rank, why);
+  if (p2p != nullptr) {
+    for (const auto& [rank, why] : left) p2p->DepartSendsTo(rank, why);
   }
   if (rewatch) Watch();
 }
@@ -608,12 +620,12 @@ void Group::Stop() {
   std::function<void()> cancel_watch;
   {
     absl::MutexLock lock(&mu_);
+    stop_ = true;  // in the same section as the cancel: no watch starts after it (Watch)
     cancel_watch = std::move(cancel_watch_);
     cancel_watch_ = nullptr;
   }
   if (cancel_watch) cancel_watch();
   absl::MutexLock lock(&mu_);
-  stop_ = true;
   FailLocked(absl::UnavailableError(absl::StrCat("sidecar ", env_.host_id, " is shutting down")));
   for (auto& [rank, local] : locals_) local.session->Close(failure_);
 }

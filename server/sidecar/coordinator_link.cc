@@ -59,6 +59,44 @@ GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel,
       host_id_(std::move(host_id)),
       host_address_(std::move(host_address)) {}
 
+GrpcCoordinatorLink::~GrpcCoordinatorLink() {
+  if (!calls_->CancelAndWait(kDrainTimeout)) {
+    LOG(WARNING) << "coordinator calls still in flight after " << absl::FormatDuration(kDrainTimeout);
+  }
+}
+
+void GrpcCoordinatorLink::InFlightCalls::Token::Track(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&calls_->mu_);
+  ctx_ = ctx;
+  calls_->contexts_.insert(ctx);
+  if (calls_->closed_) ctx->TryCancel();
+}
+
+void GrpcCoordinatorLink::InFlightCalls::Token::Untrack() {
+  absl::MutexLock lock(&calls_->mu_);
+  if (ctx_ != nullptr) calls_->contexts_.erase(ctx_);
+  ctx_ = nullptr;
+}
+
+GrpcCoordinatorLink::InFlightCalls::Token::Token(std::shared_ptr<InFlightCalls> calls) : calls_(std::move(calls)) {
+  absl::MutexLock lock(&calls_->mu_);
+  ++calls_->count_;
+}
+
+GrpcCoordinatorLink::InFlightCalls::Token::~Token() {
+  absl::MutexLock lock(&calls_->mu_);
+  if (ctx_ != nullptr) calls_->contexts_.erase(ctx_);
+  --calls_->count_;
+}
+
+bool GrpcCoordinatorLink::InFlightCalls::CancelAndWait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  for (grpc::ClientContext* ctx : contexts_) ctx->TryCancel();
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+}
+
 std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
                                                 std::function<void(absl::StatusOr<engine::Membership>)> done) {
   // One join, retried while the coordinator does not answer (it restarts: the call in
@@ -78,6 +116,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
     std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
     pb::JoinResponse resp;
     int attempts = 0;
+    std::unique_ptr<InFlightCalls::Token> token;  // while an attempt is in flight
 
     void Attempt() {
       grpc::ClientContext* attempt_ctx;
@@ -97,6 +136,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
         return;
       }
       resp.Clear();
+      token->Track(attempt_ctx);
       // Not under `mu`: the callback may run before Join returns. A Cancel in between
       // cancels the call as it starts (ClientContext::TryCancel).
       registry->async()->Join(attempt_ctx, &req, &resp, [self = shared_from_this()](grpc::Status s) {
@@ -104,6 +144,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
       });
     }
     void Finished(const grpc::Status& s) {
+      token->Untrack();
       if (s.ok()) {
         done(FromProto(resp));
         return;
@@ -129,6 +170,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
     }
   };
   auto join = std::make_shared<Join>();
+  join->token = std::make_unique<InFlightCalls::Token>(calls_);
   join->registry = registry_.get();
   join->coordinator = coordinator_address_;
   join->credential = params.credential;
@@ -150,11 +192,13 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
 void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group, int rank, int64_t generation,
                                 const std::string& credential) {
   struct Call {
+    explicit Call(std::shared_ptr<InFlightCalls> calls) : token(std::move(calls)) {}
+    InFlightCalls::Token token;  // first: it outlives the context
     grpc::ClientContext ctx;
     pb::LeaveRequest req;
     pb::LeaveResponse resp;
   };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(calls_);
   call->req.set_job(job);
   call->req.set_group(group);
   call->req.set_rank(rank);
@@ -162,7 +206,9 @@ void GrpcCoordinatorLink::Leave(const std::string& job, const std::string& group
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   call->ctx.set_wait_for_ready(true);  // across a coordinator restart
   client::AddJobToken(call->ctx, credential);
+  call->token.Track(&call->ctx);
   registry_->async()->Leave(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
+    call->token.Untrack();
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
       LOG(WARNING) << "leave of rank " << call->req.rank() << " from group " << call->req.group()
                    << " failed: " << s.error_message();
@@ -184,11 +230,13 @@ std::unique_ptr<backends::RendezvousStore> GrpcCoordinatorLink::RendezvousStoreF
 
 void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, const std::string& credential) {
   struct Call {
+    explicit Call(std::shared_ptr<InFlightCalls> calls) : token(std::move(calls)) {}
+    InFlightCalls::Token token;  // first: it outlives the context
     grpc::ClientContext ctx;
     pb::ReportProgressRequest req;
     pb::ReportProgressResponse resp;
   };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(calls_);
   call->req.set_job(progress.job);
   call->req.set_group(progress.group);
   call->req.set_generation(progress.generation);
@@ -199,7 +247,9 @@ void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, 
   for (const FlightRecord& f : progress.records) FlightRecordToProto(f, call->req.add_records());
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   client::AddJobToken(call->ctx, credential);
+  call->token.Track(&call->ctx);
   registry_->async()->ReportProgress(&call->ctx, &call->req, &call->resp, [call](grpc::Status s) {
+    call->token.Untrack();
     if (!s.ok()) VLOG(1) << "ledger report of group " << call->req.group() << " failed: " << s.error_message();
   });
 }
@@ -207,11 +257,13 @@ void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, 
 std::function<void()> GrpcCoordinatorLink::WatchGroup(
     const WatchParams& params, std::function<void(absl::StatusOr<engine::GroupEvents>)> done) {
   struct Call {
+    explicit Call(std::shared_ptr<InFlightCalls> calls) : token(std::move(calls)) {}
+    InFlightCalls::Token token;  // first: it outlives the context
     grpc::ClientContext ctx;
     pb::WatchGroupRequest req;
     pb::WatchGroupResponse resp;
   };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(calls_);
   call->req.set_job(params.job);
   call->req.set_group(params.group);
   call->req.set_generation(params.generation);
@@ -228,8 +280,10 @@ std::function<void()> GrpcCoordinatorLink::WatchGroup(
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + params.wait + absl::Seconds(5)));
   call->ctx.set_wait_for_ready(true);
   client::AddJobToken(call->ctx, params.credential);
+  call->token.Track(&call->ctx);
   registry_->async()->WatchGroup(&call->ctx, &call->req, &call->resp,
                                  [call, done = std::move(done)](grpc::Status s) {
+                                   call->token.Untrack();
                                    if (!s.ok()) {
                                      done(FromGrpcStatus(s));
                                      return;
@@ -266,18 +320,22 @@ absl::StatusOr<std::string> GrpcCoordinatorLink::Diagnose(const std::string& job
 void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
                                        std::function<void(absl::Status)> done) {
   struct Call {
+    explicit Call(std::shared_ptr<InFlightCalls> calls) : token(std::move(calls)) {}
+    InFlightCalls::Token token;  // first: it outlives the context
     grpc::ClientContext ctx;
     pb::AuthenticateRequest req;
     pb::AuthenticateResponse resp;
   };
-  auto call = std::make_shared<Call>();
+  auto call = std::make_shared<Call>(calls_);
   call->req.set_job(job);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   call->ctx.set_wait_for_ready(true);  // ride out a coordinator restart, within the timeout
   client::AddJobToken(call->ctx, credential);
   const std::string coordinator = coordinator_address_;
+  call->token.Track(&call->ctx);
   auth_->async()->Authenticate(&call->ctx, &call->req, &call->resp,
                                [call, coordinator, done = std::move(done)](grpc::Status s) {
+                                 call->token.Untrack();
                                  absl::Status st = FromGrpcStatus(s);
                                  if (st.code() == absl::StatusCode::kUnavailable ||
                                      st.code() == absl::StatusCode::kDeadlineExceeded) {

@@ -7,7 +7,11 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "collserve/client.h"
 #include "collserve/v1/auth.grpc.pb.h"
@@ -24,6 +28,12 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   // `tls`: how the rendezvous store clients reach the coordinator (as `channel` does).
   GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
                       client::TlsOptions tls, std::string host_id, std::string host_address);
+  // Cancels the asynchronous calls still in flight and waits (at most kDrainTimeout) for
+  // their callbacks, so that none runs on a gRPC thread after the link, or the process's
+  // globals at exit, are gone (a watch is always in flight while a group across hosts runs;
+  // a callback completing during exit freed memory twice under ASan).
+  ~GrpcCoordinatorLink() override;
+  static constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
   // This sidecar's gRPC address (host:port of its TCP listener), sent with its joins as
   // Member.sidecar_address. Call before the first Join (the sidecar does, before serving).
   void set_sidecar_address(std::string address) { sidecar_address_ = std::move(address); }
@@ -57,6 +67,39 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   const std::string host_id_;
   const std::string host_address_;
   std::string sidecar_address_;  // set before serving, read-only afterwards
+
+ public:
+  // The asynchronous calls in flight. Each call's Token (declared before its
+  // ClientContext, so destroyed after it) counts it; Track/Untrack register its context
+  // for cancellation while gRPC runs it. Thread-safe.
+  class InFlightCalls {
+   public:
+    class Token {
+     public:
+      explicit Token(std::shared_ptr<InFlightCalls> calls);
+      ~Token();
+      Token(const Token&) = delete;
+      Token& operator=(const Token&) = delete;
+      void Track(grpc::ClientContext* ctx);  // before the call starts (cancelled at once if closed)
+      void Untrack();                         // first thing in its callback
+
+     private:
+      std::shared_ptr<InFlightCalls> calls_;
+      grpc::ClientContext* ctx_ = nullptr;  // guarded by calls_->mu_
+    };
+    // Cancels every tracked call, refuses later ones (cancelled as they start) and waits
+    // until every token is gone; false after `timeout`.
+    bool CancelAndWait(absl::Duration timeout);
+
+   private:
+    absl::Mutex mu_;
+    int count_ ABSL_GUARDED_BY(mu_) = 0;
+    std::set<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+    bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  };
+
+ private:
+  std::shared_ptr<InFlightCalls> calls_ = std::make_shared<InFlightCalls>();
 };
 
 }  // namespace collserve::server
