@@ -37,11 +37,15 @@ absl::StatusOr<std::unique_ptr<Store>> NewMemoryStore(const StoreOptions& option
 absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
     const StoreOptions& options, const MemoryStoreTestOptions& test_options) {
   if (options.max_key_bytes <= 0 || options.max_value_bytes < 0 || options.max_keys <= 0 ||
-      options.max_total_bytes <= 0 || options.max_job_keys <= 0 || options.max_job_bytes <= 0) {
+      options.max_total_bytes <= 0 || options.max_job_keys <= 0 || options.max_job_bytes <= 0 ||
+      options.wal_batch_bytes <= 0 || options.wal_max_staged_bytes <= 0 ||
+      options.wal_commit_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "store limits must be positive: max_key_bytes=", options.max_key_bytes, " max_value_bytes=",
         options.max_value_bytes, " max_keys=", options.max_keys, " max_total_bytes=", options.max_total_bytes,
-        " max_job_keys=", options.max_job_keys, " max_job_bytes=", options.max_job_bytes));
+        " max_job_keys=", options.max_job_keys, " max_job_bytes=", options.max_job_bytes,
+        " wal_batch_bytes=", options.wal_batch_bytes, " wal_max_staged_bytes=", options.wal_max_staged_bytes,
+        " wal_commit_delay=", absl::FormatDuration(options.wal_commit_delay)));
   }
   KeyValueMap data;
   RequestLog requests;
@@ -61,8 +65,14 @@ absl::StatusOr<std::unique_ptr<MemoryStore>> MemoryStore::Open(
 MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, KeyValueMap data,
                          RequestLog requests)
     : options_(options), data_(std::move(data)), wal_(std::move(wal)) {
-  for (const auto& [key, value] : data_) CountLocked(key, static_cast<int64_t>(key.size() + value.size()), +1);
+  absl::MutexLock lock(&mu_);
+  RecountLocked();
   for (const auto& [id, answer] : requests) RememberRequestLocked(id, answer);
+  if (wal_ != nullptr) {
+    wal_counters_.log_bytes = wal_->log_bytes();
+    wal_counters_.last_snapshot = wal_->last_snapshot();
+    committer_ = std::thread([this] { CommitLoop(); });
+  }
   timer_thread_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -71,7 +81,11 @@ MemoryStore::~MemoryStore() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     timer_cv_.Signal();
+    commit_cv_.Signal();
   }
+  // The committer writes what is staged before it ends (no writer waits for it: no other
+  // thread uses the store now).
+  if (committer_.joinable()) committer_.join();
   timer_thread_.join();
   Ready ready;
   {
@@ -113,7 +127,7 @@ absl::Status MemoryStore::ValidateValue(absl::string_view key, size_t value_byte
 }
 
 absl::Status MemoryStore::CheckRoomLocked(int64_t new_keys, absl::string_view key) const {
-  const int64_t held = static_cast<int64_t>(data_.size());
+  const int64_t held = latest_keys_;
   if (new_keys > 0 && held + new_keys > options_.max_keys) {
     return absl::ResourceExhaustedError(
         new_keys == 1 ? absl::StrCat("store holds ", held, " of at most ", options_.max_keys,
@@ -149,8 +163,8 @@ absl::Status MemoryStore::CheckQuotasLocked(const std::vector<WalOp>& ops) const
   };
   std::map<absl::string_view, Delta> job_delta;
   for (const auto& [key, size] : after) {
-    auto it = data_.find(key);
-    const int64_t before = it == data_.end() ? -1 : static_cast<int64_t>(it->first.size() + it->second.size());
+    const std::string* old = LatestLocked(key);
+    const int64_t before = old == nullptr ? -1 : static_cast<int64_t>(key.size() + old->size());
     Delta& d = job_delta[JobOfKey(key)];
     if (d.key.empty()) d.key = key;
     d.keys += (size >= 0) - (before >= 0);
@@ -183,42 +197,178 @@ absl::Status MemoryStore::CheckQuotasLocked(const std::vector<WalOp>& ops) const
 
 // ---- mutation core -------------------------------------------------------------------
 
-absl::Status MemoryStore::ApplyLocked(const std::vector<WalOp>& ops, Ready* ready) {
-  if (ops.empty()) return absl::OkStatus();
-  COLLSERVE_RETURN_IF_ERROR(CheckQuotasLocked(ops));
-  if (wal_ != nullptr) COLLSERVE_RETURN_IF_ERROR(wal_->Append(ops));
-  for (const WalOp& op : ops) {
-    if (op.type == WalOp::kRequest) {
-      RememberRequestLocked(op.key, op.value);
-    } else if (op.type == WalOp::kPut) {
-      auto [it, inserted] = data_.try_emplace(std::string(op.key));
-      if (!inserted) CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), -1);
-      it->second.assign(op.value.data(), op.value.size());
-      CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), +1);
-      WakeLocked(it->first, ready);
-    } else {
-      auto it = data_.find(op.key);
-      if (it == data_.end()) continue;
-      CountLocked(it->first, static_cast<int64_t>(it->first.size() + it->second.size()), -1);
-      data_.erase(it);
-    }
-  }
-  if (wal_ != nullptr) {
-    // The mutation is durable and applied; a failed compaction only leaves a longer log
-    // (the Wal retries later), so it must not fail this call.
-    wal_->MaybeCompact(data_, live_bytes_, requests_).IgnoreError();
-  }
-  return absl::OkStatus();
+void MemoryStore::RecountLocked() {
+  live_bytes_ = 0;
+  jobs_.clear();
+  for (const auto& [key, value] : data_) CountLocked(key, static_cast<int64_t>(key.size() + value.size()), +1);
+  latest_keys_ = static_cast<int64_t>(data_.size());
 }
 
-const std::string* MemoryStore::FindRequestLocked(absl::string_view request_id) const {
+const std::string* MemoryStore::LatestLocked(absl::string_view key, std::shared_ptr<Record>* record) const {
+  if (record != nullptr) record->reset();
+  if (auto it = staged_.find(key); it != staged_.end()) {
+    if (record != nullptr) *record = it->second.record;
+    return it->second.value.has_value() ? &*it->second.value : nullptr;
+  }
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
+}
+
+void MemoryStore::ApplyCommittedLocked(WalOp::Type type, const std::string& key, const std::string& value,
+                                       Ready* ready) {
+  if (type == WalOp::kRequest) {
+    RememberRequestLocked(key, value);
+  } else if (type == WalOp::kPut) {
+    data_.insert_or_assign(key, value);
+    WakeLocked(key, ready);
+  } else {
+    data_.erase(key);
+  }
+}
+
+absl::Status MemoryStore::WriteLocked(const std::vector<WalOp>& ops, Ready* ready) {
+  if (ops.empty()) return absl::OkStatus();
+  COLLSERVE_RETURN_IF_ERROR(CheckQuotasLocked(ops));
+  std::shared_ptr<Record> record;
+  if (wal_ != nullptr) {
+    COLLSERVE_RETURN_IF_ERROR(Wal::EncodeRecord(ops, &batch_));
+    record = std::make_shared<Record>();
+    record->ops.reserve(ops.size());
+    batch_records_.push_back(record);
+    commit_cv_.Signal();
+  }
+  // The latest state's accounting, then the state itself: staged, or (memory-only) data_.
+  for (const WalOp& op : ops) {
+    if (op.type != WalOp::kRequest) {
+      const std::string* old = LatestLocked(op.key);
+      if (old != nullptr) {
+        CountLocked(op.key, static_cast<int64_t>(op.key.size() + old->size()), -1);
+        --latest_keys_;
+      }
+      if (op.type == WalOp::kPut) {
+        CountLocked(op.key, static_cast<int64_t>(op.key.size() + op.value.size()), +1);
+        ++latest_keys_;
+      }
+    }
+    if (record == nullptr) {
+      ApplyCommittedLocked(op.type, std::string(op.key), std::string(op.value), ready);
+      continue;
+    }
+    record->ops.push_back(OwnedOp{op.type, std::string(op.key), std::string(op.value)});
+    if (op.type == WalOp::kRequest) {
+      staged_requests_.insert_or_assign(std::string(op.key), std::make_pair(std::string(op.value), record));
+    } else {
+      Staged& staged = staged_[std::string(op.key)];
+      staged.record = record;
+      if (op.type == WalOp::kPut) {
+        staged.value.emplace(op.value);
+      } else {
+        staged.value.reset();
+      }
+    }
+  }
+  return AwaitLocked(record);
+}
+
+void MemoryStore::AwaitRoomLocked() {
+  while (wal_ != nullptr && !batch_records_.empty() &&
+         static_cast<int64_t>(batch_.size()) >= options_.wal_max_staged_bytes) {
+    durable_cv_.Wait(&mu_);
+  }
+}
+
+absl::Status MemoryStore::AwaitLocked(const std::shared_ptr<Record>& record) {
+  if (record == nullptr) return absl::OkStatus();
+  // Bounded by the disk: the committer ends every record it takes, failed or written.
+  while (!record->done) durable_cv_.Wait(&mu_);
+  return record->status;
+}
+
+void MemoryStore::CommitLoop() {
+  mu_.Lock();
+  for (;;) {
+    while (batch_records_.empty() && !stopping_) commit_cv_.Wait(&mu_);
+    if (batch_records_.empty()) break;  // stopping, nothing left to write
+    if (options_.wal_commit_delay > absl::ZeroDuration()) {
+      const absl::Time deadline = absl::Now() + options_.wal_commit_delay;
+      while (static_cast<int64_t>(batch_.size()) < options_.wal_batch_bytes && !stopping_ &&
+             !commit_cv_.WaitWithDeadline(&mu_, deadline)) {
+      }
+    }
+    std::string batch = std::move(batch_);
+    batch_.clear();
+    std::vector<std::shared_ptr<Record>> records = std::move(batch_records_);
+    batch_records_.clear();
+    durable_cv_.SignalAll();  // writers held back by wal_max_staged_bytes
+    mu_.Unlock();
+    absl::Status status = wal_->WriteAndSync(batch, static_cast<int64_t>(records.size()));
+    mu_.Lock();
+    Ready ready;
+    if (status.ok()) {
+      for (const std::shared_ptr<Record>& record : records) {
+        for (const OwnedOp& op : record->ops) {
+          ApplyCommittedLocked(op.type, op.key, op.value, &ready);
+          if (op.type == WalOp::kRequest) {
+            auto it = staged_requests_.find(op.key);
+            if (it != staged_requests_.end() && it->second.second == record) staged_requests_.erase(it);
+          } else {
+            auto it = staged_.find(op.key);
+            if (it != staged_.end() && it->second.record == record) staged_.erase(it);
+          }
+        }
+        record->done = true;
+      }
+      // The batch is durable and applied; a failed compaction only leaves a longer log (the
+      // Wal retries later), so it fails no write. data_ is exactly the log's state here:
+      // records staged since are not written yet and go to the new log.
+      wal_->MaybeCompact(data_, live_bytes_, requests_).IgnoreError();
+    } else {
+      FailStagedLocked(records, status);
+    }
+    wal_counters_ = {wal_->log_bytes(), wal_->compactions(), wal_->syncs(), wal_->records(),
+                     wal_->sync_time(), wal_->last_snapshot()};
+    durable_cv_.SignalAll();
+    if (!ready.empty()) {
+      mu_.Unlock();
+      RunReady(ready);
+      mu_.Lock();
+    }
+  }
+  mu_.Unlock();
+}
+
+void MemoryStore::FailStagedLocked(const std::vector<std::shared_ptr<Record>>& batch, const absl::Status& status) {
+  // Writes staged after the batch were computed from its state: they fail with it.
+  for (const std::vector<std::shared_ptr<Record>>* records : {&batch, &std::as_const(batch_records_)}) {
+    for (const std::shared_ptr<Record>& record : *records) {
+      record->done = true;
+      record->status = status;
+    }
+  }
+  batch_.clear();
+  batch_records_.clear();
+  staged_.clear();
+  staged_requests_.clear();
+  RecountLocked();
+}
+
+const std::string* MemoryStore::FindRequestLocked(absl::string_view request_id,
+                                                  std::shared_ptr<Record>* record) const {
+  if (record != nullptr) record->reset();
   if (request_id.empty()) return nullptr;
+  if (auto it = staged_requests_.find(std::string(request_id)); it != staged_requests_.end()) {
+    if (record != nullptr) *record = it->second.second;
+    return &it->second.first;
+  }
   auto it = request_index_.find(std::string_view(request_id.data(), request_id.size()));
   return it == request_index_.end() ? nullptr : it->second;
 }
 
 void MemoryStore::RememberRequestLocked(absl::string_view request_id, absl::string_view answer) {
-  if (request_id.empty() || FindRequestLocked(request_id) != nullptr) return;
+  if (request_id.empty() ||
+      request_index_.count(std::string_view(request_id.data(), request_id.size())) != 0) {
+    return;
+  }
   requests_.emplace_back(std::string(request_id), std::string(answer));
   request_index_.emplace(requests_.back().first, &requests_.back().second);
   while (static_cast<int64_t>(requests_.size()) > std::max<int64_t>(options_.max_request_ids, 0)) {
@@ -421,11 +571,13 @@ Store::Stats MemoryStore::GetStats() {
   s.max_keys = options_.max_keys;
   s.max_bytes = options_.max_total_bytes;
   if (wal_ != nullptr) {
-    s.wal_bytes = wal_->log_bytes();
-    s.wal_compactions = wal_->compactions();
-    s.wal_syncs = wal_->syncs();
-    s.wal_sync_seconds = absl::ToDoubleSeconds(wal_->sync_time());
-    if (wal_->last_snapshot() != absl::InfinitePast()) s.snapshot_unix_s = absl::ToDoubleSeconds(wal_->last_snapshot() - absl::UnixEpoch());
+    const WalCounters& c = wal_counters_;
+    s.wal_bytes = c.log_bytes;
+    s.wal_compactions = c.compactions;
+    s.wal_syncs = c.syncs;
+    s.wal_writes = c.records;
+    s.wal_sync_seconds = absl::ToDoubleSeconds(c.sync_time);
+    if (c.last_snapshot != absl::InfinitePast()) s.snapshot_unix_s = absl::ToDoubleSeconds(c.last_snapshot - absl::UnixEpoch());
   }
   s.pending_waits = static_cast<int64_t>(waiters_.size());
   return s;
@@ -438,12 +590,12 @@ int64_t MemoryStore::TEST_PendingWaits() {
 
 int64_t MemoryStore::TEST_WalBytes() {
   absl::MutexLock lock(&mu_);
-  return wal_ == nullptr ? 0 : wal_->log_bytes();
+  return wal_ == nullptr ? 0 : wal_counters_.log_bytes;
 }
 
 int64_t MemoryStore::TEST_WalCompactions() {
   absl::MutexLock lock(&mu_);
-  return wal_ == nullptr ? 0 : wal_->compactions();
+  return wal_ == nullptr ? 0 : wal_counters_.compactions;
 }
 
 // ---- operations ----------------------------------------------------------------------
@@ -454,8 +606,9 @@ absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (data_.find(key) == data_.end()) COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked({WalOp{WalOp::kPut, key, value}}, &ready));
+    AwaitRoomLocked();
+    if (LatestLocked(key) == nullptr) COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
+    COLLSERVE_RETURN_IF_ERROR(WriteLocked({WalOp{WalOp::kPut, key, value}}, &ready));
   }
   RunReady(ready);
   return absl::OkStatus();
@@ -485,19 +638,26 @@ absl::StatusOr<int64_t> MemoryStore::AddOnce(absl::string_view key, int64_t delt
   int64_t result = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (const std::string* seen = FindRequestLocked(request_id);
+    AwaitRoomLocked();
+    // An answer read from a staged write is given once that write is durable.
+    std::shared_ptr<Record> staged;
+    if (const std::string* seen = FindRequestLocked(request_id, &staged);
         seen != nullptr && absl::SimpleAtoi(*seen, &result)) {
+      COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
       return result;
     }
     int64_t current = 0;
-    auto it = data_.find(key);
-    if (it == data_.end()) {
+    const std::string* old = LatestLocked(key, &staged);
+    if (old == nullptr) {
       COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
-    } else if (!absl::SimpleAtoi(it->second, &current)) {
-      return absl::InvalidArgumentError(absl::StrCat("value of key ", QuoteKey(key),
-                                                     " is not an integer: ", QuoteKey(it->second)));
+    } else if (!absl::SimpleAtoi(*old, &current)) {
+      absl::Status error = absl::InvalidArgumentError(
+          absl::StrCat("value of key ", QuoteKey(key), " is not an integer: ", QuoteKey(*old)));
+      COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
+      return error;
     }
     if (__builtin_add_overflow(current, delta, &result)) {
+      COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
       return absl::InvalidArgumentError(absl::StrCat("adding ", delta, " to key ", QuoteKey(key),
                                                      " (value ", current, ") overflows int64"));
     }
@@ -505,7 +665,7 @@ absl::StatusOr<int64_t> MemoryStore::AddOnce(absl::string_view key, int64_t delt
     COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, text.size()));
     std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, text}};
     if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, text});
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+    COLLSERVE_RETURN_IF_ERROR(WriteLocked(ops, &ready));
   }
   RunReady(ready);
   return result;
@@ -525,19 +685,30 @@ absl::StatusOr<std::string> MemoryStore::CompareSetOnce(absl::string_view key, a
   std::string result;
   {
     absl::MutexLock lock(&mu_);
-    // The answer of an applied compare_set is `desired`, which the retry carries again.
-    if (FindRequestLocked(request_id) != nullptr) return std::string(desired);
-    auto it = data_.find(key);
-    if (it == data_.end()) {
+    AwaitRoomLocked();
+    // The answer of an applied compare_set is `desired`, which the retry carries again. An
+    // answer read from a staged write is given once that write is durable.
+    std::shared_ptr<Record> staged;
+    if (FindRequestLocked(request_id, &staged) != nullptr) {
+      COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
+      return std::string(desired);
+    }
+    const std::string* current = LatestLocked(key, &staged);
+    if (current == nullptr) {
       // torch's "lie": a missing key with a non-empty `expected` answers `expected`.
-      if (!expected.empty()) return std::string(expected);
+      if (!expected.empty()) {
+        COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
+        return std::string(expected);
+      }
       COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
-    } else if (it->second != expected) {
-      return it->second;
+    } else if (*current != expected) {
+      std::string answer = *current;
+      COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
+      return answer;
     }
     std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, desired}};
     if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+    COLLSERVE_RETURN_IF_ERROR(WriteLocked(ops, &ready));
     result = std::string(desired);
   }
   RunReady(ready);
@@ -564,12 +735,17 @@ absl::StatusOr<bool> MemoryStore::DeleteKey(absl::string_view key) { return Dele
 absl::StatusOr<bool> MemoryStore::DeleteKeyOnce(absl::string_view key, absl::string_view request_id) {
   COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   absl::MutexLock lock(&mu_);
-  if (FindRequestLocked(request_id) != nullptr) return true;
-  if (data_.find(key) == data_.end()) return false;
+  AwaitRoomLocked();
+  std::shared_ptr<Record> staged;
+  if (FindRequestLocked(request_id, &staged) != nullptr || LatestLocked(key, &staged) == nullptr) {
+    const bool answer = FindRequestLocked(request_id) != nullptr;
+    COLLSERVE_RETURN_IF_ERROR(AwaitLocked(staged));
+    return answer;
+  }
   Ready ready;  // deletes wake nobody
   std::vector<WalOp> ops = {WalOp{WalOp::kDelete, key, {}}};
   if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
-  COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+  COLLSERVE_RETURN_IF_ERROR(WriteLocked(ops, &ready));
   return true;
 }
 
@@ -619,9 +795,10 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
+    AwaitRoomLocked();
     std::set<absl::string_view> new_keys;
     for (const std::string& key : keys) {
-      if (data_.find(key) == data_.end()) new_keys.insert(key);
+      if (LatestLocked(key) == nullptr) new_keys.insert(key);
     }
     COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(static_cast<int64_t>(new_keys.size()),
                                               new_keys.empty() ? "" : *new_keys.begin()));
@@ -629,7 +806,7 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
     ops.reserve(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) ops.push_back({WalOp::kPut, keys[i], values[i]});
     // One log record: after a crash either all of the pairs are back or none are.
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+    COLLSERVE_RETURN_IF_ERROR(WriteLocked(ops, &ready));
   }
   RunReady(ready);
   return absl::OkStatus();
@@ -644,20 +821,22 @@ absl::Status MemoryStore::AppendOnce(absl::string_view key, absl::string_view va
   Ready ready;
   {
     absl::MutexLock lock(&mu_);
-    if (FindRequestLocked(request_id) != nullptr) return absl::OkStatus();
-    auto it = data_.find(key);
+    AwaitRoomLocked();
+    std::shared_ptr<Record> staged;
+    if (FindRequestLocked(request_id, &staged) != nullptr) return AwaitLocked(staged);
+    const std::string* old = LatestLocked(key);
     std::string result;
-    if (it == data_.end()) {
+    if (old == nullptr) {
       COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, value.size()));
       COLLSERVE_RETURN_IF_ERROR(CheckRoomLocked(1, key));
       result = std::string(value);
     } else {
-      COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, it->second.size() + value.size()));
-      result = absl::StrCat(it->second, value);
+      COLLSERVE_RETURN_IF_ERROR(ValidateValue(key, old->size() + value.size()));
+      result = absl::StrCat(*old, value);
     }
     std::vector<WalOp> ops = {WalOp{WalOp::kPut, key, result}};
     if (!request_id.empty()) ops.push_back(WalOp{WalOp::kRequest, request_id, {}});
-    COLLSERVE_RETURN_IF_ERROR(ApplyLocked(ops, &ready));
+    COLLSERVE_RETURN_IF_ERROR(WriteLocked(ops, &ready));
   }
   RunReady(ready);
   return absl::OkStatus();

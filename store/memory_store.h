@@ -2,15 +2,29 @@
 // log (store/wal.h) when StoreOptions::data_dir is set.
 //
 // Thread safety: every method may be called concurrently from any thread. One mutex guards
-// the map, the waiters and the log, so log order = apply order and a durable write holds the
-// mutex for its fdatasync. A log compaction (after 64 MiB of log) also runs under it and
-// stalls the store while it writes the snapshot (at most half the log's size).
+// the map and the waiters; it is never held across a disk write or fdatasync, except
+// during a log compaction (after 64 MiB of log), which stalls the store while it writes
+// the snapshot (at most half the log's size).
+//
+// Group commit (with a data_dir), as in PostgreSQL's WAL writer and its commit_delay: a
+// write computes its result under the mutex against the latest state (the committed map
+// plus the writes staged before it), appends its record to the staged batch and waits. The
+// store's committer thread writes the staged batch and fdatasync()s it outside the mutex,
+// then applies its records to the committed map, wakes the store's waiters and
+// acknowledges the writers. Concurrent writes therefore share one fdatasync; a write is
+// acknowledged only after the fdatasync that covers it. Reads (Get, Check, MultiGet,
+// NumKeys, ListKeys, waits) see only the committed map: they never wait on the disk and
+// never see a write that a crash could still lose. Writes to different keys need not be
+// ordered by their callers, but the log's order is the order writes took the mutex, so
+// replay gives the state the writers computed. If a batch cannot be written, every write
+// staged up to then fails (none is applied) and the store goes on from the committed map.
 #ifndef COLLSERVE_STORE_MEMORY_STORE_H_
 #define COLLSERVE_STORE_MEMORY_STORE_H_
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -124,11 +138,50 @@ class MemoryStore final : public Store {
   void TimerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   static void RunReady(Ready& ready);
 
-  // Logs `ops` (when durable), then applies them to data_ (kRequest ops to the remembered
-  // request ids) and moves the callbacks of the waits they complete into `*ready`. Nothing
-  // is applied if logging fails.
-  absl::Status ApplyLocked(const std::vector<WalOp>& ops, Ready* ready)
+  // One write's record from staging until the fdatasync that covers it (durable stores).
+  struct OwnedOp {
+    WalOp::Type type;
+    std::string key;
+    std::string value;
+  };
+  struct Record {
+    std::vector<OwnedOp> ops;
+    bool done = false;     // its batch was written (status OK) or failed (status says why)
+    absl::Status status;
+  };
+  // A key's latest value among the staged writes (nullopt: deleted) and the write's record.
+  struct Staged {
+    std::optional<std::string> value;
+    std::shared_ptr<Record> record;
+  };
+
+  // Writes `ops`, the writer's whole mutation (its kRequest op included). Checks the
+  // quotas against the latest state and updates the latest state's accounting. Memory-only:
+  // applies them to data_ and moves the callbacks of the waits they complete into `*ready`.
+  // Durable: stages one record and waits (releasing mu_) for the fdatasync that covers it;
+  // its waits are woken by the committer. Nothing is applied if it fails.
+  absl::Status WriteLocked(const std::vector<WalOp>& ops, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Durable stores: waits (releasing mu_) while the staged batch holds
+  // wal_max_staged_bytes or more. Call before reading the state a write is computed from.
+  void AwaitRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (releasing mu_) until `record`'s batch was written; its status. OK for null.
+  absl::Status AwaitLocked(const std::shared_ptr<Record>& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The latest value of `key`, staged writes included (null: absent); `*record` (if not
+  // null) is set to the staged write that gave it, or null when it is committed. The
+  // pointer is valid until mu_ is released.
+  const std::string* LatestLocked(absl::string_view key, std::shared_ptr<Record>* record = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a written op to data_ (committed) and request ids; wakes waits into `*ready`.
+  void ApplyCommittedLocked(WalOp::Type type, const std::string& key, const std::string& value, Ready* ready)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The committer thread (durable stores): writes and syncs staged batches.
+  void CommitLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails `batch` and every write staged since with `status`, drops the staged state and
+  // recounts the accounting from data_.
+  void FailStagedLocked(const std::vector<std::shared_ptr<Record>>& batch, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recomputes live_bytes_, jobs_ and latest_keys_ from data_.
+  void RecountLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED if applying `ops` would raise the bytes held, or a job's keys or
   // bytes, past max_total_bytes, max_job_keys or max_job_bytes (a write that lowers them
   // always passes).
@@ -159,14 +212,39 @@ class MemoryStore final : public Store {
   std::unordered_map<std::string, JobUsage> jobs_ ABSL_GUARDED_BY(mu_);
   // Records that `key` (of `bytes` key plus value bytes) was added (+1) or removed (-1).
   void CountLocked(absl::string_view key, int64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::unique_ptr<Wal> wal_ ABSL_GUARDED_BY(mu_);  // null when memory-only
+  // Null when memory-only. After Open only the committer thread uses it; what it counts is
+  // copied to wal_counters_ under mu_ after each batch.
+  std::unique_ptr<Wal> wal_;
+  struct WalCounters {
+    int64_t log_bytes = 0;
+    int64_t compactions = 0;
+    int64_t syncs = 0;
+    int64_t records = 0;
+    absl::Duration sync_time;
+    absl::Time last_snapshot = absl::InfinitePast();
+  };
+  WalCounters wal_counters_ ABSL_GUARDED_BY(mu_);
+  // Latest state beyond data_: staged (not yet durable) writes by key, and their request ids.
+  std::map<std::string, Staged, std::less<>> staged_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::pair<std::string, std::shared_ptr<Record>>> staged_requests_
+      ABSL_GUARDED_BY(mu_);
+  int64_t latest_keys_ ABSL_GUARDED_BY(mu_) = 0;  // keys in the latest state
+  // The batch the committer writes next: its records, encoded, and their owners.
+  std::string batch_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Record>> batch_records_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar commit_cv_;   // the committer: a record was staged, or stopping
+  absl::CondVar durable_cv_;  // writers: a batch was taken or written
+  std::thread committer_;     // runs CommitLoop() when durable
   // Exactly-once writes: the answers of the last options_.max_request_ids request ids,
   // oldest first, and an index into them (views of the ids held by requests_; a deque
   // keeps its elements in place on push_back and pop_front).
   RequestLog requests_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string_view, const std::string*> request_index_ ABSL_GUARDED_BY(mu_);
-  // The remembered answer of `request_id`, or null ("" is never remembered).
-  const std::string* FindRequestLocked(absl::string_view request_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The remembered answer of `request_id`, staged ones included, or null ("" is never
+  // remembered); `*record` as for LatestLocked.
+  const std::string* FindRequestLocked(absl::string_view request_id,
+                                       std::shared_ptr<Record>* record = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Remembers `answer` for `request_id`, forgetting the oldest beyond max_request_ids.
   void RememberRequestLocked(absl::string_view request_id, absl::string_view answer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

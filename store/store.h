@@ -47,7 +47,17 @@ struct StoreOptions {
   // Directory for the write-ahead log and snapshots. Empty = memory only (nothing survives
   // a restart). When set, every mutation is appended to the log and fdatasync'ed before
   // the call returns, so an acknowledged write survives a crash of the process or machine.
+  // Concurrent writes share fdatasyncs (group commit, memory_store.h).
   std::string data_dir;
+  // Group commit, with data_dir. The committer waits up to wal_commit_delay after a write
+  // is staged for more writes to join its batch (0: it does not wait; writes staged while
+  // an fdatasync runs share the next one), unless wal_batch_bytes or more are staged.
+  // Writers wait before staging while wal_max_staged_bytes or more are staged and not yet
+  // being written, which bounds the memory the staged batch holds (at least one record is
+  // always admitted).
+  absl::Duration wal_commit_delay = absl::ZeroDuration();
+  int64_t wal_batch_bytes = int64_t{1} << 20;
+  int64_t wal_max_staged_bytes = int64_t{64} << 20;
   // With data_dir: open a log damaged anywhere but in a torn last record by moving the
   // damaged tail aside (Wal::Options::repair; its writes are lost). Default: refuse with
   // DATA_LOSS and leave the files as they are.
@@ -182,7 +192,8 @@ class Store {
     int64_t max_bytes = 0;
     int64_t wal_bytes = -1;     // the write-ahead log's size; -1 = not durable
     int64_t wal_compactions = 0;  // snapshots written since the store opened
-    int64_t wal_syncs = 0;        // writes made durable (one fdatasync each) since it opened
+    int64_t wal_syncs = 0;        // fdatasyncs of the log since it opened (one per batch of writes)
+    int64_t wal_writes = 0;       // writes those fdatasyncs made durable (>= wal_syncs: group commit)
     double wal_sync_seconds = 0;  // the time those fdatasyncs took
     double snapshot_unix_s = 0;   // when the snapshot in use was written (Unix seconds); 0 = none
     int64_t pending_waits = 0;  // waits registered and not yet finished

@@ -403,14 +403,25 @@ Wal::Wal(Options options, int log_fd, int64_t log_bytes)
 
 Wal::~Wal() { ::close(log_fd_); }
 
-absl::Status Wal::Append(const std::vector<WalOp>& ops) {
-  COLLSERVE_RETURN_IF_ERROR(broken_);
+absl::Status Wal::EncodeRecord(const std::vector<WalOp>& ops, std::string* out) {
   std::string record(kHeaderBytes, '\0');
   for (const WalOp& op : ops) AppendOp(&record, op);
   COLLSERVE_RETURN_IF_ERROR(FinishRecord(&record));
+  out->append(record);
+  return absl::OkStatus();
+}
+
+absl::Status Wal::Append(const std::vector<WalOp>& ops) {
+  std::string record;
+  COLLSERVE_RETURN_IF_ERROR(EncodeRecord(ops, &record));
+  return WriteAndSync(record, 1);
+}
+
+absl::Status Wal::WriteAndSync(absl::string_view records, int64_t count) {
+  COLLSERVE_RETURN_IF_ERROR(broken_);
   const std::string log_path = JoinPath(options_.dir, kLogName);
-  if (absl::Status status = WriteAll(log_fd_, record, log_path); !status.ok()) {
-    // Remove the partial record so later records do not follow garbage.
+  if (absl::Status status = WriteAll(log_fd_, records, log_path); !status.ok()) {
+    // Remove the partial records so later records do not follow garbage.
     if (::ftruncate(log_fd_, static_cast<off_t>(log_bytes_)) != 0) {
       broken_ = IoError("wal is unusable: cannot truncate a failed append to", log_path, errno);
     }
@@ -423,7 +434,8 @@ absl::Status Wal::Append(const std::vector<WalOp>& ops) {
   }
   sync_time_ += absl::Now() - sync_start;
   ++syncs_;
-  log_bytes_ += static_cast<int64_t>(record.size());
+  records_ += count;
+  log_bytes_ += static_cast<int64_t>(records.size());
   return absl::OkStatus();
 }
 

@@ -103,6 +103,16 @@ class Wal {
   // 4 GiB. Blocks on the disk.
   absl::Status Append(const std::vector<WalOp>& ops);
 
+  // Group commit in two steps. EncodeRecord appends `ops` to `*out` as one record (the
+  // framing above); INVALID_ARGUMENT if the record would exceed 4 GiB, and `*out` is then
+  // unchanged. Never touches the files; any thread, no state.
+  static absl::Status EncodeRecord(const std::vector<WalOp>& ops, std::string* out);
+  // Writes `records` (`count` records made by EncodeRecord, concatenated) to the log and
+  // makes them durable with one fdatasync(). Errors and what they leave behind as for
+  // Append(): a failed write is cut off again (none of the records is in the log), a
+  // failed fdatasync() breaks the log. Blocks on the disk.
+  absl::Status WriteAndSync(absl::string_view records, int64_t count);
+
   // Compacts when the log is over compact_bytes and over twice `live_bytes` (the sum of key
   // and value sizes in `state`): writes `state`, then `requests` as kRequest records, as the
   // new snapshot and starts an empty log.
@@ -114,8 +124,10 @@ class Wal {
   int64_t log_bytes() const { return log_bytes_; }
   // Number of compactions completed since Open().
   int64_t compactions() const { return compactions_; }
-  // Appends made durable (each one fdatasync) and the time those fdatasyncs took.
+  // fdatasync()s of the log (one per Append or WriteAndSync), the records they made
+  // durable, and the time they took.
   int64_t syncs() const { return syncs_; }
+  int64_t records() const { return records_; }
   // When the snapshot in use was written (InfinitePast: there is none yet).
   absl::Time last_snapshot() const { return last_snapshot_; }
   absl::Duration sync_time() const { return sync_time_; }
@@ -132,6 +144,7 @@ class Wal {
   int64_t next_compact_attempt_bytes_ = 0;
   int64_t compactions_ = 0;
   int64_t syncs_ = 0;
+  int64_t records_ = 0;
   absl::Duration sync_time_;
   absl::Time last_snapshot_ = absl::InfinitePast();
   // Set after a failed fdatasync(); every later Append() fails with it.

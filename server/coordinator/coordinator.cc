@@ -111,8 +111,12 @@ class CoordinatorImpl : public Coordinator {
                    "When the store's snapshot in use was written (Unix time, seconds; 0 = none yet): time() minus "
                    "it is the snapshot's age.",
                    s.snapshot_unix_s});
-      g.push_back({"collserve_store_wal_syncs_total", "Store writes made durable, one fdatasync of the log each.",
+      g.push_back({"collserve_store_wal_syncs_total",
+                   "fdatasyncs of the store's log; each makes a batch of writes durable (group commit).",
                    static_cast<double>(s.wal_syncs), true});
+      g.push_back({"collserve_store_wal_writes_total",
+                   "Store writes made durable (over collserve_store_wal_syncs_total: the mean batch size).",
+                   static_cast<double>(s.wal_writes), true});
       g.push_back({"collserve_store_wal_sync_seconds_total", "Time those fdatasyncs took, seconds (over "
                    "collserve_store_wal_syncs_total: the mean fsync latency).", s.wal_sync_seconds, true});
     }

@@ -54,6 +54,14 @@ ABSL_FLAG(int64_t, store_max_request_ids, int64_t{1} << 16,
 ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{512} << 20,
           "Memory gRPC may hold for the RPCs in flight, in bytes: a client that sends more (an oversized message "
           "is buffered whole before its size is checked) is cut off. Must exceed --max_value_bytes + 1 MiB.");
+ABSL_FLAG(absl::Duration, wal_commit_delay, absl::ZeroDuration(),
+          "With --data_dir (group commit): how long the store waits after a write for more writes to share its "
+          "fdatasync (like PostgreSQL's commit_delay); 0 = no wait: writes that arrive while an fdatasync runs "
+          "share the next one. Every write is acknowledged only after the fdatasync that covers it.");
+ABSL_FLAG(int64_t, wal_batch_bytes, int64_t{1} << 20,
+          "With --data_dir: stop waiting for --wal_commit_delay once this many bytes of writes are staged.");
+ABSL_FLAG(int64_t, wal_max_staged_bytes, int64_t{64} << 20,
+          "With --data_dir: writers wait while this many bytes of writes are staged and not yet being written.");
 ABSL_FLAG(bool, wal_repair, false,
           "Start even if --data_dir's log is damaged before its last record: move the damaged tail to "
           "wal.damaged-<offset> in --data_dir and lose the writes in it. Without it such a log is refused "
@@ -121,6 +129,9 @@ int main(int argc, char** argv) {
   options.store.max_job_bytes = absl::GetFlag(FLAGS_max_job_bytes);
   options.store.max_request_ids = absl::GetFlag(FLAGS_store_max_request_ids);
   options.store.wal_repair = absl::GetFlag(FLAGS_wal_repair);
+  options.store.wal_commit_delay = absl::GetFlag(FLAGS_wal_commit_delay);
+  options.store.wal_batch_bytes = absl::GetFlag(FLAGS_wal_batch_bytes);
+  options.store.wal_max_staged_bytes = absl::GetFlag(FLAGS_wal_max_staged_bytes);
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.credentials.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);
