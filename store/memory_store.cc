@@ -71,7 +71,6 @@ MemoryStore::MemoryStore(const StoreOptions& options, std::unique_ptr<Wal> wal, 
   if (wal_ != nullptr) {
     wal_counters_.log_bytes = wal_->log_bytes();
     wal_counters_.last_snapshot = wal_->last_snapshot();
-    committer_ = std::thread([this] { CommitLoop(); });
   }
   timer_thread_ = std::thread([this] { TimerLoop(); });
 }
@@ -81,11 +80,7 @@ MemoryStore::~MemoryStore() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     timer_cv_.Signal();
-    commit_cv_.Signal();
   }
-  // The committer writes what is staged before it ends (no writer waits for it: no other
-  // thread uses the store now).
-  if (committer_.joinable()) committer_.join();
   timer_thread_.join();
   Ready ready;
   {
@@ -279,62 +274,66 @@ void MemoryStore::AwaitRoomLocked() {
 
 absl::Status MemoryStore::AwaitLocked(const std::shared_ptr<Record>& record) {
   if (record == nullptr) return absl::OkStatus();
-  // Bounded by the disk: the committer ends every record it takes, failed or written.
-  while (!record->done) durable_cv_.Wait(&mu_);
+  // Leader/follower group commit: a waiting writer that finds no batch being written
+  // writes the staged batch itself (its own record included, or a later batch holds it);
+  // the others wait for it. Bounded by the disk: every batch taken ends, failed or written.
+  while (!record->done) {
+    if (!syncing_) {
+      CommitBatchLocked();
+    } else {
+      durable_cv_.Wait(&mu_);
+    }
+  }
   return record->status;
 }
 
-void MemoryStore::CommitLoop() {
-  mu_.Lock();
-  for (;;) {
-    while (batch_records_.empty() && !stopping_) commit_cv_.Wait(&mu_);
-    if (batch_records_.empty()) break;  // stopping, nothing left to write
-    if (options_.wal_commit_delay > absl::ZeroDuration()) {
-      const absl::Time deadline = absl::Now() + options_.wal_commit_delay;
-      while (static_cast<int64_t>(batch_.size()) < options_.wal_batch_bytes && !stopping_ &&
-             !commit_cv_.WaitWithDeadline(&mu_, deadline)) {
-      }
-    }
-    std::string batch = std::move(batch_);
-    batch_.clear();
-    std::vector<std::shared_ptr<Record>> records = std::move(batch_records_);
-    batch_records_.clear();
-    durable_cv_.SignalAll();  // writers held back by wal_max_staged_bytes
-    mu_.Unlock();
-    absl::Status status = wal_->WriteAndSync(batch, static_cast<int64_t>(records.size()));
-    mu_.Lock();
-    Ready ready;
-    if (status.ok()) {
-      for (const std::shared_ptr<Record>& record : records) {
-        for (const OwnedOp& op : record->ops) {
-          ApplyCommittedLocked(op.type, op.key, op.value, &ready);
-          if (op.type == WalOp::kRequest) {
-            auto it = staged_requests_.find(op.key);
-            if (it != staged_requests_.end() && it->second.second == record) staged_requests_.erase(it);
-          } else {
-            auto it = staged_.find(op.key);
-            if (it != staged_.end() && it->second.record == record) staged_.erase(it);
-          }
-        }
-        record->done = true;
-      }
-      // The batch is durable and applied; a failed compaction only leaves a longer log (the
-      // Wal retries later), so it fails no write. data_ is exactly the log's state here:
-      // records staged since are not written yet and go to the new log.
-      wal_->MaybeCompact(data_, live_bytes_, requests_).IgnoreError();
-    } else {
-      FailStagedLocked(records, status);
-    }
-    wal_counters_ = {wal_->log_bytes(), wal_->compactions(), wal_->syncs(), wal_->records(),
-                     wal_->sync_time(), wal_->last_snapshot()};
-    durable_cv_.SignalAll();
-    if (!ready.empty()) {
-      mu_.Unlock();
-      RunReady(ready);
-      mu_.Lock();
+void MemoryStore::CommitBatchLocked() {
+  syncing_ = true;
+  if (options_.wal_commit_delay > absl::ZeroDuration()) {
+    const absl::Time deadline = absl::Now() + options_.wal_commit_delay;
+    while (static_cast<int64_t>(batch_.size()) < options_.wal_batch_bytes &&
+           !commit_cv_.WaitWithDeadline(&mu_, deadline)) {
     }
   }
+  std::string batch = std::move(batch_);
+  batch_.clear();
+  std::vector<std::shared_ptr<Record>> records = std::move(batch_records_);
+  batch_records_.clear();
+  durable_cv_.SignalAll();  // writers held back by wal_max_staged_bytes
   mu_.Unlock();
+  absl::Status status = wal_->WriteAndSync(batch, static_cast<int64_t>(records.size()));
+  mu_.Lock();
+  Ready ready;
+  if (status.ok()) {
+    for (const std::shared_ptr<Record>& record : records) {
+      for (const OwnedOp& op : record->ops) {
+        ApplyCommittedLocked(op.type, op.key, op.value, &ready);
+        if (op.type == WalOp::kRequest) {
+          auto it = staged_requests_.find(op.key);
+          if (it != staged_requests_.end() && it->second.second == record) staged_requests_.erase(it);
+        } else {
+          auto it = staged_.find(op.key);
+          if (it != staged_.end() && it->second.record == record) staged_.erase(it);
+        }
+      }
+      record->done = true;
+    }
+    // The batch is durable and applied; a failed compaction only leaves a longer log (the
+    // Wal retries later), so it fails no write. data_ is exactly the log's state here:
+    // records staged since are not written yet and go to the new log.
+    wal_->MaybeCompact(data_, live_bytes_, requests_).IgnoreError();
+  } else {
+    FailStagedLocked(records, status);
+  }
+  wal_counters_ = {wal_->log_bytes(), wal_->compactions(), wal_->syncs(), wal_->records(),
+                   wal_->sync_time(), wal_->last_snapshot()};
+  syncing_ = false;
+  durable_cv_.SignalAll();  // the batch's writers, and a next leader
+  if (!ready.empty()) {
+    mu_.Unlock();
+    RunReady(ready);
+    mu_.Lock();
+  }
 }
 
 void MemoryStore::FailStagedLocked(const std::vector<std::shared_ptr<Record>>& batch, const absl::Status& status) {

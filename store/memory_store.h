@@ -8,10 +8,11 @@
 //
 // Group commit (with a data_dir), as in PostgreSQL's WAL writer and its commit_delay: a
 // write computes its result under the mutex against the latest state (the committed map
-// plus the writes staged before it), appends its record to the staged batch and waits. The
-// store's committer thread writes the staged batch and fdatasync()s it outside the mutex,
-// then applies its records to the committed map, wakes the store's waiters and
-// acknowledges the writers. Concurrent writes therefore share one fdatasync; a write is
+// plus the writes staged before it), appends its record to the staged batch and waits. A
+// waiting writer that finds no batch being written becomes the leader (leader/follower, so
+// a lone write costs no thread hand-off): it writes the staged batch and fdatasync()s it
+// outside the mutex, then applies its records to the committed map, wakes the store's
+// waiters and acknowledges the batch's writers. Concurrent writes therefore share one fdatasync; a write is
 // acknowledged only after the fdatasync that covers it. Reads (Get, Check, MultiGet,
 // NumKeys, ListKeys, waits) see only the committed map: they never wait on the disk and
 // never see a write that a crash could still lose. Writes to different keys need not be
@@ -159,7 +160,7 @@ class MemoryStore final : public Store {
   // quotas against the latest state and updates the latest state's accounting. Memory-only:
   // applies them to data_ and moves the callbacks of the waits they complete into `*ready`.
   // Durable: stages one record and waits (releasing mu_) for the fdatasync that covers it;
-  // its waits are woken by the committer. Nothing is applied if it fails.
+  // its waits are woken by the batch's leader. Nothing is applied if it fails.
   absl::Status WriteLocked(const std::vector<WalOp>& ops, Ready* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Durable stores: waits (releasing mu_) while the staged batch holds
   // wal_max_staged_bytes or more. Call before reading the state a write is computed from.
@@ -174,8 +175,10 @@ class MemoryStore final : public Store {
   // Applies a written op to data_ (committed) and request ids; wakes waits into `*ready`.
   void ApplyCommittedLocked(WalOp::Type type, const std::string& key, const std::string& value, Ready* ready)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The committer thread (durable stores): writes and syncs staged batches.
-  void CommitLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes and fdatasyncs the staged batch (after wal_commit_delay), with mu_ released
+  // meanwhile, then applies it to data_ (or fails it) and runs the waits it completed (mu_
+  // released again). Run by one writer at a time (syncing_), the leader.
+  void CommitBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails `batch` and every write staged since with `status`, drops the staged state and
   // recounts the accounting from data_.
   void FailStagedLocked(const std::vector<std::shared_ptr<Record>>& batch, const absl::Status& status)
@@ -212,9 +215,10 @@ class MemoryStore final : public Store {
   std::unordered_map<std::string, JobUsage> jobs_ ABSL_GUARDED_BY(mu_);
   // Records that `key` (of `bytes` key plus value bytes) was added (+1) or removed (-1).
   void CountLocked(absl::string_view key, int64_t bytes, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Null when memory-only. After Open only the committer thread uses it; what it counts is
-  // copied to wal_counters_ under mu_ after each batch.
+  // Null when memory-only. After Open only the leader (syncing_) uses it, partly with mu_
+  // released; what it counts is copied to wal_counters_ under mu_ after each batch.
   std::unique_ptr<Wal> wal_;
+  bool syncing_ ABSL_GUARDED_BY(mu_) = false;  // a leader is writing a batch
   struct WalCounters {
     int64_t log_bytes = 0;
     int64_t compactions = 0;
@@ -229,12 +233,11 @@ class MemoryStore final : public Store {
   std::unordered_map<std::string, std::pair<std::string, std::shared_ptr<Record>>> staged_requests_
       ABSL_GUARDED_BY(mu_);
   int64_t latest_keys_ ABSL_GUARDED_BY(mu_) = 0;  // keys in the latest state
-  // The batch the committer writes next: its records, encoded, and their owners.
+  // The batch the next leader writes: its records, encoded, and their owners.
   std::string batch_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Record>> batch_records_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar commit_cv_;   // the committer: a record was staged, or stopping
+  absl::CondVar commit_cv_;   // the leader, waiting out wal_commit_delay: a record was staged
   absl::CondVar durable_cv_;  // writers: a batch was taken or written
-  std::thread committer_;     // runs CommitLoop() when durable
   // Exactly-once writes: the answers of the last options_.max_request_ids request ids,
   // oldest first, and an index into them (views of the ids held by requests_; a deque
   // keeps its elements in place on push_back and pop_front).

@@ -49,8 +49,8 @@ struct StoreOptions {
   // the call returns, so an acknowledged write survives a crash of the process or machine.
   // Concurrent writes share fdatasyncs (group commit, memory_store.h).
   std::string data_dir;
-  // Group commit, with data_dir. The committer waits up to wal_commit_delay after a write
-  // is staged for more writes to join its batch (0: it does not wait; writes staged while
+  // Group commit, with data_dir. The writer that writes a batch (its leader) first waits up
+  // to wal_commit_delay for more writes to join it (0: it does not wait; writes staged while
   // an fdatasync runs share the next one), unless wal_batch_bytes or more are staged.
   // Writers wait before staging while wal_max_staged_bytes or more are staged and not yet
   // being written, which bounds the memory the staged batch holds (at least one record is

@@ -39,7 +39,9 @@ class CoordinatorImpl : public Coordinator {
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
     grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
-    store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_);
+    // A durable store's writes wait for their fdatasync: on threads of their own (group commit).
+    store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_,
+                                                    options.store.data_dir.empty() ? 0 : options.store_write_threads);
     registry_service_ = std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_);
     auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
 
@@ -84,6 +86,7 @@ class CoordinatorImpl : public Coordinator {
       t.job = options.tcpstore_job;
       t.max_key_bytes = options.store.max_key_bytes;
       t.max_value_bytes = options.store.max_value_bytes;
+      t.write_threads = options.store.data_dir.empty() ? 0 : options.store_write_threads;
       auto tcpstore = TcpStoreServer::Start(*store_, t);
       if (!tcpstore.ok()) return tcpstore.status();
       tcpstore_ = std::move(*tcpstore);

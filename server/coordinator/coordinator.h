@@ -34,6 +34,10 @@ struct CoordinatorOptions {
   // Memory gRPC may hold for the RPCs in flight, in bytes (LimitRpcMemory): connections
   // sending more are cut off. Must exceed store.max_value_bytes + 1 MiB (one largest Set).
   int64_t rpc_memory_bytes = int64_t{512} << 20;
+  // With store.data_dir: the threads that run the gRPC store writes, each waiting for the
+  // fdatasync that covers its write, so up to this many concurrent writes share one
+  // (group commit). Unused by a memory-only store.
+  int store_write_threads = 64;
   // TLS of the gRPC API (ServerTlsOptions; default plaintext). The TCPStore endpoint speaks
   // torch's plaintext protocol regardless.
   ServerTlsOptions tls;

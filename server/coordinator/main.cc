@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, wal_batch_bytes, int64_t{1} << 20,
           "With --data_dir: stop waiting for --wal_commit_delay once this many bytes of writes are staged.");
 ABSL_FLAG(int64_t, wal_max_staged_bytes, int64_t{64} << 20,
           "With --data_dir: writers wait while this many bytes of writes are staged and not yet being written.");
+ABSL_FLAG(int, store_write_threads, 64,
+          "With --data_dir: threads that run gRPC store writes while they wait for their fdatasync; up to this "
+          "many concurrent writes share one (group commit).");
 ABSL_FLAG(bool, wal_repair, false,
           "Start even if --data_dir's log is damaged before its last record: move the damaged tail to "
           "wal.damaged-<offset> in --data_dir and lose the writes in it. Without it such a log is refused "
@@ -132,6 +135,11 @@ int main(int argc, char** argv) {
   options.store.wal_commit_delay = absl::GetFlag(FLAGS_wal_commit_delay);
   options.store.wal_batch_bytes = absl::GetFlag(FLAGS_wal_batch_bytes);
   options.store.wal_max_staged_bytes = absl::GetFlag(FLAGS_wal_max_staged_bytes);
+  options.store_write_threads = absl::GetFlag(FLAGS_store_write_threads);
+  if (options.store_write_threads < 1) {
+    std::cerr << "--store_write_threads must be >= 1\n";
+    return 2;
+  }
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.credentials.allow_unauthenticated = absl::GetFlag(FLAGS_allow_unauthenticated);

@@ -97,6 +97,19 @@ grpc::ServerUnaryReactor* StoreService::Done(grpc::CallbackServerContext* ctx, c
   return FinishNow(ctx, metrics_, method, start, status);
 }
 
+grpc::ServerUnaryReactor* StoreService::Write(grpc::CallbackServerContext* ctx, const char* method,
+                                              absl::Time start, const std::string& job,
+                                              absl::AnyInvocable<absl::Status() &&> write) {
+  if (writes_ == nullptr) return Done(ctx, method, start, StripJob(std::move(write)(), job));
+  auto* reactor = ctx->DefaultReactor();
+  writes_->Run([this, reactor, method, start, job, write = std::move(write)]() mutable {
+    const absl::Status s = StripJob(std::move(write)(), job);
+    metrics_.Record(method, s, absl::Now() - start);
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* StoreService::WaitThen(grpc::CallbackServerContext* ctx, const char* method,
                                                  const std::string& job,
                                                  const std::vector<std::string>& keys,
@@ -123,8 +136,8 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* ctx, co
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKey(req->key());
-  if (s.ok()) s = store_.Set(NsKey(req->job(), req->key()), req->value());
-  return Done(ctx, "Set", start, StripJob(s, req->job()));
+  if (!s.ok()) return Done(ctx, "Set", start, s);
+  return Write(ctx, "Set", start, req->job(), [this, req] { return store_.Set(NsKey(req->job(), req->key()), req->value()); });
 }
 
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* ctx, const pb::GetRequest* req,
@@ -147,13 +160,13 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* ctx, co
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
-  if (s.ok()) {
+  if (!s.ok()) return Done(ctx, "Add", start, s);
+  return Write(ctx, "Add", start, req->job(), [this, req, resp] {
     absl::StatusOr<int64_t> v =
         store_.AddOnce(NsKey(req->job(), req->key()), req->delta(), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_value(*v);
-    s = v.status();
-  }
-  return Done(ctx, "Add", start, StripJob(s, req->job()));
+    return v.status();
+  });
 }
 
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* ctx,
@@ -162,13 +175,13 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
-  if (s.ok()) {
+  if (!s.ok()) return Done(ctx, "CompareSet", start, s);
+  return Write(ctx, "CompareSet", start, req->job(), [this, req, resp] {
     absl::StatusOr<std::string> v = store_.CompareSetOnce(NsKey(req->job(), req->key()), req->expected(),
                                                           req->desired(), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_value(std::move(*v));
-    s = v.status();
-  }
-  return Done(ctx, "CompareSet", start, StripJob(s, req->job()));
+    return v.status();
+  });
 }
 
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx, const pb::CheckRequest* req,
@@ -201,13 +214,13 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
-  if (s.ok()) {
+  if (!s.ok()) return Done(ctx, "DeleteKey", start, s);
+  return Write(ctx, "DeleteKey", start, req->job(), [this, req, resp] {
     absl::StatusOr<bool> v =
         store_.DeleteKeyOnce(NsKey(req->job(), req->key()), RequestKey(req->job(), req->request_id()));
     if (v.ok()) resp->set_deleted(*v);
-    s = v.status();
-  }
-  return Done(ctx, "DeleteKey", start, StripJob(s, req->job()));
+    return v.status();
+  });
 }
 
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* ctx,
@@ -270,11 +283,11 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* ct
     s = absl::InvalidArgumentError(absl::StrCat("multi_set got ", req->keys_size(), " keys and ",
                                                 req->values_size(), " values"));
   }
-  if (s.ok()) {
-    s = store_.MultiSet(NsKeys(req->job(), req->keys()),
-                        std::vector<std::string>(req->values().begin(), req->values().end()));
-  }
-  return Done(ctx, "MultiSet", start, StripJob(s, req->job()));
+  if (!s.ok()) return Done(ctx, "MultiSet", start, s);
+  return Write(ctx, "MultiSet", start, req->job(), [this, req] {
+    return store_.MultiSet(NsKeys(req->job(), req->keys()),
+                           std::vector<std::string>(req->values().begin(), req->values().end()));
+  });
 }
 
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
@@ -282,10 +295,10 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* ctx,
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = CheckKeyAndRequestId(req->key(), req->request_id());
-  if (s.ok()) {
-    s = store_.AppendOnce(NsKey(req->job(), req->key()), req->value(), RequestKey(req->job(), req->request_id()));
-  }
-  return Done(ctx, "Append", start, StripJob(s, req->job()));
+  if (!s.ok()) return Done(ctx, "Append", start, s);
+  return Write(ctx, "Append", start, req->job(), [this, req] {
+    return store_.AppendOnce(NsKey(req->job(), req->key()), req->value(), RequestKey(req->job(), req->request_id()));
+  });
 }
 
 // ---- Registry ----

@@ -12,6 +12,8 @@
 #include "collserve/v1/auth.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
+#include "absl/functional/any_invocable.h"
+#include "server/common/blocking_pool.h"
 #include "server/common/metrics.h"
 #include "server/coordinator/credentials.h"
 #include "server/coordinator/group_registry.h"
@@ -25,9 +27,15 @@ inline constexpr absl::Duration kDefaultWaitTimeout = absl::Seconds(300);
 
 class StoreService final : public collserve::v1::Store::CallbackService {
  public:
-  // `store`, `credentials` and `metrics` must outlive the service.
-  StoreService(store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics)
-      : store_(store), credentials_(credentials), metrics_(metrics) {}
+  // `store`, `credentials` and `metrics` must outlive the service. `write_threads` > 0 runs
+  // writes on that many threads of the service's own (BlockingPool), so that writes to a
+  // durable store, which wait for their fdatasync, hold no gRPC thread and share
+  // fdatasyncs; 0 runs them on gRPC's thread (a memory-only store never waits).
+  StoreService(store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics, int write_threads = 0)
+      : store_(store),
+        credentials_(credentials),
+        metrics_(metrics),
+        writes_(write_threads > 0 ? std::make_unique<BlockingPool>(write_threads) : nullptr) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* ctx, const collserve::v1::SetRequest* req,
                                 collserve::v1::SetResponse* resp) override;
@@ -65,10 +73,15 @@ class StoreService final : public collserve::v1::Store::CallbackService {
                                      int64_t timeout_ms, std::function<absl::Status()> then);
   grpc::ServerUnaryReactor* Done(grpc::CallbackServerContext* ctx, const char* method,
                                  absl::Time start, const absl::Status& status);
+  // Runs `write` (a store write; its status names keys with the job's prefix) on writes_
+  // (inline without one) and finishes the call with its status.
+  grpc::ServerUnaryReactor* Write(grpc::CallbackServerContext* ctx, const char* method, absl::Time start,
+                                  const std::string& job, absl::AnyInvocable<absl::Status() &&> write);
 
   store::Store& store_;
   const JobCredentials& credentials_;
   RpcMetrics& metrics_;
+  std::unique_ptr<BlockingPool> writes_;  // null: writes run on gRPC's threads
 };
 
 class RegistryService final : public collserve::v1::Registry::CallbackService {

@@ -26,10 +26,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
+#include "server/common/blocking_pool.h"
 #include "server/common/networks.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_protocol.h"
@@ -52,6 +55,12 @@ struct Outbox {
   std::string bytes ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
   std::set<store::WaitId> waits ABSL_GUARDED_BY(mu);  // pending WAITs
+  // A write of this connection runs on the write pool (TcpStoreOptions::write_threads): the
+  // connection's later requests wait in `in` until it ends, which sets `resumed` (and
+  // `error`, why the connection must close, if it failed).
+  bool busy ABSL_GUARDED_BY(mu) = false;
+  bool resumed ABSL_GUARDED_BY(mu) = false;
+  std::string error ABSL_GUARDED_BY(mu);
 };
 
 struct Connection {
@@ -140,6 +149,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
     wake_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (wake_ < 0) return absl::InternalError(absl::StrCat("eventfd: ", strerror(errno)));
     spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (options_.write_threads > 0) writes_ = std::make_unique<BlockingPool>(options_.write_threads);
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -162,6 +172,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
       Wake();
       thread_.join();
     }
+    writes_.reset();  // runs the writes handed to it (they Wake() through wake_)
     if (fd_ >= 0) close(fd_);
     if (wake_ >= 0) close(wake_);
     if (spare_fd_ >= 0) close(spare_fd_);
@@ -252,7 +263,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
       const bool may_read = buffered < options_.max_buffered_bytes;
       for (auto it = conns.begin(); it != conns.end(); ++it) {
         short events = 0;
-        if (may_read || it->in.empty()) events |= POLLIN;
+        if ((may_read || it->in.empty()) && !Busy(*it)) events |= POLLIN;
         if (PendingOut(*it)) events |= POLLOUT;
         fds.push_back({it->fd, events, 0});
         polled.push_back(it);
@@ -275,10 +286,13 @@ class TcpStoreServerImpl : public TcpStoreServer {
         const short re = fds[i + 2].revents;
         std::string why;
         bool eof = false;
-        if (re & (POLLIN | POLLHUP | POLLERR)) {
-          const size_t before = it->in.size();
-          eof = !ReadInto(*it, &why);
-          buffered += static_cast<int64_t>(it->in.size()) - static_cast<int64_t>(before);
+        const bool resumed = TakeResumed(*it, &why);
+        if (why.empty() && (resumed || (re & (POLLIN | POLLHUP | POLLERR)))) {
+          if (re & (POLLIN | POLLHUP | POLLERR)) {
+            const size_t before = it->in.size();
+            eof = !ReadInto(*it, &why);
+            buffered += static_cast<int64_t>(it->in.size()) - static_cast<int64_t>(before);
+          }
           if (why.empty()) {
             const size_t held = it->in.size();
             why = Decode(*it);
@@ -377,7 +391,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   std::string Decode(Connection& c) {
     size_t pos = 0;
     std::string why;
-    while (c.in.size() - pos >= c.need && why.empty()) {
+    while (c.in.size() - pos >= c.need && why.empty() && !Busy(c)) {
       tcpstore::Request request;
       const tcpstore::ParseResult r =
           tcpstore::ParseRequest(absl::string_view(c.in).substr(pos), limits_, &c.dialect, &request);
@@ -409,6 +423,53 @@ class TcpStoreServerImpl : public TcpStoreServer {
   bool PendingOut(Connection& c) {
     absl::MutexLock lock(&c.out->mu);
     return !c.out->bytes.empty();
+  }
+
+  bool Busy(Connection& c) {
+    absl::MutexLock lock(&c.out->mu);
+    return c.out->busy;
+  }
+
+  // True once after a pooled write of `c` ended; `*why` = its error, if it failed.
+  bool TakeResumed(Connection& c, std::string* why) {
+    absl::MutexLock lock(&c.out->mu);
+    if (!c.out->resumed) return false;
+    c.out->resumed = false;
+    *why = std::move(c.out->error);
+    c.out->error.clear();
+    return true;
+  }
+
+  // Runs a write: `write` returns the reply's bytes ("" for none). With a write pool it
+  // runs there and the connection reads no further request until it ended (its order is
+  // kept); the loop is woken to go on. Without one it runs here. Returns "" or why the
+  // connection must close (inline only; a pooled failure closes it through TakeResumed).
+  std::string Write(Connection& c, const char* what, absl::AnyInvocable<absl::StatusOr<std::string>() &&> write) {
+    if (writes_ == nullptr) {
+      absl::StatusOr<std::string> reply = std::move(write)();
+      if (!reply.ok()) return absl::StrCat(what, " failed: ", reply.status().ToString());
+      if (!reply->empty()) Queue(c, *reply);
+      return "";
+    }
+    {
+      absl::MutexLock lock(&c.out->mu);
+      c.out->busy = true;
+    }
+    writes_->Run([this, out = c.out, what, write = std::move(write)]() mutable {
+      absl::StatusOr<std::string> reply = std::move(write)();
+      {
+        absl::MutexLock lock(&out->mu);
+        if (reply.ok()) {
+          out->bytes += *reply;
+        } else {
+          out->error = absl::StrCat(what, " failed: ", reply.status().ToString());
+        }
+        out->busy = false;
+        out->resumed = true;
+      }
+      Wake();
+    });
+    return "";
   }
 
   bool HasWaits(Connection& c) {
@@ -477,26 +538,29 @@ class TcpStoreServerImpl : public TcpStoreServer {
         Queue(c, absl::string_view(reinterpret_cast<const char*>(&q.nonce), sizeof(q.nonce)));
         return "";
       case Op::kSet:
-        if (absl::Status s = store_.Set(Ns(q.keys[0]), q.values[0]); !s.ok()) return failed("SET", s);
-        return "";
+        return Write(c, "SET", [this, key = Ns(q.keys[0]), value = std::move(q.values[0])]() -> absl::StatusOr<std::string> {
+          COLLSERVE_RETURN_IF_ERROR(store_.Set(key, value));
+          return std::string();
+        });
       case Op::kAppend:
-        if (absl::Status s = store_.Append(Ns(q.keys[0]), q.values[0]); !s.ok()) return failed("APPEND", s);
-        return "";
-      case Op::kCompareSet: {
-        absl::StatusOr<std::string> v = store_.CompareSet(Ns(q.keys[0]), q.values[0], q.values[1]);
-        if (!v.ok()) return failed("COMPARE_SET", v.status());
-        Queue(c, EncodeBytes(*v));
-        return "";
-      }
+        return Write(c, "APPEND", [this, key = Ns(q.keys[0]), value = std::move(q.values[0])]() -> absl::StatusOr<std::string> {
+          COLLSERVE_RETURN_IF_ERROR(store_.Append(key, value));
+          return std::string();
+        });
+      case Op::kCompareSet:
+        return Write(c, "COMPARE_SET", [this, key = Ns(q.keys[0]), expected = std::move(q.values[0]),
+                                        desired = std::move(q.values[1])]() -> absl::StatusOr<std::string> {
+          COLLSERVE_ASSIGN_OR_RETURN(std::string v, store_.CompareSet(key, expected, desired));
+          return EncodeBytes(v);
+        });
       case Op::kGet:
         Queue(c, EncodeBytes(GetOrEmpty(q.keys[0])));
         return "";
-      case Op::kAdd: {
-        absl::StatusOr<int64_t> v = store_.Add(Ns(q.keys[0]), q.delta);
-        if (!v.ok()) return failed("ADD", v.status());
-        Queue(c, EncodeInt(*v));
-        return "";
-      }
+      case Op::kAdd:
+        return Write(c, "ADD", [this, key = Ns(q.keys[0]), delta = q.delta]() -> absl::StatusOr<std::string> {
+          COLLSERVE_ASSIGN_OR_RETURN(int64_t v, store_.Add(key, delta));
+          return EncodeInt(v);
+        });
       case Op::kCheck: {
         absl::StatusOr<bool> ready = q.keys.empty() ? absl::StatusOr<bool>(true) : store_.Check(Ns(q.keys));
         if (!ready.ok()) return failed("CHECK", ready.status());
@@ -522,12 +586,11 @@ class TcpStoreServerImpl : public TcpStoreServer {
         Queue(c, EncodeInt(*n));
         return "";
       }
-      case Op::kDeleteKey: {
-        absl::StatusOr<bool> deleted = store_.DeleteKey(Ns(q.keys[0]));
-        if (!deleted.ok()) return failed("DELETE_KEY", deleted.status());
-        Queue(c, EncodeInt(*deleted ? 1 : 0));
-        return "";
-      }
+      case Op::kDeleteKey:
+        return Write(c, "DELETE_KEY", [this, key = Ns(q.keys[0])]() -> absl::StatusOr<std::string> {
+          COLLSERVE_ASSIGN_OR_RETURN(bool deleted, store_.DeleteKey(key));
+          return EncodeInt(deleted ? 1 : 0);
+        });
       case Op::kWatchKey:
         Queue(c, std::string(1, '\3'));  // KEY_CALLBACK_REGISTERED; no events (tcpstore_protocol.h)
         return "";
@@ -539,8 +602,10 @@ class TcpStoreServerImpl : public TcpStoreServer {
       }
       case Op::kMultiSet:
         if (q.keys.empty()) return "";
-        if (absl::Status s = store_.MultiSet(Ns(q.keys), q.values); !s.ok()) return failed("MULTI_SET", s);
-        return "";
+        return Write(c, "MULTI_SET", [this, keys = Ns(q.keys), values = std::move(q.values)]() -> absl::StatusOr<std::string> {
+          COLLSERVE_RETURN_IF_ERROR(store_.MultiSet(keys, values));
+          return std::string();
+        });
     }
     return "unknown opcode";
   }
@@ -589,6 +654,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   int spare_fd_ = -1;  // given up to shed a connection when out of descriptors
   int port_ = 0;
   std::thread thread_;
+  std::unique_ptr<BlockingPool> writes_;  // write_threads > 0: where writes run
   std::atomic<int64_t> protocol_errors_{0};
   std::atomic<int64_t> requests_[tcpstore::kNumOps] = {};
   absl::Mutex mu_;

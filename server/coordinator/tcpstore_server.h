@@ -63,6 +63,11 @@ struct TcpStoreOptions {
   // clients carry no credentials, so this and the bind address are what limit who can read
   // and write the job's keys. Others are closed at accept and logged.
   std::string allowed_networks;
+  // > 0: writes (SET, ADD, COMPARE_SET, APPEND, DELETE_KEY, MULTI_SET) run on this many
+  // threads of the endpoint's own instead of its one loop thread, each connection's
+  // requests still in order: a durable store's writes, which wait for their fdatasync, then
+  // share fdatasyncs across connections (group commit). 0: on the loop thread (memory-only).
+  int write_threads = 0;
 };
 
 class TcpStoreServer {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -81,13 +82,24 @@ class Client {
   bool connected_ = false;
 };
 
-class TcpStoreServerTest : public ::testing::Test {
+// Every test runs twice: a memory-only store served on the endpoint's loop thread, and a
+// durable store (a write-ahead log in a temp dir) whose writes run on the endpoint's write
+// threads and share fdatasyncs, each connection's requests still served in order.
+class TcpStoreServerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    auto store = store::NewMemoryStore(store::StoreOptions{});
-    ASSERT_TRUE(store.ok());
-    store_ = std::move(*store);
+    store::StoreOptions store_options;
     TcpStoreOptions options;
+    if (GetParam()) {
+      char tmpl[] = "/tmp/collserve-tcpstore-test.XXXXXX";
+      ASSERT_NE(mkdtemp(tmpl), nullptr);
+      dir_ = tmpl;
+      store_options.data_dir = dir_ + "/data";
+      options.write_threads = 8;
+    }
+    auto store = store::NewMemoryStore(store_options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = std::move(*store);
     options.listen_address = "127.0.0.1:0";
     options.job = "jobA";
     options.max_value_bytes = 1 << 20;
@@ -95,13 +107,23 @@ class TcpStoreServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
   }
-  void TearDown() override { server_.reset(); }
+  void TearDown() override {
+    server_.reset();
+    store_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
 
+  std::string dir_;  // the durable store's temp dir
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<TcpStoreServer> server_;
 };
 
-TEST_F(TcpStoreServerTest, Torch113DialectByteForByte) {
+INSTANTIATE_TEST_SUITE_P(Stores, TcpStoreServerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "DurableWithWriteThreads" : "MemoryOnly";
+                         });
+
+TEST_P(TcpStoreServerTest, Torch113DialectByteForByte) {
   Client c(server_->port());
   ASSERT_TRUE(c.connected());
   c.Send(U8(3) + Str("init/") + I64(1));  // ADD init/ 1 (the constructor's)
@@ -156,7 +178,7 @@ TEST_F(TcpStoreServerTest, Torch113DialectByteForByte) {
   EXPECT_EQ(server_->protocol_errors(), 0);
 }
 
-TEST_F(TcpStoreServerTest, Torch2DialectByteForByte) {
+TEST_P(TcpStoreServerTest, Torch2DialectByteForByte) {
   Client c(server_->port());
   c.Send(kValidate);
   c.Send(U8(13) + U32(0xdeadbeef));  // PING: echoed
@@ -199,7 +221,7 @@ TEST_F(TcpStoreServerTest, Torch2DialectByteForByte) {
   EXPECT_STREQ(::collserve::server::tcpstore::OpName(Op::kCancelWait), "CANCEL_WAIT");
 }
 
-TEST_F(TcpStoreServerTest, KeysLiveInTheJobNamespace) {
+TEST_P(TcpStoreServerTest, KeysLiveInTheJobNamespace) {
   Client c(server_->port());
   c.Send(U8(0) + Str("/k") + Str("v"));
   c.Send(U8(6));
@@ -214,7 +236,7 @@ TEST_F(TcpStoreServerTest, KeysLiveInTheJobNamespace) {
   EXPECT_EQ(c.Read(8), I64(1));
 }
 
-TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
+TEST_P(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
   ASSERT_TRUE(store_->Set("jobB/secret", "untouched").ok());
   Client good(server_->port());
   good.Send(U8(0) + Str("/before") + Str("1"));
@@ -252,7 +274,7 @@ TEST_F(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
   EXPECT_EQ(good.Read(9), Str("1"));
 }
 
-TEST_F(TcpStoreServerTest, ManyConcurrentClients) {
+TEST_P(TcpStoreServerTest, ManyConcurrentClients) {
   constexpr int kClients = 32, kAdds = 50;
   std::vector<std::thread> threads;
   for (int t = 0; t < kClients; ++t) {
@@ -277,9 +299,32 @@ TEST_F(TcpStoreServerTest, ManyConcurrentClients) {
   setter.Send(U8(0) + Str("/go") + Str("1"));
   for (auto& t : threads) t.join();
   EXPECT_EQ(store_->Get("jobA//counter", absl::ZeroDuration()).value(), std::to_string(kClients * kAdds));
+  if (GetParam()) {  // the connections' adds shared fdatasyncs
+    const store::Store::Stats stats = store_->GetStats();
+    EXPECT_EQ(stats.wal_writes, kClients * kAdds + 1);
+    EXPECT_LT(stats.wal_syncs, stats.wal_writes);
+  }
 }
 
-TEST_F(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {
+TEST_P(TcpStoreServerTest, PipelinedRequestsOfOneConnectionAreServedInOrder) {
+  // torch's SET and APPEND have no reply, so a client sends the next request at once: each
+  // must see the writes before it on its connection, even when writes run elsewhere.
+  Client c(server_->port());
+  std::string burst;
+  for (int i = 0; i < 20; ++i) {
+    burst += U8(0) + Str("/a") + Str(std::to_string(i));  // SET
+    burst += U8(2) + Str("/a");                           // GET
+    burst += U8(3) + Str("/n") + I64(1);                  // ADD
+  }
+  c.Send(burst);
+  for (int i = 0; i < 20; ++i) {
+    const std::string v = std::to_string(i);
+    EXPECT_EQ(c.Read(8 + v.size()), Str(v));
+    EXPECT_EQ(c.Read(8), I64(i + 1));
+  }
+}
+
+TEST_P(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {
   Client c(server_->port());
   c.Send(U8(5) + Keys({"/never"}));
   EXPECT_TRUE(c.Silent(100));
@@ -289,7 +334,7 @@ TEST_F(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {
   EXPECT_FALSE(late.connected());
 }
 
-TEST_F(TcpStoreServerTest, ShutdownUnblocksAClientThatStoppedReading) {
+TEST_P(TcpStoreServerTest, ShutdownUnblocksAClientThatStoppedReading) {
   ASSERT_TRUE(store_->Set("jobA//big", std::string(512 << 10, 'x')).ok());
   Client c(server_->port());
   std::string gets;
