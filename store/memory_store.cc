@@ -226,7 +226,7 @@ absl::Status MemoryStore::WriteLocked(const std::vector<WalOp>& ops, Ready* read
   COLLSERVE_RETURN_IF_ERROR(CheckQuotasLocked(ops));
   std::shared_ptr<Record> record;
   if (wal_ != nullptr) {
-    COLLSERVE_RETURN_IF_ERROR(Wal::EncodeRecord(ops, &batch_));
+    Wal::EncodeOps(ops, &batch_);
     record = std::make_shared<Record>();
     record->ops.reserve(ops.size());
     batch_records_.push_back(record);

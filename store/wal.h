@@ -103,15 +103,15 @@ class Wal {
   // 4 GiB. Blocks on the disk.
   absl::Status Append(const std::vector<WalOp>& ops);
 
-  // Group commit in two steps. EncodeRecord appends `ops` to `*out` as one record (the
-  // framing above); INVALID_ARGUMENT if the record would exceed 4 GiB, and `*out` is then
-  // unchanged. Never touches the files; any thread, no state.
-  static absl::Status EncodeRecord(const std::vector<WalOp>& ops, std::string* out);
-  // Writes `records` (`count` records made by EncodeRecord, concatenated) to the log and
-  // makes them durable with one fdatasync(). Errors and what they leave behind as for
-  // Append(): a failed write is cut off again (none of the records is in the log), a
-  // failed fdatasync() breaks the log. Blocks on the disk.
-  absl::Status WriteAndSync(absl::string_view records, int64_t count);
+  // Group commit in two steps. EncodeOps appends `ops` to `*payload` (a record's payload,
+  // the format above); never touches the files; any thread, no state. WriteAndSync writes
+  // `payload` (the ops of `count` writes, from EncodeOps) to the log as ONE record and makes
+  // it durable with one fdatasync(): a crash leaves all of a batch's writes or none (a torn
+  // batch is one torn record, dropped at Open), never a batch with a hole. Errors and what
+  // they leave behind as for Append(): INVALID_ARGUMENT over 4 GiB, a failed write is cut
+  // off again, a failed fdatasync() breaks the log. Blocks on the disk.
+  static void EncodeOps(const std::vector<WalOp>& ops, std::string* payload);
+  absl::Status WriteAndSync(absl::string_view payload, int64_t count);
 
   // Compacts when the log is over compact_bytes and over twice `live_bytes` (the sum of key
   // and value sizes in `state`): writes `state`, then `requests` as kRequest records, as the
@@ -120,12 +120,12 @@ class Wal {
   // stay valid, and the next attempt waits until the log has grown by compact_bytes again.
   absl::Status MaybeCompact(const KeyValueMap& state, int64_t live_bytes, const RequestLog& requests = {});
 
-  // Size of the log file in bytes.
+  // Bytes of records in the log (the file may be longer: zeros preallocated for appends).
   int64_t log_bytes() const { return log_bytes_; }
   // Number of compactions completed since Open().
   int64_t compactions() const { return compactions_; }
-  // fdatasync()s of the log (one per Append or WriteAndSync), the records they made
-  // durable, and the time they took.
+  // fdatasync()s of the log (one per Append or WriteAndSync), the writes they made durable
+  // (WriteAndSync's counts), and the time they took.
   int64_t syncs() const { return syncs_; }
   int64_t records() const { return records_; }
   // When the snapshot in use was written (InfinitePast: there is none yet).
@@ -136,10 +136,14 @@ class Wal {
   Wal(Options options, int log_fd, int64_t log_bytes);
 
   absl::Status Compact(const KeyValueMap& state, const RequestLog& requests);
+  // Extends the log file with zero bytes up to `bytes` (allocated_bytes_ follows); on any
+  // failure leaves it as it was.
+  void Preallocate(int64_t bytes);
 
   const Options options_;
   int log_fd_;
-  int64_t log_bytes_;
+  int64_t log_bytes_;        // end of the last record
+  int64_t allocated_bytes_ = 0;  // the file's size: log_bytes_ plus preallocated zeros
   // Do not try to compact again before the log reaches this size (set after a failure).
   int64_t next_compact_attempt_bytes_ = 0;
   int64_t compactions_ = 0;
