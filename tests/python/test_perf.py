@@ -98,3 +98,22 @@ def test_two_hosts_report_the_all_reduce_algorithm_the_sidecars_ran(algorithm, t
     finally:
         coord.terminate()
         coord.wait(timeout=10)
+
+
+def test_store_bench_measures_every_column():
+    """bench/store_bench.py (bench/RESULTS.md, the durable store against torch's TCPStore) on a
+    tiny run: every column is a positive rate or latency. Speed is not asserted."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",
+                          "store_bench.py")
+    r = subprocess.run([sys.executable, script, "--build", BUILD, "--reps", "1", "--seconds", "0.3", "--clients", "2",
+                        "--latency_ops", "20"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    rates = [row for row in rows if row[0].strip() == "2"]
+    assert len(rates) == 1, r.stdout
+    assert all(float(v) > 0 for v in rates[0][1:6]), r.stdout  # torch, durable, memory, endpoint, ep-memory
+    latencies = [row for row in rows if row[0].strip() == "0"]
+    assert len(latencies) == 1, r.stdout
+    assert all(float(v) > 0 for v in latencies[0][1:5]), r.stdout  # fdatasync, torch, endpoint, gRPC
