@@ -432,7 +432,11 @@ TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
   ASSERT_EQ(dumps.size(), 1u);
   EXPECT_THAT(dumps[0].first, HasSubstr("all_reduce #0 failed the group"));
   ASSERT_EQ(dumps[0].second.size(), 1u);
-  EXPECT_EQ(dumps[0].second[0].code, absl::StatusCode::kDeadlineExceeded);
+  // Both hosts' deadlines fall at about the same moment: host 0's exchange either times out
+  // itself or sees host 1 close the connection when host 1's timer fired first (seen once
+  // in CI under ASan: host 0's exchange then failed UNAVAILABLE, "Connection closed by peer").
+  EXPECT_THAT(dumps[0].second[0].code,
+              ::testing::AnyOf(absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kUnavailable));
   EXPECT_EQ(dumps[0].second[0].arrivals.size(), 2u);  // the exchange failed: its own ranks' only
 }
 
