@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace collserve::engine {
@@ -26,13 +27,14 @@ absl::StatusOr<Topology> Topology::FromMembership(const Membership& membership, 
     }
     by_rank[m.rank] = &m;
   }
+  absl::flat_hash_map<std::string, int> host_index;  // host id -> its index in host_order
   for (const Member* m : by_rank) {
-    auto it = std::find(host_order.begin(), host_order.end(), m->host_id);
-    if (it == host_order.end()) {
-      it = host_order.insert(host_order.end(), m->host_id);
+    auto [it, added] = host_index.try_emplace(m->host_id, static_cast<int>(host_order.size()));
+    if (added) {
+      host_order.push_back(m->host_id);
       t.host_addresses.push_back(m->host_address);
     }
-    const int host = static_cast<int>(it - host_order.begin());
+    const int host = it->second;
     t.rank_host[m->rank] = host;
     if (m->host_id == host_id) t.local_ranks.insert(m->rank);
   }

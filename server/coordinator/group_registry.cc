@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -38,6 +39,22 @@ GroupView GroupRegistry::ViewOf(const Group& g) {
   v.generation = g.generation;
   v.state = g.state;
   for (const auto& [rank, m] : g.members) v.members.push_back(m);
+  return v;
+}
+
+std::shared_ptr<const GroupView> GroupRegistry::JoinViewOf(const Group& g) {
+  auto v = std::make_shared<GroupView>(ViewOf(g));
+  absl::flat_hash_map<std::string, int32_t> index;  // host id -> its index in v->hosts
+  v->rank_host.reserve(v->members.size());
+  for (const MemberInfo& m : v->members) {
+    auto [it, added] = index.try_emplace(m.host_id, static_cast<int32_t>(v->hosts.size()));
+    if (added) {
+      MemberInfo host = m;
+      host.rank = -1;
+      v->hosts.push_back(std::move(host));
+    }
+    v->rank_host.push_back(it->second);
+  }
   return v;
 }
 
@@ -134,7 +151,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
         const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
         for (const std::string& host : hosts) g.leases[host] = lease;
       }
-      GroupView view = ViewOf(g);
+      std::shared_ptr<const GroupView> view = JoinViewOf(g);
       for (auto& [rank, w] : g.waiters) {
         waiter_index_.erase(w.id);
         completions.emplace_back(std::move(w.done), view);

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -43,6 +44,11 @@ struct GroupView {
   int64_t generation = 0;
   std::string state;                // "FORMING", "FORMED" or "BROKEN"
   std::vector<MemberInfo> members;  // ordered by rank
+  // In a join's answer only (JoinCallback): each member host once, in the order of its
+  // lowest rank (rank -1), and for each rank 0..world_size-1 the index of its host in
+  // `hosts` (the compact JoinResponse).
+  std::vector<MemberInfo> hosts;
+  std::vector<int32_t> rank_host;
 };
 
 // The ledger (ledger.h): what a host's sidecar reports about its ranks of a group.
@@ -132,7 +138,9 @@ class GroupRegistry {
   // DEADLINE_EXCEEDED (names the first kMaxNamedMissingRanks missing ranks and counts the
   // rest), CANCELLED (CancelJoin, or the rank left),
   // UNAVAILABLE (registry destroyed).
-  using JoinCallback = absl::AnyInvocable<void(absl::StatusOr<GroupView>) &&>;
+  // Every joiner of a generation gets the same view, made once when the last rank joins:
+  // forming a group of K ranks costs O(K) time and memory here, not a copy per joiner.
+  using JoinCallback = absl::AnyInvocable<void(absl::StatusOr<std::shared_ptr<const GroupView>>) &&>;
 
   explicit GroupRegistry(GroupRegistryLimits limits = {});
   ~GroupRegistry();  // fails pending joins with UNAVAILABLE
@@ -246,7 +254,7 @@ class GroupRegistry {
     std::map<std::string, absl::Time> leases;
   };
   using Key = std::pair<std::string, std::string>;  // (job, group)
-  using Completion = std::pair<JoinCallback, absl::StatusOr<GroupView>>;
+  using Completion = std::pair<JoinCallback, absl::StatusOr<std::shared_ptr<const GroupView>>>;
   using WatchCompletion = std::pair<WatchCallback, GroupEvents>;
 
   static GroupEvents EventsOf(const Group& g);
@@ -269,6 +277,8 @@ class GroupRegistry {
   void SupersedeLocked(std::map<Key, Group>::iterator it, int64_t generation, std::vector<Completion>* joins,
                        std::vector<WatchCompletion>* watches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static GroupView ViewOf(const Group& g);
+  // ViewOf with the join answer's hosts and rank_host (a formed group: ranks 0..n-1).
+  static std::shared_ptr<const GroupView> JoinViewOf(const Group& g);
   void TimerLoop();
   // Removes a forming member (and its waiter) after a timeout/cancel; erases empty groups.
   void RemoveForming(std::map<Key, Group>::iterator it, int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

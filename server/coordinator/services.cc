@@ -340,11 +340,22 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
   auto* reactor = new WaitingReactor();
   uint64_t id = registry_.JoinAsync(
       JobOf(req->job()), req->group(), req->world_size(), member, WaitDeadline(ctx, req->timeout_ms()),
-      [this, reactor, resp, start](absl::StatusOr<GroupView> view) {
+      [this, reactor, resp, start, compact = req->compact()](absl::StatusOr<std::shared_ptr<const GroupView>> view) {
         absl::Status st = view.status();
         if (view.ok()) {
-          resp->set_generation(view->generation);
-          for (const auto& m : view->members) ToProto(m, resp->add_members());
+          const GroupView& v = **view;
+          resp->set_generation(v.generation);
+          if (compact) {
+            for (const MemberInfo& host : v.hosts) {
+              pb::MemberHost* out = resp->add_hosts();
+              out->set_host_id(host.host_id);
+              out->set_host_address(host.host_address);
+              out->set_sidecar_address(host.sidecar_address);
+            }
+            resp->mutable_rank_host()->Add(v.rank_host.begin(), v.rank_host.end());
+          } else {
+            for (const auto& m : v.members) ToProto(m, resp->add_members());
+          }
         }
         metrics_.Record("Join", st, absl::Now() - start);
         reactor->Finish(ToGrpcStatus(st));

@@ -185,6 +185,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   join->req.mutable_member()->set_sidecar_address(sidecar_address_);
   join->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   join->req.set_generation(params.generation);
+  join->req.set_compact(true);
   join->Attempt();
   return [join] { join->Cancel(); };
 }

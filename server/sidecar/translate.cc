@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace collserve::server {
 namespace {
 
@@ -77,11 +79,20 @@ engine::AttachRequest FromProto(const pb::Attach& a) {
   return r;
 }
 
-engine::Membership FromProto(const pb::JoinResponse& r) {
+absl::StatusOr<engine::Membership> FromProto(const pb::JoinResponse& r) {
   engine::Membership m;
   m.generation = r.generation();
   for (const pb::Member& member : r.members()) {
     m.members.push_back(engine::Member{member.rank(), member.host_id(), member.host_address()});
+  }
+  m.members.reserve(m.members.size() + r.rank_host_size());
+  for (int rank = 0; rank < r.rank_host_size(); ++rank) {
+    const int32_t host = r.rank_host(rank);
+    if (host < 0 || host >= r.hosts_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("the coordinator's answer puts rank ", rank, " on host #", host,
+                                                     " of ", r.hosts_size()));
+    }
+    m.members.push_back(engine::Member{rank, r.hosts(host).host_id(), r.hosts(host).host_address()});
   }
   return m;
 }

@@ -3,6 +3,7 @@
 #ifndef COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_
 #define COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_
 
+#include "absl/status/statusor.h"
 #include "collserve/v1/collectives.pb.h"
 #include "collserve/v1/registry.pb.h"
 #include "engine/collective_args.h"
@@ -15,7 +16,9 @@ namespace collserve::server {
 engine::Request FromProto(collserve::v1::Collective&& c);
 // The attach as the engine takes it (init/op timeouts of 0 become 300 s).
 engine::AttachRequest FromProto(const collserve::v1::Attach& a);
-engine::Membership FromProto(const collserve::v1::JoinResponse& r);
+// Either form of the answer (members, or the compact hosts and rank_host). INVALID_ARGUMENT
+// when a rank_host index is outside `hosts` (the engine checks the rest: Topology).
+absl::StatusOr<engine::Membership> FromProto(const collserve::v1::JoinResponse& r);
 
 // Moves the completion's inline bytes into the message.
 collserve::v1::SessionResponse ToProto(engine::Completion&& c);

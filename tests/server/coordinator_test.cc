@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -174,7 +175,8 @@ struct JoinResult {
   pb::JoinResponse resp;
 };
 
-JoinResult Join(const std::string& group, int world, int rank, const std::string& host, int64_t timeout_ms = 10000) {
+JoinResult Join(const std::string& group, int world, int rank, const std::string& host, int64_t timeout_ms = 10000,
+                bool compact = false) {
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms + 5000));
@@ -184,6 +186,7 @@ JoinResult Join(const std::string& group, int world, int rank, const std::string
   req.mutable_member()->set_rank(rank);
   req.mutable_member()->set_host_id(host);
   req.set_timeout_ms(timeout_ms);
+  req.set_compact(compact);
   JoinResult r;
   r.status = stub->Join(&ctx, req, &r.resp);
   return r;
@@ -195,12 +198,24 @@ TEST(CoordinatorRegistryTest, RendezvousOfSevenRanksGivesEveryoneTheSameMembersh
   std::vector<JoinResult> results(kWorld);
   std::vector<std::thread> threads;
   for (int r = kWorld - 1; r >= 0; --r) {
-    threads.emplace_back([&, r] { results[r] = Join(group, kWorld, r, absl::StrCat("host", r % 3)); });
+    // Odd ranks ask for the compact answer (as sidecars do), even ranks for members.
+    threads.emplace_back(
+        [&, r] { results[r] = Join(group, kWorld, r, absl::StrCat("host", r % 3), 10000, /*compact=*/r % 2 == 1); });
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < kWorld; ++r) {
     ASSERT_TRUE(results[r].status.ok()) << results[r].status.error_message();
     EXPECT_EQ(results[r].resp.generation(), 1);
+    if (r % 2 == 1) {
+      // Each host once, in the order of its lowest rank, and each rank's host by index.
+      EXPECT_EQ(results[r].resp.members_size(), 0);
+      ASSERT_EQ(results[r].resp.hosts_size(), 3);
+      for (int h = 0; h < 3; ++h) EXPECT_EQ(results[r].resp.hosts(h).host_id(), absl::StrCat("host", h));
+      ASSERT_EQ(results[r].resp.rank_host_size(), kWorld);
+      for (int m = 0; m < kWorld; ++m) EXPECT_EQ(results[r].resp.rank_host(m), m % 3);
+      continue;
+    }
+    EXPECT_EQ(results[r].resp.hosts_size(), 0);
     ASSERT_EQ(results[r].resp.members_size(), kWorld);
     for (int m = 0; m < kWorld; ++m) {
       EXPECT_EQ(results[r].resp.members(m).rank(), m);
@@ -262,7 +277,7 @@ absl::Status JoinNow(server::GroupRegistry& registry, const std::string& group, 
   server::MemberInfo m;
   m.rank = rank;
   m.host_id = "h";
-  registry.JoinAsync("job", group, world, m, absl::Now() + timeout, [&](absl::StatusOr<server::GroupView> v) {
+  registry.JoinAsync("job", group, world, m, absl::Now() + timeout, [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
     status = v.status();
     done.Notify();
   });
@@ -309,7 +324,7 @@ void FormGroup(server::GroupRegistry& registry, const std::string& group, const 
       m.rank = static_cast<int>(r);
       m.host_id = hosts[r];
       registry.JoinAsync("job", group, static_cast<int>(hosts.size()), m, absl::Now() + absl::Seconds(10),
-                         [&](absl::StatusOr<server::GroupView> v) {
+                         [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
                            EXPECT_TRUE(v.ok()) << v.status();
                            done.Notify();
                          });
@@ -545,10 +560,45 @@ TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseE
   EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
 }
 
+// Every joiner of a large group gets the same view, made once (O(K) work at formation, not
+// a copy of K members per joiner), with its compact form: hosts by lowest rank, rank_host.
+TEST(GroupRegistryScaleTest, EveryJoinerSharesOneViewWithTheCompactMembership) {
+  server::GroupRegistry registry;
+  constexpr int kWorld = 4096;
+  constexpr int kPerHost = 8;
+  std::vector<std::shared_ptr<const server::GroupView>> views(kWorld);
+  std::atomic<int> answered{0};
+  for (int r = 0; r < kWorld; ++r) {
+    server::MemberInfo m;
+    m.rank = r;
+    m.host_id = absl::StrCat("host", r / kPerHost);
+    m.host_address = absl::StrCat("10.0.", r / kPerHost / 256, ".", r / kPerHost % 256);
+    registry.JoinAsync("job", "big", kWorld, m, absl::Now() + absl::Seconds(60),
+                       [&, r](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
+                         EXPECT_TRUE(v.ok()) << v.status();
+                         if (v.ok()) views[r] = *v;
+                         answered.fetch_add(1);
+                       });
+  }
+  // The last join formed the group and answered everyone inline.
+  ASSERT_EQ(answered.load(), kWorld);
+  const server::GroupView* view = views[0].get();
+  ASSERT_NE(view, nullptr);
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(views[r].get(), view) << "rank " << r;
+  EXPECT_EQ(view->members.size(), static_cast<size_t>(kWorld));
+  ASSERT_EQ(view->hosts.size(), static_cast<size_t>(kWorld / kPerHost));
+  ASSERT_EQ(view->rank_host.size(), static_cast<size_t>(kWorld));
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_EQ(view->rank_host[r], r / kPerHost);
+    EXPECT_EQ(view->hosts[view->rank_host[r]].host_id, view->members[r].host_id);
+    EXPECT_EQ(view->hosts[view->rank_host[r]].host_address, view->members[r].host_address);
+  }
+}
+
 // A join that the test waits for (JoinAsync with a generation).
 struct PendingJoin {
   absl::Notification done;
-  absl::StatusOr<server::GroupView> view = absl::UnknownError("no answer");
+  absl::StatusOr<std::shared_ptr<const server::GroupView>> view = absl::UnknownError("no answer");
   void Start(server::GroupRegistry& registry, const std::string& group, int world, int rank, const std::string& host,
              int64_t generation) {
     server::MemberInfo m;
@@ -556,7 +606,7 @@ struct PendingJoin {
     m.host_id = host;
     registry.JoinAsync(
         "job", group, world, m, absl::Now() + absl::Seconds(10),
-        [this](absl::StatusOr<server::GroupView> v) {
+        [this](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
           view = std::move(v);
           done.Notify();
         },
@@ -609,8 +659,8 @@ TEST(GroupRegistryReformTest, TheNextGenerationOfANameEndsTheEarlierOneForEveryM
   ASSERT_TRUE(r0.Wait() && r1.Wait());
   ASSERT_TRUE(r0.view.ok()) << r0.view.status();
   ASSERT_TRUE(r1.view.ok()) << r1.view.status();
-  EXPECT_EQ(r0.view->generation, 2);
-  EXPECT_EQ(r1.view->members.size(), 2u);
+  EXPECT_EQ((*r0.view)->generation, 2);
+  EXPECT_EQ((*r1.view)->members.size(), 2u);
   // A generation-3 join waiting when generation 4 begins fails, naming why.
   PendingJoin g3, g4;
   g3.Start(registry, "g", 2, 1, "a", 3);
@@ -621,7 +671,7 @@ TEST(GroupRegistryReformTest, TheNextGenerationOfANameEndsTheEarlierOneForEveryM
   EXPECT_THAT(std::string(g3.view.status().message()), HasSubstr("a rank joined generation 4"));
   ASSERT_TRUE(g4.Wait());
   ASSERT_TRUE(g4.view.ok()) << g4.view.status();
-  EXPECT_EQ(g4.view->generation, 4);
+  EXPECT_EQ((*g4.view)->generation, 4);
   // Every rank left generation 4: a member's watch learns it ENDED (not adopted again),
   // and the name forms again as generation 5.
   ASSERT_TRUE(registry.Leave("job", "g", 0, 4).ok());
