@@ -516,7 +516,7 @@ void Group::Watch() {
     params.known = watch_known_;
     params.wait = env_.lease_renewal;
     params.credential = credential_;
-    for (int r = 0; r < topology_.world_size; ++r) {
+    for (int r = 0; watch_with_members_ && r < topology_.world_size; ++r) {
       const int h = topology_.rank_host[r];
       params.members.push_back(Member{r, topology_.host_ids[h], topology_.host_addresses[h]});
     }
@@ -559,55 +559,64 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
     if (!events.ok() || events->generation != topology_.generation) {
       // Unreachable or restarted coordinator: try again later (the data path needs it not).
       const absl::StatusCode code = events.status().code();
-      if (code != absl::StatusCode::kUnimplemented && code != absl::StatusCode::kCancelled) {
-        rewatch_at_ = absl::Now() + absl::Seconds(1);
-      }
       if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
-      return;
-    }
-    if (events->state != "FORMED" && events->state != "BROKEN") {
-      // SUPERSEDED or ENDED: the coordinator has done with this generation.
-      FailLocked(absl::UnavailableError(absl::StrCat(
-          "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
-          " at the coordinator: ",
-          events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
-                                        : "every rank left it",
-          "); re-form the group (reconfigure) to go on")));
-      ++progress_version_;
-      return;
-    }
-    std::set<int> lost_hosts;
-    std::vector<int> lost_ranks;
-    std::string lost_reason;
-    const auto& departures = events->departures;
-    for (size_t i = static_cast<size_t>(watch_known_); i < departures.size(); ++i) {
-      const Departure& d = departures[i];
-      if (d.rank < 0 || d.rank >= topology_.world_size) continue;  // not of this generation
-      if (d.host_lost) {
-        lost_hosts.insert(topology_.rank_host[d.rank]);
-        lost_ranks.push_back(d.rank);
-        lost_reason = d.reason;
-      } else if (topology_.local_ranks.count(d.rank) == 0 && remote_departed_.insert(d.rank).second) {
-        left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
-                                                                      params_.name, "\" (the coordinator: ", d.reason,
-                                                                      ")")));
-        remote_left_[d.rank] = std::string(left.back().second.message());
-      }
-    }
-    watch_known_ = static_cast<int>(departures.size());
-    if (!lost_ranks.empty()) {
-      const bool self_lost = lost_hosts.count(topology_.host_index) != 0;
-      FailLocked(absl::UnavailableError(absl::StrCat(
-          "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
-          " at the coordinator): ranks [", absl::StrJoin(lost_ranks, ", "), "] ",
-          self_lost ? "are taken as lost with this host (" : "were lost with their host (", lost_reason,
-          "); re-form the group (reconfigure) to go on")));
-      ++progress_version_;
-      for (int h : lost_hosts) {
-        if (comm_ != nullptr && h != topology_.host_index) comm_->ShutdownPeer(h);
+      if (code == absl::StatusCode::kNotFound && !watch_with_members_) {
+        // A coordinator that restarted does not know the generation: again at once (below),
+        // with the membership it can adopt the generation from.
+        watch_with_members_ = true;
+        rewatch = true;
+      } else {
+        if (code != absl::StatusCode::kUnimplemented && code != absl::StatusCode::kCancelled) {
+          rewatch_at_ = absl::Now() + absl::Seconds(1);
+        }
+        return;
       }
     } else {
-      rewatch = true;
+      watch_with_members_ = false;
+      if (events->state != "FORMED" && events->state != "BROKEN") {
+        // SUPERSEDED or ENDED: the coordinator has done with this generation.
+        FailLocked(absl::UnavailableError(absl::StrCat(
+            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+            " at the coordinator: ",
+            events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
+                                          : "every rank left it",
+            "); re-form the group (reconfigure) to go on")));
+        ++progress_version_;
+        return;
+      }
+      std::set<int> lost_hosts;
+      std::vector<int> lost_ranks;
+      std::string lost_reason;
+      const auto& departures = events->departures;
+      for (size_t i = static_cast<size_t>(watch_known_); i < departures.size(); ++i) {
+        const Departure& d = departures[i];
+        if (d.rank < 0 || d.rank >= topology_.world_size) continue;  // not of this generation
+        if (d.host_lost) {
+          lost_hosts.insert(topology_.rank_host[d.rank]);
+          lost_ranks.push_back(d.rank);
+          lost_reason = d.reason;
+        } else if (topology_.local_ranks.count(d.rank) == 0 && remote_departed_.insert(d.rank).second) {
+          left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
+                                                                        params_.name, "\" (the coordinator: ", d.reason,
+                                                                        ")")));
+          remote_left_[d.rank] = std::string(left.back().second.message());
+        }
+      }
+      watch_known_ = static_cast<int>(departures.size());
+      if (!lost_ranks.empty()) {
+        const bool self_lost = lost_hosts.count(topology_.host_index) != 0;
+        FailLocked(absl::UnavailableError(absl::StrCat(
+            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+            " at the coordinator): ranks [", absl::StrJoin(lost_ranks, ", "), "] ",
+            self_lost ? "are taken as lost with this host (" : "were lost with their host (", lost_reason,
+            "); re-form the group (reconfigure) to go on")));
+        ++progress_version_;
+        for (int h : lost_hosts) {
+          if (comm_ != nullptr && h != topology_.host_index) comm_->ShutdownPeer(h);
+        }
+      } else {
+        rewatch = true;
+      }
     }
   }
   if (p2p != nullptr) {

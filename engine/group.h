@@ -287,6 +287,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::function<void()> cancel_watch_ ABSL_GUARDED_BY(mu_);
   int watch_known_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time rewatch_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // The last watch was answered NOT_FOUND (the coordinator restarted): the next one carries
+  // the membership, for adoption (CoordinatorLink::WatchParams::members).
+  bool watch_with_members_ ABSL_GUARDED_BY(mu_) = false;
 
   // Fixed once formed_ (before the executor starts); read without the lock afterwards.
   Topology topology_;

@@ -81,7 +81,9 @@ class CoordinatorLink {
     absl::Duration wait;
     std::string credential;
     // The generation's membership as this host knows it (every rank), so that a coordinator
-    // that restarted after it formed can adopt it.
+    // that restarted after it formed can adopt it. Empty unless the last watch was answered
+    // NOT_FOUND: a host re-watches about every second, and sending every rank each time
+    // would cost the coordinator O(hosts x world_size) a second.
     std::vector<Member> members;
   };
   virtual std::function<void()> WatchGroup(const WatchParams& params,

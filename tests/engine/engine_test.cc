@@ -629,6 +629,32 @@ TEST(EngineTest, RankThatLeavesIsNamedInEveryHostsCollectivesAndPointToPointGoes
   EXPECT_TRUE(left);
 }
 
+// A host re-watches its generation about every second: its watches carry no membership
+// (O(world_size) each) except the one right after a NOT_FOUND answer (a restarted
+// coordinator adopts the generation from it); the next answered watch drops it again.
+TEST(EngineTest, WatchesCarryTheMembershipOnlyAfterTheCoordinatorForgotTheGeneration) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("forgotten", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  auto watches_reach = [&](int n) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (cluster.coordinator().watches_started("forgotten") < n && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return cluster.coordinator().watches_started("forgotten") >= n;
+  };
+  ASSERT_TRUE(watches_reach(2));
+  EXPECT_THAT(cluster.coordinator().watch_members("forgotten"), ::testing::ElementsAre(0, 0));
+  cluster.coordinator().Forget("forgotten");
+  // Both hosts watch again at once (no 1 s retry), each with every rank.
+  ASSERT_TRUE(watches_reach(4));
+  EXPECT_THAT(cluster.coordinator().watch_members("forgotten"), ::testing::ElementsAre(0, 0, 4, 4));
+  // Answered (a rank of host 1 left): the next watches carry no membership again.
+  cluster.coordinator().Depart("forgotten", engine::Departure{3, "host1", "left: the test says so", false});
+  ASSERT_TRUE(watches_reach(6));
+  EXPECT_THAT(cluster.coordinator().watch_members("forgotten"), ::testing::ElementsAre(0, 0, 4, 4, 0, 0));
+}
+
 TEST(EngineTest, ARemoteRankThatLeftFailsPointToPointWithItButNeverBeforeItsEarlierMessages) {
   TestCluster cluster(2);
   auto formed = cluster.Form("remote-leave", 4);

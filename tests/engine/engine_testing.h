@@ -97,6 +97,23 @@ class FakeCoordinator {
     }
     for (auto& done : answer) done(events);
   }
+  // A coordinator that restarted and knows no generation: every waiting watch of (job
+  // "test", `group`) is answered NOT_FOUND.
+  void Forget(const std::string& group) {
+    std::vector<std::function<void(absl::StatusOr<engine::GroupEvents>)>> answer;
+    {
+      absl::MutexLock lock(&mu_);
+      const std::string key = "test/" + group;
+      for (auto& [id, w] : watches_[key]) answer.push_back(std::move(w));
+      watches_[key].clear();
+    }
+    for (auto& done : answer) done(absl::NotFoundError("no such generation (the coordinator restarted)"));
+  }
+  // How many members each watch of (job "test", `group`) carried, in the order they started.
+  std::vector<size_t> watch_members(const std::string& group) {
+    absl::MutexLock lock(&mu_);
+    return watch_members_["test/" + group];
+  }
   // Watches of (job "test", `group`) started so far, by every host.
   int watches_started(const std::string& group) {
     absl::MutexLock lock(&mu_);
@@ -187,6 +204,7 @@ class FakeCoordinator {
     {
       absl::MutexLock lock(&mu_);
       ++watches_started_[key];
+      watch_members_[key].push_back(p.members.size());
       if (departures_[key].size() <= static_cast<size_t>(p.known)) {
         const int64_t id = ++next_watch_;
         watches_[key][id] = std::move(done);
@@ -265,6 +283,7 @@ class FakeCoordinator {
   std::map<std::string, std::map<int64_t, std::function<void(absl::StatusOr<engine::GroupEvents>)>>> watches_
       ABSL_GUARDED_BY(mu_);
   std::map<std::string, int> watches_started_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<size_t>> watch_members_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
   InMemoryRendezvousStore store_;
 };

@@ -116,8 +116,9 @@ TEST(CoordinatorRestartTest, RendezvousRidesOutARestart) {
   }
 }
 
-// A restarted coordinator has no record of the groups formed before it: the sidecars'
-// watches carry the membership, and it adopts the running group from the first one (so
+// A restarted coordinator has no record of the groups formed before it: it answers the
+// sidecars' watches NOT_FOUND, their next watches carry the membership, and it adopts the
+// running group from the first one (so
 // collservectl describe knows it again) with leases for its member hosts. A sidecar then
 // stopped (SIGSTOP: silent, its connections open) is taken as lost, and the other host's
 // ranks fail at once, naming the lost ranks, instead of at their op timeout (60 s).
