@@ -117,3 +117,21 @@ def test_store_bench_measures_every_column():
     latencies = [row for row in rows if row[0].strip() == "0"]
     assert len(latencies) == 1, r.stdout
     assert all(float(v) > 0 for v in latencies[0][1:5]), r.stdout  # fdatasync, torch, endpoint, gRPC
+
+
+def test_rendezvous_bench_at_64_ranks():
+    """bench/rendezvous_bench.py (bench/RESULTS.md, issue 18's rendezvous at scale) at K = 64:
+    both rendezvous complete (each checks every rank's answer) and report a time. Speed is
+    not asserted."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",
+                          "rendezvous_bench.py")
+    r = subprocess.run([sys.executable, script, "--build", BUILD, "--reps", "1", "--ranks", "64", "--timeout_s", "60"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    measured = [row for row in rows if row[0].strip() == "64"]
+    assert len(measured) == 1, r.stdout
+    assert float(measured[0][1]) > 0 and float(measured[0][2]) > 0, r.stdout  # torch, collserve seconds
+    assert int(measured[0][3]) > 0, r.stdout  # one answer's bytes
