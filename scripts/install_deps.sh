@@ -12,6 +12,7 @@ packages=(
   iproute2 nftables procps util-linux openssl libssl-dev
   clang libclang-rt-14-dev
   prometheus
+  etcd-server
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -5,6 +5,8 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <prometheus/exposer.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
@@ -22,15 +24,31 @@ class CoordinatorImpl : public Coordinator {
   ~CoordinatorImpl() override { Shutdown(absl::Seconds(5)); }
 
   absl::Status Init(const CoordinatorOptions& options) {
+    const bool etcd = !options.etcd.endpoints.empty();
+    if (etcd && !options.store.data_dir.empty()) {
+      return absl::InvalidArgumentError("a store in etcd (--etcd_endpoints) and in --data_dir: choose one");
+    }
+    const int64_t max_value_bytes =
+        etcd ? std::min(options.store.max_value_bytes, options.etcd.max_value_bytes) : options.store.max_value_bytes;
     if (options.rpc_memory_bytes <= options.store.max_value_bytes + (1 << 20)) {
       return absl::InvalidArgumentError(absl::StrCat("rpc_memory_bytes (", options.rpc_memory_bytes,
                                                      ") must exceed max_value_bytes (", options.store.max_value_bytes,
                                                      ") + 1 MiB: one Set of the largest value must fit"));
     }
     trimmer_ = std::make_unique<MemoryTrimmer>(absl::Seconds(2));
-    auto store = store::NewMemoryStore(options.store);
+    absl::StatusOr<std::unique_ptr<store::Store>> store;
+    if (etcd) {
+      EtcdStoreOptions e = options.etcd;
+      e.max_key_bytes = options.store.max_key_bytes;
+      e.max_value_bytes = max_value_bytes;
+      store = NewEtcdStore(e);
+    } else {
+      store = store::NewMemoryStore(options.store);
+    }
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
+    // Writes that wait (for an fdatasync, or for etcd) run on threads of their own.
+    const int write_threads = options.store.data_dir.empty() && !etcd ? 0 : options.store_write_threads;
     auto job_credentials = JobCredentials::Create(options.credentials, store_.get());
     if (!job_credentials.ok()) return job_credentials.status();
     credentials_ = std::move(*job_credentials);
@@ -39,9 +57,7 @@ class CoordinatorImpl : public Coordinator {
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
     grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
-    // A durable store's writes wait for their fdatasync: on threads of their own (group commit).
-    store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_,
-                                                    options.store.data_dir.empty() ? 0 : options.store_write_threads);
+    store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_, write_threads);
     registry_service_ = std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_);
     auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
 
@@ -85,8 +101,8 @@ class CoordinatorImpl : public Coordinator {
       t.listen_address = options.tcpstore_address;
       t.job = options.tcpstore_job;
       t.max_key_bytes = options.store.max_key_bytes;
-      t.max_value_bytes = options.store.max_value_bytes;
-      t.write_threads = options.store.data_dir.empty() ? 0 : options.store_write_threads;
+      t.max_value_bytes = max_value_bytes;
+      t.write_threads = write_threads;
       auto tcpstore = TcpStoreServer::Start(*store_, t);
       if (!tcpstore.ok()) return tcpstore.status();
       tcpstore_ = std::move(*tcpstore);

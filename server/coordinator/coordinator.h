@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "server/common/tls.h"
 #include "server/coordinator/credentials.h"
+#include "server/coordinator/etcd_store.h"
 #include "server/coordinator/group_registry.h"
 #include "server/coordinator/tcpstore_server.h"
 #include "store/store.h"
@@ -22,6 +23,11 @@ struct CoordinatorOptions {
   std::string metrics_address;
   // Store limits and durability (data_dir "" = memory only).
   store::StoreOptions store;
+  // With etcd.endpoints set, the store lives in etcd (etcd_store.h) instead of this process,
+  // so that several coordinators serve one store: store.data_dir must then be empty, and
+  // the store's value limit is the smaller of store.max_value_bytes and etcd.max_value_bytes
+  // (the per-job and total quotas do not apply; etcd's --quota-backend-bytes does).
+  EtcdStoreOptions etcd;
   // host:port of the TCPStore-compatible endpoint (tcpstore_server.h); "" = none.
   std::string tcpstore_address;
   // The job namespace of keys written through that endpoint.
@@ -36,7 +42,7 @@ struct CoordinatorOptions {
   int64_t rpc_memory_bytes = int64_t{512} << 20;
   // With store.data_dir: the threads that run the gRPC store writes, each waiting for the
   // fdatasync that covers its write, so up to this many concurrent writes share one
-  // (group commit). Unused by a memory-only store.
+  // (group commit); with etcd, each waiting for etcd's answer. Unused by a memory-only store.
   int store_write_threads = 64;
   // TLS of the gRPC API (ServerTlsOptions; default plaintext). The TCPStore endpoint speaks
   // torch's plaintext protocol regardless.

@@ -2,10 +2,13 @@
 #include <glog/logging.h>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
@@ -18,6 +21,12 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
 ABSL_FLAG(std::string, data_dir, "",
           "Directory for the store's write-ahead log and snapshots; empty keeps the store in "
           "memory only (lost on restart).");
+ABSL_FLAG(std::vector<std::string>, etcd_endpoints, {},
+          "Keep the store in etcd (host:port of each member's client URL, comma-separated) instead of this "
+          "process, so that several coordinators serve one store (docs/operations.md). Not with --data_dir.");
+ABSL_FLAG(std::string, etcd_prefix, "collserve/", "With --etcd_endpoints: every key the store writes starts with it.");
+ABSL_FLAG(absl::Duration, etcd_call_timeout, absl::Seconds(10),
+          "With --etcd_endpoints: the deadline of each call to etcd (an unanswered one is UNAVAILABLE).");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
 ABSL_FLAG(int64_t, parent_pid, 0,
           "If set, the pid of the process that starts this daemon (a training process embedding it): the "
@@ -125,6 +134,9 @@ int main(int argc, char** argv) {
   }
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.store.data_dir = absl::GetFlag(FLAGS_data_dir);
+  options.etcd.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  options.etcd.prefix = absl::GetFlag(FLAGS_etcd_prefix);
+  options.etcd.call_timeout = absl::GetFlag(FLAGS_etcd_call_timeout);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
   options.store.max_keys = absl::GetFlag(FLAGS_max_keys);
   options.store.max_total_bytes = absl::GetFlag(FLAGS_max_store_bytes);
@@ -161,8 +173,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "collserve-coordinator serving on port " << (*coordinator)->port()
-            << (options.store.data_dir.empty() ? " (memory-only store)"
-                                               : " (store in " + options.store.data_dir + ")")
+            << (!options.etcd.endpoints.empty()
+                    ? " (store in etcd at " + absl::StrJoin(options.etcd.endpoints, ",") + ")"
+                    : options.store.data_dir.empty() ? " (memory-only store)"
+                                                     : " (store in " + options.store.data_dir + ")")
             << (options.credentials.allow_unauthenticated ? "; calls without a token are allowed"
                                                           : "; every call needs a token");
   // The TCPStore port file first: a launcher that waits for --port_file then finds both.

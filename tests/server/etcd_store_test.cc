@@ -1,0 +1,248 @@
+// The etcd store (server/coordinator/etcd_store.h) against a real etcd on loopback
+// (Debian's etcd-server, started by the test): the store conformance suite, the
+// exactly-once writes, waits across a restart of etcd, and a 3-member cluster losing the
+// member the store talks to.
+#include "server/coordinator/etcd_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "collserve/client.h"
+#include "server/coordinator/coordinator.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/store_conformance.h"
+
+namespace collserve::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One single-member etcd for the conformance suite (every store gets a fresh prefix),
+// started before the first test and stopped after the last.
+class SharedEtcdEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    auto c = EtcdCluster::Start(1);
+    if (!c.ok()) {
+      ADD_FAILURE() << c.status() << " (scripts/install_deps.sh installs etcd-server)";
+      return;
+    }
+    cluster = std::move(*c);
+  }
+  void TearDown() override { cluster.reset(); }
+  std::unique_ptr<EtcdCluster> cluster;
+};
+SharedEtcdEnvironment* const shared_etcd =
+    static_cast<SharedEtcdEnvironment*>(::testing::AddGlobalTestEnvironment(new SharedEtcdEnvironment));
+
+EtcdCluster* SharedEtcd() { return shared_etcd->cluster.get(); }
+
+absl::StatusOr<std::unique_ptr<store::Store>> NewStore(const std::vector<std::string>& endpoints,
+                                                       absl::Duration call_timeout = absl::Seconds(10)) {
+  static std::atomic<int> next{0};
+  server::EtcdStoreOptions options;
+  options.endpoints = endpoints;
+  options.prefix = absl::StrCat("test-", getpid(), "-", next.fetch_add(1), "/");
+  options.call_timeout = call_timeout;
+  return server::NewEtcdStore(options);
+}
+
+std::unique_ptr<store::Store> ConformanceStore() {
+  EtcdCluster* etcd = SharedEtcd();
+  if (etcd == nullptr) return nullptr;
+  auto s = NewStore(etcd->endpoints());
+  EXPECT_TRUE(s.ok()) << s.status() << etcd->Logs();
+  return s.ok() ? std::move(*s) : nullptr;
+}
+
+INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformanceTest, ::testing::Values(StoreFactory{"etcd", ConformanceStore}),
+                         StoreFactoryName);
+
+TEST(EtcdStoreTest, RetriedWritesWithARequestIdAreAppliedOnce) {
+  ASSERT_NE(SharedEtcd(), nullptr);
+  auto s = NewStore(SharedEtcd()->endpoints());
+  ASSERT_TRUE(s.ok()) << s.status();
+  store::Store& store = **s;
+  EXPECT_THAT(store.AddOnce("n", 5, "req-1"), IsOkAndHolds(5));
+  EXPECT_THAT(store.AddOnce("n", 5, "req-1"), IsOkAndHolds(5));  // the retry: the first answer
+  EXPECT_THAT(store.AddOnce("n", 5, "req-2"), IsOkAndHolds(10));
+  EXPECT_THAT(store.Get("n", absl::ZeroDuration()), IsOkAndHolds("10"));
+  EXPECT_THAT(store.CompareSetOnce("c", "", "first", "req-3"), IsOkAndHolds("first"));
+  EXPECT_THAT(store.CompareSetOnce("c", "", "first", "req-3"), IsOkAndHolds("first"));
+  EXPECT_THAT(store.AppendOnce("a", "x", "req-4"), IsOk());
+  EXPECT_THAT(store.AppendOnce("a", "x", "req-4"), IsOk());
+  EXPECT_THAT(store.Get("a", absl::ZeroDuration()), IsOkAndHolds("x"));
+  EXPECT_THAT(store.DeleteKeyOnce("a", "req-5"), IsOkAndHolds(true));
+  EXPECT_THAT(store.DeleteKeyOnce("a", "req-5"), IsOkAndHolds(true));
+  // A write that did not apply is not remembered: its retry is evaluated afresh.
+  EXPECT_THAT(store.DeleteKeyOnce("gone", "req-6"), IsOkAndHolds(false));
+  ASSERT_THAT(store.Set("gone", "v"), IsOk());
+  EXPECT_THAT(store.DeleteKeyOnce("gone", "req-6"), IsOkAndHolds(true));
+  // Request ids live outside the store's keys.
+  EXPECT_THAT(store.NumKeys(""), IsOkAndHolds(2));  // n, c
+}
+
+TEST(EtcdStoreTest, ConcurrentAddsFromSeveralStoresOnOneEtcdAreNotLost) {
+  // Several coordinator replicas over one etcd: each has its own store.
+  ASSERT_NE(SharedEtcd(), nullptr);
+  server::EtcdStoreOptions options;
+  options.endpoints = SharedEtcd()->endpoints();
+  options.prefix = absl::StrCat("replicas-", getpid(), "/");
+  std::vector<std::unique_ptr<store::Store>> replicas;
+  for (int i = 0; i < 3; ++i) {
+    auto s = server::NewEtcdStore(options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    replicas.push_back(std::move(*s));
+  }
+  constexpr int kPerThread = 40;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) EXPECT_THAT(replicas[t % 3]->Add("counter", 1), IsOk());
+    });
+  }
+  // A wait on one replica is woken by a write through another.
+  absl::Notification woken;
+  replicas[0]->WaitAsync({"done"}, absl::Now() + absl::Seconds(30), [&](absl::Status st) {
+    EXPECT_TRUE(st.ok()) << st;
+    woken.Notify();
+  });
+  for (auto& th : threads) th.join();
+  ASSERT_THAT(replicas[2]->Set("done", "1"), IsOk());
+  EXPECT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_THAT(replicas[1]->Get("counter", absl::ZeroDuration()), IsOkAndHolds(absl::StrCat(6 * kPerThread)));
+}
+
+TEST(EtcdStoreTest, AWaitOutlivesARestartOfEtcd) {
+  auto etcd = EtcdCluster::Start(1);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  auto s = NewStore((*etcd)->endpoints());
+  ASSERT_TRUE(s.ok()) << s.status() << (*etcd)->Logs();
+  store::Store& store = **s;
+  ASSERT_THAT(store.Set("before", "1"), IsOk());
+  absl::Notification woken;
+  absl::Status result;
+  store.WaitAsync({"after"}, absl::Now() + absl::Seconds(60), [&](absl::Status st) {
+    result = st;
+    woken.Notify();
+  });
+  (*etcd)->Kill(0);
+  EXPECT_THAT(store.Get("before", absl::ZeroDuration()), StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE((*etcd)->Restart(0).ok());
+  // Acknowledged writes survived; the wait, registered before the restart, is woken by a
+  // write after it.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::string> before = absl::UnknownError("not read");
+  while (absl::Now() < until && !(before = store.Get("before", absl::ZeroDuration())).ok()) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_THAT(before, IsOkAndHolds("1")) << (*etcd)->Logs();
+  ASSERT_THAT(store.Set("after", "2"), IsOk());
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(result.ok()) << result;
+}
+
+TEST(EtcdStoreTest, AThreeMemberClusterLosingTheStoresMemberLosesNoAcknowledgedWrite) {
+  auto etcd = EtcdCluster::Start(3);
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  // A new cluster answers once it elected its first leader.
+  absl::StatusOr<std::unique_ptr<store::Store>> s = absl::UnknownError("not tried");
+  for (const absl::Time until = absl::Now() + absl::Seconds(30); absl::Now() < until && !s.ok();) {
+    s = NewStore((*etcd)->endpoints(), absl::Seconds(2));
+  }
+  ASSERT_TRUE(s.ok()) << s.status() << (*etcd)->Logs();
+  store::Store& store = **s;
+  // Writes in a loop; the member the channel picked first (the first endpoint) is killed.
+  std::atomic<int> acknowledged{0};
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      // A write whose answer was lost (UNAVAILABLE) may still have landed: it is written
+      // again under the same key, as a client retries.
+      if (store.Set(absl::StrCat("k", acknowledged.load()), "v").ok()) acknowledged.fetch_add(1);
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  (*etcd)->Kill(0);
+  // A write sent to a member while the cluster elects a new leader waits for its deadline
+  // (etcd drops the proposal); the next ones go through.
+  const absl::Time killed = absl::Now();
+  const int at_kill = acknowledged.load();
+  while (acknowledged.load() < at_kill + 20 && absl::Now() < killed + absl::Seconds(30)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  const absl::Duration recovered = absl::Now() - killed;
+  stop = true;
+  writer.join();
+  ASSERT_GE(acknowledged.load(), at_kill + 20) << "writes did not go on after the member died" << (*etcd)->Logs();
+  std::printf("20 writes after the member died within %s\n", absl::FormatDuration(recovered).c_str());
+  // Every acknowledged write is there (one more may have landed unacknowledged).
+  absl::StatusOr<int64_t> keys = store.NumKeys("k");
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_GE(*keys, acknowledged.load());
+  EXPECT_LE(*keys, acknowledged.load() + 1);
+  for (int i = 0; i < acknowledged.load(); ++i) {
+    ASSERT_THAT(store.Get(absl::StrCat("k", i), absl::ZeroDuration()), IsOkAndHolds("v")) << "k" << i;
+  }
+}
+
+// Two coordinators over one etcd serve one store: a write through one is read, and wakes a
+// wait, through the other.
+TEST(EtcdStoreTest, TwoCoordinatorsOverOneEtcdServeOneStore) {
+  ASSERT_NE(SharedEtcd(), nullptr);
+  std::vector<std::unique_ptr<server::Coordinator>> replicas;
+  for (int i = 0; i < 2; ++i) {
+    server::CoordinatorOptions o;
+    o.listen_address = "127.0.0.1:0";
+    o.credentials.allow_unauthenticated = true;
+    o.etcd.endpoints = SharedEtcd()->endpoints();
+    o.etcd.prefix = absl::StrCat("coordinators-", getpid(), "/");
+    auto started = server::Coordinator::Start(o);
+    ASSERT_TRUE(started.ok()) << started.status();
+    replicas.push_back(std::move(*started));
+  }
+  std::vector<std::unique_ptr<client::StoreClient>> clients;
+  for (auto& r : replicas) {
+    client::StoreClientOptions o;
+    o.job = "shared";
+    auto c = client::StoreClient::Connect(absl::StrCat("127.0.0.1:", r->port()), o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(std::move(*c));
+  }
+  std::thread waiter([&] { EXPECT_THAT(clients[1]->Get("late", absl::Seconds(20)), IsOkAndHolds("here")); });
+  ASSERT_THAT(clients[0]->Set("k", "v"), IsOk());
+  EXPECT_THAT(clients[1]->Get("k", absl::ZeroDuration()), IsOkAndHolds("v"));
+  EXPECT_THAT(clients[0]->Add("n", 2), IsOkAndHolds(2));
+  EXPECT_THAT(clients[1]->Add("n", 3), IsOkAndHolds(5));
+  ASSERT_THAT(clients[0]->Set("late", "here"), IsOk());
+  waiter.join();
+  // The etcd store's value limit applies (etcd's requests are bounded).
+  EXPECT_THAT(clients[0]->Set("big", std::string(2 << 20, 'x')), StatusIs(absl::StatusCode::kInvalidArgument));
+  // Both at once is refused.
+  server::CoordinatorOptions both;
+  both.listen_address = "127.0.0.1:0";
+  both.credentials.allow_unauthenticated = true;
+  both.etcd.endpoints = SharedEtcd()->endpoints();
+  both.store.data_dir = "/nonexistent";
+  EXPECT_THAT(server::Coordinator::Start(both), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(EtcdStoreTest, BadOptionsAndAnUnreachableEtcdAreClearErrors) {
+  server::EtcdStoreOptions options;
+  EXPECT_THAT(server::NewEtcdStore(options), StatusIs(absl::StatusCode::kInvalidArgument));
+  options.endpoints = {absl::StrCat("127.0.0.1:", UnusedPort())};
+  options.call_timeout = absl::Milliseconds(300);
+  auto s = server::NewEtcdStore(options);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("etcd at 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace collserve::testing

@@ -1,0 +1,42 @@
+// An etcd cluster on loopback for tests (Debian's etcd-server: /usr/bin/etcd), in a fresh
+// temp dir, torn down (processes killed, dir removed) on destruction.
+#ifndef COLLSERVE_TESTS_TESTING_ETCD_CLUSTER_H_
+#define COLLSERVE_TESTS_TESTING_ETCD_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/testing/process.h"
+
+namespace collserve::testing {
+
+// The etcd server binary; "" when it is not installed (tests then skip, saying so).
+std::string EtcdBinary();
+
+class EtcdCluster {
+ public:
+  // Starts `members` etcd members (a fresh cluster) on loopback ports; does not wait for a
+  // leader (a client's first call does, within its deadline).
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members);
+  ~EtcdCluster();
+  // "127.0.0.1:<port>" of each member's client URL.
+  std::vector<std::string> endpoints() const;
+  // Kills member i (SIGKILL) / starts it again with the same data dir and ports.
+  void Kill(int i);
+  absl::Status Restart(int i);
+  std::string Logs() const;
+
+ private:
+  EtcdCluster() = default;
+  absl::Status StartMember(int i, bool fresh);
+  std::string dir_;
+  std::vector<int> client_ports_;
+  std::vector<int> peer_ports_;
+  std::vector<std::unique_ptr<Process>> members_;
+};
+
+}  // namespace collserve::testing
+
+#endif  // COLLSERVE_TESTS_TESTING_ETCD_CLUSTER_H_
