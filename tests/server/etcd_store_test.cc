@@ -223,8 +223,22 @@ TEST(EtcdStoreTest, TwoCoordinatorsOverOneEtcdServeOneStore) {
   EXPECT_THAT(clients[1]->Add("n", 3), IsOkAndHolds(5));
   ASSERT_THAT(clients[0]->Set("late", "here"), IsOk());
   waiter.join();
+  // A client given both replicas' addresses (gRPC's ipv4: target; a Service name resolving
+  // to every replica does the same) goes on through the other when its replica stops.
+  {
+    client::StoreClientOptions o;
+    o.job = "shared";
+    auto both = client::StoreClient::Connect(
+        absl::StrCat("ipv4:127.0.0.1:", replicas[0]->port(), ",127.0.0.1:", replicas[1]->port()), o);
+    ASSERT_TRUE(both.ok()) << both.status();
+    EXPECT_THAT((*both)->Add("n", 1), IsOkAndHolds(6));  // through replica 0 (pick_first)
+    replicas[0].reset();
+    clients[0].reset();
+    EXPECT_THAT((*both)->Add("n", 1), IsOkAndHolds(7));
+    EXPECT_THAT((*both)->Get("late", absl::Seconds(10)), IsOkAndHolds("here"));
+  }
   // The etcd store's value limit applies (etcd's requests are bounded).
-  EXPECT_THAT(clients[0]->Set("big", std::string(2 << 20, 'x')), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(clients[1]->Set("big", std::string(2 << 20, 'x')), StatusIs(absl::StatusCode::kInvalidArgument));
   // Both at once is refused.
   server::CoordinatorOptions both;
   both.listen_address = "127.0.0.1:0";
