@@ -2,7 +2,7 @@
 # Sanitizer runs of the test suite (not part of scripts/test.sh or CI):
 #   asan  build-asan (CMake preset asan: AddressSanitizer + LeakSanitizer + UBSan), every
 #         ctest suite but the excluded ones below; the Python suites with libasan preloaded.
-#   tsan  build-tsan (preset tsan: ThreadSanitizer), the store, client, engine and sidecar
+#   tsan  build-tsan (preset tsan: ThreadSanitizer), the store (memory and etcd), client, engine and sidecar
 #         unit and integration tests (by test binary, see TSAN_BINARIES).
 # Each configures, builds (-j2, niced) and runs its tests. Every sanitized process writes its
 # reports to <build>/sanitizer-logs/ (log_path), daemons and ranks that tests start included,
@@ -34,7 +34,7 @@ ASAN_NO_VPTR='^AttackTest\.RunningOutOfDescriptorsIsSurvived$'
 TSAN_BINARIES="tests/store/memory_store_test tests/server/coordinator_test tests/server/tcpstore_server_test
   tests/client/init_options_test tests/engine/engine_test tests/engine/device_step_test
   tests/integration/allreduce_test tests/integration/errors_test tests/integration/surface_test
-  tests/integration/coordinator_process_test"
+  tests/integration/coordinator_process_test tests/server/etcd_store_test"
 
 declare -a TIMES=()
 declare -a DIGEST=()  # one line per sanitizer report, repeated after the phase durations
