@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -18,6 +20,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/pem.h"
 #include "common/status_macros.h"
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 
@@ -47,6 +50,16 @@ std::string PrefixEnd(absl::string_view prefix) {
     end.pop_back();
   }
   return std::string(1, '\0');
+}
+
+// The contents of a PEM file (CheckPemFile's checks first).
+absl::StatusOr<std::string> ReadPem(const std::string& what, const std::string& path) {
+  COLLSERVE_RETURN_IF_ERROR(CheckPemFile(what, path));
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  if (!in.good() && !in.eof()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " cannot be read"));
+  return contents.str();
 }
 
 bool AllIpv4Literals(const std::vector<std::string>& endpoints) {
@@ -789,7 +802,21 @@ absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOption
   const std::string target = AllIpv4Literals(options.endpoints)
                                  ? absl::StrCat("ipv4:", absl::StrJoin(options.endpoints, ","))
                                  : options.endpoints.front();
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.ca_file.empty() || !options.cert_file.empty() || !options.key_file.empty()) {
+    if (options.ca_file.empty() || options.cert_file.empty() != options.key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "etcd TLS needs a CA file, and a client certificate and its key together (or neither)");
+    }
+    grpc::SslCredentialsOptions ssl;
+    COLLSERVE_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPem("etcd CA file", options.ca_file));
+    if (!options.cert_file.empty()) {
+      COLLSERVE_ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPem("etcd client certificate", options.cert_file));
+      COLLSERVE_ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPem("etcd client key", options.key_file));
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   auto store = std::make_unique<EtcdStore>(options, std::move(channel));
   COLLSERVE_RETURN_IF_ERROR(store->Start());
   return store;

@@ -61,13 +61,22 @@ struct EtcdStoreOptions {
   // etcd refuses requests over its --max-request-bytes (1.5 MiB by default).
   int64_t max_value_bytes = 1 << 20;
   absl::Duration request_id_ttl = absl::Hours(1);
+  // TLS to etcd (its https client URLs): set ca_file to verify the members' certificates
+  // against it (they must name the endpoint's host), and cert_file with key_file to present
+  // a client certificate (etcd's --client-cert-auth). PEM files, read once at start.
+  // Default: plaintext.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 // etcd's default --max-txn-ops: the most keys one MultiSet may write.
 inline constexpr int kMaxTxnOps = 128;
 
 // Connects (waits up to options.call_timeout for etcd to answer) and starts the watch.
-// INVALID_ARGUMENT: no endpoints, a non-positive limit; UNAVAILABLE: etcd does not answer.
+// INVALID_ARGUMENT: no endpoints, a non-positive limit, a TLS file that cannot be read or
+// is not PEM (naming it), a certificate without its key or either without a CA;
+// UNAVAILABLE: etcd does not answer (a failed TLS handshake included).
 absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOptions& options);
 
 }  // namespace collserve::server

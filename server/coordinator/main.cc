@@ -27,6 +27,11 @@ ABSL_FLAG(std::vector<std::string>, etcd_endpoints, {},
 ABSL_FLAG(std::string, etcd_prefix, "collserve/", "With --etcd_endpoints: every key the store writes starts with it.");
 ABSL_FLAG(absl::Duration, etcd_call_timeout, absl::Seconds(10),
           "With --etcd_endpoints: the deadline of each call to etcd (an unanswered one is UNAVAILABLE).");
+ABSL_FLAG(std::string, etcd_ca_file, "",
+          "With --etcd_endpoints: TLS to etcd, verifying the members' certificates against this CA (PEM).");
+ABSL_FLAG(std::string, etcd_cert_file, "",
+          "With --etcd_ca_file: the client certificate (PEM) presented to etcd (its --client-cert-auth).");
+ABSL_FLAG(std::string, etcd_key_file, "", "The key of --etcd_cert_file (PEM).");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
 ABSL_FLAG(int64_t, parent_pid, 0,
           "If set, the pid of the process that starts this daemon (a training process embedding it): the "
@@ -137,6 +142,9 @@ int main(int argc, char** argv) {
   options.etcd.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
   options.etcd.prefix = absl::GetFlag(FLAGS_etcd_prefix);
   options.etcd.call_timeout = absl::GetFlag(FLAGS_etcd_call_timeout);
+  options.etcd.ca_file = absl::GetFlag(FLAGS_etcd_ca_file);
+  options.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert_file);
+  options.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
   options.store.max_keys = absl::GetFlag(FLAGS_max_keys);
   options.store.max_total_bytes = absl::GetFlag(FLAGS_max_store_bytes);

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/process.h"
 
 namespace collserve::testing {
@@ -26,47 +27,6 @@ namespace {
 using client::StoreClient;
 using client::StoreClientOptions;
 using client::TlsOptions;
-
-// Runs a shell command; true on exit status 0. Output goes to `log`.
-bool Shell(const std::string& command, const std::string& log) {
-  const std::string full = absl::StrCat("(", command, ") >>", log, " 2>&1");
-  return std::system(full.c_str()) == 0;
-}
-
-// A temp dir with CAs and certificates made by openssl, removed at the end.
-class Pki {
- public:
-  Pki() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "collserve-tls.XXXXXX").string();
-    dir_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~Pki() {
-    if (!dir_.empty() && std::getenv("COLLSERVE_KEEP_TEST_DIRS") == nullptr) std::filesystem::remove_all(dir_);
-  }
-  const std::string& dir() const { return dir_; }
-  std::string Path(const std::string& name) const { return absl::StrCat(dir_, "/", name); }
-
-  // <name>.pem / <name>.key: a self-signed CA.
-  bool MakeCa(const std::string& name) {
-    return Shell(absl::StrCat("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=", name,
-                              " -keyout ", Path(name + ".key"), " -out ", Path(name + ".pem")),
-                 Path("openssl.log"));
-  }
-  // <name>.pem / <name>.key signed by `ca`, for 127.0.0.1 and localhost (server and client use).
-  bool MakeCert(const std::string& name, const std::string& ca) {
-    const std::string ext = Path(name + ".ext");
-    std::ofstream(ext) << "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                       << "extendedKeyUsage=serverAuth,clientAuth\n";
-    return Shell(absl::StrCat("openssl req -newkey rsa:2048 -nodes -subj /CN=", name, " -keyout ",
-                              Path(name + ".key"), " -out ", Path(name + ".csr"), " && openssl x509 -req -in ",
-                              Path(name + ".csr"), " -CA ", Path(ca + ".pem"), " -CAkey ", Path(ca + ".key"),
-                              " -CAcreateserial -days 2 -extfile ", ext, " -out ", Path(name + ".pem")),
-                 Path("openssl.log"));
-  }
-
- private:
-  std::string dir_;
-};
 
 class TlsTest : public ::testing::Test {
  protected:

@@ -16,6 +16,7 @@
 #include "collserve/client.h"
 #include "server/coordinator/coordinator.h"
 #include "tests/testing/etcd_cluster.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/store_conformance.h"
 
 namespace collserve::testing {
@@ -246,6 +247,46 @@ TEST(EtcdStoreTest, TwoCoordinatorsOverOneEtcdServeOneStore) {
   both.etcd.endpoints = SharedEtcd()->endpoints();
   both.store.data_dir = "/nonexistent";
   EXPECT_THAT(server::Coordinator::Start(both), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// etcd with TLS and client-certificate authentication: the store with the CA and a client
+// certificate works; without the certificate, or trusting another CA, it cannot connect.
+TEST(EtcdStoreTest, TlsToEtcdWithClientCertificates) {
+  Pki pki;
+  ASSERT_FALSE(pki.dir().empty());
+  ASSERT_TRUE(pki.MakeCa("ca") && pki.MakeCa("other-ca") && pki.MakeCert("etcd", "ca") &&
+              pki.MakeCert("client", "ca"))
+      << "openssl failed; see " << pki.Path("openssl.log");
+  auto etcd = EtcdCluster::Start(1, EtcdTls{pki.Path("etcd.pem"), pki.Path("etcd.key"), pki.Path("ca.pem")});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  server::EtcdStoreOptions options;
+  options.endpoints = (*etcd)->endpoints();
+  options.call_timeout = absl::Seconds(5);
+  options.ca_file = pki.Path("ca.pem");
+  options.cert_file = pki.Path("client.pem");
+  options.key_file = pki.Path("client.key");
+  auto s = server::NewEtcdStore(options);
+  ASSERT_TRUE(s.ok()) << s.status() << (*etcd)->Logs();
+  ASSERT_THAT((*s)->Set("k", "v"), IsOk());
+  EXPECT_THAT((*s)->Get("k", absl::Seconds(1)), IsOkAndHolds("v"));
+
+  server::EtcdStoreOptions no_cert = options;
+  no_cert.cert_file.clear();
+  no_cert.key_file.clear();
+  no_cert.call_timeout = absl::Seconds(1);
+  EXPECT_THAT(server::NewEtcdStore(no_cert), StatusIs(absl::StatusCode::kUnavailable));
+  server::EtcdStoreOptions other_ca = options;
+  other_ca.ca_file = pki.Path("other-ca.pem");
+  other_ca.call_timeout = absl::Seconds(1);
+  EXPECT_THAT(server::NewEtcdStore(other_ca), StatusIs(absl::StatusCode::kUnavailable));
+  server::EtcdStoreOptions no_key = options;
+  no_key.key_file.clear();
+  EXPECT_THAT(server::NewEtcdStore(no_key), StatusIs(absl::StatusCode::kInvalidArgument));
+  server::EtcdStoreOptions missing = options;
+  missing.ca_file = pki.Path("nowhere.pem");
+  auto refused = server::NewEtcdStore(missing);
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("nowhere.pem"));
 }
 
 TEST(EtcdStoreTest, BadOptionsAndAnUnreachableEtcdAreClearErrors) {

@@ -15,11 +15,19 @@ namespace collserve::testing {
 // The etcd server binary; "" when it is not installed (tests then skip, saying so).
 std::string EtcdBinary();
 
+// TLS of the members' client URLs (https): their certificate and key, and with ca set,
+// client certificates must chain to it (etcd's --client-cert-auth).
+struct EtcdTls {
+  std::string cert;
+  std::string key;
+  std::string ca;
+};
+
 class EtcdCluster {
  public:
   // Starts `members` etcd members (a fresh cluster) on loopback ports; does not wait for a
   // leader (a client's first call does, within its deadline).
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members);
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members, const EtcdTls& tls = {});
   ~EtcdCluster();
   // "127.0.0.1:<port>" of each member's client URL.
   std::vector<std::string> endpoints() const;
@@ -31,6 +39,7 @@ class EtcdCluster {
  private:
   EtcdCluster() = default;
   absl::Status StartMember(int i, bool fresh);
+  EtcdTls tls_;
   std::string dir_;
   std::vector<int> client_ports_;
   std::vector<int> peer_ports_;
