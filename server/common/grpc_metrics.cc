@@ -33,6 +33,12 @@ const char* TypeName(ServerRpcInfo::Type type) {
   return "unknown";
 }
 
+}  // namespace
+
+// Named (not anonymous) so that ThreadSanitizer reports show, and tests/sanitizers/tsan.supp
+// can match, its qualified name.
+namespace grpc_metrics_internal {
+
 // Records one RPC: started at creation; messages as they pass; handled and its duration
 // when the status is sent, or as Canceled when the call ends without one.
 //
@@ -75,6 +81,10 @@ class MetricsInterceptor : public grpc::experimental::Interceptor {
   std::atomic<int64_t> start_ns_;
   std::atomic<bool> recorded_{false};
 };
+
+}  // namespace grpc_metrics_internal
+
+namespace {
 
 class Factory : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
@@ -173,7 +183,7 @@ GrpcServerMetrics::Method& GrpcServerMetrics::MethodOf(const char* full_name, Se
 }
 
 grpc::experimental::Interceptor* GrpcServerMetrics::CreateServerInterceptor(ServerRpcInfo* info) {
-  return new MetricsInterceptor(MethodOf(info->method(), info->type()));
+  return new grpc_metrics_internal::MetricsInterceptor(MethodOf(info->method(), info->type()));
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> InterceptorFactory(GrpcServerMetrics* metrics) {
