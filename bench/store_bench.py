@@ -11,7 +11,11 @@ torch's TCPStore, whose server keeps nothing on disk (issue 18's targets).
         memory     the same coordinator without --data_dir (what durability costs);
         endpoint   torch's own TCPStore clients against the durable coordinator's
                    TCPStore-compatible endpoint (--tcpstore_address);
-        ep-memory  the same against the memory-only coordinator's endpoint.
+        ep-memory  the same against the memory-only coordinator's endpoint;
+        etcd       with --etcd: collserve's gRPC store API against a coordinator keeping the
+                   store in etcd (--etcd_endpoints; one etcd member started by the bench
+                   with its data under --dir, Debian's etcd-server), the replicated backend;
+        ep-etcd    torch's TCPStore clients against that coordinator's endpoint.
       Target: durable writes with 16 clients >= torch with 16 clients, judged on the
       endpoint (the same client and wire protocol as torch's; the gRPC column adds the cost
       of gRPC and the Python SDK, which the memory column shows).
@@ -25,7 +29,7 @@ Each part runs --reps paired repetitions (torch and collserve alternate; the rat
 taken per repetition and the median reported), since these VMs drift from run to run.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/store_bench.py [--clients 1,16]
-        [--seconds 3] [--reps 3] [--latency_ops 300] [--dir DIR] [--build build]
+        [--seconds 3] [--reps 3] [--latency_ops 300] [--dir DIR] [--build build] [--etcd]
 """
 import argparse
 import os
@@ -72,10 +76,48 @@ def free_port():
         return s.getsockname()[1]
 
 
-class Coordinator:
-    """A collserve coordinator with a gRPC port and a TCPStore endpoint, durable or not."""
+def stop_process(proc):
+    """SIGTERM, then SIGKILL after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
-    def __init__(self, build, work, durable):
+
+class Etcd:
+    """One etcd member (Debian's etcd-server) on loopback, its data in a fresh directory."""
+
+    def __init__(self, work):
+        self.dir = tempfile.mkdtemp(prefix="etcd.", dir=work)
+        client, peer = free_port(), free_port()
+        self.endpoint = f"127.0.0.1:{client}"
+        self.proc = subprocess.Popen(
+            ["etcd", "--name=bench", f"--data-dir={self.dir}/data", f"--listen-client-urls=http://{self.endpoint}",
+             f"--advertise-client-urls=http://{self.endpoint}", f"--listen-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+             f"--initial-cluster=bench=http://127.0.0.1:{peer}", "--log-level=error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", client), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("etcd did not start (is Debian's etcd-server installed?)")
+                time.sleep(0.05)
+
+    def stop(self):
+        stop_process(self.proc)
+
+
+class Coordinator:
+    """A collserve coordinator with a gRPC port and a TCPStore endpoint: durable (--data_dir),
+    in memory, or with its store in etcd (etcd_endpoint)."""
+
+    def __init__(self, build, work, durable, etcd_endpoint=None):
         sys.path.insert(0, os.path.join(build, "python"))
         from collserve.launch import embedded_credentials
         self.dir = tempfile.mkdtemp(prefix="coord.", dir=work)
@@ -85,6 +127,8 @@ class Coordinator:
                 "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={self.dir}/tcpport", *flags]
         if durable:
             argv.append(f"--data_dir={self.dir}/data")
+        if etcd_endpoint:
+            argv.append(f"--etcd_endpoints={etcd_endpoint}")
         self.proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         # The TCPStore port file is written first (each is renamed into place whole).
@@ -96,12 +140,7 @@ class Coordinator:
         self.tcpstore = f"127.0.0.1:{open(f'{self.dir}/tcpport').read().strip()}"
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
 
 
 def throughput(build, work, kind, address, clients, seconds, token=""):
@@ -180,6 +219,7 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--latency_ops", type=int, default=300)
     p.add_argument("--dir", default=None, help="where the durable store's data_dir goes")
+    p.add_argument("--etcd", action="store_true", help="also measure the store in etcd (etcd and ep-etcd)")
     a = p.parse_args()
     build = os.path.abspath(a.build)
     sys.path.insert(0, os.path.join(build, "python"))
@@ -191,9 +231,10 @@ def main():
         print(f"# store_bench: {a.reps} paired repetitions, {a.seconds:g} s per measurement, data in {work}")
         print("## (a) add() per second, all clients together")
         print(f"{'clients':>7} | {'torch':>9} | {'durable':>9} | {'memory':>9} | {'endpoint':>9} | {'ep-memory':>9} | "
-              f"endpoint/torch per rep | median | target")
+              f"endpoint/torch per rep | median | target" + (" | etcd | ep-etcd" if a.etcd else ""))
         for clients in [int(c) for c in a.clients.split(",")]:
-            results = {"torch": [], "durable": [], "memory": [], "endpoint": [], "ep-memory": []}
+            results = {"torch": [], "durable": [], "memory": [], "endpoint": [], "ep-memory": [], "etcd": [],
+                       "ep-etcd": []}
             for _ in range(a.reps):
                 port = free_port()
                 server = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60),
@@ -209,12 +250,26 @@ def main():
                             throughput(build, work, "endpoint", coord.tcpstore, clients, a.seconds))
                     finally:
                         coord.stop()
+                if a.etcd:
+                    etcd = Etcd(work)
+                    try:
+                        coord = Coordinator(build, work, False, etcd.endpoint)
+                        try:
+                            results["etcd"].append(throughput(build, work, "etcd", coord.address, clients, a.seconds,
+                                                              coord.token))
+                            results["ep-etcd"].append(throughput(build, work, "endpoint", coord.tcpstore, clients,
+                                                                 a.seconds))
+                        finally:
+                            coord.stop()
+                    finally:
+                        etcd.stop()
             ratios = [d / t for d, t in zip(results["endpoint"], results["torch"])]
-            med = {k: statistics.median(v) for k, v in results.items()}
+            med = {k: statistics.median(v) for k, v in results.items() if v}
             target = ">= 1" if clients >= 16 else "-"
             print(f"{clients:>7} | {med['torch']:>9.0f} | {med['durable']:>9.0f} | {med['memory']:>9.0f} | "
                   f"{med['endpoint']:>9.0f} | {med['ep-memory']:>9.0f} | {' '.join(f'{r:.2f}' for r in ratios):<22} | "
-                  f"{statistics.median(ratios):.2f} | {target}")
+                  f"{statistics.median(ratios):.2f} | {target}" +
+                  (f" | {med['etcd']:>6.0f} | {med['ep-etcd']:>7.0f}" if a.etcd else ""))
         print("## (b) one client's durable add() latency against one fdatasync on the same disk")
         print(f"{'rep':>3} | {'fdatasync':>9} | {'torch (memory)':>14} | {'endpoint':>8} | {'gRPC':>6} | "
               f"endpoint - fdatasync | gRPC - fdatasync | target (us)")

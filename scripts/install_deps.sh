@@ -13,6 +13,7 @@ packages=(
   clang libclang-rt-14-dev
   prometheus
   etcd-server
+  libleveldb-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -2,6 +2,7 @@
 results (#wrong 0), prints nccl-tests' columns with its bus-bandwidth factors, and refuses
 bad flags. Speed is not asserted here (bench/RESULTS.md holds the measurements)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -106,14 +107,17 @@ def test_store_bench_measures_every_column():
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",
                           "store_bench.py")
+    etcd = ["--etcd"] if shutil.which("etcd") else []
     r = subprocess.run([sys.executable, script, "--build", BUILD, "--reps", "1", "--seconds", "0.3", "--clients", "2",
-                        "--latency_ops", "20"], capture_output=True, text=True, timeout=300,
+                        "--latency_ops", "20", *etcd], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line.split("|") for line in r.stdout.splitlines() if line and not line.startswith("#")]
     rates = [row for row in rows if row[0].strip() == "2"]
     assert len(rates) == 1, r.stdout
     assert all(float(v) > 0 for v in rates[0][1:6]), r.stdout  # torch, durable, memory, endpoint, ep-memory
+    if etcd:
+        assert all(float(v) > 0 for v in rates[0][9:11]), r.stdout  # etcd, ep-etcd
     latencies = [row for row in rows if row[0].strip() == "0"]
     assert len(latencies) == 1, r.stdout
     assert all(float(v) > 0 for v in latencies[0][1:5]), r.stdout  # fdatasync, torch, endpoint, gRPC
