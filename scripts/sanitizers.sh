@@ -31,7 +31,7 @@ ASAN_EXCLUDE='^(install_consumer|AttackTest\.OversizedMessagesAreRefusedWithoutH
 #                     printed"). ASan and the other UBSan checks stay on.
 ASAN_NO_VPTR='^AttackTest\.RunningOutOfDescriptorsIsSurvived$'
 # The TSan run: these test binaries (paths under the build directory).
-TSAN_BINARIES="tests/store/memory_store_test tests/server/coordinator_test tests/server/tcpstore_server_test
+TSAN_BINARIES="tests/store/memory_store_test tests/server/coordinator_test tests/server/registry_replicas_test tests/server/tcpstore_server_test
   tests/client/init_options_test tests/engine/engine_test tests/engine/device_step_test
   tests/integration/allreduce_test tests/integration/errors_test tests/integration/surface_test
   tests/integration/coordinator_process_test tests/server/etcd_store_test"

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "server/common/daemon.h"
 #include "server/common/grpc_listener.h"
@@ -27,6 +28,16 @@ class CoordinatorImpl : public Coordinator {
     const bool etcd = !options.etcd.endpoints.empty();
     if (etcd && !options.store.data_dir.empty()) {
       return absl::InvalidArgumentError("a store in etcd (--etcd_endpoints) and in --data_dir: choose one");
+    }
+    const bool replicas = !options.replication.advertise_address.empty();
+    if (replicas && !etcd) {
+      return absl::InvalidArgumentError(
+          "coordinator replicas (--advertise_address) need the store in etcd (--etcd_endpoints)");
+    }
+    if (replicas && !options.tls.cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          "coordinator replicas (--advertise_address) with TLS on the gRPC API (--tls_cert) are not supported yet: "
+          "the replicas forward registry calls to each other in plaintext");
     }
     const int64_t max_value_bytes =
         etcd ? std::min(options.store.max_value_bytes, options.etcd.max_value_bytes) : options.store.max_value_bytes;
@@ -53,12 +64,29 @@ class CoordinatorImpl : public Coordinator {
     if (!job_credentials.ok()) return job_credentials.status();
     credentials_ = std::move(*job_credentials);
     registry_ = std::make_unique<GroupRegistry>(options.registry);
+    auto listener = GrpcListener::Bind(options.listen_address);
+    if (!listener.ok()) return listener.status();
+    listener_ = std::move(*listener);
+    port_ = listener_->port();
+    if (replicas) {
+      RegistryReplicationOptions r = options.replication;
+      if (absl::EndsWith(r.advertise_address, ":0")) {
+        r.advertise_address = absl::StrCat(r.advertise_address.substr(0, r.advertise_address.size() - 1), port_);
+      }
+      if (r.key.empty()) r.key = absl::StrCat(options.etcd.prefix, "registry/leader");
+      auto channel = NewEtcdChannel(options.etcd);
+      if (!channel.ok()) return channel.status();
+      auto replication = RegistryReplication::Start(*std::move(channel), std::move(r));
+      if (!replication.ok()) return replication.status();
+      replication_ = std::move(*replication);
+    }
     metrics_registry_ = std::make_shared<prometheus::Registry>();
     rpc_metrics_ = std::make_unique<RpcMetrics>(*metrics_registry_);
     RegisterBuildInfo(*metrics_registry_, "coordinator");
     grpc_metrics_ = std::make_unique<GrpcServerMetrics>(*metrics_registry_);
     store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_, write_threads);
-    registry_service_ = std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_);
+    registry_service_ =
+        std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_, replication_.get());
     auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
 
     grpc::EnableDefaultHealthCheckService(true);
@@ -68,13 +96,9 @@ class CoordinatorImpl : public Coordinator {
     interceptors.push_back(InterceptorFactory(grpc_metrics_.get()));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
     LimitRpcMemory(builder, "collserve-coordinator", options.rpc_memory_bytes);
-    auto listener = GrpcListener::Bind(options.listen_address);
-    if (!listener.ok()) return listener.status();
-    listener_ = std::move(*listener);
     auto credentials = ServerCredentialsFor(options.tls);
     if (!credentials.ok()) return credentials.status();
     listener_->RegisterWith(builder, *credentials);
-    port_ = listener_->port();
     builder.SetMaxReceiveMessageSize(static_cast<int>(options.store.max_value_bytes + (1 << 20)));
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(store_service_.get());
@@ -139,6 +163,11 @@ class CoordinatorImpl : public Coordinator {
       g.push_back({"collserve_store_wal_sync_seconds_total", "Time those fdatasyncs took, seconds (over "
                    "collserve_store_wal_syncs_total: the mean fsync latency).", s.wal_sync_seconds, true});
     }
+    if (replication_ != nullptr) {
+      g.push_back({"collserve_registry_leader",
+                   "1 while this coordinator replica leads the group registry (coordinator replicas over etcd), else 0.",
+                   replication_->leading() ? 1.0 : 0.0});
+    }
     if (registry_ != nullptr) {
       const GroupRegistry::Counts c = registry_->GroupCounts();
       g.push_back({"collserve_registry_groups", "Groups the registry holds (forming, formed or broken; every job).",
@@ -183,6 +212,7 @@ class CoordinatorImpl : public Coordinator {
     server_->Wait();
     server_.reset();
     exposer_.reset();  // before what the gauges read
+    replication_.reset();  // a leader revokes its lease: another replica takes over at once
     registry_.reset();  // fails joins still parked (none after Shutdown)
   }
 
@@ -190,6 +220,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<JobCredentials> credentials_;  // after store_: destroyed before it
   std::unique_ptr<GroupRegistry> registry_;
+  std::unique_ptr<RegistryReplication> replication_;  // null: no replicas
   std::shared_ptr<prometheus::Registry> metrics_registry_;
   std::shared_ptr<ScrapeGauges> gauges_;  // Gauges(), registered with exposer_
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_

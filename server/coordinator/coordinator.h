@@ -10,6 +10,7 @@
 #include "server/common/tls.h"
 #include "server/coordinator/credentials.h"
 #include "server/coordinator/etcd_store.h"
+#include "server/coordinator/registry_replication.h"
 #include "server/coordinator/group_registry.h"
 #include "server/coordinator/tcpstore_server.h"
 #include "store/store.h"
@@ -28,6 +29,13 @@ struct CoordinatorOptions {
   // the store's value limit is the smaller of store.max_value_bytes and etcd.max_value_bytes
   // (the per-job and total quotas do not apply; etcd's --quota-backend-bytes does).
   EtcdStoreOptions etcd;
+  // Coordinator replicas (registry_replication.h): with etcd and
+  // replication.advertise_address set, the replicas elect one leader of the group registry
+  // through etcd and forward Registry calls to it, so that every replica serves every job.
+  // An advertise_address ending in ":0" gets the bound gRPC port. replication.key defaults
+  // to etcd.prefix + "registry/leader". Not with tls (the replicas call each other in
+  // plaintext for now): INVALID_ARGUMENT.
+  RegistryReplicationOptions replication;
   // host:port of the TCPStore-compatible endpoint (tcpstore_server.h); "" = none.
   std::string tcpstore_address;
   // The job namespace of keys written through that endpoint.

@@ -72,6 +72,12 @@ absl::StatusOr<std::unique_ptr<JobCredentials>> JobCredentials::Create(const Cre
       std::string last_error;
       while (!self->stop_.WaitForNotificationWithTimeout(self->options_.refresh_interval)) {
         absl::Status s = self->Reload();
+        // The minted tokens too: with the store in etcd, other coordinator replicas mint
+        // and revoke them (docs/operations.md, coordinator replicas).
+        if (s.ok()) {
+          absl::MutexLock mint_lock(&self->mint_mu_);
+          s = self->LoadMinted();
+        }
         std::string error = s.ok() ? "" : std::string(s.message());
         if (error != last_error && !s.ok()) LOG(ERROR) << "job credentials: " << error;
         last_error = error;
@@ -167,21 +173,34 @@ absl::StatusOr<int> JobCredentials::Revoke(const std::string& job) {
   if (!*present) return 0;
   auto value = store_->Get(kMintedKey, absl::ZeroDuration());
   if (!value.ok()) return value.status();
-  std::string kept;
-  int revoked = 0;
-  for (absl::string_view line : absl::StrSplit(*value, '\n', absl::SkipEmpty())) {
-    if (absl::StartsWith(line, absl::StrCat(name, " "))) {
-      ++revoked;
-    } else {
-      absl::StrAppend(&kept, line, "\n");
+  // A compare-and-set, retried, so that a token another coordinator replica appends
+  // meanwhile (Mint) is not overwritten.
+  for (int attempt = 0;; ++attempt) {
+    std::string kept;
+    int revoked = 0;
+    for (absl::string_view line : absl::StrSplit(*value, '\n', absl::SkipEmpty())) {
+      if (absl::StartsWith(line, absl::StrCat(name, " "))) {
+        ++revoked;
+      } else {
+        absl::StrAppend(&kept, line, "\n");
+      }
     }
+    if (revoked == 0) return 0;
+    auto now = store_->CompareSet(kMintedKey, *value, kept);
+    if (!now.ok()) return now.status();
+    if (*now == kept) {
+      absl::MutexLock lock(&mu_);
+      minted_.erase(name);
+      return revoked;
+    }
+    if (attempt >= 100) return absl::AbortedError("revoking tokens: the minted tokens kept changing (100 attempts)");
+    // Changed meanwhile (or deleted: CompareSet then answers `expected`): read it again.
+    auto still = store_->Check({std::string(kMintedKey)});
+    if (!still.ok()) return still.status();
+    if (!*still) return 0;
+    value = store_->Get(kMintedKey, absl::ZeroDuration());
+    if (!value.ok()) return value.status();
   }
-  if (revoked == 0) return 0;
-  absl::Status s = kept.empty() ? store_->DeleteKey(kMintedKey).status() : store_->Set(kMintedKey, kept);
-  if (!s.ok()) return s;
-  absl::MutexLock lock(&mu_);
-  minted_.erase(name);
-  return revoked;
 }
 
 absl::Status JobCredentials::LoadMinted() {

@@ -790,6 +790,14 @@ absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOption
         options.max_value_bytes, " call_timeout=", absl::FormatDuration(options.call_timeout),
         " request_id_ttl=", absl::FormatDuration(options.request_id_ttl), " (at least 2s)"));
   }
+  COLLSERVE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel, NewEtcdChannel(options));
+  auto store = std::make_unique<EtcdStore>(options, std::move(channel));
+  COLLSERVE_RETURN_IF_ERROR(store->Start());
+  return store;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewEtcdChannel(const EtcdStoreOptions& options) {
+  if (options.endpoints.empty()) return absl::InvalidArgumentError("the etcd store needs at least one endpoint");
   grpc::ChannelArguments args;
   // A connection that went silent (a partitioned member) is found within about 15 s
   // (etcd's server permits pings every 5 s: --grpc-keepalive-min-time).
@@ -816,10 +824,7 @@ absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOption
     }
     credentials = grpc::SslCredentials(ssl);
   }
-  auto channel = grpc::CreateCustomChannel(target, credentials, args);
-  auto store = std::make_unique<EtcdStore>(options, std::move(channel));
-  COLLSERVE_RETURN_IF_ERROR(store->Start());
-  return store;
+  return grpc::CreateCustomChannel(target, credentials, args);
 }
 
 }  // namespace collserve::server

@@ -36,6 +36,8 @@
 #ifndef COLLSERVE_SERVER_COORDINATOR_ETCD_STORE_H_
 #define COLLSERVE_SERVER_COORDINATOR_ETCD_STORE_H_
 
+#include <grpcpp/channel.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,6 +80,11 @@ inline constexpr int kMaxTxnOps = 128;
 // is not PEM (naming it), a certificate without its key or either without a CA;
 // UNAVAILABLE: etcd does not answer (a failed TLS handshake included).
 absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOptions& options);
+
+// The gRPC channel NewEtcdStore talks to etcd through (endpoints, TLS files and keep-alive
+// as above), for other users of the same etcd (registry_replication.h). Does not connect.
+// INVALID_ARGUMENT: no endpoint, or the TLS files as above.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewEtcdChannel(const EtcdStoreOptions& options);
 
 }  // namespace collserve::server
 

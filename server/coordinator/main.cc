@@ -1,6 +1,7 @@
 // collserve-coordinator: the key-value store and group registry of a cluster or job.
 #include <glog/logging.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -32,6 +33,14 @@ ABSL_FLAG(std::string, etcd_ca_file, "",
 ABSL_FLAG(std::string, etcd_cert_file, "",
           "With --etcd_ca_file: the client certificate (PEM) presented to etcd (its --client-cert-auth).");
 ABSL_FLAG(std::string, etcd_key_file, "", "The key of --etcd_cert_file (PEM).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "With --etcd_endpoints: run as one of several coordinator replicas. host:port at which the other "
+          "replicas reach this one's gRPC API (in Kubernetes, the pod IP and the API port; port 0 = the bound "
+          "port). The replicas elect one leader of the group registry through etcd and forward Registry calls "
+          "to it, so clients may reach any replica. Empty: this coordinator alone holds the registry.");
+ABSL_FLAG(absl::Duration, registry_lease_ttl, absl::Seconds(5),
+          "With --advertise_address: the registry leader's etcd lease; a dead leader is replaced within about "
+          "this long (at least 2s).");
 ABSL_FLAG(std::string, log_level, "info", "Minimum log level: info, warning or error.");
 ABSL_FLAG(int64_t, parent_pid, 0,
           "If set, the pid of the process that starts this daemon (a training process embedding it): the "
@@ -145,6 +154,15 @@ int main(int argc, char** argv) {
   options.etcd.ca_file = absl::GetFlag(FLAGS_etcd_ca_file);
   options.etcd.cert_file = absl::GetFlag(FLAGS_etcd_cert_file);
   options.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
+  options.replication.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.replication.lease_ttl = absl::GetFlag(FLAGS_registry_lease_ttl);
+  // A leader that lost its lease may already have a successor: exit, to be restarted as a
+  // follower, rather than serve a registry another replica serves too.
+  options.replication.on_lost = [](const absl::Status& why) {
+    LOG(ERROR) << "exiting: " << why;
+    google::FlushLogFiles(google::GLOG_INFO);
+    std::_Exit(3);
+  };
   options.store.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
   options.store.max_keys = absl::GetFlag(FLAGS_max_keys);
   options.store.max_total_bytes = absl::GetFlag(FLAGS_max_store_bytes);

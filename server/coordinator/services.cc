@@ -331,8 +331,44 @@ void ToProto(const GroupView& v, pb::GroupInfo* out) {
 
 }  // namespace
 
+// The async stub's methods, through which a replica forwards Registry calls to the leader.
+using RegistryAsync = pb::Registry::StubInterface::async_interface;
+
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* RegistryService::Forwarded(grpc::CallbackServerContext* ctx, const char* method,
+                                                     const Req* req, Resp* resp, ForwardCall<Req, Resp> call) {
+  if (replication_ == nullptr) return nullptr;
+  const bool forwarded = ctx->client_metadata().count(RegistryReplication::kForwardedHeader) > 0;
+  absl::StatusOr<std::shared_ptr<pb::Registry::Stub>> leader = replication_->Route(forwarded);
+  if (leader.ok() && *leader == nullptr) return nullptr;  // this replica leads
+  const absl::Time start = absl::Now();
+  if (!leader.ok()) return FinishNow(ctx, metrics_, method, start, leader.status());
+  struct Forward {
+    grpc::ClientContext ctx;
+    std::shared_ptr<pb::Registry::Stub> stub;
+  };
+  auto forward = std::make_shared<Forward>();
+  forward->stub = *std::move(leader);
+  // The caller's deadline and credentials; no wait_for_ready, so that a call to a leader
+  // that just died fails at once (UNAVAILABLE) and its caller retries with a fresh route.
+  forward->ctx.set_deadline(ctx->deadline());
+  if (const std::string authorization = AuthorizationOf(*ctx); !authorization.empty()) {
+    forward->ctx.AddMetadata("authorization", authorization);
+  }
+  forward->ctx.AddMetadata(RegistryReplication::kForwardedHeader, "1");
+  auto* reactor = new WaitingReactor();
+  (forward->stub->async()->*call)(&forward->ctx, req, resp, [this, reactor, forward, method, start](grpc::Status s) {
+    metrics_.Record(method, FromGrpcStatus(s), absl::Now() - start);
+    reactor->Finish(s);
+  });
+  reactor->SetCancel([forward] { forward->ctx.TryCancel(); });
+  reactor->Started();
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx, const pb::JoinRequest* req,
                                                 pb::JoinResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "Join", req, resp, &RegistryAsync::Join)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (!s.ok()) return FinishNow(ctx, metrics_, "Join", start, s);
@@ -369,6 +405,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
 
 grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContext* ctx,
                                                       const pb::WatchGroupRequest* req, pb::WatchGroupResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "WatchGroup", req, resp, &RegistryAsync::WatchGroup)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (!s.ok()) return FinishNow(ctx, metrics_, "WatchGroup", start, s);
@@ -403,7 +440,8 @@ grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContex
 }
 
 grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ctx, const pb::LeaveRequest* req,
-                                                 pb::LeaveResponse*) {
+                                                 pb::LeaveResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "Leave", req, resp, &RegistryAsync::Leave)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank(), req->generation());
@@ -413,6 +451,7 @@ grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext* ctx,
                                                     const pb::DescribeRequest* req,
                                                     pb::DescribeResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "Describe", req, resp, &RegistryAsync::Describe)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
@@ -425,6 +464,7 @@ grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext*
 
 grpc::ServerUnaryReactor* RegistryService::List(grpc::CallbackServerContext* ctx, const pb::ListRequest* req,
                                                 pb::ListResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "List", req, resp, &RegistryAsync::List)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
@@ -466,7 +506,8 @@ constexpr size_t kMaxReportString = 1024;
 
 grpc::ServerUnaryReactor* RegistryService::ReportProgress(grpc::CallbackServerContext* ctx,
                                                           const pb::ReportProgressRequest* req,
-                                                          pb::ReportProgressResponse*) {
+                                                          pb::ReportProgressResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "ReportProgress", req, resp, &RegistryAsync::ReportProgress)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   HostLedger ledger;
@@ -491,6 +532,7 @@ grpc::ServerUnaryReactor* RegistryService::ReportProgress(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerContext* ctx,
                                                          const pb::DiagnoseGroupRequest* req,
                                                          pb::DiagnoseGroupResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "DiagnoseGroup", req, resp, &RegistryAsync::DiagnoseGroup)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
@@ -525,6 +567,7 @@ grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerCon
 
 grpc::ServerUnaryReactor* RegistryService::DumpGroup(grpc::CallbackServerContext* ctx, const pb::DumpGroupRequest* req,
                                                      pb::DumpGroupResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "DumpGroup", req, resp, &RegistryAsync::DumpGroup)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) {
@@ -544,8 +587,9 @@ grpc::ServerUnaryReactor* RegistryService::DumpGroup(grpc::CallbackServerContext
   return FinishNow(ctx, metrics_, "DumpGroup", start, s);
 }
 
-grpc::ServerUnaryReactor* RegistryService::ListJobs(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest*,
+grpc::ServerUnaryReactor* RegistryService::ListJobs(grpc::CallbackServerContext* ctx, const pb::ListJobsRequest* req,
                                                     pb::ListJobsResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "ListJobs", req, resp, &RegistryAsync::ListJobs)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = credentials_.AuthorizeAdmin(AuthorizationOf(*ctx), "ListJobs");
   if (s.ok()) {

@@ -18,6 +18,7 @@
 #include "server/coordinator/credentials.h"
 #include "server/coordinator/group_registry.h"
 #include "server/coordinator/jobs.h"
+#include "server/coordinator/registry_replication.h"
 #include "store/store.h"
 
 namespace collserve::server {
@@ -84,11 +85,17 @@ class StoreService final : public collserve::v1::Store::CallbackService {
   std::unique_ptr<BlockingPool> writes_;  // null: writes run on gRPC's threads
 };
 
+// With `replication` (coordinator replicas over etcd, registry_replication.h), a call that
+// reaches a replica which does not lead the registry is forwarded to the leader unchanged:
+// the same request, the caller's authorization and deadline; the leader's answer or error is
+// the answer. UNAVAILABLE (retryable) while no leader is known.
 class RegistryService final : public collserve::v1::Registry::CallbackService {
  public:
-  // `store` (for ListJobs' key counts) must outlive the service.
-  RegistryService(GroupRegistry& registry, store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics)
-      : registry_(registry), store_(store), credentials_(credentials), metrics_(metrics) {}
+  // `store` (for ListJobs' key counts) and `replication` (null = this coordinator alone
+  // holds the registry) must outlive the service.
+  RegistryService(GroupRegistry& registry, store::Store& store, const JobCredentials& credentials, RpcMetrics& metrics,
+                  RegistryReplication* replication = nullptr)
+      : registry_(registry), store_(store), credentials_(credentials), metrics_(metrics), replication_(replication) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const collserve::v1::JoinRequest* req,
                                  collserve::v1::JoinResponse* resp) override;
@@ -117,6 +124,17 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
   store::Store& store_;
   const JobCredentials& credentials_;
   RpcMetrics& metrics_;
+  RegistryReplication* const replication_;
+
+  // The async stub method a call is forwarded through.
+  template <typename Req, typename Resp>
+  using ForwardCall = void (collserve::v1::Registry::StubInterface::async_interface::*)(
+      grpc::ClientContext*, const Req*, Resp*, std::function<void(grpc::Status)>);
+  // Null when this replica serves the call itself; otherwise the reactor of the call,
+  // forwarded to the leader (or refused: no leader known).
+  template <typename Req, typename Resp>
+  grpc::ServerUnaryReactor* Forwarded(grpc::CallbackServerContext* ctx, const char* method, const Req* req,
+                                      Resp* resp, ForwardCall<Req, Resp> call);
 };
 
 // Authenticate, MintJobToken, RevokeJobTokens (auth.proto).

@@ -197,5 +197,32 @@ TEST_F(CredentialsTest, MintedTokensGrantTheirJobSurviveARestartAndAreRevoked) {
   EXPECT_TRUE(c->Authorize(Bearer(*other), "other").ok());
 }
 
+// Coordinator replicas share one store (etcd): a token minted or revoked through one
+// reaches the other within the refresh interval (100 ms here), and a revoke through one
+// does not drop a token minted through the other meanwhile.
+TEST_F(CredentialsTest, MintedTokensReachAnotherCoordinatorOnTheSameStore) {
+  auto a = Make(Options());
+  auto b = Make(Options());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto token = a->Mint("shared-job");
+  ASSERT_TRUE(token.ok());
+  auto granted = [&](JobCredentials& c, const std::string& t) { return c.Authorize(Bearer(t), "shared-job").ok(); };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!granted(*b, *token) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(granted(*b, *token)) << "a token minted through one coordinator never reached the other";
+  auto other = b->Mint("other-job");
+  ASSERT_TRUE(other.ok());
+  auto revoked = b->Revoke("shared-job");
+  ASSERT_TRUE(revoked.ok()) << revoked.status();
+  EXPECT_EQ(*revoked, 1);
+  while (granted(*a, *token) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(granted(*a, *token)) << "a token revoked through one coordinator still works at the other";
+  while (!a->Authorize(Bearer(*other), "other-job").ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(a->Authorize(Bearer(*other), "other-job").ok());
+}
+
 }  // namespace
 }  // namespace collserve::server

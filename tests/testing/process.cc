@@ -106,8 +106,6 @@ std::string Process::Output() const {
   return ss.str();
 }
 
-namespace {
-
 absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
@@ -122,8 +120,6 @@ absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Dura
   }
   return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> WriteRandomToken(const std::string& path) {
   std::ifstream random("/dev/urandom", std::ios::binary);

@@ -38,6 +38,10 @@ class Process {
   int exit_code_ = -1;
 };
 
+// Waits up to `timeout` for `p` to write a port (a daemon's --port_file) to `path`.
+// INTERNAL (with its output) if `p` exits first, DEADLINE_EXCEEDED if no port comes.
+absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Duration timeout);
+
 // Writes a new random token (hex, 64 characters) to `path` with mode 0600 and returns it.
 absl::StatusOr<std::string> WriteRandomToken(const std::string& path);
 

@@ -1,0 +1,119 @@
+// Coordinator replicas over one etcd: one replica leads the group registry, the others
+// forward Registry calls to it.
+//
+// The store needs no leader: with --etcd_endpoints every replica reads and writes etcd
+// (etcd_store.h). The group registry (group_registry.h) is a state machine held in memory,
+// with long-polling joins and watches, so replicas share it by electing one replica that
+// holds it (the leader) and forwarding every Registry call that reaches another replica to
+// the leader, unchanged (the caller's credentials and deadline travel with it). Clients
+// therefore reach any replica, e.g. through one Kubernetes Service.
+//
+// Election (as etcd's own concurrency/election.go and Kubernetes' leader leases do): a
+// replica campaigns with a transaction that creates the leader key, holding its address,
+// under an etcd lease of `lease_ttl` if the key does not exist; it leads while it keeps that
+// lease alive (every lease_ttl / 3). Others read the key every `poll_interval` and campaign
+// when it is gone (the leader stopped and revoked its lease, or died and its lease expired).
+// A leader that cannot renew its lease for lease_ttl may already have been replaced, so it
+// stops leading for good and calls `on_lost` (the coordinator binary exits, to be restarted
+// as a fresh follower, as kube-controller-manager does): a replica never serves a registry
+// that another replica may also be serving.
+//
+// A new leader starts with an empty registry, as a restarted single coordinator does:
+// forming groups re-join (the sidecars retry UNAVAILABLE joins within their deadline) and
+// running groups are reported back by their sidecars' watches (group_registry.h, adoption).
+#ifndef COLLSERVE_SERVER_COORDINATOR_REGISTRY_REPLICATION_H_
+#define COLLSERVE_SERVER_COORDINATOR_REGISTRY_REPLICATION_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "collserve/v1/registry.grpc.pb.h"
+
+namespace collserve::server {
+
+struct RegistryReplicationOptions {
+  // The etcd key that names the leader (e.g. "<etcd prefix>registry/leader").
+  std::string key;
+  // host:port at which the other replicas reach this replica's gRPC API (its pod IP and
+  // port in Kubernetes). Plaintext: replication is refused with TLS on the API for now.
+  std::string advertise_address;
+  // The leader's etcd lease, in seconds of etcd's clock: how long a dead leader keeps the
+  // registry unavailable before another replica takes over. At least 2 s.
+  absl::Duration lease_ttl = absl::Seconds(5);
+  // How often a follower reads the leader key.
+  absl::Duration poll_interval = absl::Milliseconds(500);
+  // Deadline of each call to etcd.
+  absl::Duration call_timeout = absl::Seconds(2);
+  // Called once, on the election thread, when this replica stops leading because its lease
+  // could not be renewed (etcd unreachable or the lease expired). Default: nothing (the
+  // replica then forwards like any follower and never campaigns again).
+  std::function<void(const absl::Status&)> on_lost;
+};
+
+// Thread safety: every method may be called from any thread.
+class RegistryReplication {
+ public:
+  // Starts the election against etcd through `etcd` (a channel to its members, as
+  // NewEtcdChannel makes). INVALID_ARGUMENT for an empty key or address or a lease_ttl
+  // under 2 s. The first campaign runs before Start returns (bounded by call_timeout); an
+  // unreachable etcd is not an error here: the replica goes on campaigning.
+  static absl::StatusOr<std::unique_ptr<RegistryReplication>> Start(std::shared_ptr<grpc::Channel> etcd,
+                                                                     RegistryReplicationOptions options);
+  // Stops the election; a leader revokes its lease, so another replica takes over at once
+  // (within its poll_interval) instead of after lease_ttl.
+  ~RegistryReplication();
+
+  // Where a Registry call that reached this replica goes:
+  //  - nullptr and OK: this replica leads, serve it here;
+  //  - a stub: forward the call to the leader through it;
+  //  - nullptr and UNAVAILABLE: no leader is known, or the call was already forwarded once
+  //    (`forwarded`) and this replica does not lead (the sender's view is stale); the
+  //    caller retries.
+  absl::StatusOr<std::shared_ptr<collserve::v1::Registry::Stub>> Route(bool forwarded);
+
+  bool leading() const;
+  // The leader's address as last seen ("" = none known).
+  std::string leader() const;
+  // Blocks until a leader is known or `timeout` passes; true if one is.
+  bool AwaitLeader(absl::Duration timeout) const;
+
+  // Metadata key that marks a forwarded call (its value is the forwarding replica's address).
+  static constexpr const char* kForwardedHeader = "collserve-forwarded-by";
+
+ private:
+  RegistryReplication(std::shared_ptr<grpc::Channel> etcd, RegistryReplicationOptions options);
+  void Loop();
+  void Campaign();
+  void Poll();
+  void KeepAlive();
+  void Revoke();
+
+  const RegistryReplicationOptions options_;
+  std::shared_ptr<grpc::Channel> etcd_;
+  struct Stubs;
+  std::unique_ptr<Stubs> stubs_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool leading_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;  // led once and lost it: never campaigns again
+  std::string leader_ ABSL_GUARDED_BY(mu_);
+  int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time renewed_ ABSL_GUARDED_BY(mu_);  // last successful campaign or keep-alive
+  std::map<std::string, std::shared_ptr<collserve::v1::Registry::Stub>> leader_stubs_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace collserve::server
+
+#endif  // COLLSERVE_SERVER_COORDINATOR_REGISTRY_REPLICATION_H_

@@ -1,0 +1,317 @@
+// Coordinator replicas over one etcd (server/coordinator/registry_replication.h): three
+// collserve-coordinator processes with --etcd_endpoints and --advertise_address elect one
+// leader of the group registry; Registry calls reaching the others are forwarded to it.
+// Tests: a group whose ranks join through different replicas forms once; a leader killed
+// with SIGKILL during a rendezvous is replaced and the rendezvous completes, while store
+// writes through a client given every replica's address lose nothing acknowledged; a leader
+// that stops (SIGTERM) hands over at once (it revokes its lease); bad configurations are
+// refused at start.
+#include <grpcpp/grpcpp.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "collserve/client.h"
+#include "collserve/v1/registry.grpc.pb.h"
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
+#include "server/coordinator/coordinator.h"
+#include "tests/testing/etcd_cluster.h"
+#include "tests/testing/process.h"
+#include "tests/testing/store_conformance.h"
+
+namespace collserve::testing {
+namespace {
+
+namespace pb = ::collserve::v1;
+using ::testing::HasSubstr;
+
+struct FailoverTrial;
+
+class RegistryReplicasTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto etcd = EtcdCluster::Start(1);
+    ASSERT_TRUE(etcd.ok()) << etcd.status() << " (scripts/install_deps.sh installs etcd-server)";
+    etcd_ = std::move(*etcd);
+    char tmpl[] = "/tmp/collserve-replicas.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    prefix_ = absl::StrCat("replicas-", getpid(), "/");
+  }
+  void TearDown() override {
+    replicas_.clear();
+    etcd_.reset();
+    std::system(absl::StrCat("rm -rf ", dir_).c_str());
+  }
+
+  // Starts replica i (a process); returns its port.
+  int StartReplica(int i, absl::Duration lease_ttl = absl::Seconds(2)) {
+    const std::string port_file = absl::StrCat(dir_, "/replica", i, ".port");
+    unlink(port_file.c_str());
+    auto p = Process::Start(
+        {CoordinatorBinary(), "--listen_address=127.0.0.1:0", "--metrics_address=", "--allow_unauthenticated",
+         absl::StrCat("--port_file=", port_file), absl::StrCat("--etcd_endpoints=", absl::StrJoin(etcd_->endpoints(), ",")),
+         absl::StrCat("--etcd_prefix=", prefix_), "--advertise_address=127.0.0.1:0",
+         absl::StrCat("--registry_lease_ttl=", absl::FormatDuration(lease_ttl))},
+        {}, absl::StrCat(dir_, "/replica", i, ".log"));
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return 0;
+    auto port = ReadPortFile(port_file, **p, absl::Seconds(30));
+    EXPECT_TRUE(port.ok()) << port.status();
+    if (replicas_.size() <= static_cast<size_t>(i)) replicas_.resize(i + 1);
+    replicas_[i] = std::move(*p);
+    if (ports_.size() <= static_cast<size_t>(i)) ports_.resize(i + 1);
+    ports_[i] = port.ok() ? *port : 0;
+    return ports_[i];
+  }
+
+  // The leader key's value in etcd ("" = none).
+  std::string LeaderAddress() {
+    auto kv = etcdserverpb::KV::NewStub(
+        grpc::CreateChannel(etcd_->endpoints().front(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    etcdserverpb::RangeRequest req;
+    req.set_key(absl::StrCat(prefix_, "registry/leader"));
+    etcdserverpb::RangeResponse resp;
+    if (!kv->Range(&ctx, req, &resp).ok() || resp.kvs_size() == 0) return "";
+    return resp.kvs(0).value();
+  }
+
+  // The index of the replica that leads, waiting up to `timeout` for one (-1: none).
+  int AwaitLeader(absl::Duration timeout, int not_this = -1) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      const std::string leader = LeaderAddress();
+      for (size_t i = 0; i < ports_.size(); ++i) {
+        if (static_cast<int>(i) != not_this && leader == absl::StrCat("127.0.0.1:", ports_[i])) return i;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return -1;
+  }
+
+  std::string Logs() {
+    std::string out = etcd_->Logs();
+    for (size_t i = 0; i < replicas_.size(); ++i) {
+      if (replicas_[i] != nullptr) absl::StrAppend(&out, "\n--- replica ", i, ":\n", replicas_[i]->Output());
+    }
+    return out;
+  }
+
+  FailoverTrial RunFailoverTrial(int world_size);
+
+  std::unique_ptr<EtcdCluster> etcd_;
+  std::string dir_;
+  std::string prefix_;
+  std::vector<std::unique_ptr<Process>> replicas_;
+  std::vector<int> ports_;
+};
+
+// One rank's join of group "g" of `world_size` through `target`, retried on UNAVAILABLE
+// until `deadline` as the sidecars do (coordinator_link.cc).
+absl::StatusOr<pb::JoinResponse> Join(const std::string& target, int rank, int world_size, absl::Time deadline) {
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  pb::JoinRequest req;
+  req.set_job("replicas");
+  req.set_group("g");
+  req.set_world_size(world_size);
+  req.set_compact(true);
+  req.mutable_member()->set_rank(rank);
+  req.mutable_member()->set_host_id(absl::StrCat("host-", rank));
+  req.mutable_member()->set_host_address(absl::StrCat("10.0.0.", rank + 1));
+  grpc::Status s;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    ctx.set_wait_for_ready(true);
+    pb::JoinResponse resp;
+    s = stub->Join(&ctx, req, &resp);
+    if (s.ok()) return resp;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(std::min(20 * attempt, 500)));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Joins ranks [0, world_size), rank r through targets[r % targets.size()]: all but the last
+// at once, then `while_joining` (which runs while they wait for the last), then the last.
+// OK if every answer is the same formation of `world_size` members; else the first problem.
+absl::Status JoinAll(const std::vector<std::string>& targets, int world_size, absl::Duration timeout,
+                     const std::function<void()>& while_joining = nullptr) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<absl::StatusOr<pb::JoinResponse>> answers(world_size, absl::UnknownError("not run"));
+  std::vector<std::thread> ranks;
+  auto start = [&](int r) {
+    ranks.emplace_back([&, r] { answers[r] = Join(targets[r % targets.size()], r, world_size, deadline); });
+  };
+  for (int r = 0; r + 1 < world_size; ++r) start(r);
+  if (while_joining) while_joining();
+  start(world_size - 1);
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < world_size; ++r) {
+    if (!answers[r].ok()) {
+      return absl::Status(answers[r].status().code(), absl::StrCat("rank ", r, ": ", answers[r].status().message()));
+    }
+    if (answers[r]->rank_host_size() != world_size || answers[r]->hosts_size() != world_size ||
+        answers[r]->generation() != answers[0]->generation()) {
+      return absl::InternalError(absl::StrCat("rank ", r, "'s answer differs: ", answers[r]->DebugString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+TEST_F(RegistryReplicasTest, AGroupJoinedThroughEveryReplicaFormsOnce) {
+  for (int i = 0; i < 3; ++i) ASSERT_GT(StartReplica(i), 0) << Logs();
+  const int leader = AwaitLeader(absl::Seconds(20));
+  ASSERT_GE(leader, 0) << Logs();
+  std::vector<std::string> targets;
+  for (int port : ports_) targets.push_back(absl::StrCat("127.0.0.1:", port));
+  ASSERT_THAT(JoinAll(targets, 6, absl::Seconds(30)), IsOk()) << Logs();
+  // The followers forwarded: the leader holds the group, any replica describes it.
+  for (const std::string& target : targets) {
+    auto stub = pb::Registry::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    pb::ListRequest req;
+    req.set_job("replicas");
+    pb::ListResponse resp;
+    ASSERT_TRUE(stub->List(&ctx, req, &resp).ok()) << target;
+    ASSERT_EQ(resp.groups_size(), 1) << target << ": " << resp.DebugString();
+  }
+  EXPECT_EQ(AwaitLeader(absl::Seconds(1)), leader) << "the leader changed with no failure";
+}
+
+// One failover trial (issue 18): 3 replicas; `world_size` ranks rendezvous, half through a
+// client given every replica (leader first, as a Service resolving to every replica), half
+// through a follower (forwarded); store adds loop through the same client; the leader is
+// killed with SIGKILL while all ranks but the last are parked at it, then the last joins.
+struct FailoverTrial {
+  absl::Status rendezvous = absl::UnknownError("not run");
+  int new_leader = -1;
+  int64_t acknowledged = 0;
+  int64_t failed = 0;
+  int64_t value = -1;  // the counter afterwards
+};
+
+FailoverTrial RegistryReplicasTest::RunFailoverTrial(int world_size) {
+  FailoverTrial t;
+  for (int i = 0; i < 3; ++i) {
+    if (StartReplica(i) == 0) return t;
+  }
+  const int leader = AwaitLeader(absl::Seconds(20));
+  if (leader < 0) {
+    t.rendezvous = absl::DeadlineExceededError("no leader elected");
+    return t;
+  }
+  std::vector<std::string> parts = {absl::StrCat("127.0.0.1:", ports_[leader])};
+  for (int i = 0; i < 3; ++i) {
+    if (i != leader) parts.push_back(absl::StrCat("127.0.0.1:", ports_[i]));
+  }
+  const std::string all = absl::StrCat("ipv4:", absl::StrJoin(parts, ","));
+  client::StoreClientOptions o;
+  o.job = "replicas";
+  auto store = client::StoreClient::Connect(all, o);
+  if (!store.ok()) {
+    t.rendezvous = store.status();
+    return t;
+  }
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    while (!stop.load()) {
+      if ((*store)->Add("n", 1).ok()) {
+        ++t.acknowledged;
+      } else {
+        ++t.failed;
+      }
+    }
+  });
+  t.rendezvous = JoinAll({all, parts[1]}, world_size, absl::Seconds(60), [&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    replicas_[leader]->Kill(SIGKILL);
+    (void)replicas_[leader]->Wait(absl::Seconds(10));
+  });
+  t.new_leader = AwaitLeader(absl::Seconds(20), leader);
+  stop = true;
+  writer.join();
+  auto n = (*store)->Get("n", absl::Seconds(10));
+  if (n.ok() && !absl::SimpleAtoi(*n, &t.value)) t.value = -1;
+  return t;
+}
+
+// COLLSERVE_REPLICA_FAILOVER_TRIALS trials (default 1; the closing note of issue 18 ran 10)
+// of 64 ranks; prints the counts.
+TEST_F(RegistryReplicasTest, AKilledLeaderIsReplacedDuringA64RankRendezvousAndNoAcknowledgedWriteIsLost) {
+  int trials = 1;
+  if (const char* env = std::getenv("COLLSERVE_REPLICA_FAILOVER_TRIALS")) {
+    ASSERT_TRUE(absl::SimpleAtoi(env, &trials) && trials >= 1 && trials <= 100) << env;
+  }
+  const std::string base = prefix_;
+  int completed = 0, replaced = 0;
+  int64_t acknowledged = 0, lost = 0, failed = 0;
+  for (int i = 0; i < trials; ++i) {
+    replicas_.clear();
+    ports_.clear();
+    prefix_ = absl::StrCat(base, "trial", i, "/");
+    const FailoverTrial t = RunFailoverTrial(64);
+    if (t.rendezvous.ok()) {
+      ++completed;
+    } else {
+      ADD_FAILURE() << "trial " << i << ": " << t.rendezvous << Logs();
+    }
+    if (t.new_leader >= 0) ++replaced;
+    acknowledged += t.acknowledged;
+    failed += t.failed;
+    // Every acknowledged add is there once; a failed one may or may not have been applied.
+    lost += std::max<int64_t>(0, t.acknowledged - t.value);
+    EXPECT_LE(t.value, t.acknowledged + t.failed) << "trial " << i << ": an add applied twice";
+    EXPECT_GT(t.acknowledged, 0) << "trial " << i;
+  }
+  std::cout << "replica failover: " << trials << " trials of 64 ranks: rendezvous completed " << completed
+            << ", leader replaced " << replaced << ", store adds acknowledged " << acknowledged << " (failed "
+            << failed << "), acknowledged adds lost " << lost << std::endl;
+  EXPECT_EQ(completed, trials);
+  EXPECT_EQ(replaced, trials);
+  EXPECT_EQ(lost, 0);
+}
+
+TEST_F(RegistryReplicasTest, ALeaderThatStopsHandsOverAtOnce) {
+  // A lease of 60 s: a handover faster than that comes from the stopping leader revoking it.
+  for (int i = 0; i < 2; ++i) ASSERT_GT(StartReplica(i, absl::Seconds(60)), 0) << Logs();
+  const int leader = AwaitLeader(absl::Seconds(20));
+  ASSERT_GE(leader, 0) << Logs();
+  replicas_[leader]->Kill(SIGTERM);
+  ASSERT_TRUE(replicas_[leader]->Wait(absl::Seconds(30)).ok());
+  const int next = AwaitLeader(absl::Seconds(20), leader);
+  ASSERT_EQ(next, 1 - leader) << Logs();
+  EXPECT_THAT(JoinAll({absl::StrCat("127.0.0.1:", ports_[next])}, 2, absl::Seconds(20)), IsOk()) << Logs();
+}
+
+TEST(RegistryReplicasConfigTest, ReplicasNeedEtcdAndPlaintext) {
+  server::CoordinatorOptions o;
+  o.listen_address = "127.0.0.1:0";
+  o.credentials.allow_unauthenticated = true;
+  o.replication.advertise_address = "127.0.0.1:0";
+  auto started = server::Coordinator::Start(o);
+  EXPECT_THAT(started, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr("need the store in etcd"));
+  o.etcd.endpoints = {"127.0.0.1:1"};
+  o.tls.cert_file = "/nonexistent/cert.pem";
+  o.tls.key_file = "/nonexistent/key.pem";
+  EXPECT_THAT(server::Coordinator::Start(o), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace collserve::testing
