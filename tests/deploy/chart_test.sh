@@ -9,10 +9,10 @@
 #      (schemas plus the checks it documents), and the facts of each scenario (facts.mjs:
 #      TLS flags and mounts, token Secrets mounted whole and read-only and their flags,
 #      probes, host namespaces, NetworkPolicy rules, Certificates) asserted; in every
-#      scenario no Secret is rendered, the coordinator gets no env and no token in its
-#      args, and the sidecars get no token;
-#   d. values.schema.json and the templates must reject bad values (coordinator.replicas=3,
-#      a port of 70000, unknown keys, a bad CIDR, cert-manager without an issuer, the host
+#      scenario no Secret is rendered, the coordinator gets no env but its pod IP and no
+#      token in its args, and the sidecars get no token;
+#   d. values.schema.json and the templates must reject bad values (coordinator.replicas=0,
+#      or 2 without etcd or with TLS, a port of 70000, etcd endpoints that are URLs, unknown keys, a bad CIDR, cert-manager without an issuer, the host
 #      network under NetworkPolicy without node CIDRs, no credential source (the chart's
 #      defaults), the admin token in the job tokens Secret, a bad token refresh interval
 #      or Secret key): helm template must fail, with the expected message;
@@ -151,6 +151,8 @@ JS
 has persistence-off "volumeClaimTemplates:" && fail "persistence-off still renders a claim"
 has persistence-off '"--max_value_bytes=67108864"' ||
   fail "an integer in coordinator.args did not render as --max_value_bytes=67108864"
+has etcd "volumeClaimTemplates:" && fail "etcd (the store in etcd) still renders a claim"
+has etcd "emptyDir" && fail "etcd (the store in etcd) still renders a data volume"
 
 # Whole-line facts (facts.mjs) of one scenario: fact SCENARIO LINE... (each must be there),
 # nofact SCENARIO LINE... (none may be), nofact_like SCENARIO REGEX (no line may match).
@@ -198,6 +200,22 @@ for name in persistence-off servicemonitor-on tcpstore-on; do
   fact "$name" "$DS hostNetwork=false" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$(POD_IP)"
 done
 
+# The store in etcd over TLS with a client certificate: its flags, no --data_dir and no data
+# volume, the etcd Secret mounted whole and read-only.
+readonly E=/etc/collserve/etcd-tls
+fact etcd "$CC arg --etcd_endpoints=etcd-0.etcd.db.svc:2379,etcd-1.etcd.db.svc:2379,etcd-2.etcd.db.svc:2379" \
+  "$CC arg --etcd_prefix=team-a/collserve/" "$CC arg --etcd_call_timeout=5s" \
+  "$CC arg --etcd_ca_file=$E/ca.crt" "$CC arg --etcd_cert_file=$E/tls.crt" "$CC arg --etcd_key_file=$E/tls.key" \
+  "$STS volume etcd-tls secret=collserve-etcd-client" "$CC mount etcd-tls $E readOnly=true subPath=-"
+nofact_like etcd "^$CC arg --data_dir=| volume data |^$CC mount data "
+nofact_like default "^$CC arg --etcd_|^$CC arg --advertise_address|^PodDisruptionBudget/"
+# Three replicas over etcd: each advertises its pod IP, and a PodDisruptionBudget keeps two.
+fact etcd "$CC arg --advertise_address=\$(POD_IP):29400" "$CC env POD_IP from fieldRef=status.podIP" \
+  "PodDisruptionBudget/collserve-coordinator"
+has etcd "replicas: 3" || fail "etcd: the StatefulSet does not have 3 replicas"
+has etcd "maxUnavailable: 1" || fail "etcd: the PodDisruptionBudget does not allow one replica down"
+
+
 # TCPStore: its allow-list flag, and only training pods may reach it.
 fact tcpstore-on "$CC arg --tcpstore_address=0.0.0.0:29500" \
   "$CC arg --tcpstore_allow=10.244.0.0/16,fd00:10:244::/56" \
@@ -242,7 +260,10 @@ nofact certmanager "$SC arg --tls_cert=$T/tls.crt" "$SC arg --coordinator_tls_ce
 readonly ADM=/etc/collserve/admin-token JOBS=/etc/collserve/job-tokens
 for name in "${scenarios[@]}"; do
   grep -qx -- 'kind: Secret' "$work/rendered-$name.yaml" && fail "$name: the chart rendered a Secret (it must never create token Secrets)"
-  nofact_like "$name" "^$CC env "                       # no env at all: a token could only leak there
+  # No env but the pod IP (coordinator replicas advertise it): a token could only leak there.
+  grep -E "^$CC env " "$work/facts-$name.txt" 2>/dev/null |
+    grep -qvxE "$CC env POD_IP( from fieldRef=status\.podIP)?" &&
+    fail "$name: the coordinator has an env variable other than POD_IP: $(grep -E "^$CC env " "$work/facts-$name.txt" | head -3)"
   nofact_like "$name" "^$CC arg --[a-z_]*token="         # a token itself on the command line
   nofact_like "$name" "^$DS volume (admin-token|job-tokens) |^$SC env COLLSERVE_TOKEN|^$SC arg --[a-z_]*token"
   nofact_like "$name" "^$STS volume (admin-token|job-tokens) items "
@@ -293,7 +314,7 @@ expect_rejected() {  # expect_rejected WHAT PATTERN helm-args...
   render_fails "$1" "$2" -f "$chart/ci/default-values.yaml" "${@:3}"
 }
 step "schema rejects bad values"
-expect_rejected "coordinator.replicas=3" "coordinator.replicas" --set coordinator.replicas=3
+expect_rejected "coordinator.replicas=0" "coordinator.replicas" --set coordinator.replicas=0
 expect_rejected "coordinator.service.grpcPort=70000" "coordinator.service.grpcPort" \
   --set coordinator.service.grpcPort=70000
 expect_rejected "sidecar.metricsPort=70000" "sidecar.metricsPort" --set sidecar.metricsPort=70000
@@ -326,6 +347,18 @@ expect_rejected "coordinator.auth.allowUnauthenticated=yes (a string)" "coordina
   --set-string coordinator.auth.allowUnauthenticated=yes
 expect_rejected "a misspelled key (coordinator.auth.jobTokenSecret)" "jobTokenSecret" \
   --set coordinator.auth.jobTokenSecret=collserve-job-tokens
+expect_rejected "coordinator.etcd.endpoints=[http://etcd:2379] (a URL, not host:port)" "coordinator.etcd.endpoints" \
+  --set 'coordinator.etcd.endpoints={http://etcd:2379}'
+expect_rejected "coordinator.etcd.tls.enabled without a Secret" "needs coordinator.etcd.tls.secretName" \
+  --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.etcd.tls.enabled=true
+expect_rejected "coordinator.etcd.tls.clientCertificate without tls.enabled" "needs coordinator.etcd.tls.enabled" \
+  --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.etcd.tls.clientCertificate=true
+expect_rejected "coordinator.args.data_dir with coordinator.etcd.endpoints" "cannot be set with coordinator.etcd" \
+  --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.args.data_dir=/var/lib/collserve
+expect_rejected "coordinator.replicas=2 without etcd" "coordinator.replicas > 1 needs coordinator.etcd.endpoints" \
+  --set coordinator.replicas=2
+expect_rejected "coordinator.replicas=2 with TLS on the coordinator" "replicas > 1 with coordinator.tls" \
+  --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.replicas=2 --set coordinator.tls.enabled=true
 
 # ---- e. plain manifests, and the validator's own negative control
 step "validate deploy/k8s"
