@@ -299,6 +299,66 @@ TEST_F(RegistryReplicasTest, ALeaderThatStopsHandsOverAtOnce) {
   EXPECT_THAT(JoinAll({absl::StrCat("127.0.0.1:", ports_[next])}, 2, absl::Seconds(20)), IsOk()) << Logs();
 }
 
+// A running job on 2 sidecars (4 ranks in the store_loop of the rank binary: all_reduce
+// and exactly-once store writes, each answer checked) whose sidecars and ranks are given
+// every replica (--coordinator / COLLSERVE_COORDINATOR as an ipv4: list). Replica 0, which
+// they all talk to first, leads; it is killed with SIGKILL mid-loop. The ranks finish with
+// correct results: the data path never needed it, the store fails over to another replica,
+// and the sidecars' watches move to the new leader, which adopts the running group.
+TEST_F(RegistryReplicasTest, AJobOnTwoSidecarsSurvivesTheReplicaItTalksToAndLeadsBeingKilled) {
+  std::vector<int> ports;
+  while (ports.size() < 3) {
+    const int p = UnusedPort();
+    ASSERT_GT(p, 0);
+    if (std::find(ports.begin(), ports.end(), p) == ports.end()) ports.push_back(p);
+  }
+  std::vector<std::string> addresses;
+  for (int p : ports) addresses.push_back(absl::StrCat("127.0.0.1:", p));
+  const std::string all = absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  const std::vector<std::string> replica = {absl::StrCat("--etcd_endpoints=", absl::StrJoin(etcd_->endpoints(), ",")),
+                                            absl::StrCat("--etcd_prefix=", prefix_),
+                                            "--advertise_address=127.0.0.1:0", "--registry_lease_ttl=2s"};
+  std::vector<std::string> first = replica;
+  first.push_back(absl::StrCat("--listen_address=", addresses[0]));
+  auto started = Cluster::Start(2, first, {absl::StrCat("--coordinator=", all)});
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& c = **started;
+  ports_ = ports;
+  ASSERT_EQ(AwaitLeader(absl::Seconds(20)), 0) << c.Logs();
+  for (int i = 1; i < 3; ++i) {
+    std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=", addresses[i]),
+                                     absl::StrCat("--port_file=", dir_, "/replica", i, ".port"), "--metrics_address="};
+    for (const std::string& f : c.credential_flags()) argv.push_back(f);
+    argv.insert(argv.end(), replica.begin(), replica.end());
+    auto p = Process::Start(argv, {}, absl::StrCat(dir_, "/replica", i, ".log"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(ReadPortFile(absl::StrCat(dir_, "/replica", i, ".port"), **p, absl::Seconds(30)).ok()) << Logs();
+    if (replicas_.size() <= static_cast<size_t>(i)) replicas_.resize(i + 1);
+    replicas_[i] = std::move(*p);
+  }
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = c.StartRank(r, 4, r % 2, {"--mode=store_loop", "--iters=300", "--delay_ms=5", "--key_prefix=replicas"},
+                         {{"COLLSERVE_COORDINATOR", all}, {"COLLSERVE_OP_TIMEOUT_S", "60"},
+                          {"COLLSERVE_INIT_TIMEOUT_S", "60"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  for (auto& p : ranks) {  // the group formed and the loop runs
+    while (p->Output().find("iter 50 ok") == std::string::npos && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+  c.coordinator().Kill(SIGKILL);
+  EXPECT_GT(AwaitLeader(absl::Seconds(20), 0), 0) << Logs() << c.Logs();
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<int> code = ranks[r]->Wait(absl::Seconds(120));
+    EXPECT_TRUE(code.ok() && *code == 0) << "rank " << r << " (" << (code.ok() ? absl::StrCat("exit ", *code) : "hung")
+                                         << "):\n" << ranks[r]->Output() << Logs() << c.Logs();
+  }
+}
+
 TEST(RegistryReplicasConfigTest, ReplicasNeedEtcdAndPlaintext) {
   server::CoordinatorOptions o;
   o.listen_address = "127.0.0.1:0";
