@@ -142,6 +142,22 @@ void CheckInputOutput(const at::Tensor& input, const at::Tensor& output, const c
               " differs from input dtype ", input.scalar_type());
 }
 
+// The coalesced calls' tensors (`what`: "inputs" or "outputs"), checked (at least one, one
+// dtype), flattened and concatenated into one new contiguous 1-D tensor.
+at::Tensor Flatten(const std::vector<at::Tensor>& ts, const char* op, const char* what) {
+  TORCH_CHECK(!ts.empty(), "collserve ", op, ": no tensors");
+  std::vector<at::Tensor> parts;
+  parts.reserve(ts.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    std::string name = absl::StrCat(what, "[", i, "]");
+    CheckTensor(ts[i], name.c_str());
+    TORCH_CHECK(ts[i].scalar_type() == ts[0].scalar_type(), "collserve ", op, ": ", name, " has dtype ",
+                ts[i].scalar_type(), " but ", what, "[0] has ", ts[0].scalar_type(), " (one dtype per call)");
+    parts.push_back(ts[i].reshape({-1}));
+  }
+  return at::cat(parts);
+}
+
 // gather's outputs / scatter's inputs: one list of `size` tensors on the root, nothing
 // elsewhere. Returns whether this rank has the list.
 bool RootList(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, int size, const char* op,
@@ -154,6 +170,22 @@ bool RootList(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, i
   TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "collserve ", op, ": only the root passes ",
               kind, " tensors");
   return false;
+}
+
+// ---- torch version: what differs between 1.13 and 2.x in this file, besides the
+// #if COLLSERVE_TORCH2 block of 2.x-only members at its end ----
+
+// PREMUL_SUM's factor: a double, or a one-element tensor (1.13: a list of them, one per
+// device; 2.x: one).
+double PremulSumFactor(const ::c10d::NCCLPreMulSumSupplement& s) {
+#if COLLSERVE_TORCH2
+  const at::Tensor* tensor = s.tensor_factor.defined() ? &s.tensor_factor : nullptr;
+#else
+  const at::Tensor* tensor = s.tensor_factors.empty() ? nullptr : &s.tensor_factors[0];
+#endif
+  if (tensor == nullptr) return s.double_factor;
+  TORCH_CHECK(tensor->numel() == 1, "collserve: PREMUL_SUM's factor tensor must hold one value");
+  return tensor->item<double>();
 }
 
 ReduceOpArg ToReduceOp(const ::c10d::ReduceOp& op) {
@@ -169,12 +201,7 @@ ReduceOpArg ToReduceOp(const ::c10d::ReduceOp& op) {
     case ::c10d::ReduceOp::PREMUL_SUM: {
       auto* s = dynamic_cast<::c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(s != nullptr, "collserve: PREMUL_SUM without a factor");
-      double factor = s->double_factor;
-      if (!s->tensor_factors.empty()) {
-        TORCH_CHECK(s->tensor_factors[0].numel() == 1, "collserve: PREMUL_SUM's factor tensor must hold one value");
-        factor = s->tensor_factors[0].item<double>();
-      }
-      return client::MakePremulSum(factor);
+      return client::MakePremulSum(PremulSumFactor(*s));
     }
     default:
       TORCH_CHECK(false, "collserve: unsupported ReduceOp ", static_cast<int>(op.op_));
@@ -327,7 +354,11 @@ at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::Make(OpType type, const char* op_name, Pending pending) {
-  return c10::make_intrusive<CollserveWork>(getRank(), type, op_name, std::move(pending));
+  issued_.fetch_add(1, std::memory_order_relaxed);
+  c10::intrusive_ptr<CollserveWork> work = c10::make_intrusive<CollserveWork>(getRank(), type, op_name, std::move(pending));
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -357,16 +388,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
-  TORCH_CHECK(!tensors.empty(), "collserve allreduce_coalesced: no tensors");
-  std::vector<at::Tensor> flat_parts;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    std::string name = absl::StrCat("tensors[", i, "]");
-    CheckTensor(tensors[i], name.c_str());
-    TORCH_CHECK(tensors[i].scalar_type() == tensors[0].scalar_type(),
-                "collserve allreduce_coalesced: the tensors must share one dtype");
-    flat_parts.push_back(tensors[i].reshape({-1}));
-  }
-  at::Tensor flat = at::cat(flat_parts);
+  at::Tensor flat = Flatten(tensors, "allreduce_coalesced", "tensors");
   Pending p;
   p.work = pg_->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
   p.outputs = tensors;
@@ -425,6 +447,80 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_allgather_base(at::Tens
   p.outputs = {output};
   p.keep_alive = {input};
   return Make(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "collserve ", op, ": ", outputs.size(), " output lists for ",
+              inputs.size(), " inputs");
+  at::Tensor flat_in = Flatten(inputs, op, "inputs");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TORCH_CHECK(static_cast<int>(outputs[i].size()) == getSize(), "collserve ", op, ": output list ", i, " has ",
+                outputs[i].size(), " tensors, but the group has ", getSize(), " ranks");
+    for (size_t r = 0; r < outputs[i].size(); ++r) {
+      std::string name = absl::StrCat("outputs[", i, "][", r, "]");
+      CheckTensor(outputs[i][r], name.c_str());
+      TORCH_CHECK(outputs[i][r].scalar_type() == flat_in.scalar_type() && outputs[i][r].numel() == inputs[i].numel(),
+                  "collserve ", op, ": ", name, " must have inputs[", i, "]'s dtype and ", inputs[i].numel(),
+                  " elements (every rank passes the same shapes)");
+    }
+  }
+  at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
+  Pending p;
+  p.work = pg_->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.keep_alive = {flat_in, flat_out};
+  for (const std::vector<at::Tensor>& list : outputs) p.outputs.insert(p.outputs.end(), list.begin(), list.end());
+  std::vector<std::vector<at::Tensor>> targets = outputs;
+  int64_t n = flat_in.numel();
+  p.on_success = [flat_out, targets, n]() {
+    int64_t offset = 0;
+    for (const std::vector<at::Tensor>& list : targets) {
+      int64_t count = list.empty() ? 0 : list[0].numel();
+      for (size_t r = 0; r < list.size(); ++r) {
+        list[r].copy_(flat_out.narrow(0, static_cast<int64_t>(r) * n + offset, count).view(list[r].sizes()));
+      }
+      offset += count;
+    }
+  };
+  return Make(OpType::ALLGATHER_COALESCED, op, std::move(p));
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "collserve ", op, ": ", outputs.size(), " outputs for ",
+              inputs.size(), " inputs");
+  at::Tensor flat_in = Flatten(inputs, op, "inputs");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    std::string name = absl::StrCat("outputs[", i, "]");
+    CheckTensor(outputs[i], name.c_str());
+    TORCH_CHECK(outputs[i].scalar_type() == flat_in.scalar_type() &&
+                    outputs[i].numel() == inputs[i].numel() * getSize(),
+                "collserve ", op, ": ", name, " must have inputs[", i, "]'s dtype and input elements (",
+                inputs[i].numel(), ") x world_size (", getSize(), ") elements");
+  }
+  // Rank r's block of the gathered buffer holds its inputs back to back; outputs[i] takes
+  // input i of every rank in rank order.
+  at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
+  Pending p;
+  p.work = pg_->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.keep_alive = {flat_in, flat_out};
+  p.outputs = outputs;
+  std::vector<at::Tensor> targets = outputs;
+  int64_t n = flat_in.numel();
+  int world = getSize();
+  p.on_success = [flat_out, targets, n, world]() {
+    at::Tensor by_rank = flat_out.view({world, n});
+    int64_t offset = 0;
+    for (const at::Tensor& t : targets) {
+      int64_t count = t.numel() / world;
+      t.view({world, count}).copy_(by_rank.narrow(1, offset, count));
+      offset += count;
+    }
+  };
+  return Make(OpType::ALLGATHER_COALESCED, op, std::move(p));
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -492,6 +588,41 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_reduce_scatter_base(
   return Make(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(p));
 }
 
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const ::c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK(outputs.size() == inputs.size(), "collserve ", op, ": ", outputs.size(), " outputs for ",
+              inputs.size(), " inputs");
+  at::Tensor flat_out = Flatten(outputs, op, "outputs");
+  int world = getSize();
+  // Packed so that rank r's block holds chunk r of every input, back to back.
+  std::vector<at::Tensor> chunks;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string name = absl::StrCat("inputs[", i, "]");
+    CheckTensor(inputs[i], name.c_str());
+    TORCH_CHECK(inputs[i].scalar_type() == flat_out.scalar_type() &&
+                    inputs[i].numel() == outputs[i].numel() * world,
+                "collserve ", op, ": ", name, " must have outputs[", i, "]'s dtype and output elements (",
+                outputs[i].numel(), ") x world_size (", world, ") elements");
+    chunks.push_back(inputs[i].reshape({world, outputs[i].numel()}));
+  }
+  at::Tensor packed = chunks.empty() ? at::empty({0}, flat_out.options()) : at::cat(chunks, 1).reshape({-1});
+  Pending p;
+  p.work = pg_->ReduceScatterTensor(flat_out.data_ptr(), packed.data_ptr(), flat_out.numel(),
+                                    Dt(flat_out, "the outputs"), ToReduceOp(opts.reduceOp));
+  p.keep_alive = {flat_out, packed};
+  p.outputs = outputs;
+  std::vector<at::Tensor> targets = outputs;
+  p.on_success = [flat_out, targets]() {
+    int64_t offset = 0;
+    for (const at::Tensor& t : targets) {
+      t.copy_(flat_out.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  };
+  return Make(OpType::_REDUCE_SCATTER_BASE, op, std::move(p));
+}
+
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                       std::vector<int64_t>& output_split_sizes,
                                                                       std::vector<int64_t>& input_split_sizes,
@@ -539,6 +670,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::barrier(const ::c10d::Ba
 
 void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) {
   std::chrono::milliseconds timeout = opts.timeout == ::c10d::kUnsetTimeout ? op_timeout_ : opts.timeout;
+  // Gloo's monitored barrier with a zero timeout fails at once unless every rank has
+  // arrived; the SDK takes positive timeouts only, so that is its shortest one.
+  timeout = std::max(timeout, std::chrono::milliseconds(1));
   std::shared_ptr<client::Work> work =
       pg_->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks);
   absl::Status s = work->Wait();
@@ -575,6 +709,106 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recvAnysource(std::vecto
   p.outputs = tensors;
   return Make(OpType::RECVANYSOURCE, "recv", std::move(p));
 }
+
+#if COLLSERVE_TORCH2
+
+namespace {
+
+// endCoalescing's Work: completes when every Work of the block has (see the header).
+class CoalescedWork : public ::c10d::Work {
+ public:
+  CoalescedWork(int rank, std::vector<c10::intrusive_ptr<CollserveWork>> works)
+      : ::c10d::Work(rank, OpType::COALESCED), works_(std::move(works)) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    if (works_.empty()) {
+      future_->markCompleted(c10::IValue(std::vector<at::Tensor>()));
+      return;
+    }
+    // Chained on the parts' Futures, which complete after their copy-back.
+    auto remaining = std::make_shared<std::atomic<size_t>>(works_.size());
+    auto future = future_;
+    std::vector<c10::intrusive_ptr<CollserveWork>> parts = works_;
+    for (const c10::intrusive_ptr<CollserveWork>& w : works_) {
+      w->getFuture()->addCallback([remaining, future, parts](c10::ivalue::Future&) {
+        if (remaining->fetch_sub(1) != 1) return;
+        std::vector<at::Tensor> outputs;
+        for (const c10::intrusive_ptr<CollserveWork>& part : parts) {
+          if (std::exception_ptr e = part->exception()) {
+            future->setError(e);
+            return;
+          }
+          std::vector<at::Tensor> r = part->result();
+          outputs.insert(outputs.end(), r.begin(), r.end());
+        }
+        future->markCompleted(c10::IValue(outputs));
+      });
+    }
+  }
+
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override {
+    std::vector<at::Tensor> outputs;
+    for (const c10::intrusive_ptr<CollserveWork>& part : works_) {
+      std::vector<at::Tensor> r = part->result();
+      outputs.insert(outputs.end(), r.begin(), r.end());
+    }
+    return outputs;
+  }
+  // Waits for every part (each within `timeout`); throws the first part's error.
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (const c10::intrusive_ptr<CollserveWork>& part : works_) part->wait(timeout);
+    return true;
+  }
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<c10::intrusive_ptr<CollserveWork>> works_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace
+
+void CollserveProcessGroup::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
+  TORCH_CHECK(!coalescing_, "collserve: startCoalescing while a coalesced block is already open");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::endCoalescing() {
+  std::vector<c10::intrusive_ptr<CollserveWork>> works;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    TORCH_CHECK(coalescing_, "collserve: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    works.swap(coalesced_);
+  }
+  return c10::make_intrusive<CoalescedWork>(getRank(), std::move(works));
+}
+
+uint64_t CollserveProcessGroup::getSequenceNumberForGroup() { return issued_.load(std::memory_order_relaxed); }
+
+CollserveProcessGroup* FromTorchGroup(const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+  if (!group) return nullptr;
+  try {
+    return dynamic_cast<CollserveProcessGroup*>(group->getBackend(c10::DeviceType::CPU).get());
+  } catch (const c10::Error&) {  // no CPU backend
+    return nullptr;
+  }
+}
+
+#else
+
+CollserveProcessGroup* FromTorchGroup(const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+  return dynamic_cast<CollserveProcessGroup*>(group.get());
+}
+
+#endif  // COLLSERVE_TORCH2
 
 c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& options) {
   absl::StatusOr<std::unique_ptr<client::ProcessGroup>> pg = client::InitProcessGroup(options);

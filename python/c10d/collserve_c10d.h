@@ -8,12 +8,14 @@
 // torch's example is test/cpp_extensions/cpp_c10d_extension.cpp). The creator attaches to the
 // sidecar as (group, rank, world_size) and returns a CollserveProcessGroup.
 //
-// Torch versions. Everything here uses torch API that 1.13 and 2.x share (at::Tensor,
-// c10d::Work, c10d::ReduceOp and the *Options structs, c10::ivalue::Future). The one
-// version-specific line is the base class, `collserve::c10d_backend::TorchBase`: 1.13's
-// register_backend wants a c10d::ProcessGroup; 2.x wants a c10d::Backend with the same
-// virtual functions. python/CMakeLists.txt builds only against torch 1.13 (Debian 12's
-// libtorch-dev), the version this is tested with.
+// Torch versions: 1.13 (Debian 12) and 2.2 or later (tested on Debian 13's 2.6) build from
+// this one source. Everything uses torch API that both share (at::Tensor, c10d::Work,
+// c10d::ReduceOp and the *Options structs, c10::ivalue::Future); what differs is isolated
+// in the "torch version" block below: the base class (1.13's register_backend wants a
+// c10d::ProcessGroup, 2.x's a c10d::Backend registered for the CPU device, with the same
+// virtual functions), the calls only 2.x has (the *_tensor_coalesced ones, coalescing),
+// and how to find this backend inside a torch ProcessGroup. collserve/torch.py holds the
+// Python side's one difference (register_backend's `devices`).
 //
 // Tensors: dense, contiguous CPU tensors of float32, float64, float16, bfloat16, int32,
 // int64, int8, uint8 or bool, one tensor per call (as torch's Gloo backend for CPU). Data
@@ -36,7 +38,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -49,8 +56,20 @@
 
 namespace collserve::c10d_backend {
 
-// The c10d base class of this torch version (see the file comment).
+// ---- torch version (see the file comment): the only version-specific declarations ----
+#if TORCH_VERSION_MAJOR >= 2
+#define COLLSERVE_TORCH2 1
+using TorchBase = ::c10d::Backend;
+// Marks the overrides of virtual functions that only torch 2.x's c10d::Backend declares
+// (on 1.13 they are ordinary members nothing calls).
+#define COLLSERVE_TORCH2_OVERRIDE override
+#elif TORCH_VERSION_MAJOR == 1 && TORCH_VERSION_MINOR == 13
+#define COLLSERVE_TORCH2 0
 using TorchBase = ::c10d::ProcessGroup;
+#define COLLSERVE_TORCH2_OVERRIDE
+#else
+#error "the collserve c10d backend supports torch 1.13 and 2.2 or later"
+#endif
 
 // One operation in flight: the SDK's Work, the tensors it reads and writes (kept alive until
 // it completes), the tensors its Future yields, and what to do on success before completing
@@ -120,6 +139,19 @@ class CollserveProcessGroup : public TorchBase {
   // all_gather_into_tensor: output.numel() == input.numel() * world_size.
   c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                    const ::c10d::AllgatherOptions& opts) override;
+  // all_gather_coalesced: outputs[i][r] receives rank r's inputs[i]. Every rank passes
+  // tensors of the same shapes (as Gloo requires); one dtype per call. One all_gather of
+  // the flattened inputs, copied out on success.
+  c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const ::c10d::AllgatherOptions& opts) override;
+  // torch 2.x's coalesced all_gather_into_tensor (_coalescing_manager's fast path):
+  // outputs[i].numel() == inputs[i].numel() * world_size; one dtype per call; one
+  // all_gather of the flattened inputs, copied out on success.
+  c10::intrusive_ptr<::c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const ::c10d::AllgatherOptions& opts)
+      COLLSERVE_TORCH2_OVERRIDE;
   c10::intrusive_ptr<::c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const ::c10d::GatherOptions& opts) override;
@@ -132,6 +164,13 @@ class CollserveProcessGroup : public TorchBase {
   // reduce_scatter_tensor: input.numel() == output.numel() * world_size.
   c10::intrusive_ptr<::c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                         const ::c10d::ReduceScatterOptions& opts) override;
+  // torch 2.x's coalesced reduce_scatter_tensor: inputs[i].numel() == outputs[i].numel() *
+  // world_size; one dtype per call. Rank r's chunks of every input are packed together,
+  // reduce-scattered in one operation and copied out on success.
+  c10::intrusive_ptr<::c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                   std::vector<at::Tensor>& inputs,
+                                                                   const ::c10d::ReduceScatterOptions& opts)
+      COLLSERVE_TORCH2_OVERRIDE;
   // all_to_all_single: splits are counts of rows (dim 0), as torch's; empty = equal rows.
   c10::intrusive_ptr<::c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                  std::vector<int64_t>& output_split_sizes,
@@ -141,11 +180,27 @@ class CollserveProcessGroup : public TorchBase {
                                             const ::c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> barrier(const ::c10d::BarrierOptions& opts) override;
   // Blocks; throws std::runtime_error naming the first rank (all ranks with wait_all_ranks)
-  // that did not arrive within opts.timeout (unset: the group's op timeout).
+  // that did not arrive within opts.timeout (unset: the group's op timeout). A zero or
+  // negative timeout times out at once unless every rank is already there, as Gloo's.
   void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   c10::intrusive_ptr<::c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+
+#if COLLSERVE_TORCH2
+  // torch 2.x's coalescing (ProcessGroup._start_coalescing / _end_coalescing, used by
+  // _coalescing_manager with a device): the operations issued in between run as usual
+  // (each returns its own Work), and endCoalescing returns one Work that completes when all
+  // of them have (the first error wins); its Future yields all their outputs. Throws
+  // c10::Error when coalescing is already on (start) or off (end). Thread-safe, but the
+  // operations of one coalesced block must come from one thread, as with NCCL.
+  void startCoalescing() override;
+  c10::intrusive_ptr<::c10d::Work> endCoalescing() override;
+  // torch 2.x's sequence numbers (set at creation for gloo and nccl, and by
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper): the number of operations issued so far.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override;
+#endif
 
   // A 1-D uint8 tensor of `bytes` bytes (> 0; 64-byte aligned, zero-filled) in this group's
   // shared-memory arena (client::ProcessGroup::AllocateShared). This group's collectives on
@@ -161,7 +216,16 @@ class CollserveProcessGroup : public TorchBase {
 
   std::unique_ptr<client::ProcessGroup> pg_;
   std::chrono::milliseconds op_timeout_;
+  std::atomic<uint64_t> issued_{0};
+  std::mutex coalescing_mu_;
+  bool coalescing_ = false;          // guarded by coalescing_mu_
+  // guarded by coalescing_mu_: the Works of the operations since startCoalescing.
+  std::vector<c10::intrusive_ptr<CollserveWork>> coalesced_;
 };
+
+// The collserve backend of a torch ProcessGroup object as Python passes it (1.13: the group
+// itself; 2.x: its CPU backend), or nullptr when it is not a collserve group.
+CollserveProcessGroup* FromTorchGroup(const c10::intrusive_ptr<::c10d::ProcessGroup>& group);
 
 // Attaches to the sidecar (blocking until all world_size ranks of `group` have joined, or
 // init_timeout) and returns the process group. Throws std::runtime_error with the SDK's

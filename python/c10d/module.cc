@@ -57,7 +57,7 @@ PYBIND11_MODULE(_collserve_torch, m) {
   m.def(
       "empty_shared",
       [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, int64_t bytes) {
-        auto* pg = dynamic_cast<collserve::c10d_backend::CollserveProcessGroup*>(group.get());
+        collserve::c10d_backend::CollserveProcessGroup* pg = collserve::c10d_backend::FromTorchGroup(group);
         if (pg == nullptr) throw std::invalid_argument("collserve empty: the group is not a collserve group");
         return pg->EmptyShared(bytes);
       },

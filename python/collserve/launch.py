@@ -18,6 +18,12 @@ TORCHELASTIC_USE_AGENT_STORE=True, so torch.distributed's own env:// rendezvous 
 backend, "collserve" included) goes through the coordinator's store, as under torchrun's
 agents. With --coordinator, give its endpoint's port as --tcpstore_port; without it,
 MASTER_PORT is the coordinator's gRPC port (enough for the collserve SDK, not for torch).
+A torch 2.x built without libuv (Debian 13's 2.6) cannot take that path: its TCPStore
+refuses to start unless given use_libuv=False, which torch's agent-store path never passes.
+With such a torch the ranks get USE_LIBUV=0 and torch's other env:// path instead: rank 0
+hosts torch's own TCPStore at MASTER_ADDR:MASTER_PORT (a free port of node 0, which node 0's
+launcher publishes to the other nodes through the coordinator's store), as under torchrun
+with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
 
 Several hosts: run one launcher per host with the same --nnodes, --nproc_per_node, --job and
 --coordinator HOST:PORT (a running collserve-coordinator), and --node_rank 0..nnodes-1.
@@ -43,6 +49,38 @@ import threading
 import time
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+# The probe for a torch whose TCPStore needs use_libuv=False (see the module docstring).
+_TORCH_LIBUV_PROBE = """
+import datetime, torch.distributed as d
+try:
+    d.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=10), wait_for_workers=False, use_libuv=True)
+except Exception as e:
+    print("without libuv" in str(e))
+"""
+
+
+def torch_without_libuv(python=sys.executable):
+    """Whether `python`'s torch is 2.x built without libuv, so that its TCPStore cannot start
+    unless given use_libuv=False (Debian 13's torch 2.6). False without torch or with torch
+    1.x (no libuv option). Costs one torch import in a child process (about a second)."""
+    try:
+        import importlib.metadata
+        if int(importlib.metadata.version("torch").split(".")[0]) < 2:
+            return False
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return False
+    try:
+        r = subprocess.run([python, "-c", _TORCH_LIBUV_PROBE], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.stdout.strip() == "True"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def find_binary(name):
@@ -207,6 +245,7 @@ class Launcher:
         self.pumps = []
         self.failed_something = False
         self.token = None  # the embedded coordinator's job token, handed to the ranks
+        self.no_libuv = False  # torch_without_libuv(), when the ranks get a TCPStore endpoint
         self.watchers = []  # collservectl wait (watch_formation)
         self.own_dir = not args.log_dir
         self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
@@ -292,7 +331,10 @@ class Launcher:
             os.unlink(os.path.join(exits, name))
         host, _, port = coordinator.rpartition(":")
         torch_store = {}
-        if tcpstore_port:
+        if tcpstore_port and self.no_libuv:
+            host, port = self.torch_master(coordinator, attempt)
+            torch_store = {"USE_LIBUV": "0"}
+        elif tcpstore_port:
             # torch's env:// rendezvous reaches the coordinator's TCPStore endpoint, every rank
             # as a client (as under torchrun's agent store).
             port = str(tcpstore_port)
@@ -303,6 +345,23 @@ class Launcher:
                              torch_store=torch_store)
         for local_rank in range(a.nproc_per_node):
             self.spawn(local_rank, attempt)
+
+    def torch_master(self, coordinator, attempt):
+        """MASTER_ADDR and MASTER_PORT for a torch without libuv (see the module docstring):
+        a free port of node 0, where rank 0 hosts torch's TCPStore in this attempt. Node 0
+        publishes it under collserve/launch/torch_master/<attempt> in the coordinator's
+        store; the other nodes wait for it (COLLSERVE_INIT_TIMEOUT_S, default 300 s)."""
+        a = self.args
+        if a.nnodes == 1:
+            return "127.0.0.1", str(_free_port())
+        from .store import Store
+        store = Store(address=coordinator, job=a.job, token=self.token,
+                      timeout=float(os.environ.get("COLLSERVE_INIT_TIMEOUT_S", "300")))
+        key = f"collserve/launch/torch_master/{attempt}"
+        if a.node_rank == 0:
+            store.set(key, f"{a.gloo_hostname or _host_address()}:{_free_port()}")
+        host, _, port = store.get(key).decode().rpartition(":")
+        return host, port
 
     def spawn(self, local_rank, attempt, join=False):
         """Starts local rank `local_rank` (attempt `attempt`; `join`: into a running job,
@@ -443,6 +502,7 @@ class Launcher:
         previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
         try:
             coordinator, sidecar, tcpstore_port = self.start_servers()
+            self.no_libuv = bool(tcpstore_port) and torch_without_libuv()
             self.watch_formation(coordinator)
             attempt = 0
             while True:

@@ -1,4 +1,4 @@
-"""collserve.torch: the "collserve" backend of torch.distributed (torch 1.13).
+"""collserve.torch: the "collserve" backend of torch.distributed (torch 1.13, and 2.2 or later).
 
     import torch.distributed as dist
     import collserve.torch                       # registers the backend
@@ -227,7 +227,12 @@ def empty(*size, dtype=None, group=None):
 def _register():
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True)
+    if int(torch.__version__.split(".")[0]) >= 2:
+        # torch 2.x: the creator returns a c10d Backend, which torch wraps in a ProcessGroup
+        # for the devices named here (CPU tensors; CUDA ones go to collserve.torch_pg).
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    else:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True)
     atexit.register(_stop_embedded)
 
 

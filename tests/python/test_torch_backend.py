@@ -115,6 +115,10 @@ def test_errors_are_clear_and_the_group_stays_usable():
     run_ranks(4, ["errors", "collserve", "env"])
 
 
+def test_monitored_barrier_with_zero_timeout_times_out_at_once():
+    run_ranks(2, ["monitored_zero", "collserve", "env"])
+
+
 def test_ranks_on_several_hosts_start_one_sidecar_per_host():
     """With COLLSERVE_COORDINATOR, the first rank of each host starts that host's sidecar;
     here two "hosts" on loopback (COLLSERVE_HOST_ID), so the all_reduce crosses sidecars."""
@@ -222,10 +226,15 @@ def _running(pid):
         return False
 
 
-def ddp_parameters(backend, tmp_path, no_ddp=False):
-    out = tmp_path / f"{backend}{'-local' if no_ddp else ''}.pt"
-    run_ranks(4, ["ddp", backend, "env", str(out)], env={"WORKER_NO_DDP": "1" if no_ddp else "0"})
+def parameters(scenario, backend, tmp_path, env=None):
+    """Runs torch_worker.py SCENARIO (ddp, fsdp) on 4 ranks; the parameters rank 0 saved."""
+    out = tmp_path / f"{scenario}-{backend}-{len(os.listdir(tmp_path))}.pt"
+    run_ranks(4, [scenario, backend, "env", str(out)], env=env)
     return torch.load(out)
+
+
+def ddp_parameters(backend, tmp_path, no_ddp=False):
+    return parameters("ddp", backend, tmp_path, {"WORKER_NO_DDP": "1" if no_ddp else "0"})
 
 
 def relative_difference(a, b):
@@ -254,6 +263,91 @@ def test_ddp_matches_torch_gloo(tmp_path):
     # Control: without DDP the ranks train on their own data and end up elsewhere, so the
     # comparison above can fail.
     assert relative_difference(local, gloo) > 1e-3
+
+
+def test_ddp_fp16_comm_hook_matches_torch_gloo(tmp_path):
+    """DDP with the fp16 compression comm hook (gradients all-reduced as float16 through
+    the Work's future, then decompressed): 20 steps end where gloo's end. Gloo and the
+    sidecar add the float16 gradients in different orders, so the bound is float16's."""
+    hook = {"WORKER_COMM_HOOK": "fp16"}
+    ours, gloo = (parameters("ddp", backend, tmp_path, hook) for backend in ("collserve", "gloo"))
+    plain = ddp_parameters("gloo", tmp_path)
+    diff = relative_difference(ours, gloo)
+    print(f"DDP with fp16_compress_hook, 20 steps, 4 ranks, collserve vs gloo: relative difference {diff:.3g}; "
+          f"gloo with vs without the hook: {relative_difference(gloo, plain):.3g}")
+    assert diff <= 1e-3
+
+
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2, reason="FSDP on CPU needs torch 2.x")
+def test_fsdp_matches_torch_gloo(tmp_path):
+    """10 steps of FullyShardedDataParallel on CPU under "collserve" end where they end under
+    "gloo", within 1e-6 relative (as DDP)."""
+    ours, gloo = (parameters("fsdp", backend, tmp_path) for backend in ("collserve", "gloo"))
+    diff = relative_difference(ours, gloo)
+    print(f"FSDP, 10 steps, 4 ranks, collserve vs gloo: relative difference {diff:.3g}")
+    assert len(ours) == 6 and diff <= 1e-6
+
+
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2, reason="dcp.save/load need torch 2.x")
+def test_distributed_checkpoint_saves_and_loads(tmp_path):
+    run_ranks(4, ["checkpoint", "collserve", "env", str(tmp_path / "checkpoint")])
+    assert (tmp_path / "checkpoint" / ".metadata").exists()
+
+
+def _torchrun_works():
+    """torch 1.13's torchrun cannot start on Python 3.11 (Debian 12): its Std.from_str
+    returns None for every value, so start_processes fails (fixed in torch 2.0)."""
+    from torch.distributed.elastic.multiprocessing.api import Std
+    return Std.from_str("0") is not None
+
+
+@pytest.mark.skipif(not _torchrun_works(), reason="this torch's torchrun cannot start on this Python")
+def test_torchrun_forms_a_job_through_the_coordinator():
+    """torch's own launcher, `python -m torch.distributed.run --rdzv_backend=c10d
+    --rdzv_endpoint=<the coordinator's TCPStore endpoint>`: its agents rendezvous through the
+    endpoint (torch's compare_set/add/get/wait protocol), and its 2 ranks, given
+    COLLSERVE_COORDINATOR, form their "collserve" group in the same coordinator (the first
+    rank starts this host's sidecar). On a torch without libuv (Debian 13's), torchrun
+    needs tests/python/torch_nolibuv/ (see its docstring)."""
+    from collserve.launch import torch_without_libuv
+    d = tempfile.mkdtemp(prefix="collserve-torchrun-")
+    flags, tokens = credentials(d)
+    coordinator = subprocess.Popen(
+        [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
+         f"--port_file={d}/port", "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port",
+         "--tcpstore_job=default", "--metrics_address=", "--log_level=warning", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = private_tmp()
+    try:
+        port = _wait_port(f"{d}/port", coordinator)
+        with open(f"{d}/tcpstore.port") as f:
+            tcpstore_port = int(f.read())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
+        env.update(COLLSERVE_COORDINATOR=f"127.0.0.1:{port}", COLLSERVE_TOKEN=tokens["default"],
+                   COLLSERVE_GLOO_HOSTNAME="127.0.0.1", TMPDIR=tmp)
+        if torch_without_libuv():
+            env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "torch_nolibuv"), env.get("PYTHONPATH", "")])
+            env["USE_LIBUV"] = "0"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{tcpstore_port}", "--rdzv_id=torchrun-test",
+             "--rdzv_conf=is_host=0", "--max_restarts=0", "--monitor_interval=0.2", WORKER, "hosts", "collserve",
+             "env"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out = proc.communicate(timeout=180)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"torchrun did not finish within 180 s:\n{proc.communicate()[0]}")
+        assert proc.returncode == 0 and "rank 0: hosts ok" in out and "rank 1: hosts ok" in out, out
+        keys = subprocess.run([os.path.join(BUILD, "server", "collservectl"), f"--coordinator=127.0.0.1:{port}",
+                               "--job=default", "keys"], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "COLLSERVE_TOKEN": tokens["default"]})
+        assert "torchrun-test" in keys.stdout, keys.stdout + keys.stderr  # the agents' rendezvous state
+    finally:
+        coordinator.kill()
+        coordinator.wait()
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def launch(*args, timeout=180):
@@ -353,6 +447,16 @@ def test_tutorial_programs_with_only_the_backend_changed(example, tmp_path):
     # The ranks print to one pipe, their writes interleaved differently in every run: compare
     # what was printed, not the order.
     assert sorted(re.sub(r"\s", "", ours)) == sorted(re.sub(r"\s", "", gloo)) and ours.strip(), (ours, gloo)
+
+
+@pytest.mark.skipif(not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"),
+                    reason="dist_train_hooks.py needs torch >= 2.1")
+def test_blog_hooks_training_with_only_the_backend_changed(tmp_path):
+    """The blog's dist_train_hooks.py: an all_reduce from every parameter's
+    post-accumulate-grad hook, in a process group set up by a context manager."""
+    program = verbatim("dist_train_hooks.py", "blog_distributed_training_part1.md", "# dist_train_hooks.py")
+    out = run_program(only_backend_changed(program, free_port()), tmp_path, "--world-size=4", "--num-iter=10")
+    assert "Iteration 10/10" in out and "Finished training!" in out
 
 
 def test_blog_training_with_only_the_backend_changed(tmp_path):

@@ -2,7 +2,7 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | hosts | idle | arena. BACKEND: collserve or gloo. INIT: env
+SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero. BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
 AssertionError; success prints "rank R: SCENARIO ok".
@@ -16,6 +16,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import collserve.torch  # noqa: F401  registers the "collserve" backend
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
 def init(backend, how):
@@ -190,6 +192,14 @@ def collectives(rank, world):
     dist.all_reduce_coalesced([a, c])
     equal(a, torch.full((2, 2), 6.0))
     equal(c, torch.full((3,), 4.0))
+    # all_gather_coalesced: every rank passes the same shapes, one dtype
+    outs = [[torch.zeros(2, 2) for _ in range(world)], [torch.zeros(3) for _ in range(world)]]
+    dist.all_gather_coalesced(outs, [torch.full((2, 2), float(rank)), torch.arange(3.0) + rank])
+    for r in range(world):
+        equal(outs[0][r], torch.full((2, 2), float(r)))
+        equal(outs[1][r], torch.arange(3.0) + r)
+    if TORCH2:
+        torch2_calls(rank, world)
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank})
     assert objs == [{"rank": r} for r in range(world)], objs
@@ -199,6 +209,59 @@ def collectives(rank, world):
     # torch 1.13's dist.monitored_barrier refuses every backend but gloo; the method is there.
     dist.distributed_c10d._get_default_group().monitored_barrier(datetime.timedelta(seconds=30))
     dist.barrier()
+
+
+def torch2_calls(rank, world):
+    """What torch 2.x adds: _coalescing_manager's fast path (all_reduce, all_gather_into_tensor,
+    reduce_scatter_tensor each coalesced into one call), coalescing with a device (the
+    backend's start/endCoalescing), barrier with device_ids."""
+    group = dist.distributed_c10d._get_default_group()
+    a, b = torch.full((2,), float(rank)), torch.full((3,), 1.0)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    cm.wait()
+    equal(a, torch.full((2,), 6.0))
+    equal(b, torch.full((3,), 4.0))
+    outs = [torch.zeros(world * 2), torch.zeros(world * 3, 1)]
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(outs[0], torch.full((2,), float(rank)))
+        dist.all_gather_into_tensor(outs[1], torch.arange(3.0).reshape(3, 1) + 10 * rank)
+    equal(outs[0], torch.arange(world, dtype=torch.float32).repeat_interleave(2))
+    equal(outs[1], torch.cat([torch.arange(3.0).reshape(3, 1) + 10 * r for r in range(world)]))
+    rs = [torch.zeros(2), torch.zeros(1, 3)]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(rs[0], torch.arange(world * 2, dtype=torch.float32))
+        dist.reduce_scatter_tensor(rs[1], torch.full((world, 3), float(rank + 1)))  # one ReduceOp per block
+    cm.wait()
+    equal(rs[0], torch.arange(rank * 2, rank * 2 + 2, dtype=torch.float32) * world)
+    equal(rs[1], torch.full((1, 3), float(sum(range(1, world + 1)))))
+    x, y = torch.full((2,), float(rank)), torch.zeros(world)
+    group._start_coalescing(torch.device("cpu"))
+    dist.all_reduce(x)
+    dist.all_gather_into_tensor(y, torch.full((1,), float(rank)))
+    work = group._end_coalescing(torch.device("cpu"))
+    work.wait()
+    equal(x, torch.full((2,), 6.0))
+    equal(y, torch.arange(world, dtype=torch.float32))
+    assert [t.numel() for t in work.get_future().wait()] == [2, world]
+    dist.barrier(device_ids=[0])
+
+
+def monitored_zero(rank, world):
+    """monitored_barrier with a zero timeout times out at once (as Gloo's) unless every rank
+    is there: rank 0 waits for the others, who come 2 s late."""
+    import time
+    group = dist.distributed_c10d._get_default_group()
+    if rank != 0:
+        time.sleep(2)
+    start = time.monotonic()
+    try:
+        group.monitored_barrier(datetime.timedelta(0))
+        raise AssertionError("a zero-timeout monitored barrier passed with ranks missing")
+    except RuntimeError as e:
+        assert "DEADLINE_EXCEEDED" in str(e), e
+    assert rank != 0 or time.monotonic() - start < 1.5, time.monotonic() - start
 
 
 def errors(rank, world):
@@ -244,23 +307,66 @@ def errors(rank, world):
     dist.barrier()
 
 
-def ddp(rank, world, out):
-    """20 steps of DistributedDataParallel training; rank 0 saves the parameters to `out`."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
-    if os.environ.get("WORKER_NO_DDP") != "1":
-        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+def train(model, rank, steps):
+    """`steps` SGD steps (momentum 0.9) of a 16 -> 4 regression, each rank on its own data."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    data = torch.Generator().manual_seed(1000 + rank)  # each rank its own data
-    for _ in range(20):
+    data = torch.Generator().manual_seed(1000 + rank)
+    for _ in range(steps):
         x = torch.randn(8, 16, generator=data)
         y = torch.randn(8, 4, generator=data)
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
+
+
+def ddp(rank, world, out):
+    """20 steps of DistributedDataParallel training; rank 0 saves the parameters to `out`.
+    WORKER_NO_DDP=1: without DDP (a control); WORKER_COMM_HOOK=fp16: with DDP's fp16
+    compression comm hook (gradients all-reduced as float16 through the Work's future)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    if os.environ.get("WORKER_NO_DDP") != "1":
+        model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)  # several buckets
+        if os.environ.get("WORKER_COMM_HOOK") == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    train(model, rank, 20)
     if rank == 0:
         torch.save([p.detach().clone() for p in model.parameters()], out)
+
+
+def fsdp(rank, world, out):
+    """10 steps of FullyShardedDataParallel (torch 2.x, CPU: parameters sharded over the
+    ranks, all_gather_into_tensor before each use, reduce_scatter_tensor of the gradients);
+    rank 0 saves the full parameters to `out`."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 31), nn.Tanh(), nn.Linear(31, 4))
+    model = FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+    train(model, rank, 10)
+    # Every rank gathers the full state. (offload_to_cpu=True does not clone CPU tensors: the
+    # values would view the unsharded parameters FSDP frees when the context ends.)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+        state = model.state_dict()
+    if rank == 0:
+        torch.save([v.detach().clone() for v in state.values()], out)
+
+
+def checkpoint(rank, world, directory):
+    """torch.distributed.checkpoint: every rank saves its part of a sharded state (the
+    planner's gather/scatter of the plans and the barrier go through the backend), then
+    loads it back into zeroed tensors."""
+    import torch.distributed.checkpoint as dcp
+    state = {"weight": torch.arange(12.0).reshape(3, 4) * (rank + 1), "step": torch.tensor([rank])}
+    keyed = {f"rank{rank}": state}
+    dcp.save(keyed, checkpoint_id=directory)
+    restored = {f"rank{rank}": {"weight": torch.zeros(3, 4), "step": torch.tensor([-1])}}
+    dcp.load(restored, checkpoint_id=directory)
+    equal(restored[f"rank{rank}"]["weight"], state["weight"])
+    equal(restored[f"rank{rank}"]["step"], state["step"])
 
 
 def arena(rank, world):
@@ -312,8 +418,18 @@ def main():
         time.sleep(300)
     elif scenario == "arena":
         arena(rank, world)
+    elif scenario == "monitored_zero":
+        monitored_zero(rank, world)
+        print(f"rank {rank}: {scenario} ok", flush=True)
+        return  # the group is unusable after a failed monitored barrier (as torch's)
     elif scenario == "ddp":
         ddp(rank, world, sys.argv[4])
+        dist.barrier()
+    elif scenario == "fsdp":
+        fsdp(rank, world, sys.argv[4])
+        dist.barrier()
+    elif scenario == "checkpoint":
+        checkpoint(rank, world, sys.argv[4])
         dist.barrier()
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
