@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "absl/algorithm/container.h"
+#include "absl/base/config.h"
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -46,6 +47,18 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
                                                    " bytes; at least ", kMinTokenBytes, " are required"));
   }
   return token;
+}
+
+// absl::HexStringToBytes; Abseil 20240116 and later deprecate the overload that returns the
+// bytes for one that returns whether `hex` was valid (Debian 12 has 20220623, Debian 13
+// 20240722). `hex` has been checked to hold hex digits only.
+bool HexToBytes(absl::string_view hex, std::string* bytes) {
+#if defined(ABSL_LTS_RELEASE_VERSION) && ABSL_LTS_RELEASE_VERSION >= 20240116
+  return absl::HexStringToBytes(hex, bytes);
+#else
+  *bytes = absl::HexStringToBytes(hex);
+  return true;
+#endif
 }
 
 }  // namespace
@@ -215,7 +228,7 @@ absl::Status JobCredentials::LoadMinted() {
     std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
     std::string bytes;
     if (parts.size() != 2 || !ValidateJob(parts[0]).ok() || parts[1].size() != 64 ||
-        !absl::c_all_of(parts[1], absl::ascii_isxdigit) || (bytes = absl::HexStringToBytes(parts[1])).size() != 32) {
+        !absl::c_all_of(parts[1], absl::ascii_isxdigit) || !HexToBytes(parts[1], &bytes) || bytes.size() != 32) {
       ++bad;
       continue;
     }
