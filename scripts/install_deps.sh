@@ -14,6 +14,7 @@ packages=(
   prometheus
   etcd-server
   libleveldb-dev
+  mmdebstrap
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # The README's test command: installs the Debian packages, builds (Release, -j2) and runs
 # every test suite with ctest, then runs each fuzz target for a bounded time (clang,
-# libFuzzer; scripts/fuzz.sh), then the sanitizer runs (scripts/sanitizers.sh: the suite
-# under ASan+UBSan, the store, client, engine and sidecar tests under TSan). Each test bounds
-# its own time (ctest TIMEOUT) and stops the processes it starts. COLLSERVE_SANITIZERS=0
-# skips the sanitizer runs (a quick local check; CI runs them).
+# libFuzzer; scripts/fuzz.sh), then the torch 2.x stage (scripts/debian13.sh: the Python
+# suites in a Debian 13 root against its torch 2.6), then the sanitizer runs
+# (scripts/sanitizers.sh: the suite under ASan+UBSan, the store, client, engine and sidecar
+# tests under TSan). Each test bounds its own time (ctest TIMEOUT) and stops the processes it
+# starts. COLLSERVE_SANITIZERS=0 skips the sanitizer runs and COLLSERVE_DEBIAN13=0 the
+# Debian 13 stage (quick local checks; CI runs both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j2
 ctest --test-dir build --output-on-failure -j2 --timeout 300
-# Fuzzing: ${COLLSERVE_FUZZ_SECONDS:-60} s per target from the seed corpus in tests/fuzz/corpus.
-bash scripts/fuzz.sh "${COLLSERVE_FUZZ_SECONDS:-60}"
+# Fuzzing: ${COLLSERVE_FUZZ_SECONDS:-30} s per target from the seed corpus in tests/fuzz/corpus
+# (30 s since the Debian 13 stage joined CI, which must end within 90 minutes).
+bash scripts/fuzz.sh "${COLLSERVE_FUZZ_SECONDS:-30}"
+# torch 2.x: the Python and c10d suites on Debian 13's torch 2.6 (docs/torch.md).
+if [ "${COLLSERVE_DEBIAN13:-1}" != 0 ]; then
+  bash scripts/debian13.sh
+fi
 # Sanitizers: ASan+LSan+UBSan over the whole suite, TSan over the threaded parts.
 if [ "${COLLSERVE_SANITIZERS:-1}" != 0 ]; then
   bash scripts/sanitizers.sh

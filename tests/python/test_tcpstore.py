@@ -15,6 +15,7 @@ import pytest
 torch_dist = pytest.importorskip("torch.distributed")
 import collserve  # noqa: E402
 from test_sdk import BUILD, _wait_port, credentials  # noqa: E402
+from torch_compat import agent_store_env, store_kwargs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -43,7 +44,8 @@ def coordinator(monkeypatch):
 
 
 def client(port, timeout_s=10.0):
-    return torch_dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=timeout_s))
+    return torch_dist.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=timeout_s),
+                               **store_kwargs())
 
 
 def test_every_call_of_torch_113_client(coordinator):
@@ -59,7 +61,7 @@ def test_every_call_of_torch_113_client(coordinator):
     assert s.num_keys() == 3
     s.wait(["k", "ctr"])
     s.wait(["cas"], datetime.timedelta(seconds=2))
-    with pytest.raises(RuntimeError, match="Socket Timeout"):
+    with pytest.raises(RuntimeError, match="Socket Timeout|wait timeout"):  # 1.13 | 2.x client
         s.wait(["never"], datetime.timedelta(seconds=0.3))
     assert s.delete_key("k") is True and s.delete_key("k") is False
     assert s.num_keys() == 2
@@ -109,8 +111,9 @@ def test_torch_process_group_rendezvous_through_the_endpoint(coordinator, init):
     world = 3
     procs = []
     for rank in range(world):
-        env = dict(os.environ, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
-                   RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = agent_store_env(dict(os.environ, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
+                                   RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                                   MASTER_PORT=str(port)))
         method = f"tcp://127.0.0.1:{port}?rank={rank}&world_size={world}" if init == "tcp" else "env://"
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "tcpstore_worker.py"), method], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

@@ -309,7 +309,7 @@ def test_torchrun_forms_a_job_through_the_coordinator():
     COLLSERVE_COORDINATOR, form their "collserve" group in the same coordinator (the first
     rank starts this host's sidecar). On a torch without libuv (Debian 13's), torchrun
     needs tests/python/torch_nolibuv/ (see its docstring)."""
-    from collserve.launch import torch_without_libuv
+    from torch_compat import agent_store_env
     d = tempfile.mkdtemp(prefix="collserve-torchrun-")
     flags, tokens = credentials(d)
     coordinator = subprocess.Popen(
@@ -325,9 +325,7 @@ def test_torchrun_forms_a_job_through_the_coordinator():
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
         env.update(COLLSERVE_COORDINATOR=f"127.0.0.1:{port}", COLLSERVE_TOKEN=tokens["default"],
                    COLLSERVE_GLOO_HOSTNAME="127.0.0.1", TMPDIR=tmp)
-        if torch_without_libuv():
-            env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "torch_nolibuv"), env.get("PYTHONPATH", "")])
-            env["USE_LIBUV"] = "0"
+        agent_store_env(env)
         proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
              "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{tcpstore_port}", "--rdzv_id=torchrun-test",
