@@ -376,6 +376,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::broadcast(std::vector<at
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                                   const ::c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   InPlace t = SingleInPlace(tensors, "allreduce");
   Pending p;
   p.work = pg_->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
@@ -384,6 +385,93 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at
   p.keep_alive = {t.buffer};
   p.on_success = std::move(t.copy_back);
   return Make(OpType::ALLREDUCE, "allreduce", std::move(p));
+}
+
+namespace {
+
+// Waits for one step of a multi-step operation; throws its error as Work::wait would.
+void WaitStep(const std::shared_ptr<client::Work>& work, const char* op) {
+  absl::Status s = work->Wait();
+  if (!s.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("collserve ", op, ": ", absl::StatusCodeToString(s.code()), ": ", s.message()));
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                         const ::c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce_sparse";
+  TORCH_CHECK(tensors.size() == 1, "collserve ", op, ": takes a list of exactly one tensor, got ", tensors.size());
+  const at::Tensor& in = tensors[0];
+  TORCH_CHECK(in.defined() && in.is_sparse() && in.device().is_cpu(), "collserve ", op,
+              ": takes a sparse COO CPU tensor");
+  TORCH_CHECK(opts.reduceOp == ::c10d::ReduceOp::SUM, "collserve ", op, ": only ReduceOp.SUM (as Gloo)");
+  ToDataType(in.scalar_type(), "the tensor");
+  at::Tensor t = in.coalesce();
+  at::Tensor indices = t._indices().contiguous();  // [sparse_dim, nnz], int64
+  at::Tensor values = t._values().contiguous();    // [nnz, dense sizes...]
+  const int world = getSize();
+  const int64_t nnz = t._nnz();
+  int64_t row = 1;  // elements per non-zero entry (the dense dimensions)
+  for (int64_t d = 1; d < values.dim(); ++d) row *= values.size(d);
+  // Step 1: every rank's nnz, and its sizes (the ranks must agree on them).
+  std::vector<int64_t> meta = {nnz, in.dim(), in.sparse_dim(), row};
+  for (int64_t s : in.sizes()) meta.push_back(s);
+  at::Tensor meta_in = at::tensor(meta, at::kLong);
+  at::Tensor meta_all = at::empty({meta_in.numel() * world}, at::kLong);
+  WaitStep(pg_->AllGatherIntoTensor(meta_all.data_ptr(), meta_in.data_ptr(), meta_in.numel(), DataType::kInt64), op);
+  std::vector<int64_t> counts_i, counts_v;
+  for (int r = 0; r < world; ++r) {
+    at::Tensor m = meta_all.narrow(0, r * meta_in.numel(), meta_in.numel());
+    TORCH_CHECK(at::equal(m.narrow(0, 1, m.numel() - 1), meta_in.narrow(0, 1, m.numel() - 1)), "collserve ", op,
+                ": rank ", r, "'s tensor has other sizes, sparse or dense dimensions than this rank's ", in.sizes());
+    int64_t n = m[0].item<int64_t>();
+    TORCH_CHECK(n >= 0 && n <= INT64_MAX / std::max<int64_t>(1, std::max(in.sparse_dim(), row)), "collserve ", op,
+                ": rank ", r, " reports ", n, " non-zero entries");
+    counts_i.push_back(n * in.sparse_dim());
+    counts_v.push_back(n * row);
+  }
+  // Step 2: the indices; step 3 (the Work returned): the values.
+  auto gather = [&](const at::Tensor& mine, const std::vector<int64_t>& counts, at::Tensor* all) {
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    *all = at::empty({total}, mine.options());
+    std::vector<void*> ptrs;
+    int64_t offset = 0;
+    for (int64_t c : counts) {
+      ptrs.push_back(static_cast<char*>(all->data_ptr()) + offset * all->element_size());
+      offset += c;
+    }
+    return pg_->AllGather(ptrs, counts, mine.data_ptr(), mine.numel(), Dt(mine, "the tensor"));
+  };
+  at::Tensor all_indices, all_values;
+  WaitStep(gather(indices, counts_i, &all_indices), op);
+  Pending p;
+  p.work = gather(values, counts_v, &all_values);
+  p.keep_alive = {indices, values, all_indices, all_values};
+  at::Tensor target = in;
+  std::vector<int64_t> value_sizes = values.sizes().vec();
+  int64_t sparse_dim = in.sparse_dim();
+  std::vector<int64_t> nnzs;
+  for (int r = 0; r < world; ++r) nnzs.push_back(meta_all[r * meta_in.numel()].item<int64_t>());
+  p.on_success = [target, all_indices, all_values, nnzs, value_sizes, sparse_dim]() mutable {
+    // Rank r's block of the indices is its [sparse_dim, nnz_r] matrix, row-major.
+    std::vector<at::Tensor> idx;
+    int64_t offset = 0, total = 0;
+    for (int64_t n : nnzs) {
+      idx.push_back(all_indices.narrow(0, offset, n * sparse_dim).view({sparse_dim, n}));
+      offset += n * sparse_dim;
+      total += n;
+    }
+    value_sizes[0] = total;
+    at::Tensor sum =
+        at::sparse_coo_tensor(at::cat(idx, 1), all_values.view(value_sizes), target.sizes()).coalesce();
+    target.copy_(sum);  // the caller's tensor now holds the sum (its nnz may change)
+  };
+  p.outputs = tensors;
+  return Make(OpType::ALLREDUCE, op, std::move(p));
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_coalesced(

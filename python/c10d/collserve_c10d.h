@@ -127,6 +127,13 @@ class CollserveProcessGroup : public TorchBase {
                                              const ::c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<::c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                              const ::c10d::AllreduceOptions& opts) override;
+  // A sparse COO tensor (torch's SparseCPU: DDP with sparse embeddings; 1.13 passes it to
+  // allreduce, 2.x to allreduce_sparse): SUM only, every rank's tensor of the same sizes and
+  // dtype. As Gloo's: each rank's coalesced indices and values are all-gathered (the nnz
+  // counts first; those two steps block the caller until every rank has called), and the
+  // tensor holds the coalesced sum when the returned Work completes.
+  c10::intrusive_ptr<::c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                    const ::c10d::AllreduceOptions& opts) COLLSERVE_TORCH2_OVERRIDE;
   // Any number of tensors of one dtype: flattened into one buffer, all-reduced, copied back.
   c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                        const ::c10d::AllreduceCoalescedOptions& opts) override;

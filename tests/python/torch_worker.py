@@ -192,6 +192,14 @@ def collectives(rank, world):
     dist.all_reduce_coalesced([a, c])
     equal(a, torch.full((2, 2), 6.0))
     equal(c, torch.full((3,), 4.0))
+    # sparse all_reduce (SUM, as Gloo): COO entries of every rank summed; rank 3 has none
+    s = torch.sparse_coo_tensor([[rank, 4]], [1.0, float(rank)], (6,))
+    dist.all_reduce(s)
+    equal(s.to_dense(), torch.tensor([1.0, 1.0, 1.0, 1.0, 6.0, 0.0]))
+    rows = torch.sparse_coo_tensor([[rank]] if rank < 3 else torch.zeros((1, 0), dtype=torch.long),
+                                   [[1.0, 2.0]] if rank < 3 else torch.zeros((0, 2)), (4, 2))
+    dist.all_reduce(rows)
+    equal(rows.to_dense(), torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [0.0, 0.0]]))
     # all_gather_coalesced: every rank passes the same shapes, one dtype
     outs = [[torch.zeros(2, 2) for _ in range(world)], [torch.zeros(3) for _ in range(world)]]
     dist.all_gather_coalesced(outs, [torch.full((2, 2), float(rank)), torch.arange(3.0) + rank])
