@@ -276,6 +276,8 @@ def test_ddp_fp16_comm_hook_matches_torch_gloo(tmp_path):
     print(f"DDP with fp16_compress_hook, 20 steps, 4 ranks, collserve vs gloo: relative difference {diff:.3g}; "
           f"gloo with vs without the hook: {relative_difference(gloo, plain):.3g}")
     assert diff <= 1e-3
+    # Control: the hook ran (float16 rounding moved the result away from the float32 run's).
+    assert relative_difference(ours, plain) > 1e-5
 
 
 @pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2, reason="FSDP on CPU needs torch 2.x")
