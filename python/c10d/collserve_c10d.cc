@@ -142,6 +142,16 @@ void CheckInputOutput(const at::Tensor& input, const at::Tensor& output, const c
               " differs from input dtype ", input.scalar_type());
 }
 
+// Waits for an operation the caller blocks on (monitored_barrier, a step of a multi-step
+// operation); throws its error as Work::wait would.
+void WaitStep(const std::shared_ptr<client::Work>& work, const char* op) {
+  absl::Status s = work->Wait();
+  if (!s.ok()) {
+    throw std::runtime_error(
+        absl::StrCat("collserve ", op, ": ", absl::StatusCodeToString(s.code()), ": ", s.message()));
+  }
+}
+
 // The coalesced calls' tensors (`what`: "inputs" or "outputs"), checked (at least one, one
 // dtype), flattened and concatenated into one new contiguous 1-D tensor.
 at::Tensor Flatten(const std::vector<at::Tensor>& ts, const char* op, const char* what) {
@@ -386,19 +396,6 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at
   p.on_success = std::move(t.copy_back);
   return Make(OpType::ALLREDUCE, "allreduce", std::move(p));
 }
-
-namespace {
-
-// Waits for one step of a multi-step operation; throws its error as Work::wait would.
-void WaitStep(const std::shared_ptr<client::Work>& work, const char* op) {
-  absl::Status s = work->Wait();
-  if (!s.ok()) {
-    throw std::runtime_error(
-        absl::StrCat("collserve ", op, ": ", absl::StatusCodeToString(s.code()), ": ", s.message()));
-  }
-}
-
-}  // namespace
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                                          const ::c10d::AllreduceOptions& opts) {
@@ -761,13 +758,7 @@ void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts,
   // Gloo's monitored barrier with a zero timeout fails at once unless every rank has
   // arrived; the SDK takes positive timeouts only, so that is its shortest one.
   timeout = std::max(timeout, std::chrono::milliseconds(1));
-  std::shared_ptr<client::Work> work =
-      pg_->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks);
-  absl::Status s = work->Wait();
-  if (!s.ok()) {
-    throw std::runtime_error(
-        absl::StrCat("collserve monitored_barrier: ", absl::StatusCodeToString(s.code()), ": ", s.message()));
-  }
+  WaitStep(pg_->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks), "monitored_barrier");
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,
