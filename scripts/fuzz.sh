@@ -12,7 +12,8 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(tcpstore_protocol wal_replay collective_request coordinator_rpc sidecar_session)
 start=$(date +%s)
-cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCOLLSERVE_FUZZ=ON -DCOLLSERVE_WITH_NCCL=OFF > /tmp/collserve-fuzz-configure.log 2>&1 || { cat /tmp/collserve-fuzz-configure.log; exit 1; }
 cmake --build build-fuzz -j2 --target fuzz_targets
 echo "fuzz: built in $(( $(date +%s) - start )) s"
