@@ -16,7 +16,9 @@ forbid backends/            'grpc|collserve/v1/|collserve/client|server/|client/
 # The collective engine: no transport or metrics types (gRPC, protobuf, prometheus).
 forbid engine/              'backends/gloo|backends/nccl|gloo/|nccl|grpc|google/protobuf|prometheus|\.pb\.h|collserve/v1/|collserve/client|server/|client/|store/|common/grpc_status'
 forbid client/              'server/|store/|backends/'
-forbid server/coordinator/  'backends/|engine/|collserve/client|client/|gloo/|nccl|cuda'
+# The coordinator uses one thing of the SDK: its gRPC channel helper (client/channel.h, TLS
+# towards the registry leader), whose header brings collserve/client.h's TlsOptions.
+forbid server/coordinator/  'backends/|engine/|collserve/client|client/[^c]|client/c[^h]|gloo/|nccl|cuda'
 forbid server/sidecar/      'store/|server/coordinator/'
 forbid python/              'collserve/v1/|server/|store/|backends/|grpc|common/grpc_status'  # the public SDK only
 # common/ may see gRPC only in grpc_status.*

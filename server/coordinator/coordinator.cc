@@ -20,6 +20,31 @@
 namespace collserve::server {
 namespace {
 
+// The TLS a replica forwards to the leader with (CoordinatorOptions::replication): TLS when
+// the API is TLS, as the leader's API is; the CA from --tls_ca unless given; this replica's
+// own certificate as the client identity unless given.
+absl::Status ReplicaTls(const ServerTlsOptions& api, client::TlsOptions& tls) {
+  if (api.cert_file.empty()) {
+    if (!tls.ca_file.empty() || !tls.cert_file.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS between coordinator replicas (--replica_tls_ca) needs TLS on the gRPC API (--tls_cert): the "
+          "replicas forward registry calls to each other's API");
+    }
+    return absl::OkStatus();
+  }
+  if (tls.ca_file.empty()) tls.ca_file = api.ca_file;
+  if (tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "coordinator replicas (--advertise_address) with TLS on the gRPC API (--tls_cert) forward registry calls "
+        "to each other over TLS: give the CA that signed the replicas' certificates (--replica_tls_ca, or --tls_ca)");
+  }
+  if (tls.cert_file.empty() && tls.key_file.empty()) {
+    tls.cert_file = api.cert_file;
+    tls.key_file = api.key_file;
+  }
+  return CheckReplicaTls(tls);
+}
+
 class CoordinatorImpl : public Coordinator {
  public:
   ~CoordinatorImpl() override { Shutdown(absl::Seconds(5)); }
@@ -34,10 +59,10 @@ class CoordinatorImpl : public Coordinator {
       return absl::InvalidArgumentError(
           "coordinator replicas (--advertise_address) need the store in etcd (--etcd_endpoints)");
     }
-    if (replicas && !options.tls.cert_file.empty()) {
-      return absl::InvalidArgumentError(
-          "coordinator replicas (--advertise_address) with TLS on the gRPC API (--tls_cert) are not supported yet: "
-          "the replicas forward registry calls to each other in plaintext");
+    // The replicas' TLS is checked before anything talks to etcd.
+    RegistryReplicationOptions replication = options.replication;
+    if (replicas) {
+      if (absl::Status s = ReplicaTls(options.tls, replication.tls); !s.ok()) return s;
     }
     const int64_t max_value_bytes =
         etcd ? std::min(options.store.max_value_bytes, options.etcd.max_value_bytes) : options.store.max_value_bytes;
@@ -69,7 +94,7 @@ class CoordinatorImpl : public Coordinator {
     listener_ = std::move(*listener);
     port_ = listener_->port();
     if (replicas) {
-      RegistryReplicationOptions r = options.replication;
+      RegistryReplicationOptions r = std::move(replication);
       if (absl::EndsWith(r.advertise_address, ":0")) {
         r.advertise_address = absl::StrCat(r.advertise_address.substr(0, r.advertise_address.size() - 1), port_);
       }

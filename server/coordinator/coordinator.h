@@ -33,8 +33,11 @@ struct CoordinatorOptions {
   // replication.advertise_address set, the replicas elect one leader of the group registry
   // through etcd and forward Registry calls to it, so that every replica serves every job.
   // An advertise_address ending in ":0" gets the bound gRPC port. replication.key defaults
-  // to etcd.prefix + "registry/leader". Not with tls (the replicas call each other in
-  // plaintext for now): INVALID_ARGUMENT.
+  // to etcd.prefix + "registry/leader". With tls.cert_file (TLS on the API), the replicas
+  // forward to each other over TLS: replication.tls.ca_file defaults to tls.ca_file (one of
+  // them must be set, else INVALID_ARGUMENT), and its cert_file/key_file to tls's, the
+  // replica's own certificate, presented to a leader that requires client certificates.
+  // replication.tls.ca_file without tls.cert_file (a plaintext API) is INVALID_ARGUMENT.
   RegistryReplicationOptions replication;
   // host:port of the TCPStore-compatible endpoint (tcpstore_server.h); "" = none.
   std::string tcpstore_address;

@@ -38,6 +38,13 @@ ABSL_FLAG(std::string, advertise_address, "",
           "replicas reach this one's gRPC API (in Kubernetes, the pod IP and the API port; port 0 = the bound "
           "port). The replicas elect one leader of the group registry through etcd and forward Registry calls "
           "to it, so clients may reach any replica. Empty: this coordinator alone holds the registry.");
+ABSL_FLAG(std::string, replica_tls_ca, "",
+          "With --advertise_address and --tls_cert: the CA (PEM) that signed the other replicas' certificates, "
+          "which this replica verifies when it forwards registry calls to the leader over TLS (default: "
+          "--tls_ca). It presents its own --tls_cert/--tls_key to a leader that requires client certificates.");
+ABSL_FLAG(std::string, replica_tls_server_name, "",
+          "With --replica_tls_ca or --tls_ca: the name the leader's certificate must carry when it does not name "
+          "the host of the leader's --advertise_address (in Kubernetes a pod IP): e.g. the Service's DNS name.");
 ABSL_FLAG(absl::Duration, registry_lease_ttl, absl::Seconds(5),
           "With --advertise_address: the registry leader's etcd lease; a dead leader is replaced within about "
           "this long (at least 2s).");
@@ -156,6 +163,8 @@ int main(int argc, char** argv) {
   options.etcd.key_file = absl::GetFlag(FLAGS_etcd_key_file);
   options.replication.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.replication.lease_ttl = absl::GetFlag(FLAGS_registry_lease_ttl);
+  options.replication.tls.ca_file = absl::GetFlag(FLAGS_replica_tls_ca);
+  options.replication.tls.server_name = absl::GetFlag(FLAGS_replica_tls_server_name);
   // A leader that lost its lease may already have a successor: exit, to be restarted as a
   // follower, rather than serve a registry another replica serves too.
   options.replication.on_lost = [](const absl::Status& why) {

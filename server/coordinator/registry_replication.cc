@@ -18,6 +18,14 @@ struct RegistryReplication::Stubs {
   std::unique_ptr<epb::Lease::Stub> lease;
 };
 
+absl::Status CheckReplicaTls(const client::TlsOptions& tls) {
+  // CreateChannel checks the options and files, and does not connect.
+  if (auto probe = client::CreateChannel("localhost:1", tls, grpc::ChannelArguments()); !probe.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("TLS between coordinator replicas: ", probe.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<RegistryReplication>> RegistryReplication::Start(std::shared_ptr<grpc::Channel> etcd,
                                                                                  RegistryReplicationOptions options) {
   if (etcd == nullptr) return absl::InvalidArgumentError("registry replication needs a channel to etcd");
@@ -31,6 +39,7 @@ absl::StatusOr<std::unique_ptr<RegistryReplication>> RegistryReplication::Start(
         absl::StrCat("registry replication: lease_ttl must be at least 2s (got ", absl::FormatDuration(options.lease_ttl),
                      "), poll_interval and call_timeout positive"));
   }
+  if (absl::Status s = CheckReplicaTls(options.tls); !s.ok()) return s;
   std::unique_ptr<RegistryReplication> r(new RegistryReplication(std::move(etcd), std::move(options)));
   r->Campaign();
   r->thread_ = std::thread([p = r.get()] { p->Loop(); });
@@ -231,12 +240,15 @@ absl::StatusOr<std::shared_ptr<collserve::v1::Registry::Stub>> RegistryReplicati
   if (leader_stubs_.size() >= 8 && leader_stubs_.count(leader_) == 0) leader_stubs_.clear();  // leaders seen
   auto& stub = leader_stubs_[leader_];
   if (stub == nullptr) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    grpc::ChannelArguments args;  // (CreateChannel bounds the reconnect backoff to 100 ms .. 1 s)
     args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 64 << 20);
-    stub = collserve::v1::Registry::NewStub(
-        grpc::CreateCustomChannel(leader_, grpc::InsecureChannelCredentials(), args));
+    auto channel = client::CreateChannel(leader_, options_.tls, std::move(args));
+    if (!channel.ok()) {  // the files were valid at Start: one was removed or replaced since
+      leader_stubs_.erase(leader_);
+      return absl::UnavailableError(absl::StrCat("cannot reach the registry leader ", leader_, ": ",
+                                                 channel.status().message()));
+    }
+    stub = collserve::v1::Registry::NewStub(*channel);
   }
   return stub;
 }

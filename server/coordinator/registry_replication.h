@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/channel.h"
 #include "collserve/v1/registry.grpc.pb.h"
 
 namespace collserve::server {
@@ -45,8 +46,16 @@ struct RegistryReplicationOptions {
   // The etcd key that names the leader (e.g. "<etcd prefix>registry/leader").
   std::string key;
   // host:port at which the other replicas reach this replica's gRPC API (its pod IP and
-  // port in Kubernetes). Plaintext: replication is refused with TLS on the API for now.
+  // port in Kubernetes).
   std::string advertise_address;
+  // How this replica reaches the leader's gRPC API (client::TlsOptions, collserve/client.h):
+  // ca_file empty = plaintext; else TLS, verifying the leader's certificate against ca_file
+  // and the name server_name (default: the host of the leader's advertise_address, which in
+  // Kubernetes is a pod IP that a certificate rarely names, so set it to a DNS name the
+  // replicas' certificate holds, e.g. the Service's), and presenting cert_file/key_file when
+  // the leader requires client certificates (--tls_client_auth). The coordinator fills it
+  // from --replica_tls_ca/--replica_tls_server_name and its own --tls_* files.
+  client::TlsOptions tls;
   // The leader's etcd lease, in seconds of etcd's clock: how long a dead leader keeps the
   // registry unavailable before another replica takes over. At least 2 s.
   absl::Duration lease_ttl = absl::Seconds(5);
@@ -60,12 +69,17 @@ struct RegistryReplicationOptions {
   std::function<void(const absl::Status&)> on_lost;
 };
 
+// OK if `tls` (RegistryReplicationOptions::tls) is consistent and its files exist and hold
+// PEM; else INVALID_ARGUMENT naming the setting or file. Reads the files; thread-safe.
+absl::Status CheckReplicaTls(const client::TlsOptions& tls);
+
 // Thread safety: every method may be called from any thread.
 class RegistryReplication {
  public:
   // Starts the election against etcd through `etcd` (a channel to its members, as
-  // NewEtcdChannel makes). INVALID_ARGUMENT for an empty key or address or a lease_ttl
-  // under 2 s. The first campaign runs before Start returns (bounded by call_timeout); an
+  // NewEtcdChannel makes). INVALID_ARGUMENT for an empty key or address, a lease_ttl
+  // under 2 s, or TLS options that are inconsistent or name a file that is missing or not
+  // PEM (checked here, so that a bad file fails the start, not the first forwarded call). The first campaign runs before Start returns (bounded by call_timeout); an
   // unreachable etcd is not an error here: the replica goes on campaigning.
   static absl::StatusOr<std::unique_ptr<RegistryReplication>> Start(std::shared_ptr<grpc::Channel> etcd,
                                                                      RegistryReplicationOptions options);

@@ -12,7 +12,7 @@
 #      scenario no Secret is rendered, the coordinator gets no env but its pod IP and no
 #      token in its args, and the sidecars get no token;
 #   d. values.schema.json and the templates must reject bad values (coordinator.replicas=0,
-#      or 2 without etcd or with TLS, a port of 70000, etcd endpoints that are URLs, unknown keys, a bad CIDR, cert-manager without an issuer, the host
+#      or 2 without etcd, a port of 70000, etcd endpoints that are URLs, unknown keys, a bad CIDR, cert-manager without an issuer, the host
 #      network under NetworkPolicy without node CIDRs, no credential source (the chart's
 #      defaults), the admin token in the job tokens Secret, a bad token refresh interval
 #      or Secret key): helm template must fail, with the expected message;
@@ -237,13 +237,17 @@ fact tls "$CC arg --tls_cert=$T/tls.crt" "$CC arg --tls_key=$T/tls.key" "$CC arg
   "$DS volume tls secret=collserve-sidecar-cert" "$SC mount tls $T readOnly=true subPath=-" \
   "$SC probe readinessProbe tcpSocket" "$SC probe livenessProbe tcpSocket" \
   "$NPS ingress grpc/TCP from $TRAINING"
-nofact_like tls ' probe [a-zA-Z]+ grpc$|^Certificate/'
+nofact_like tls ' probe [a-zA-Z]+ grpc$|^Certificate/| arg --replica_tls_'
+# Replicas with TLS forward to the leader over TLS: its CA, and the Service's name (the
+# certificate cannot name a pod IP).
+fact etcd "$CC arg --replica_tls_ca=$T/ca.crt" "$CC arg --replica_tls_server_name=collserve-coordinator.collserve.svc" \
+  "$CC arg --tls_client_auth=true"
 
 # cert-manager: Certificates for the coordinator and (to verify it) the sidecars, whose own
 # listener stays plaintext; a client certificate; selectors from the values.
 readonly CERT_C=Certificate/collserve-coordinator CERT_S=Certificate/collserve-sidecar CERT_T=Certificate/collserve-client
 fact certmanager "$CERT_C secretName collserve-coordinator-tls" "$CERT_C issuer ClusterIssuer/collserve-ca" \
-  "$CERT_C usage server auth" "$CERT_C dnsName collserve-coordinator.collserve.svc" \
+  "$CERT_C usage server auth" "$CERT_C usage client auth" "$CERT_C dnsName collserve-coordinator.collserve.svc" \
   "$CERT_C dnsName collserve.example.internal" \
   "$CERT_S secretName collserve-sidecar-tls" "$CERT_S usage client auth" "$CERT_S usage server auth" \
   "$CERT_T secretName collserve-client-tls" "$CERT_T usage client auth" \
@@ -357,8 +361,6 @@ expect_rejected "coordinator.args.data_dir with coordinator.etcd.endpoints" "can
   --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.args.data_dir=/var/lib/collserve
 expect_rejected "coordinator.replicas=2 without etcd" "coordinator.replicas > 1 needs coordinator.etcd.endpoints" \
   --set coordinator.replicas=2
-expect_rejected "coordinator.replicas=2 with TLS on the coordinator" "replicas > 1 with coordinator.tls" \
-  --set 'coordinator.etcd.endpoints={etcd:2379}' --set coordinator.replicas=2 --set coordinator.tls.enabled=true
 
 # ---- e. plain manifests, and the validator's own negative control
 step "validate deploy/k8s"

@@ -4,8 +4,10 @@
 // Tests: a group whose ranks join through different replicas forms once; a leader killed
 // with SIGKILL during a rendezvous is replaced and the rendezvous completes, while store
 // writes through a client given every replica's address lose nothing acknowledged; a leader
-// that stops (SIGTERM) hands over at once (it revokes its lease); bad configurations are
-// refused at start.
+// that stops (SIGTERM) hands over at once (it revokes its lease); with TLS on the API
+// (mutual TLS included), the followers forward to the leader over TLS and a follower that
+// does not trust the leader's certificate forwards nothing; bad configurations are refused
+// at start.
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,6 +17,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <thread>
 
@@ -28,6 +32,7 @@
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "tests/testing/etcd_cluster.h"
+#include "tests/testing/pki.h"
 #include "tests/testing/process.h"
 #include "tests/testing/store_conformance.h"
 
@@ -56,16 +61,17 @@ class RegistryReplicasTest : public ::testing::Test {
     std::system(absl::StrCat("rm -rf ", dir_).c_str());
   }
 
-  // Starts replica i (a process); returns its port.
-  int StartReplica(int i, absl::Duration lease_ttl = absl::Seconds(2)) {
+  // Starts replica i (a process) with `flags` added; returns its port.
+  int StartReplica(int i, absl::Duration lease_ttl = absl::Seconds(2), const std::vector<std::string>& flags = {}) {
     const std::string port_file = absl::StrCat(dir_, "/replica", i, ".port");
     unlink(port_file.c_str());
-    auto p = Process::Start(
-        {CoordinatorBinary(), "--listen_address=127.0.0.1:0", "--metrics_address=", "--allow_unauthenticated",
-         absl::StrCat("--port_file=", port_file), absl::StrCat("--etcd_endpoints=", absl::StrJoin(etcd_->endpoints(), ",")),
-         absl::StrCat("--etcd_prefix=", prefix_), "--advertise_address=127.0.0.1:0",
-         absl::StrCat("--registry_lease_ttl=", absl::FormatDuration(lease_ttl))},
-        {}, absl::StrCat(dir_, "/replica", i, ".log"));
+    std::vector<std::string> argv = {
+        CoordinatorBinary(), "--listen_address=127.0.0.1:0", "--metrics_address=", "--allow_unauthenticated",
+        absl::StrCat("--port_file=", port_file), absl::StrCat("--etcd_endpoints=", absl::StrJoin(etcd_->endpoints(), ",")),
+        absl::StrCat("--etcd_prefix=", prefix_), "--advertise_address=127.0.0.1:0",
+        absl::StrCat("--registry_lease_ttl=", absl::FormatDuration(lease_ttl))};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto p = Process::Start(argv, {}, absl::StrCat(dir_, "/replica", i, ".log"));
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return 0;
     auto port = ReadPortFile(port_file, **p, absl::Seconds(30));
@@ -120,10 +126,13 @@ class RegistryReplicasTest : public ::testing::Test {
   std::vector<int> ports_;
 };
 
-// One rank's join of group "g" of `world_size` through `target`, retried on UNAVAILABLE
-// until `deadline` as the sidecars do (coordinator_link.cc).
-absl::StatusOr<pb::JoinResponse> Join(const std::string& target, int rank, int world_size, absl::Time deadline) {
-  auto stub = pb::Registry::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+// One rank's join of group "g" of `world_size` through `target` (with `credentials`;
+// default plaintext), retried on UNAVAILABLE until `deadline` as the sidecars do
+// (coordinator_link.cc).
+absl::StatusOr<pb::JoinResponse> Join(const std::string& target, int rank, int world_size, absl::Time deadline,
+                                      std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(target, credentials));
   pb::JoinRequest req;
   req.set_job("replicas");
   req.set_group("g");
@@ -150,12 +159,14 @@ absl::StatusOr<pb::JoinResponse> Join(const std::string& target, int rank, int w
 // at once, then `while_joining` (which runs while they wait for the last), then the last.
 // OK if every answer is the same formation of `world_size` members; else the first problem.
 absl::Status JoinAll(const std::vector<std::string>& targets, int world_size, absl::Duration timeout,
-                     const std::function<void()>& while_joining = nullptr) {
+                     const std::function<void()>& while_joining = nullptr,
+                     const std::shared_ptr<grpc::ChannelCredentials>& credentials = nullptr) {
   const absl::Time deadline = absl::Now() + timeout;
   std::vector<absl::StatusOr<pb::JoinResponse>> answers(world_size, absl::UnknownError("not run"));
   std::vector<std::thread> ranks;
   auto start = [&](int r) {
-    ranks.emplace_back([&, r] { answers[r] = Join(targets[r % targets.size()], r, world_size, deadline); });
+    ranks.emplace_back(
+        [&, r] { answers[r] = Join(targets[r % targets.size()], r, world_size, deadline, credentials); });
   };
   for (int r = 0; r + 1 < world_size; ++r) start(r);
   if (while_joining) while_joining();
@@ -359,7 +370,60 @@ TEST_F(RegistryReplicasTest, AJobOnTwoSidecarsSurvivesTheReplicaItTalksToAndLead
   }
 }
 
-TEST(RegistryReplicasConfigTest, ReplicasNeedEtcdAndPlaintext) {
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Issue 18: the replicas forward to each other over TLS when their API is TLS, with mutual
+// TLS here: each presents its own certificate to the leader. The certificate names
+// 127.0.0.1 and localhost; the replicas check the leader's as "localhost"
+// (--replica_tls_server_name, as a Kubernetes Service name for a pod IP).
+TEST_F(RegistryReplicasTest, OverTlsTheFollowersForwardToTheLeaderAndOneThatDoesNotTrustItForwardsNothing) {
+  Pki pki;
+  ASSERT_TRUE(pki.MakeCa("ca") && pki.MakeCert("replica", "ca") && pki.MakeCert("client", "ca") && pki.MakeCa("other"))
+      << ReadFile(pki.Path("openssl.log"));
+  const std::vector<std::string> tls = {
+      absl::StrCat("--tls_cert=", pki.Path("replica.pem")), absl::StrCat("--tls_key=", pki.Path("replica.key")),
+      absl::StrCat("--tls_ca=", pki.Path("ca.pem")), "--tls_client_auth", "--replica_tls_server_name=localhost"};
+  for (int i = 0; i < 3; ++i) ASSERT_GT(StartReplica(i, absl::Seconds(2), tls), 0) << Logs();
+  const int leader = AwaitLeader(absl::Seconds(20));
+  ASSERT_GE(leader, 0) << Logs();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ReadFile(pki.Path("ca.pem"));
+  o.pem_cert_chain = ReadFile(pki.Path("client.pem"));
+  o.pem_private_key = ReadFile(pki.Path("client.key"));
+  const auto credentials = grpc::SslCredentials(o);
+  std::vector<std::string> followers;
+  for (int i = 0; i < 3; ++i) {
+    if (i != leader) followers.push_back(absl::StrCat("127.0.0.1:", ports_[i]));
+  }
+  // Every rank joins through a follower: the group can only form at the leader.
+  ASSERT_THAT(JoinAll(followers, 4, absl::Seconds(30), nullptr, credentials), IsOk()) << Logs();
+  // A plaintext client is refused by the API itself.
+  EXPECT_FALSE(Join(followers[0], 0, 1, absl::Now() + absl::Seconds(2)).ok());
+
+  // A fourth replica that verifies the leader against another CA: its forwarded calls fail
+  // in the handshake (UNAVAILABLE), however long they are retried.
+  std::vector<std::string> distrust = tls;
+  distrust.push_back(absl::StrCat("--replica_tls_ca=", pki.Path("other.pem")));
+  ASSERT_GT(StartReplica(3, absl::Seconds(2), distrust), 0) << Logs();
+  ASSERT_EQ(AwaitLeader(absl::Seconds(1)), leader);
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", ports_[3]), credentials));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::ListRequest list;
+  list.set_job("replicas");
+  pb::ListResponse listed;
+  const grpc::Status s = stub->List(&ctx, list, &listed);
+  EXPECT_NE(s.error_code(), grpc::StatusCode::OK) << listed.DebugString();
+  EXPECT_THAT(s.error_code(), ::testing::AnyOf(grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED))
+      << s.error_message();
+}
+
+TEST(RegistryReplicasConfigTest, ReplicasNeedEtcdAndACaForTls) {
   server::CoordinatorOptions o;
   o.listen_address = "127.0.0.1:0";
   o.credentials.allow_unauthenticated = true;
@@ -368,9 +432,25 @@ TEST(RegistryReplicasConfigTest, ReplicasNeedEtcdAndPlaintext) {
   EXPECT_THAT(started, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(started.status().message()), HasSubstr("need the store in etcd"));
   o.etcd.endpoints = {"127.0.0.1:1"};
-  o.tls.cert_file = "/nonexistent/cert.pem";
-  o.tls.key_file = "/nonexistent/key.pem";
-  EXPECT_THAT(server::Coordinator::Start(o), StatusIs(absl::StatusCode::kInvalidArgument));
+  // TLS on the API: the replicas need a CA to verify each other with.
+  Pki pki;
+  ASSERT_TRUE(pki.MakeCa("ca") && pki.MakeCert("replica", "ca"));
+  o.tls.cert_file = pki.Path("replica.pem");
+  o.tls.key_file = pki.Path("replica.key");
+  started = server::Coordinator::Start(o);
+  EXPECT_THAT(started, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr("--replica_tls_ca"));
+  // A replica CA that does not exist.
+  o.replication.tls.ca_file = "/nonexistent/ca.pem";
+  started = server::Coordinator::Start(o);
+  EXPECT_THAT(started, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr("/nonexistent/ca.pem"));
+  // TLS between replicas with a plaintext API.
+  o.tls = {};
+  o.replication.tls.ca_file = pki.Path("ca.pem");
+  started = server::Coordinator::Start(o);
+  EXPECT_THAT(started, StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(started.status().message()), HasSubstr("needs TLS on the gRPC API"));
 }
 
 }  // namespace
