@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <glog/logging.h>
 #include <prometheus/exposer.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "server/common/grpc_listener.h"
 #include "server/common/grpc_metrics.h"
 #include "server/common/info_service.h"
+#include "server/coordinator/registry_journal.h"
 #include "server/coordinator/services.h"
 #include "server/coordinator/tcpstore_protocol.h"
 #include "server/coordinator/tcpstore_server.h"
@@ -89,6 +91,23 @@ class CoordinatorImpl : public Coordinator {
     if (!job_credentials.ok()) return job_credentials.status();
     credentials_ = std::move(*job_credentials);
     registry_ = std::make_unique<GroupRegistry>(options.registry);
+    if (etcd) {
+      // The registry's formed generations in etcd: restored here by a coordinator alone, or
+      // by each replica when it wins the registry's election.
+      auto channel = NewEtcdChannel(options.etcd);
+      if (!channel.ok()) return channel.status();
+      RegistryJournalOptions j;
+      j.prefix = absl::StrCat(options.etcd.prefix, "registry/groups/");
+      // A new leader reads the records before it renews its lease: well within the lease.
+      j.call_timeout = replicas ? std::min(options.etcd.call_timeout, options.replication.lease_ttl / 3)
+                                : options.etcd.call_timeout;
+      j.max_value_bytes = options.etcd.max_value_bytes;
+      auto journal = EtcdRegistryJournal::Create(*std::move(channel), std::move(j));
+      if (!journal.ok()) return journal.status();
+      journal_ = std::move(*journal);
+      registry_->SetJournal(journal_.get());
+      if (!replicas) RestoreRegistry();
+    }
     auto listener = GrpcListener::Bind(options.listen_address);
     if (!listener.ok()) return listener.status();
     listener_ = std::move(*listener);
@@ -99,6 +118,7 @@ class CoordinatorImpl : public Coordinator {
         r.advertise_address = absl::StrCat(r.advertise_address.substr(0, r.advertise_address.size() - 1), port_);
       }
       if (r.key.empty()) r.key = absl::StrCat(options.etcd.prefix, "registry/leader");
+      r.on_elected = [this] { RestoreRegistry(); };
       auto channel = NewEtcdChannel(options.etcd);
       if (!channel.ok()) return channel.status();
       auto replication = RegistryReplication::Start(*std::move(channel), std::move(r));
@@ -157,6 +177,28 @@ class CoordinatorImpl : public Coordinator {
       tcpstore_ = std::move(*tcpstore);
     }
     return absl::OkStatus();
+  }
+
+  // Takes in the formed generations the journal holds (registry_journal.h). Failures are
+  // logged: the sidecars' watches report running groups anyway.
+  void RestoreRegistry() {
+    auto records = journal_->Load();
+    if (!records.ok()) {
+      LOG(WARNING) << "registry: " << records.status().message()
+                   << "; running groups are adopted from their sidecars' watches instead";
+      return;
+    }
+    int restored = 0;
+    for (const EtcdRegistryJournal::Record& r : *records) {
+      if (absl::Status s = registry_->Restore(r.job, r.view); s.ok()) {
+        ++restored;
+      } else {
+        LOG(WARNING) << "registry: the recorded generation " << r.view.generation << " of group \"" << r.view.group
+                     << "\" in job \"" << r.job << "\" is not restored: " << s.message();
+      }
+    }
+    LOG(INFO) << "registry: restored " << restored << " of " << records->size()
+              << " formed generations recorded in etcd";
   }
 
   // The store's and the registry's state, read at each scrape.
@@ -239,11 +281,13 @@ class CoordinatorImpl : public Coordinator {
     exposer_.reset();  // before what the gauges read
     replication_.reset();  // a leader revokes its lease: another replica takes over at once
     registry_.reset();  // fails joins still parked (none after Shutdown)
+    if (journal_ != nullptr) (void)journal_->Flush(absl::Seconds(2));  // what formed or ended last
   }
 
  private:
   std::unique_ptr<store::Store> store_;
   std::unique_ptr<JobCredentials> credentials_;  // after store_: destroyed before it
+  std::unique_ptr<EtcdRegistryJournal> journal_;  // with etcd; outlives registry_, which calls it
   std::unique_ptr<GroupRegistry> registry_;
   std::unique_ptr<RegistryReplication> replication_;  // null: no replicas
   std::shared_ptr<prometheus::Registry> metrics_registry_;

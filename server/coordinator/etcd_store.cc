@@ -25,6 +25,19 @@
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 
 namespace collserve::server {
+
+std::string EtcdPrefixEnd(absl::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
 namespace {
 
 namespace epb = etcdserverpb;
@@ -36,20 +49,6 @@ std::string Quote(absl::string_view key) {
   std::string out = absl::StrCat("\"", absl::CHexEscape(key.substr(0, kShown)), "\"");
   if (key.size() > kShown) absl::StrAppend(&out, "...");
   return out;
-}
-
-// The smallest key greater than every key that starts with `prefix` (etcd's range_end
-// for a prefix; "\0" = every key when the prefix is all 0xff bytes or empty).
-std::string PrefixEnd(absl::string_view prefix) {
-  std::string end(prefix);
-  while (!end.empty()) {
-    if (static_cast<unsigned char>(end.back()) < 0xff) {
-      end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');
 }
 
 // The contents of a PEM file (CheckPemFile's checks first).
@@ -120,7 +119,7 @@ class EtcdStore final : public store::Store {
   absl::Status Start() {
     epb::RangeRequest req;
     req.set_key(kv_prefix_);
-    req.set_range_end(PrefixEnd(kv_prefix_));
+    req.set_range_end(EtcdPrefixEnd(kv_prefix_));
     req.set_count_only(true);
     epb::RangeResponse resp;
     auto ctx = Context();
@@ -243,7 +242,7 @@ class EtcdStore final : public store::Store {
   absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override {
     epb::RangeRequest req;
     req.set_key(Full(prefix));
-    req.set_range_end(PrefixEnd(Full(prefix)));
+    req.set_range_end(EtcdPrefixEnd(Full(prefix)));
     req.set_count_only(true);
     epb::RangeResponse resp;
     auto ctx = Context();
@@ -386,7 +385,7 @@ class EtcdStore final : public store::Store {
     std::string from = Full(prefix);
     if (!start_after.empty()) from = std::max(from, absl::StrCat(Full(start_after), std::string(1, '\0')));
     req.set_key(from);
-    req.set_range_end(PrefixEnd(Full(prefix)));
+    req.set_range_end(EtcdPrefixEnd(Full(prefix)));
     req.set_limit(limit);
     req.set_keys_only(true);
     req.set_sort_order(epb::RangeRequest::ASCEND);
@@ -693,7 +692,7 @@ class EtcdStore final : public store::Store {
       epb::WatchRequest create;
       epb::WatchCreateRequest* c = create.mutable_create_request();
       c->set_key(kv_prefix_);
-      c->set_range_end(PrefixEnd(kv_prefix_));
+      c->set_range_end(EtcdPrefixEnd(kv_prefix_));
       c->add_filters(epb::WatchCreateRequest::NODELETE);
       epb::WatchResponse resp;
       if (stream->Write(create)) {

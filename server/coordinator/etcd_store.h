@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "store/store.h"
 
@@ -80,6 +81,10 @@ inline constexpr int kMaxTxnOps = 128;
 // is not PEM (naming it), a certificate without its key or either without a CA;
 // UNAVAILABLE: etcd does not answer (a failed TLS handshake included).
 absl::StatusOr<std::unique_ptr<store::Store>> NewEtcdStore(const EtcdStoreOptions& options);
+
+// The smallest key greater than every key that starts with `prefix`: etcd's range_end for
+// a prefix ("\0", every key, when the prefix is empty or all 0xff bytes).
+std::string EtcdPrefixEnd(absl::string_view prefix);
 
 // The gRPC channel NewEtcdStore talks to etcd through (endpoints, TLS files and keep-alive
 // as above), for other users of the same etcd (registry_replication.h). Does not connect.

@@ -152,6 +152,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
         for (const std::string& host : hosts) g.leases[host] = lease;
       }
       std::shared_ptr<const GroupView> view = JoinViewOf(g);
+      if (journal_ != nullptr) journal_->Formed(job, view);
       for (auto& [rank, w] : g.waiters) {
         waiter_index_.erase(w.id);
         completions.emplace_back(std::move(w.done), view);
@@ -175,6 +176,7 @@ void GroupRegistry::SupersedeLocked(std::map<Key, Group>::iterator it, int64_t g
     joins->emplace_back(std::move(w.done), over);
   }
   g.waiters.clear();
+  if (g.state != "FORMING") JournalEndedLocked(it->first, g);
   g.state = "SUPERSEDED";
   AnswerWatchesLocked(g, /*all=*/true, absl::Now(), watches);
   last_generation_[it->first] = g.generation;
@@ -245,6 +247,7 @@ absl::Status GroupRegistry::Leave(const std::string& job, const std::string& gro
       g.members.erase(rank);
       AnswerWatchesLocked(g, /*all=*/true, absl::Now(), &watches);
       if (g.members.empty()) {
+        JournalEndedLocked(key, g);
         last_generation_[key] = g.generation;
         groups_.erase(it);
       }
@@ -358,12 +361,25 @@ uint64_t GroupRegistry::WatchAsync(const std::string& job, const std::string& gr
 
 std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::AdoptLocked(
     const std::string& job, const std::string& group, int64_t generation, const std::string& host_id,
-    const std::vector<MemberInfo>& members) {
+    const std::vector<MemberInfo>& members, absl::Status* why) {
   const Key key(job, group);
   const int world = static_cast<int>(members.size());
-  if (group.empty() || generation <= last_generation_[key] || world > limits_.max_world_size ||
-      groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
+  auto refuse = [&](absl::Status s) {
+    if (why != nullptr) *why = std::move(s);
     return groups_.end();
+  };
+  const std::string what = absl::StrCat("generation ", generation, " of group \"", group, "\" in job \"", job, "\"");
+  if (group.empty() || generation <= 0 || world == 0 || world > limits_.max_world_size) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(what, ": ", world, " members (at most ",
+                                                          limits_.max_world_size, ") or a bad name or generation")));
+  }
+  if (generation <= last_generation_[key]) {
+    return refuse(absl::AlreadyExistsError(
+        absl::StrCat(what, ": generation ", last_generation_[key], " already formed here")));
+  }
+  if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
+    return refuse(absl::ResourceExhaustedError(
+        absl::StrCat(what, ": the registry holds ", groups_.size(), " groups, its --max_groups limit")));
   }
   Group g;
   g.name = group;
@@ -371,19 +387,54 @@ std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::Adop
   g.generation = generation;
   g.state = "FORMED";
   g.started = absl::Now();
-  bool serves_one = false;
+  bool serves_one = host_id.empty();
   for (const MemberInfo& m : members) {
-    if (m.rank < 0 || m.rank >= world || m.host_id.empty() || g.members.count(m.rank) != 0) return groups_.end();
+    if (m.rank < 0 || m.rank >= world || m.host_id.empty() || g.members.count(m.rank) != 0) {
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat(what, ": rank ", m.rank, " is out of range, repeated or on no host")));
+    }
     g.members[m.rank] = m;
     serves_one |= m.host_id == host_id;
   }
-  if (!serves_one) return groups_.end();
+  if (!serves_one) {
+    return refuse(absl::PermissionDeniedError(absl::StrCat(what, ": host \"", host_id, "\" serves none of its ranks")));
+  }
   g.formed_members = g.members;
+  // Leases as at formation: only a generation across hosts has them (a one-host group's
+  // sidecar never watches).
   const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
   for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
+  if (g.leases.size() == 1) g.leases.clear();
   ++generations_formed_;
   ++changes_;  // the timer: the new leases' ends
-  return groups_.emplace(key, std::move(g)).first;
+  auto it = groups_.emplace(key, std::move(g)).first;
+  if (journal_ != nullptr && !host_id.empty()) journal_->Formed(job, JoinViewOf(it->second));
+  return it;
+}
+
+void GroupRegistry::JournalEndedLocked(const Key& key, const Group& g) {
+  if (journal_ != nullptr) journal_->Ended(key.first, key.second, g.generation);
+}
+
+void GroupRegistry::SetJournal(RegistryJournal* journal) {
+  absl::MutexLock lock(&mu_);
+  journal_ = journal;
+}
+
+absl::Status GroupRegistry::Restore(const std::string& job, const GroupView& formed) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("the coordinator is shutting down");
+  auto held = groups_.find(Key(job, formed.group));
+  if (held != groups_.end()) {  // (a later or the same generation, or one forming: it is what runs now)
+    return absl::AlreadyExistsError(absl::StrCat("group \"", formed.group, "\" in job \"", job,
+                                                 "\" is held here at generation ", held->second.generation,
+                                                 ": its recorded generation ", formed.generation, " is not restored"));
+  }
+  absl::Status why;
+  if (AdoptLocked(job, formed.group, formed.generation, /*host_id=*/"", formed.members, &why) == groups_.end()) {
+    return why;
+  }
+  return absl::OkStatus();
 }
 
 void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out) {
@@ -424,6 +475,7 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
     }
     if (g.state != "FORMING" && g.members.empty()) {
       AnswerWatchesLocked(g, /*all=*/true, now, out);
+      JournalEndedLocked(it->first, g);
       last_generation_[it->first] = g.generation;
       it = groups_.erase(it);
     } else {

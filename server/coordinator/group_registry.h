@@ -128,6 +128,24 @@ struct GroupRegistryLimits {
 // How many missing ranks a rendezvous timeout names; the rest are counted.
 inline constexpr int kMaxNamedMissingRanks = 32;
 
+// Where the registry records its formed generations so that they outlive this process
+// (GroupRegistry::SetJournal; with etcd, registry_journal.h writes them there and a new
+// registry leader restores them with GroupRegistry::Restore). Records are hints: a
+// restored generation whose hosts never watch is lost once its adoption lease ends, like
+// one adopted from a watch. Both methods are called with the registry's lock held and must
+// not block or call the registry (queue the work).
+class RegistryJournal {
+ public:
+  virtual ~RegistryJournal() = default;
+  // Generation view->generation of (job, view->group) formed here or was adopted from a
+  // watch (not from Restore); the view is the join answer's: members, every rank ordered by
+  // rank, and the compact hosts and rank_host. Shared, not copied: keep it, not a copy.
+  virtual void Formed(const std::string& job, std::shared_ptr<const GroupView> view) = 0;
+  // That generation is over here: superseded by a later one, left by every rank, or
+  // every member host lost.
+  virtual void Ended(const std::string& job, const std::string& group, int64_t generation) = 0;
+};
+
 class GroupRegistry {
  public:
   // Called once with the formed group's view, or with: INVALID_ARGUMENT (bad rank,
@@ -187,6 +205,18 @@ class GroupRegistry {
   uint64_t WatchAsync(const std::string& job, const std::string& group, int64_t generation,
                       const std::string& host_id, int known, absl::Duration wait, WatchCallback done,
                       const std::vector<MemberInfo>& members = {});
+  // Records formed generations and their end in `journal` from now on (nullptr: stop).
+  // `journal` must outlive the registry or be replaced first. Thread-safe.
+  void SetJournal(RegistryJournal* journal);
+  // Takes in a generation recorded by a journal (a new registry leader, or a restarted
+  // coordinator, over etcd): FORMED with `formed.members`, every member host holding a lease
+  // of limits.adoption_lease plus the grace to watch (WatchAsync), as an adoption from a
+  // watch does. INVALID_ARGUMENT when `formed` is not a generation > 0 of ranks 0..n-1 once
+  // each (n <= max_world_size) on named hosts; ALREADY_EXISTS when the registry holds the
+  // name at the same or a later generation, or a later one formed here;
+  // RESOURCE_EXHAUSTED at max_groups. Does not record it in the journal again.
+  absl::Status Restore(const std::string& job, const GroupView& formed);
+
   // Ends a waiting watch now: `done` gets CANCELLED. The host's lease runs on as if the
   // watch's wait had ended. No-op for unknown or answered ids.
   void CancelWatch(uint64_t id);
@@ -262,11 +292,14 @@ class GroupRegistry {
   // `out`, renewing their hosts' leases from `now`.
   void AnswerWatchesLocked(Group& g, bool all, absl::Time now, std::vector<WatchCompletion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adopts generation `generation` of (job, group) from a member host's watch (WatchAsync);
-  // end() when refused.
+  // Adopts generation `generation` of (job, group) from a member host's watch (WatchAsync;
+  // `host_id` must serve one of `members`) or from a journal (Restore; `host_id` empty);
+  // end() when refused, with the reason in *why when given.
   std::map<Key, Group>::iterator AdoptLocked(const std::string& job, const std::string& group, int64_t generation,
-                                             const std::string& host_id, const std::vector<MemberInfo>& members)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                             const std::string& host_id, const std::vector<MemberInfo>& members,
+                                             absl::Status* why = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the journal (if any) that the formed generation `g` of `key` is over.
+  void JournalEndedLocked(const Key& key, const Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The timer's lease pass: answers ended waits, takes hosts whose lease ended as lost
   // (erasing groups left with no member), and lowers *next to the next deadline.
   void ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out)
@@ -293,6 +326,7 @@ class GroupRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added
+  RegistryJournal* journal_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread timer_;
 };
 

@@ -123,6 +123,7 @@ void RegistryReplication::Campaign() {
     LOG(WARNING) << "registry election: etcd Txn failed: " << s.error_message();
     return;
   }
+  if (resp.succeeded() && options_.on_elected) options_.on_elected();
   absl::MutexLock lock(&mu_);
   if (resp.succeeded()) {
     leading_ = true;

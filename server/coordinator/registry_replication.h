@@ -18,9 +18,10 @@
 // as a fresh follower, as kube-controller-manager does): a replica never serves a registry
 // that another replica may also be serving.
 //
-// A new leader starts with an empty registry, as a restarted single coordinator does:
-// forming groups re-join (the sidecars retry UNAVAILABLE joins within their deadline) and
-// running groups are reported back by their sidecars' watches (group_registry.h, adoption).
+// A new leader restores the formed generations the registry journal recorded in etcd
+// (on_elected, registry_journal.h); forming groups re-join (the sidecars retry UNAVAILABLE
+// joins within their deadline), and running groups the journal missed are reported back
+// by their sidecars' watches (group_registry.h, adoption).
 #ifndef COLLSERVE_SERVER_COORDINATOR_REGISTRY_REPLICATION_H_
 #define COLLSERVE_SERVER_COORDINATOR_REGISTRY_REPLICATION_H_
 
@@ -67,6 +68,12 @@ struct RegistryReplicationOptions {
   // could not be renewed (etcd unreachable or the lease expired). Default: nothing (the
   // replica then forwards like any follower and never campaigns again).
   std::function<void(const absl::Status&)> on_lost;
+  // Called when this replica wins an election, before it serves as the leader (Route
+  // answers UNAVAILABLE, which callers retry, until it returns): the coordinator restores
+  // the registry's formed generations from etcd there (registry_journal.h). Runs on the
+  // election thread (the first campaign's on Start's caller); must finish well within
+  // lease_ttl, since the lease is renewed only after it. Default: nothing.
+  std::function<void()> on_elected;
 };
 
 // OK if `tls` (RegistryReplicationOptions::tls) is consistent and its files exist and hold

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "collserve/client.h"
@@ -558,6 +559,120 @@ TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseE
   EXPECT_TRUE(w.events->departures[0].host_lost);
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
+}
+
+// What a registry tells its journal (RegistryJournal), as lines.
+class RecordingJournal : public server::RegistryJournal {
+ public:
+  void Formed(const std::string& job, std::shared_ptr<const server::GroupView> view) override {
+    std::vector<std::string> hosts;
+    for (const server::MemberInfo& h : view->hosts) hosts.push_back(h.host_id);
+    absl::MutexLock lock(&mu_);
+    lines_.push_back(absl::StrCat("formed ", job, "/", view->group, " ", view->generation, " ranks ",
+                                  view->members.size(), " hosts ", absl::StrJoin(hosts, ","), " rank_host ",
+                                  absl::StrJoin(view->rank_host, ",")));
+  }
+  void Ended(const std::string& job, const std::string& group, int64_t generation) override {
+    absl::MutexLock lock(&mu_);
+    lines_.push_back(absl::StrCat("ended ", job, "/", group, " ", generation));
+  }
+  std::vector<std::string> lines() {
+    absl::MutexLock lock(&mu_);
+    return lines_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// Issue 18: the registry journals each formed generation and its end (left by every rank,
+// every host lost, superseded), and takes a journaled one back in (Restore) as FORMED, its
+// hosts leased as at formation.
+TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredOnesRunOn) {
+  server::GroupRegistryLimits limits;
+  limits.adoption_lease = absl::Milliseconds(300);
+  limits.lease_grace = absl::Milliseconds(200);
+  RecordingJournal journal;
+  {
+    server::GroupRegistry registry(limits);
+    registry.SetJournal(&journal);
+    FormGroup(registry, "left", {"a", "b", "a"});
+    ASSERT_TRUE(registry.Leave("job", "left", 0).ok());
+    ASSERT_TRUE(registry.Leave("job", "left", 1).ok());
+    EXPECT_EQ(journal.lines().size(), 1u) << "ended before every rank left";
+    ASSERT_TRUE(registry.Leave("job", "left", 2).ok());
+    FormGroup(registry, "lost", {"a", "b"});  // never watched: both hosts are lost
+    FormGroup(registry, "solo", {"a", "a"});  // one host: never leased, never lost
+    // The first join of generation 2 (of one rank) ends generation 1: superseded.
+    FormGroup(registry, "next", {"a", "a"});
+    server::MemberInfo m;
+    m.rank = 0;
+    m.host_id = "a";
+    registry.JoinAsync("job", "next", 1, m, absl::Now() + absl::Seconds(5),
+                       [](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) { EXPECT_TRUE(v.ok()); }, 2);
+    absl::SleepFor(absl::Milliseconds(900));
+    EXPECT_THAT(journal.lines(),
+                ::testing::ElementsAre("formed job/left 1 ranks 3 hosts a,b rank_host 0,1,0", "ended job/left 1",
+                                       "formed job/lost 1 ranks 2 hosts a,b rank_host 0,1",
+                                       "formed job/solo 1 ranks 2 hosts a rank_host 0,0",
+                                       "formed job/next 1 ranks 2 hosts a rank_host 0,0", "ended job/next 1",
+                                       "formed job/next 2 ranks 1 hosts a rank_host 0", "ended job/lost 1"));
+  }  // the registry's end is not the groups' end: nothing more is journaled
+  EXPECT_EQ(journal.lines().size(), 8u);
+
+  RecordingJournal restored_journal;
+  server::GroupRegistry registry(limits);
+  registry.SetJournal(&restored_journal);
+  auto member = [](int rank, const std::string& host) {
+    server::MemberInfo m;
+    m.rank = rank;
+    m.host_id = host;
+    return m;
+  };
+  server::GroupView view;
+  view.group = "g";
+  view.generation = 5;
+  view.members = {member(0, "a"), member(1, "b")};
+  ASSERT_EQ(registry.Restore("job", view), absl::OkStatus());
+  auto described = registry.Describe("job", "g");
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->state, "FORMED");
+  EXPECT_EQ(described->generation, 5);
+  EXPECT_EQ(described->world_size, 2);
+  EXPECT_EQ(registry.Restore("job", view).code(), absl::StatusCode::kAlreadyExists);
+  server::GroupView solo = view;
+  solo.group = "solo";
+  solo.members = {member(0, "a"), member(1, "a")};
+  ASSERT_EQ(registry.Restore("job", solo), absl::OkStatus());
+  server::GroupView bad = view;
+  bad.group = "bad";
+  bad.members = {member(0, "a"), member(0, "b")};
+  EXPECT_EQ(registry.Restore("job", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.members = {member(0, "a"), member(2, "b")};
+  EXPECT_EQ(registry.Restore("job", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.members = {member(0, "a")};
+  bad.generation = 0;
+  EXPECT_EQ(registry.Restore("job", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(restored_journal.lines().empty()) << "a restored generation is journaled already";
+  // Host a watches "g" and keeps its lease; b never does: once its adoption lease ends it
+  // is lost, which a's watch hears. "solo" runs on.
+  PendingWatch w;
+  w.Start(registry, "g", 5, "a", 0, absl::Seconds(30));
+  ASSERT_TRUE(w.Wait());
+  ASSERT_TRUE(w.events.ok()) << w.events.status();
+  EXPECT_EQ(w.events->state, "BROKEN");
+  ASSERT_EQ(w.events->departures.size(), 1u);
+  EXPECT_EQ(w.events->departures[0].host_id, "b");
+  // Its last rank leaves (or, if the timer is first, host a's lease ends too, as a does
+  // not watch again): the generation ends, journaled once.
+  ASSERT_TRUE(registry.Leave("job", "g", 0, 5).ok());
+  absl::SleepFor(absl::Milliseconds(600));
+  EXPECT_THAT(restored_journal.lines(), ::testing::ElementsAre("ended job/g 5"));
+  EXPECT_EQ(registry.Describe("job", "solo")->state, "FORMED");
+  // The next formation of the name counts on from the restored generation.
+  EXPECT_EQ(JoinNow(registry, "g", 1, 0, absl::Seconds(5)), absl::OkStatus());
+  EXPECT_EQ(registry.Describe("job", "g")->generation, 6);
 }
 
 // Every joiner of a large group gets the same view, made once (O(K) work at formation, not

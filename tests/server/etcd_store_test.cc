@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,8 @@
 #include "absl/time/clock.h"
 #include "collserve/client.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/registry_journal.h"
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/pki.h"
 #include "tests/testing/store_conformance.h"
@@ -64,6 +67,80 @@ std::unique_ptr<store::Store> ConformanceStore() {
 
 INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformanceTest, ::testing::Values(StoreFactory{"etcd", ConformanceStore}),
                          StoreFactoryName);
+
+// The registry journal (registry_journal.h) over a real etcd: a formed generation is one
+// record whose membership reads back whole (names with '/' and ':' in them included), a
+// later generation replaces it, an ended one deletes it, and a key that is not a record is
+// skipped.
+TEST(EtcdRegistryJournalTest, RecordsReadBackAndEndedOnesGo) {
+  EtcdCluster* etcd = SharedEtcd();
+  ASSERT_NE(etcd, nullptr);
+  server::EtcdStoreOptions e;
+  e.endpoints = etcd->endpoints();
+  auto channel = server::NewEtcdChannel(e);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  server::RegistryJournalOptions o;
+  o.prefix = absl::StrCat("journal-", getpid(), "/");
+  auto journal = server::EtcdRegistryJournal::Create(*channel, o);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  auto view = [](const std::string& group, int64_t generation, std::vector<std::string> hosts_of_ranks) {
+    auto v = std::make_shared<server::GroupView>();
+    v->group = group;
+    v->generation = generation;
+    std::map<std::string, int32_t> index;
+    for (size_t r = 0; r < hosts_of_ranks.size(); ++r) {
+      server::MemberInfo m;
+      m.rank = static_cast<int>(r);
+      m.host_id = hosts_of_ranks[r];
+      m.host_address = absl::StrCat("10.0.0.", index.size());
+      m.sidecar_address = absl::StrCat(m.host_address, ":7");
+      auto [it, added] = index.try_emplace(m.host_id, static_cast<int32_t>(v->hosts.size()));
+      if (added) v->hosts.push_back(m);
+      v->rank_host.push_back(it->second);
+      v->members.push_back(m);
+    }
+    return std::shared_ptr<const server::GroupView>(std::move(v));
+  };
+  (*journal)->Formed("job/a:1", view("g/x", 1, {"h0", "h1", "h0"}));
+  (*journal)->Formed("job", view("other", 3, {"h2"}));
+  (*journal)->Formed("job", view("other", 4, {"h2", "h3"}));  // replaces generation 3
+  (*journal)->Ended("job", "other", 3);                       // too old: ignored
+  ASSERT_TRUE((*journal)->Flush(absl::Seconds(10)));
+  {  // not a record: skipped
+    auto kv = etcdserverpb::KV::NewStub(*channel);
+    grpc::ClientContext ctx;
+    etcdserverpb::PutRequest put;
+    put.set_key(absl::StrCat(o.prefix, "garbage"));
+    put.set_value("x");
+    etcdserverpb::PutResponse resp;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    ctx.set_wait_for_ready(true);
+    const grpc::Status s = kv->Put(&ctx, put, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  auto records = (*journal)->Load();
+  ASSERT_TRUE(records.ok()) << records.status();
+  ASSERT_EQ(records->size(), 2u);
+  std::map<std::string, server::GroupView> by_group;
+  for (auto& r : *records) by_group[absl::StrCat(r.job, "|", r.view.group)] = r.view;
+  ASSERT_EQ(by_group.count("job/a:1|g/x"), 1u);
+  const server::GroupView& g = by_group["job/a:1|g/x"];
+  EXPECT_EQ(g.generation, 1);
+  EXPECT_EQ(g.state, "FORMED");
+  ASSERT_EQ(g.members.size(), 3u);
+  EXPECT_EQ(g.members[2].rank, 2);
+  EXPECT_EQ(g.members[2].host_id, "h0");
+  EXPECT_EQ(g.members[1].host_id, "h1");
+  EXPECT_EQ(g.members[1].sidecar_address, "10.0.0.1:7");
+  EXPECT_EQ(by_group["job|other"].generation, 4);
+  EXPECT_EQ(by_group["job|other"].world_size, 2);
+  (*journal)->Ended("job/a:1", "g/x", 1);
+  (*journal)->Ended("job", "other", 4);
+  ASSERT_TRUE((*journal)->Flush(absl::Seconds(10)));
+  records = (*journal)->Load();
+  ASSERT_TRUE(records.ok()) << records.status();
+  EXPECT_TRUE(records->empty());
+}
 
 TEST(EtcdStoreTest, RetriedWritesWithARequestIdAreAppliedOnce) {
   ASSERT_NE(SharedEtcd(), nullptr);

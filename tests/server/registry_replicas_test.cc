@@ -31,6 +31,7 @@
 #include "collserve/v1/registry.grpc.pb.h"
 #include "etcd/etcdserverpb/rpc.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/etcd_store.h"
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/pki.h"
 #include "tests/testing/process.h"
@@ -94,6 +95,32 @@ class RegistryReplicasTest : public ::testing::Test {
     etcdserverpb::RangeResponse resp;
     if (!kv->Range(&ctx, req, &resp).ok() || resp.kvs_size() == 0) return "";
     return resp.kvs(0).value();
+  }
+
+  // The registry journal's records in etcd (registry_journal.h): their keys.
+  std::vector<std::string> JournalKeys() {
+    auto kv = etcdserverpb::KV::NewStub(
+        grpc::CreateChannel(etcd_->endpoints().front(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    etcdserverpb::RangeRequest req;
+    req.set_key(absl::StrCat(prefix_, "registry/groups/"));
+    req.set_range_end(server::EtcdPrefixEnd(req.key()));
+    req.set_keys_only(true);
+    etcdserverpb::RangeResponse resp;
+    std::vector<std::string> keys;
+    if (!kv->Range(&ctx, req, &resp).ok()) return {"(etcd did not answer)"};
+    for (const auto& k : resp.kvs()) keys.push_back(k.key().substr(req.key().size()));
+    return keys;
+  }
+  // Waits up to `timeout` for JournalKeys() to be `want`.
+  bool AwaitJournalKeys(const std::vector<std::string>& want, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (JournalKeys() != want) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return true;
   }
 
   // The index of the replica that leads, waiting up to `timeout` for one (-1: none).
@@ -368,6 +395,64 @@ TEST_F(RegistryReplicasTest, AJobOnTwoSidecarsSurvivesTheReplicaItTalksToAndLead
     EXPECT_TRUE(code.ok() && *code == 0) << "rank " << r << " (" << (code.ok() ? absl::StrCat("exit ", *code) : "hung")
                                          << "):\n" << ranks[r]->Output() << Logs() << c.Logs();
   }
+}
+
+// Issue 18: the group registry's formed generations live in etcd too (registry_journal.h),
+// so a new leader knows the groups formed under the old one at once, before any of their
+// hosts watches (the ranks here have no sidecars, so nothing else could tell it); the
+// record goes when the generation ends.
+TEST_F(RegistryReplicasTest, ANewLeaderKnowsTheGroupsFormedUnderTheOldOneFromEtcd) {
+  for (int i = 0; i < 3; ++i) ASSERT_GT(StartReplica(i), 0) << Logs();
+  const int leader = AwaitLeader(absl::Seconds(20));
+  ASSERT_GE(leader, 0) << Logs();
+  std::vector<std::string> targets;
+  for (int port : ports_) targets.push_back(absl::StrCat("127.0.0.1:", port));
+  ASSERT_THAT(JoinAll(targets, 4, absl::Seconds(30)), IsOk()) << Logs();
+  ASSERT_TRUE(AwaitJournalKeys({"8:replicas/g"}, absl::Seconds(10))) << absl::StrJoin(JournalKeys(), ",") << Logs();
+  replicas_[leader]->Kill(SIGKILL);
+  ASSERT_TRUE(replicas_[leader]->Wait(absl::Seconds(10)).ok());
+  const int next = AwaitLeader(absl::Seconds(20), leader);
+  ASSERT_GE(next, 0) << Logs();
+  // Every surviving replica answers with the restored generation (a follower forwards).
+  for (int i = 0; i < 3; ++i) {
+    if (i == leader) continue;
+    auto stub = pb::Registry::NewStub(grpc::CreateChannel(targets[i], grpc::InsecureChannelCredentials()));
+    pb::ListResponse resp;
+    grpc::Status s;
+    for (int attempt = 0; attempt < 50; ++attempt) {  // UNAVAILABLE while the new leader restores
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      pb::ListRequest req;
+      req.set_job("replicas");
+      resp.Clear();
+      s = stub->List(&ctx, req, &resp);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_TRUE(s.ok()) << s.error_message() << Logs();
+    ASSERT_EQ(resp.groups_size(), 1) << targets[i] << ": " << resp.DebugString() << Logs();
+    const pb::GroupInfo& g = resp.groups(0);
+    EXPECT_EQ(g.group(), "g");
+    EXPECT_EQ(g.state(), "FORMED");
+    EXPECT_EQ(g.generation(), 1);
+    ASSERT_EQ(g.members_size(), 4);
+    EXPECT_EQ(g.members(3).host_id(), "host-3");
+  }
+  // Every rank leaves through the new leader: the generation ends, and so does its record.
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(targets[next], grpc::InsecureChannelCredentials()));
+  for (int rank = 0; rank < 4; ++rank) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    pb::LeaveRequest req;
+    req.set_job("replicas");
+    req.set_group("g");
+    req.set_rank(rank);
+    req.set_generation(1);
+    pb::LeaveResponse resp;
+    const grpc::Status s = stub->Leave(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << "rank " << rank << ": " << s.error_message();
+  }
+  EXPECT_TRUE(AwaitJournalKeys({}, absl::Seconds(10))) << absl::StrJoin(JournalKeys(), ",") << Logs();
 }
 
 std::string ReadFile(const std::string& path) {
