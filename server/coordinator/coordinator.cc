@@ -62,9 +62,9 @@ class CoordinatorImpl : public Coordinator {
           "coordinator replicas (--advertise_address) need the store in etcd (--etcd_endpoints)");
     }
     // The replicas' TLS is checked before anything talks to etcd.
-    RegistryReplicationOptions replication = options.replication;
+    RegistryReplicationOptions replica_options = options.replication;
     if (replicas) {
-      if (absl::Status s = ReplicaTls(options.tls, replication.tls); !s.ok()) return s;
+      if (absl::Status s = ReplicaTls(options.tls, replica_options.tls); !s.ok()) return s;
     }
     const int64_t max_value_bytes =
         etcd ? std::min(options.store.max_value_bytes, options.etcd.max_value_bytes) : options.store.max_value_bytes;
@@ -113,7 +113,7 @@ class CoordinatorImpl : public Coordinator {
     listener_ = std::move(*listener);
     port_ = listener_->port();
     if (replicas) {
-      RegistryReplicationOptions r = std::move(replication);
+      RegistryReplicationOptions r = std::move(replica_options);
       if (absl::EndsWith(r.advertise_address, ":0")) {
         r.advertise_address = absl::StrCat(r.advertise_address.substr(0, r.advertise_address.size() - 1), port_);
       }
