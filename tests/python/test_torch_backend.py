@@ -350,6 +350,17 @@ def test_torchrun_forms_a_job_through_the_coordinator():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def gloo_aborted_after_its_work(r, ranks):
+    """True when a `collserve launch` of the gloo reference failed only because a rank aborted
+    in the interpreter's teardown after its last line: torch 2.6's ProcessGroupGloo sometimes
+    does ("terminate called without an active exception" after destroy_process_group; seen in
+    the Debian 13 stage, see torch_worker.py, whose reference ranks skip the teardown). The
+    collserve runs get no such allowance."""
+    out = r.stdout + r.stderr
+    return (r.returncode == 128 + signal.SIGABRT and "terminate called without an active exception" in out
+            and len(re.findall(r"test accuracy: ", out)) == ranks)
+
+
 def launch(*args, timeout=180):
     return subprocess.run([sys.executable, "-m", "collserve.launch", *args], capture_output=True, text=True,
                           timeout=timeout)
@@ -363,7 +374,10 @@ def test_tutorial_sgd_under_the_launcher_matches_gloo():
     for backend in ("collserve", "gloo"):
         r = launch("--nproc_per_node", "4", os.path.join(ROOT, "examples", "digits_sgd.py"), "--backend", backend,
                    "--epochs", "2")
-        assert r.returncode == 0, r.stdout + r.stderr
+        if backend == "gloo" and gloo_aborted_after_its_work(r, ranks=4):
+            pass  # torch's Gloo, not what is under test: its losses are all printed
+        else:
+            assert r.returncode == 0, r.stdout + r.stderr
         losses[backend] = {(int(r_), int(e)): float(x) for r_, e, x in
                            re.findall(r"Rank\s+(\d+)\s*,\s*epoch\s+(\d+)\s*:\s+([0-9.e-]+)", r.stdout)}
         assert len(losses[backend]) == 8, r.stdout
