@@ -50,9 +50,13 @@ constexpr size_t kSegmentGranularity = 1 << 20;
 // Free segments kept for reuse: at most this many, and at most max_staging_bytes of them
 // (kDefaultFreeBytes when that is unbounded), so that the ops a caller keeps in flight find
 // their segments mapped and touched (on both sides) the next time round instead of creating
-// new ones: a new segment costs shm_open, ftruncate, mmap and a page fault per 4 KiB page
-// in the rank and again in the sidecar.
-constexpr size_t kMaxFreeSegments = 32;
+// new ones: a new segment costs memfd_create, ftruncate, mmap and a page fault per 4 KiB
+// page in the rank and again in the sidecar. 128 is the default max_staging_bytes in
+// segments of the smallest size (kSegmentGranularity): every op in flight under the default
+// limit finds its segment again (32 made 1 MiB ops deeper than 32 recreate theirs each round).
+// With the sidecar's 1024 mapped segments per rank (engine/buffers.h) this leaves room for
+// the ops in flight and the shared buffers.
+constexpr size_t kMaxFreeSegments = 128;
 constexpr size_t kDefaultFreeBytes = size_t{128} << 20;
 constexpr int64_t kMaxMessageBytes = 1 << 30;
 

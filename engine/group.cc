@@ -387,7 +387,10 @@ absl::Status Group::AddSegment(int rank, std::shared_ptr<ShmSegment> segment) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of group \"", params_.name,
                                                       "\" is not attached here with shared memory"));
   }
-  return it->second.segments.Add(std::move(segment));
+  const uint64_t bytes = segment->size();
+  absl::Status added = it->second.segments.Add(std::move(segment));
+  if (added.ok() && env_.observer != nullptr) env_.observer->OnSegmentRegistered(bytes);
+  return added;
 }
 
 void Group::Fail(const absl::Status& status) {

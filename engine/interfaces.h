@@ -117,6 +117,10 @@ class EngineObserver {
                            const char* algorithm) {}
   // The number of groups on this host changed by `delta` (+1 created, -1 dropped).
   virtual void OnGroups(int delta) {}
+  // A local rank registered a shared-memory segment of `bytes` (a staging segment or a
+  // shared buffer, now mapped by this process). A training loop registers none once its
+  // first steps have made the segments its steps reuse. Any thread, group lock held.
+  virtual void OnSegmentRegistered(uint64_t bytes) {}
   // `bytes` of a local rank's tensors (inputs and outputs) entered a collective via `path`.
   virtual void OnTensorBytes(BytePath path, uint64_t bytes) {}
   // A group exchanged its ranks' arguments with its other hosts (one round between hosts,

@@ -112,6 +112,24 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                            "host makes it grow with the collectives; collservectl diagnose names the rank).")
                      .Register(registry)
                      .Add({});
+  segments_ = &prometheus::BuildCounter()
+                   .Name("collserve_segments_registered_total")
+                   .Help("Shared-memory segments local ranks registered with this sidecar (staging segments for "
+                         "ordinary tensors, shared buffers), which it then maps. Once a job's first steps are "
+                         "done this stays flat; if it keeps growing, the ranks keep more staged bytes in flight "
+                         "than they may reuse (COLLSERVE_MAX_STAGING_BYTES) and pay for new segments each step.")
+                   .Register(registry)
+                   .Add({});
+  segment_bytes_ = &prometheus::BuildCounter()
+                        .Name("collserve_segment_bytes_registered_total")
+                        .Help("Bytes of the segments in collserve_segments_registered_total.")
+                        .Register(registry)
+                        .Add({});
+}
+
+void PrometheusObserver::OnSegmentRegistered(uint64_t bytes) {
+  segments_->Increment();
+  segment_bytes_->Increment(static_cast<double>(bytes));
 }
 
 void PrometheusObserver::OnArrivalSkew(absl::Duration skew) { skew_->Observe(absl::ToDoubleSeconds(skew)); }

@@ -1,8 +1,9 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
 // collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op},
 // collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total,
-// collserve_groups, collserve_collective_arrival_skew_seconds and
-// collserve_straggler_collectives_total; flight recorder dumps go to the log (WARNING, one
+// collserve_groups, collserve_collective_arrival_skew_seconds,
+// collserve_straggler_collectives_total, collserve_segments_registered_total and
+// collserve_segment_bytes_registered_total; flight recorder dumps go to the log (WARNING, one
 // line of JSON: collserve.v1.DumpGroupResponse's mapping). The op label takes only the known ops' names ("unknown" otherwise: a
 // client's op number never becomes a label).
 #ifndef COLLSERVE_SERVER_SIDECAR_METRICS_OBSERVER_H_
@@ -28,6 +29,7 @@ class PrometheusObserver : public engine::EngineObserver {
   void OnTensorBytes(engine::BytePath path, uint64_t bytes) override;
   void OnArgumentExchange() override;
   void OnGroups(int delta) override;
+  void OnSegmentRegistered(uint64_t bytes) override;
   void OnArrivalSkew(absl::Duration skew) override;
   void OnStraggler() override;
   void OnBackendError(const std::string& peer_host) override;
@@ -50,6 +52,8 @@ class PrometheusObserver : public engine::EngineObserver {
   prometheus::Counter* bytes_[3];  // by BytePath
   prometheus::Histogram* skew_;
   prometheus::Counter* stragglers_;
+  prometheus::Counter* segments_;
+  prometheus::Counter* segment_bytes_;
 };
 
 }  // namespace collserve::server

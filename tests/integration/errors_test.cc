@@ -388,25 +388,56 @@ TEST(StagingTest, CollectivesWaitForRoomSendsDoNot) {
   }
 }
 
-// GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 5 s.
-// The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's
-// 100 KiB thread stacks no room) and counts collectives and tensor bytes by path.
-TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
+// Starts a one-host cluster whose sidecar serves /metrics, runs ranks 0 and 1 of a 2-rank
+// group with `args` (each must exit 0) and returns the sidecar's /metrics body ("" when
+// it did not answer).
+std::string MetricsAfterTwoRanks(const std::vector<std::string>& args) {
   const int port = UnusedPort();
-  ASSERT_NE(port, 0);
+  EXPECT_NE(port, 0);
   auto cluster = Cluster::Start(1, {}, {absl::StrCat("--metrics_address=127.0.0.1:", port)});
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (port == 0 || !cluster.ok()) return "";
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 2; ++r) {
-    auto p = (*cluster)->StartRank(r, 2, 0, {"--mode=single", "--count=1000"});
-    ASSERT_TRUE(p.ok());
+    auto p = (*cluster)->StartRank(r, 2, 0, args);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return "";
     ranks.push_back(std::move(*p));
   }
   for (auto& p : ranks) {
     auto [code, out] = Finish(*p);
-    EXPECT_EQ(code, 0) << out;
+    EXPECT_EQ(code, 0) << out << (*cluster)->Logs();
   }
-  const std::string body = HttpGet(port, "/metrics");
+  return HttpGet(port, "/metrics");
+}
+
+// The value of the unlabelled sample `name` in a /metrics body; -1 if absent.
+double Sample(const std::string& body, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = body.find(key);
+  return at == std::string::npos ? -1 : std::strtod(body.c_str() + at + key.size(), nullptr);
+}
+
+// Ops kept in flight reuse their staging segments: 2 ranks, 3 rounds of 64 all_reduces of
+// 1 MiB ordinary tensors issued back to back. Rank 0 has all 64 in flight each round (rank
+// 1 starts once they are issued): it registers 64 segments in the first round and none
+// after, as the SDK keeps up to 128 free ones (with a cap of 32 it made 32 anew in each
+// later round: 128 for rank 0 alone). Rank 1's ops complete as it issues them, so it
+// reuses its first few segments: between 1 and 64 of its own.
+TEST(StagingTest, OpsInFlightReuseTheirSegments) {
+  const std::string body = MetricsAfterTwoRanks({"--mode=inflight", "--count=262144", "--iters=3"});
+  EXPECT_THAT(body, HasSubstr("\ncollserve_sessions "));  // the sidecar answered
+  const double segments = Sample(body, "collserve_segments_registered_total");
+  EXPECT_GE(segments, 65) << body;
+  EXPECT_LE(segments, 128) << body;
+  EXPECT_EQ(Sample(body, "collserve_segment_bytes_registered_total"), segments * (1 << 20)) << body;
+}
+
+// GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 5 s.
+// The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's
+// 100 KiB thread stacks no room) and counts collectives and tensor bytes by path.
+TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
+  const std::string body = MetricsAfterTwoRanks({"--mode=single", "--count=1000"});
   EXPECT_THAT(body, HasSubstr("collserve_collectives_total{code=\"OK\",op=\"all_reduce\"} 2"));
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"staged\"} 8000"));
   EXPECT_THAT(body, HasSubstr("collserve_tensor_bytes_total{path=\"arena\"} 0"));

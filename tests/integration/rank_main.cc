@@ -22,6 +22,7 @@
 //           compare_set / append, every result checked (exactly-once writes included);
 //           at the end the shared counter must hold world_size * iters.
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed (status printed).
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <cmath>
@@ -662,6 +663,40 @@ int main(int argc, char** argv) {
     int64_t wrong = 0;
     for (int64_t i = 0; i < n; ++i) wrong += (a[i] != 3.0f) + (b[i] != 30.0f) + (p2p[i] != 7.0f);
     std::printf("rank %d: staging done, %lld wrong\n", rank, static_cast<long long>(wrong));
+    return wrong == 0 ? 0 : 1;
+  }
+  if (mode == "inflight") {
+    // --iters rounds; each issues 64 all_reduces of --count float32 elements (ordinary
+    // memory, so staged) back to back, then waits for them all and checks them. Rank 0
+    // issues first, and the others only once it has issued its 64 (a store key per round):
+    // none of rank 0's can complete before, so it has all 64 in flight every round.
+    const int rank = (*pg)->GetRank();
+    auto* store = (*pg)->store();
+    if (store == nullptr) return 2;
+    const int64_t n = absl::GetFlag(FLAGS_count);
+    const int world = (*pg)->GetWorldSize();
+    std::vector<std::vector<float>> tensors(64, std::vector<float>(static_cast<size_t>(n)));
+    int64_t wrong = 0;
+    for (int64_t round = 0; round < absl::GetFlag(FLAGS_iters); ++round) {
+      std::vector<std::shared_ptr<collserve::client::Work>> works;
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        std::fill(tensors[t].begin(), tensors[t].end(), static_cast<float>(rank + t));
+        if (t == 0 && rank != 0 && !store->Wait({absl::StrCat("inflight/", round)}, absl::Seconds(60)).ok()) return 3;
+        works.push_back((*pg)->AllReduce(tensors[t].data(), n, DataType::kFloat32, ReduceOp::kSum));
+      }
+      if (rank == 0 && !store->Set(absl::StrCat("inflight/", round), "1").ok()) return 3;
+      for (auto& w : works) {
+        if (absl::Status st = w->Wait(); !st.ok()) {
+          std::printf("rank %d: %s\n", rank, StatusLine(st).c_str());
+          return 3;
+        }
+      }
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const float want = static_cast<float>(world * (world - 1) / 2 + world * static_cast<int>(t));
+        for (float v : tensors[t]) wrong += v != want;
+      }
+    }
+    std::printf("rank %d: inflight done, %lld wrong\n", rank, static_cast<long long>(wrong));
     return wrong == 0 ? 0 : 1;
   }
   if (mode == "bcast_root") {
