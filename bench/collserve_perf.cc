@@ -11,8 +11,12 @@
 //   size   bytes of the op's largest buffer: the tensor for all_reduce, broadcast, reduce and
 //          send_recv; the gathered output for all_gather; the input for reduce_scatter; the
 //          whole send buffer for all_to_all.
-//   time   microseconds per op, each rank's mean over -n back-to-back ops (after -w warm-up
-//          ones), averaged over ranks (nccl-tests' default -a 1).
+//   time   microseconds per op, each rank's mean over -n back-to-back ops (-z 1: over -n ops
+//          each waited for before the next, its latency), averaged over ranks (nccl-tests'
+//          default -a 1). Before them, -w warm-up ops are issued back to
+//          back and waited for, as nccl-tests does: with ordinary memory (-m heap), -w >= -n
+//          has the timed ops reuse the staging segments the warm-up created, as a training
+//          loop's steps do, instead of timing their creation.
 //   algbw  size / time (GB/s, 1e9 bytes); busbw = algbw x the op's factor: all_reduce
 //          2(n-1)/n; all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast, reduce,
 //          send_recv 1.
@@ -52,6 +56,9 @@ ABSL_FLAG(std::string, o, "all_reduce",
 ABSL_FLAG(std::string, d, "float", "Data type: float, double, int32, int64.");
 ABSL_FLAG(int, r, 0, "Root rank of broadcast and reduce.");
 ABSL_FLAG(int, c, 1, "Check results (1) or not (0).");
+ABSL_FLAG(int, z, 0,
+          "Blocking (1): wait for each op before issuing the next (nccl-tests' -z), so time is one "
+          "op's latency; 0: -n ops back to back, then wait for them all.");
 ABSL_FLAG(std::string, m, "arena",
           "Where the tensors live: arena (ProcessGroup::AllocateShared, the session's shared memory: "
           "no copy between rank and sidecar, as nccl-tests' device buffers) or heap (ordinary memory: "
@@ -252,19 +259,23 @@ class Bench {
   }
 
   // Mean microseconds per op over `iters` back-to-back ops (issued, then all waited).
-  absl::StatusOr<double> Time(Buffer& in, Buffer& out, int64_t count, bool in_place, int warmup, int iters) {
-    for (int i = 0; i < warmup; ++i) {
-      if (absl::Status s = Wait(Issue(in, out, count, in_place)); !s.ok()) return s;
-    }
+  // The warm-up ops are issued the same way, so the timed ones find what they reuse
+  // (staging segments) already made.
+  // `blocking`: each op is waited for before the next is issued.
+  absl::StatusOr<double> Time(Buffer& in, Buffer& out, int64_t count, bool in_place, int warmup, int iters,
+                              bool blocking) {
+    const auto run = [&](int ops) {
+      if (!blocking) return Batch(in, out, count, in_place, ops);
+      for (int i = 0; i < ops; ++i) {
+        if (absl::Status s = Batch(in, out, count, in_place, 1); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    };
+    if (absl::Status s = run(warmup); !s.ok()) return s;
     if (absl::Status s = Wait(pg_->Barrier()); !s.ok()) return s;
     auto start = std::chrono::steady_clock::now();
-    std::vector<std::shared_ptr<Work>> works;
-    for (int i = 0; i < iters; ++i) works.push_back(Issue(in, out, count, in_place));
-    for (auto& w : works) {
-      if (absl::Status s = Wait(w); !s.ok()) return s;
-    }
+    if (absl::Status s = run(iters); !s.ok()) return s;
     std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
-    algorithm_ = works.back()->Algorithm();
     return elapsed.count() / iters;
   }
 
@@ -272,6 +283,18 @@ class Bench {
   const std::string& algorithm() const { return algorithm_; }
 
  private:
+  // Issues `ops` ops back to back, then waits for them all; the last one's algorithm is
+  // kept.
+  absl::Status Batch(Buffer& in, Buffer& out, int64_t count, bool in_place, int ops) {
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < ops; ++i) works.push_back(Issue(in, out, count, in_place));
+    for (auto& w : works) {
+      if (absl::Status s = Wait(w); !s.ok()) return s;
+    }
+    if (!works.empty()) algorithm_ = works.back()->Algorithm();
+    return absl::OkStatus();
+  }
+
   char* Block(Buffer& b, int64_t element) const { return b.data() + element * Buffer::Size(dtype_); }
 
   absl::Status Wait(const std::shared_ptr<Work>& w) {
@@ -350,9 +373,10 @@ int main(int argc, char** argv) {
     return s.ok() ? x[0] : std::nan("");
   };
   if (rank == 0) {
-    std::printf("# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d -m %s\n",
+    std::printf("# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d -z %d -m %s\n",
                 info->name, type.c_str(), n, (*pg)->num_hosts(), (*pg)->local_world_size(), absl::GetFlag(FLAGS_n),
-                absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c), absl::GetFlag(FLAGS_m).c_str());
+                absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c), absl::GetFlag(FLAGS_z),
+                absl::GetFlag(FLAGS_m).c_str());
     std::printf("#%62s%32s\n", "out-of-place", "in-place");
     std::printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s  %s\n", "size", "count", "type", "redop",
                 "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algorithm");
@@ -396,7 +420,8 @@ int main(int argc, char** argv) {
         wrong = static_cast<int64_t>(sum(static_cast<double>(*w)));
         total_wrong += wrong;
       }
-      auto us = bench.Time(in, out, count, in_place, absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_n));
+      auto us = bench.Time(in, out, count, in_place, absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_n),
+                           absl::GetFlag(FLAGS_z) != 0);
       if (!us.ok()) {
         std::fprintf(stderr, "collserve-perf: rank %d: %s\n", rank, us.status().ToString().c_str());
         return 1;

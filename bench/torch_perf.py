@@ -6,8 +6,8 @@ torch.distributed backend, one process per rank under a launcher (env://):
     collserve launch --nproc_per_node 4 bench/torch_perf.py --backend gloo -b 8 -e 64M -f 4 -o all_reduce
 
 --backend gloo is torch's own Gloo; --backend collserve is collserve's c10d backend. Each
-rank issues -n ops back to back (async_op=True) after -w warm-up ones and waits for them
-all; time is each rank's mean per op, averaged over ranks. torch 1.13's Gloo has no
+rank issues -n ops back to back (async_op=True) after -w warm-up ones (also back to
+back) and waits for them all; time is each rank's mean per op, averaged over ranks. torch 1.13's Gloo has no
 reduce_scatter: -o reduce_scatter times its all_reduce-based equivalent (all_reduce of
 the whole input, then this rank's block copied out), and the header says so; nor
 _allgather_base: all_gather is the list form into views of one output tensor. all_to_all
@@ -100,14 +100,20 @@ class Bench:
             got, want = out, value((rank + n - 1) % n, count)
         return int((got.to(torch.float64) != want.to(torch.float64)).sum())
 
-    def time(self, inp, out, count, warmup, iters):
-        for _ in range(warmup):
-            self.wait(self.issue(inp, out, count))
+    def time(self, inp, out, count, warmup, iters, blocking=False):
+        """Mean us per op; blocking: each op waited for before the next (-z 1)."""
+        def run(ops):
+            # Warm-up ops issued as the timed ones (and as nccl-tests does).
+            if blocking:
+                for _ in range(ops):
+                    self.wait(self.issue(inp, out, count))
+                return
+            for w in [self.issue(inp, out, count) for _ in range(ops)]:
+                self.wait(w)
+        run(warmup)
         dist.barrier()
         start = time.perf_counter()
-        works = [self.issue(inp, out, count) for _ in range(iters)]
-        for w in works:
-            self.wait(w)
+        run(iters)
         return (time.perf_counter() - start) / iters * 1e6
 
 
@@ -123,6 +129,7 @@ def main():
     p.add_argument("-d", default="float", choices=sorted(DTYPES))
     p.add_argument("-r", type=int, default=0)
     p.add_argument("-c", type=int, default=1)
+    p.add_argument("-z", type=int, default=0, help="1: wait for each op before the next (latency), as nccl-tests' -z")
     p.add_argument("-m", default="heap", choices=["heap", "arena"],
                    help="tensor memory: torch.zeros, or collserve.torch.empty (--backend collserve)")
     a = p.parse_args()
@@ -144,7 +151,7 @@ def main():
     if rank == 0:
         note = " (reduce_scatter = all_reduce + copy of this rank's block)" if a.o == "reduce_scatter" else ""
         print(f"# torch_perf: torch {torch.__version__} {a.backend}, {a.o}{note}, {a.d}, {n} ranks, "
-              f"-n {a.n} -w {a.w} -c {a.c} -m {a.m}")
+              f"-n {a.n} -w {a.w} -c {a.c} -z {a.z} -m {a.m}")
         print(f"#{'out-of-place':>62}{'in-place':>32}")
         print("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s" % (
             "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
@@ -168,7 +175,7 @@ def main():
                 continue
             wrong = int(mean(bench.check(inp, out, count)) * n) if a.c else 0
             wrong_total += wrong
-            us = mean(bench.time(inp, out, count, a.w, a.n))
+            us = mean(bench.time(inp, out, count, a.w, a.n, blocking=a.z != 0))
             algbw = size / (us * 1e3)
             busbw = algbw * FACTORS[a.o](n)
             busbws.append(busbw)

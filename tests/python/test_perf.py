@@ -41,6 +41,16 @@ def test_every_op_checks_its_results_and_reports_nccl_tests_columns(op, memory):
             assert float(busbw) == pytest.approx(float(algbw) * FACTORS[op], rel=0.02, abs=2e-3), row
 
 
+@pytest.mark.parametrize("op", ["all_reduce", "send_recv"])
+def test_blocking_mode_waits_for_each_op_and_checks_its_results(op):
+    # -z 1 (nccl-tests' blocking mode: latency); send_recv waits for its send too.
+    r = perf("-b", "8", "-e", "64K", "-f", "64", "-n", "5", "-w", "2", "-z", "1", "-o", op, "-m", "heap", nproc=2)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "-z 1 -m heap" in r.stdout.splitlines()[0] and "# Out of bounds values : 0 OK" in r.stdout, r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if line and not line.startswith("#")]
+    assert [int(row[0]) for row in rows] == [8, 512, 32768], r.stdout
+
+
 def test_bad_flags_are_refused():
     r = subprocess.run([PERF, "-o", "all_everything"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown -o" in r.stderr
@@ -58,11 +68,12 @@ def test_torch_side_of_the_comparison_checks_its_results(backend, memory):
         pytest.skip("the c10d backend was not built")
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench",
                           "torch_perf.py")
-    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+    for op, blocking in (("all_reduce", "0"), ("all_gather", "1"), ("reduce_scatter", "0")):
         r = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--no_prefix", script,
                             "--backend", backend, "-m", memory, "-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1",
-                            "-o", op],
+                            "-o", op, "-z", blocking],
                            capture_output=True, text=True, timeout=120)
+        assert f"-z {blocking}" in r.stdout.splitlines()[0], r.stdout + r.stderr
         assert r.returncode == 0 and "# Out of bounds values : 0 OK" in r.stdout, r.stdout + r.stderr
         assert len([line for line in r.stdout.splitlines() if line and not line.startswith("#")]) == 3, r.stdout
 
