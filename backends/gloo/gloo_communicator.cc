@@ -420,7 +420,19 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(RendezvousStore& store
     context->setTimeout(ToMillis(options.connect_timeout));
     GlooStoreAdapter adapter(store, prefix, options.connect_timeout);
     context->connectFullMesh(adapter, device);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context), options.ring_segment_bytes));
+    auto comm = std::make_unique<GlooCommunicator>(std::move(context), options.ring_segment_bytes);
+    // connectFullMesh returns on a host once its own ends of the pairs are up, which can be
+    // before a peer has read the handshake: a host that returned and closed its pairs at
+    // once (a rank that exits right after init) failed the slower peer's connect with
+    // "Connection closed by peer". A one-element all_reduce first makes the connect
+    // collective: it returns on any host only after every host's connect has completed.
+    int32_t zero = 0;
+    const absl::Duration left = options.connect_timeout - (absl::Now() - start);
+    if (absl::Status s = comm->AllReduce(&zero, 1, DataType::kInt32, ReduceOp::kSum, left, AllReduceAlgorithm::kDefault);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("gloo connect: the barrier after connecting failed: ", s.message()));
+    }
+    return std::unique_ptr<Communicator>(std::move(comm));
   } catch (const std::exception& e) {
     return FromGlooException(e, start, options.connect_timeout, "gloo connect");
   }

@@ -28,7 +28,8 @@ struct GlooOptions {
 
 // Connects host `rank` of `size` to its peers. Every host must call it with the same
 // `prefix` (unique per group generation) and `size`. Blocks until all pairs are
-// connected. Errors: INVALID_ARGUMENT (rank/size), DEADLINE_EXCEEDED (a peer did not show
+// connected and every host's connect has completed (a one-element all_reduce ends it, so
+// a host that returns and closes at once cannot fail a slower peer's connect). Errors: INVALID_ARGUMENT (rank/size), DEADLINE_EXCEEDED (a peer did not show
 // up within connect_timeout), UNAVAILABLE (connect/bind failure). Thread-safe with respect
 // to other connects.
 absl::StatusOr<std::unique_ptr<Communicator>> ConnectGloo(RendezvousStore& store,
