@@ -245,6 +245,18 @@ class CoordinatorImpl : public Coordinator {
                    "Generations formed (rendezvous completed) since the coordinator started, every job.",
                    static_cast<double>(c.generations_formed), true});
     }
+    if (journal_ != nullptr) {
+      const EtcdRegistryJournal::Stats j = journal_->GetStats();
+      const char* help =
+          "Changes of the group registry's journal in etcd (a formed generation's record, or its deletion) by "
+          "what became of them: written, failed (etcd refused or did not answer: dropped, the record is a hint) "
+          "or too_large (over the etcd request limit: never sent).";
+      for (const auto& [result, n] : {std::pair<const char*, uint64_t>{"written", j.written},
+                                      {"failed", j.failed}, {"too_large", j.too_large}}) {
+        g.push_back({"collserve_registry_journal_writes_total", help, static_cast<double>(n), true,
+                     {{"result", result}}});
+      }
+    }
     if (tcpstore_ != nullptr) {
       const std::vector<int64_t> requests = tcpstore_->requests();
       for (int op = 0; op < static_cast<int>(requests.size()); ++op) {

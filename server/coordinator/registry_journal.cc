@@ -90,13 +90,28 @@ void EtcdRegistryJournal::Loop() {
       if (pending_.empty()) return;  // stopping, nothing left to write
       batch.swap(pending_);
     }
-    for (const auto& [key, change] : batch) Write(key, change);
+    Stats done;
+    for (const auto& [key, change] : batch) {
+      switch (Write(key, change)) {
+        case Outcome::kWritten: ++done.written; break;
+        case Outcome::kFailed: ++done.failed; break;
+        case Outcome::kTooLarge: ++done.too_large; break;
+      }
+    }
     absl::MutexLock lock(&mu_);
     written_ += batch.size();
+    stats_.written += done.written;
+    stats_.failed += done.failed;
+    stats_.too_large += done.too_large;
   }
 }
 
-void EtcdRegistryJournal::Write(const std::string& key, const Change& change) {
+EtcdRegistryJournal::Stats EtcdRegistryJournal::GetStats() {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+EtcdRegistryJournal::Outcome EtcdRegistryJournal::Write(const std::string& key, const Change& change) {
   absl::Time deadline = absl::Now() + options_.call_timeout;
   {
     absl::MutexLock lock(&mu_);
@@ -124,12 +139,12 @@ void EtcdRegistryJournal::Write(const std::string& key, const Change& change) {
     record.mutable_rank_host()->Assign(v.rank_host.begin(), v.rank_host.end());
     epb::PutRequest req;
     req.set_key(key);
-    if (!record.SerializeToString(req.mutable_value())) return;
+    if (!record.SerializeToString(req.mutable_value())) return Outcome::kFailed;
     if (static_cast<int64_t>(req.value().size()) > options_.max_value_bytes) {
       LOG(WARNING) << "registry journal: generation " << v.generation << " of " << key << " is not recorded: its "
                    << req.value().size() << " bytes exceed " << options_.max_value_bytes
                    << " (a new registry leader learns it from its sidecars' watches)";
-      return;
+      return Outcome::kTooLarge;
     }
     epb::PutResponse resp;
     s = stubs_->kv->Put(&ctx, req, &resp);
@@ -137,7 +152,9 @@ void EtcdRegistryJournal::Write(const std::string& key, const Change& change) {
   if (!s.ok()) {
     LOG(WARNING) << "registry journal: could not " << (change.view == nullptr ? "delete" : "write") << " " << key
                  << " (generation " << change.generation << ") in etcd: " << s.error_message();
+    return Outcome::kFailed;
   }
+  return Outcome::kWritten;
 }
 
 absl::StatusOr<std::vector<EtcdRegistryJournal::Record>> EtcdRegistryJournal::Load() {

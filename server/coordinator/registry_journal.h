@@ -16,7 +16,7 @@
 // kept, so the queue is bounded by the groups held) and one thread writes it, each call
 // bounded by call_timeout. A write that fails is logged and dropped (the record is a hint),
 // as is a record over max_value_bytes (a group of tens of thousands of ranks on as many
-// hosts; etcd refuses requests over its --max-request-bytes).
+// hosts; etcd refuses requests over its --max-request-bytes); GetStats counts both.
 #ifndef COLLSERVE_SERVER_COORDINATOR_REGISTRY_JOURNAL_H_
 #define COLLSERVE_SERVER_COORDINATOR_REGISTRY_JOURNAL_H_
 
@@ -72,6 +72,15 @@ class EtcdRegistryJournal : public RegistryJournal {
   // passed; true if it was. For tests and orderly shutdowns.
   bool Flush(absl::Duration timeout);
 
+  // What the writer thread did with the changes it took (a change superseded while queued
+  // is in none of them). Exported as collserve_registry_journal_writes_total{result}.
+  struct Stats {
+    uint64_t written = 0;    // a Put or a DeleteRange etcd acknowledged
+    uint64_t failed = 0;     // etcd refused it or did not answer within call_timeout: dropped
+    uint64_t too_large = 0;  // a record over max_value_bytes: never sent
+  };
+  Stats GetStats();
+
   // The key of (job, group)'s record, and its inverse (false for a key of another shape).
   std::string Key(const std::string& job, const std::string& group) const;
   bool ParseKey(const std::string& key, std::string* job, std::string* group) const;
@@ -83,7 +92,8 @@ class EtcdRegistryJournal : public RegistryJournal {
     std::shared_ptr<const GroupView> view;  // null: delete the record
   };
   void Loop();
-  void Write(const std::string& key, const Change& change);
+  enum class Outcome { kWritten, kFailed, kTooLarge };
+  Outcome Write(const std::string& key, const Change& change);
 
   const RegistryJournalOptions options_;
   std::shared_ptr<grpc::Channel> etcd_;
@@ -93,6 +103,7 @@ class EtcdRegistryJournal : public RegistryJournal {
   std::map<std::string, Change> pending_ ABSL_GUARDED_BY(mu_);  // by key: the latest change
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;   // changes queued so far
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // of them, written or dropped
+  Stats stats_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time stop_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // stopping: the writes' last deadline
   std::thread thread_;

@@ -241,7 +241,7 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
       EXPECT_NE(rf.at("state").string_value(), "firing") << rf.at("name").string_value();
     }
   }
-  EXPECT_EQ(alert_rules, 7);
+  EXPECT_EQ(alert_rules, 8);
 
   // promtool's lint of both daemons' exposures.
   for (int port : {c_port, s0_port}) {

@@ -21,6 +21,7 @@ EXPORTED = {
     "collserve_store_keys", "collserve_store_bytes", "collserve_store_max_keys", "collserve_store_max_bytes",
     "collserve_store_pending_waits", "collserve_store_wal_bytes", "collserve_store_wal_compactions",
     "collserve_registry_groups", "collserve_registry_formed_groups", "collserve_registry_generations_formed_total",
+    "collserve_registry_journal_writes_total",
     "collserve_store_wal_syncs_total", "collserve_store_wal_sync_seconds_total", "collserve_store_wal_writes_total",
     "collserve_staging_bytes", "collserve_segments_registered_total", "collserve_segment_bytes_registered_total",
     "collserve_collective_algorithms_total", "collserve_backend_errors_total", "collserve_tcpstore_requests_total",

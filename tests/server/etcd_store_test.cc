@@ -68,6 +68,40 @@ std::unique_ptr<store::Store> ConformanceStore() {
 INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformanceTest, ::testing::Values(StoreFactory{"etcd", ConformanceStore}),
                          StoreFactoryName);
 
+// A registry journal over `endpoints` (etcd's, or an address where nothing listens)
+// writing under a prefix unique to this process and `name`.
+absl::StatusOr<std::unique_ptr<server::EtcdRegistryJournal>> NewJournal(const std::vector<std::string>& endpoints,
+                                                                        const std::string& name,
+                                                                        server::RegistryJournalOptions o = {}) {
+  server::EtcdStoreOptions e;
+  e.endpoints = endpoints;
+  auto channel = server::NewEtcdChannel(e);
+  if (!channel.ok()) return channel.status();
+  o.prefix = absl::StrCat("journal-", name, "-", getpid(), "/");
+  return server::EtcdRegistryJournal::Create(*std::move(channel), std::move(o));
+}
+
+// A formed generation's view for the registry journal: rank r on host hosts_of_ranks[r].
+std::shared_ptr<const server::GroupView> JournalView(const std::string& group, int64_t generation,
+                                                     std::vector<std::string> hosts_of_ranks) {
+  auto v = std::make_shared<server::GroupView>();
+  v->group = group;
+  v->generation = generation;
+  std::map<std::string, int32_t> index;
+  for (size_t r = 0; r < hosts_of_ranks.size(); ++r) {
+    server::MemberInfo m;
+    m.rank = static_cast<int>(r);
+    m.host_id = hosts_of_ranks[r];
+    m.host_address = absl::StrCat("10.0.0.", index.size());
+    m.sidecar_address = absl::StrCat(m.host_address, ":7");
+    auto [it, added] = index.try_emplace(m.host_id, static_cast<int32_t>(v->hosts.size()));
+    if (added) v->hosts.push_back(m);
+    v->rank_host.push_back(it->second);
+    v->members.push_back(m);
+  }
+  return v;
+}
+
 // The registry journal (registry_journal.h) over a real etcd: a formed generation is one
 // record whose membership reads back whole (names with '/' and ':' in them included), a
 // later generation replaces it, an ended one deletes it, and a key that is not a record is
@@ -75,42 +109,30 @@ INSTANTIATE_TEST_SUITE_P(Etcd, StoreConformanceTest, ::testing::Values(StoreFact
 TEST(EtcdRegistryJournalTest, RecordsReadBackAndEndedOnesGo) {
   EtcdCluster* etcd = SharedEtcd();
   ASSERT_NE(etcd, nullptr);
+  auto journal = NewJournal(etcd->endpoints(), "records");
+  ASSERT_TRUE(journal.ok()) << journal.status();
   server::EtcdStoreOptions e;
   e.endpoints = etcd->endpoints();
   auto channel = server::NewEtcdChannel(e);
   ASSERT_TRUE(channel.ok()) << channel.status();
-  server::RegistryJournalOptions o;
-  o.prefix = absl::StrCat("journal-", getpid(), "/");
-  auto journal = server::EtcdRegistryJournal::Create(*channel, o);
-  ASSERT_TRUE(journal.ok()) << journal.status();
-  auto view = [](const std::string& group, int64_t generation, std::vector<std::string> hosts_of_ranks) {
-    auto v = std::make_shared<server::GroupView>();
-    v->group = group;
-    v->generation = generation;
-    std::map<std::string, int32_t> index;
-    for (size_t r = 0; r < hosts_of_ranks.size(); ++r) {
-      server::MemberInfo m;
-      m.rank = static_cast<int>(r);
-      m.host_id = hosts_of_ranks[r];
-      m.host_address = absl::StrCat("10.0.0.", index.size());
-      m.sidecar_address = absl::StrCat(m.host_address, ":7");
-      auto [it, added] = index.try_emplace(m.host_id, static_cast<int32_t>(v->hosts.size()));
-      if (added) v->hosts.push_back(m);
-      v->rank_host.push_back(it->second);
-      v->members.push_back(m);
-    }
-    return std::shared_ptr<const server::GroupView>(std::move(v));
-  };
+  const std::string prefix = absl::StrCat("journal-records-", getpid(), "/");
+  auto view = JournalView;
   (*journal)->Formed("job/a:1", view("g/x", 1, {"h0", "h1", "h0"}));
   (*journal)->Formed("job", view("other", 3, {"h2"}));
   (*journal)->Formed("job", view("other", 4, {"h2", "h3"}));  // replaces generation 3
   (*journal)->Ended("job", "other", 3);                       // too old: ignored
   ASSERT_TRUE((*journal)->Flush(absl::Seconds(10)));
+  // The writer may have taken generation 3 before 4 replaced it: 2 or 3 writes.
+  server::EtcdRegistryJournal::Stats stats = (*journal)->GetStats();
+  EXPECT_GE(stats.written, 2u);
+  EXPECT_LE(stats.written, 3u);
+  EXPECT_EQ(stats.failed, 0u);
+  EXPECT_EQ(stats.too_large, 0u);
   {  // not a record: skipped
     auto kv = etcdserverpb::KV::NewStub(*channel);
     grpc::ClientContext ctx;
     etcdserverpb::PutRequest put;
-    put.set_key(absl::StrCat(o.prefix, "garbage"));
+    put.set_key(absl::StrCat(prefix, "garbage"));
     put.set_value("x");
     etcdserverpb::PutResponse resp;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -140,6 +162,42 @@ TEST(EtcdRegistryJournalTest, RecordsReadBackAndEndedOnesGo) {
   records = (*journal)->Load();
   ASSERT_TRUE(records.ok()) << records.status();
   EXPECT_TRUE(records->empty());
+  EXPECT_EQ((*journal)->GetStats().written, stats.written + 2);
+}
+
+// What the journal could not write is counted (collserve_registry_journal_writes_total):
+// a record over max_value_bytes is never sent, and a write etcd does not answer within
+// call_timeout (here: nothing listens at the endpoint) is dropped.
+TEST(EtcdRegistryJournalTest, RecordsNotWrittenAreCounted) {
+  EtcdCluster* etcd = SharedEtcd();
+  ASSERT_NE(etcd, nullptr);
+  server::RegistryJournalOptions o;
+  o.max_value_bytes = 16;
+  auto small = NewJournal(etcd->endpoints(), "small", o);
+  ASSERT_TRUE(small.ok()) << small.status();
+  (*small)->Formed("job", JournalView("big", 1, {"host-with-a-long-name-0", "host-with-a-long-name-1"}));
+  ASSERT_TRUE((*small)->Flush(absl::Seconds(10)));
+  server::EtcdRegistryJournal::Stats stats = (*small)->GetStats();
+  EXPECT_EQ(stats.too_large, 1u);
+  EXPECT_EQ(stats.written, 0u);
+  EXPECT_EQ(stats.failed, 0u);
+  auto records = (*small)->Load();
+  ASSERT_TRUE(records.ok()) << records.status();
+  EXPECT_TRUE(records->empty());
+
+  const int port = UnusedPort();
+  ASSERT_NE(port, 0);
+  o.max_value_bytes = 1 << 20;
+  o.call_timeout = absl::Milliseconds(300);
+  auto lost = NewJournal({absl::StrCat("127.0.0.1:", port)}, "dead", o);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  (*lost)->Formed("job", JournalView("g", 1, {"h0", "h1"}));
+  (*lost)->Ended("other", "g", 2);
+  ASSERT_TRUE((*lost)->Flush(absl::Seconds(10)));
+  stats = (*lost)->GetStats();
+  EXPECT_EQ(stats.failed, 2u);
+  EXPECT_EQ(stats.written, 0u);
+  EXPECT_EQ(stats.too_large, 0u);
 }
 
 TEST(EtcdStoreTest, RetriedWritesWithARequestIdAreAppliedOnce) {
@@ -282,9 +340,15 @@ TEST(EtcdStoreTest, TwoCoordinatorsOverOneEtcdServeOneStore) {
     o.credentials.allow_unauthenticated = true;
     o.etcd.endpoints = SharedEtcd()->endpoints();
     o.etcd.prefix = absl::StrCat("coordinators-", getpid(), "/");
+    o.metrics_address = "127.0.0.1:0";
     auto started = server::Coordinator::Start(o);
     ASSERT_TRUE(started.ok()) << started.status();
     replicas.push_back(std::move(*started));
+  }
+  // With etcd the registry's journal is exported (collserve_registry_journal_writes_total).
+  const std::string metrics = HttpGet(replicas[0]->metrics_port(), "/metrics");
+  for (const char* result : {"written", "failed", "too_large"}) {
+    EXPECT_THAT(metrics, HasSubstr(absl::StrCat("collserve_registry_journal_writes_total{result=\"", result, "\"} 0")));
   }
   std::vector<std::unique_ptr<client::StoreClient>> clients;
   for (auto& r : replicas) {
