@@ -59,6 +59,11 @@ constexpr size_t kSegmentGranularity = 1 << 20;
 constexpr size_t kMaxFreeSegments = 128;
 constexpr size_t kDefaultFreeBytes = size_t{128} << 20;
 constexpr int64_t kMaxMessageBytes = 1 << 30;
+// Peers' segments a rank keeps mapped for peer reads (broadcast results it copies straight
+// out of the root's staging segment): the root's free segments are reused op after op, so
+// the few a job cycles through stay mapped.
+constexpr size_t kMaxPeerBytes = size_t{512} << 20;
+constexpr size_t kMaxPeerSegments = 256;
 
 class WorkImpl : public Work {
  public:
@@ -300,6 +305,7 @@ class SessionProcessGroup : public ProcessGroup {
     attach->set_op_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
     attach->set_shared_memory(options_.shared_memory);
     attach->set_generation(options_.generation);
+    attach->set_peer_reads(options_.shared_memory && options_.peer_reads);
     if (!stream_->Write(req)) return FinishWithError("the sidecar closed the session at attach");
 
     // Watchdog: the sidecar bounds rendezvous by init_timeout; if it does not answer at
@@ -328,6 +334,7 @@ class SessionProcessGroup : public ProcessGroup {
         shared_memory_ = false;
       }
     }
+    peer_reads_ = shared_memory_ && resp.attached().peer_reads();
     num_hosts_ = resp.attached().num_hosts();
     generation_ = resp.attached().generation();
     local_world_size_ = resp.attached().local_world_size();
@@ -1077,7 +1084,13 @@ class SessionProcessGroup : public ProcessGroup {
     Pending* p = done.pending.get();
     const pb::Completion& c = done.completion;
     absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
-    if (status.ok() && p->out_bytes > 0) {
+    const bool peer_read = status.ok() && c.has_peer_source();
+    if (peer_read) {
+      // The result is in a peer's segment (collserve.v1.PeerSource): copy it out of there,
+      // then tell the sidecar (ReadDone), which holds the owner's completion until then.
+      status = CopyFromPeer(c.peer_source(), *p);
+      SendReadDone(c.seq());
+    } else if (status.ok() && p->out_bytes > 0) {
       const char* result = nullptr;
       if (p->segment != nullptr) {
         result = p->segment->data() + p->out_offset;
@@ -1101,6 +1114,75 @@ class SessionProcessGroup : public ProcessGroup {
     p->work->Complete(std::move(status));
     // After Complete: a collective waiting for room sees this one completed.
     ReleaseSegment(std::move(p->segment), p->collective);
+  }
+
+  // Copies a peer's result (PeerSource) into `p`'s outputs, mapping the peer's segment
+  // first if it is not mapped yet (Open over the descriptor channel, read-only). Lane
+  // threads (only the collective lane gets peer results). INTERNAL for a source that does
+  // not match the op; else the channel's errors.
+  absl::Status CopyFromPeer(const pb::PeerSource& source, Pending& p) {
+    if (!peer_reads_ || source.bytes() < 0 || static_cast<uint64_t>(source.bytes()) != p.out_bytes ||
+        source.offset() < 0) {
+      return absl::InternalError(absl::StrCat("the sidecar named a ", source.bytes(), "-byte result in rank ",
+                                              source.rank(), "'s segment for a ", p.out_bytes, "-byte result"));
+    }
+    // Held through the copy: an eviction must not unmap what is being read.
+    absl::MutexLock lock(&peer_mu_);
+    auto key = std::make_pair(source.rank(), source.segment());
+    auto it = peer_segments_.find(key);
+    if (it == peer_segments_.end()) {
+      absl::StatusOr<int> fd;
+      {
+        absl::MutexLock channel(&fd_channel_mu_);
+        fd = fdchannel::OpenPeerSegment(fd_channel_, source.rank(), source.segment(), absl::Now() + absl::Seconds(10));
+      }
+      if (!fd.ok()) {
+        return absl::Status(fd.status().code(), absl::StrCat("reading rank ", source.rank(), "'s result segment: ",
+                                                             fd.status().message()));
+      }
+      auto mapped = ShmSegment::FromFd(source.segment(), *fd, 0, {.share = false, .read_only = true});
+      if (!mapped.ok()) return mapped.status();
+      EvictPeerSegmentsLocked((*mapped)->size());
+      peer_bytes_ += (*mapped)->size();
+      peer_order_.push_back(key);
+      it = peer_segments_.emplace(key, std::move(*mapped)).first;
+    }
+    const char* base = it->second->data();
+    const size_t size = it->second->size();
+    const uint64_t offset = static_cast<uint64_t>(source.offset());
+    if (offset > size || p.out_bytes > size - offset) {
+      return absl::InternalError(absl::StrCat("the sidecar named bytes [", offset, ", ", offset + p.out_bytes,
+                                              ") of rank ", source.rank(), "'s ", size, "-byte segment"));
+    }
+    size_t off = 0;
+    for (const auto& [ptr, b] : p.outputs) {
+      if (off + b > p.out_bytes) break;
+      if (b > 0) std::memcpy(ptr, base + offset + off, b);
+      off += b;
+    }
+    return absl::OkStatus();
+  }
+
+  // Unmaps the oldest peer segments until `incoming` more bytes fit under kMaxPeerBytes
+  // (and the count under kMaxPeerSegments). The owner's copy lives on in its process.
+  void EvictPeerSegmentsLocked(size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer_mu_) {
+    while (!peer_order_.empty() &&
+           (peer_bytes_ + incoming > kMaxPeerBytes || peer_order_.size() >= kMaxPeerSegments)) {
+      auto it = peer_segments_.find(peer_order_.front());
+      peer_order_.pop_front();
+      if (it == peer_segments_.end()) continue;
+      peer_bytes_ -= it->second->size();
+      peer_segments_.erase(it);
+    }
+  }
+
+  // Tells the sidecar this rank has copied out the peer result of its request `seq`.
+  void SendReadDone(int64_t seq) {
+    pb::SessionRequest req;
+    req.mutable_read_done()->set_seq(seq);
+    absl::MutexLock lock(&write_mu_);
+    if (closed_ || !broken_.ok()) return;
+    if (!stream_->Write(req)) closed_ = true;  // the reader sees the stream end
   }
 
   void ReadLoop() {
@@ -1157,7 +1239,14 @@ class SessionProcessGroup : public ProcessGroup {
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<pb::SessionRequest, pb::SessionResponse>> stream_;
   bool shared_memory_ = false;
-  absl::Mutex fd_channel_mu_;  // one registration at a time
+  absl::Mutex fd_channel_mu_;  // one registration or Open at a time
+  bool peer_reads_ = false;    // the sidecar may name results in peers' segments
+  // Peers' segments mapped read-only (peer reads), by (rank, name), oldest first in
+  // peer_order_; at most kMaxPeerBytes and kMaxPeerSegments of them.
+  absl::Mutex peer_mu_;  // taken before fd_channel_mu_
+  std::map<std::pair<int, std::string>, std::unique_ptr<ShmSegment>> peer_segments_ ABSL_GUARDED_BY(peer_mu_);
+  std::deque<std::pair<int, std::string>> peer_order_ ABSL_GUARDED_BY(peer_mu_);
+  size_t peer_bytes_ ABSL_GUARDED_BY(peer_mu_) = 0;
   int fd_channel_ = -1;        // the shared-memory channel (with shared_memory_)
   bool finished_ = false;  // Finish() called during Init
   int num_hosts_ = 0;
@@ -1304,6 +1393,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   if (const char* j = std::getenv("COLLSERVE_JOB"); j != nullptr && *j != '\0') o.job = j;
   if (const char* m = std::getenv("COLLSERVE_SHARED_MEMORY"); m != nullptr) {
     o.shared_memory = !(std::string(m) == "0" || std::string(m) == "false");
+  }
+  if (const char* m = std::getenv("COLLSERVE_PEER_READS"); m != nullptr) {
+    o.peer_reads = !(std::string(m) == "0" || std::string(m) == "false");
   }
   auto it = EnvSeconds("COLLSERVE_INIT_TIMEOUT_S", o.init_timeout);
   if (!it.ok()) return it.status();

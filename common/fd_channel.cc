@@ -161,4 +161,25 @@ absl::Status RegisterSegment(int sock, const std::string& name, uint64_t bytes, 
   return Exchange(sock, &r, sizeof(r), fd, deadline);
 }
 
+absl::StatusOr<int> OpenPeerSegment(int sock, int owner_rank, const std::string& name, absl::Time deadline) {
+  Open o;
+  if (name.empty() || name.size() >= sizeof(o.name)) {
+    return absl::InvalidArgumentError(absl::StrCat("segment name \"", name, "\" is empty or too long"));
+  }
+  o.owner_rank = owner_rank;
+  std::memcpy(o.name, name.data(), name.size());
+  COLLSERVE_RETURN_IF_ERROR(SendMessage(sock, &o, sizeof(o), -1, deadline));
+  Reply reply;
+  int fd = -1;
+  COLLSERVE_ASSIGN_OR_RETURN(size_t got, ReceiveMessage(sock, &reply, sizeof(reply), &fd, deadline));
+  if (got == 0) return absl::UnavailableError("shared-memory channel: the sidecar closed the connection");
+  absl::Status s = StatusOf(reply, got);
+  if (!s.ok()) {
+    if (fd >= 0) close(fd);
+    return s;
+  }
+  if (fd < 0) return absl::UnavailableError("shared-memory channel: Open was answered without a descriptor");
+  return fd;
+}
+
 }  // namespace collserve::fdchannel

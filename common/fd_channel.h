@@ -8,7 +8,9 @@
 // datagram; every request gets one Reply:
 //   client -> sidecar  Hello    {magic, kHello, token[16]}           first, once
 //   client -> sidecar  Register {magic, kRegister, bytes, name} + 1 descriptor (SCM_RIGHTS)
-//   sidecar -> client  Reply    {magic, code, message}               code: absl::StatusCode
+//   client -> sidecar  Open     {magic, kOpen, owner_rank, name}     a peer's segment
+//   sidecar -> client  Reply    {magic, code, message}               code: absl::StatusCode;
+//                      an Open answered OK carries the segment's read-only descriptor
 // A wrong magic, an unknown op, a Register before a good Hello or without exactly one
 // descriptor is answered with an error and the connection is closed.
 #ifndef COLLSERVE_COMMON_FD_CHANNEL_H_
@@ -29,7 +31,7 @@ inline constexpr size_t kTokenBytes = 16;
 inline constexpr size_t kMaxNameBytes = 64;  // a segment name, NUL-padded
 inline constexpr size_t kMaxMessageBytes = 256;
 
-enum Op : uint32_t { kHello = 1, kRegister = 2 };
+enum Op : uint32_t { kHello = 1, kRegister = 2, kOpen = 3 };
 
 struct Hello {
   uint32_t magic = kMagic;
@@ -42,6 +44,17 @@ struct Register {
   uint32_t op = kRegister;
   uint64_t bytes = 0;               // the segment's size as the client created it
   char name[kMaxNameBytes] = {};    // ShmSegment::name(), NUL-padded
+};
+
+// A read-only descriptor of segment `name` of local rank `owner_rank` of this session's
+// group (what a Completion's peer_source names): the sidecar checks that this session's
+// rank may read it (engine::Group::OpenPeerSegment).
+struct Open {
+  uint32_t magic = kMagic;
+  uint32_t op = kOpen;
+  int32_t owner_rank = -1;
+  uint32_t reserved = 0;
+  char name[kMaxNameBytes] = {};    // the owner's ShmSegment::name(), NUL-padded
 };
 
 struct Reply {
@@ -76,6 +89,13 @@ absl::StatusOr<int> Connect(const std::string& path, const std::string& token, a
 // Registers segment `name` of `bytes` bytes with descriptor `fd` (not closed) on a socket
 // from Connect, and waits for the sidecar's answer. Not thread-safe: one request at a time.
 absl::Status RegisterSegment(int sock, const std::string& name, uint64_t bytes, int fd, absl::Time deadline);
+
+// Asks for a read-only descriptor of local rank `owner_rank`'s segment `name` (Open) and
+// returns it (the caller's to close). Errors: what the sidecar answered (PERMISSION_DENIED:
+// not a rank of this session's group, or no peer reads; NOT_FOUND: no such segment it can
+// share), UNAVAILABLE (an OK answer without a descriptor, a closed channel),
+// DEADLINE_EXCEEDED. Not thread-safe: one request at a time.
+absl::StatusOr<int> OpenPeerSegment(int sock, int owner_rank, const std::string& name, absl::Time deadline);
 
 }  // namespace collserve::fdchannel
 

@@ -2,9 +2,11 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <system_error>
@@ -43,7 +45,37 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(size_t bytes) {
   return std::unique_ptr<ShmSegment>(new ShmSegment(std::move(name), static_cast<char*>(p), bytes, fd));
 }
 
-absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::FromFd(std::string name, int fd, size_t min_bytes) {
+namespace {
+
+// Read-only descriptors FromFd keeps (MapOptions::share), process-wide.
+std::atomic<int> shared_descriptors{0};
+
+int MaxSharedDescriptors() {
+  static const int max = [] {
+    rlimit limit{};
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+      return kMaxSharedDescriptors;
+    }
+    return static_cast<int>(std::min<rlim_t>(limit.rlim_cur / 2, kMaxSharedDescriptors));
+  }();
+  return max;
+}
+
+// A read-only descriptor of what `fd` refers to, counted; -1 past the budget or on failure.
+int ReopenReadOnly(int fd) {
+  if (shared_descriptors.fetch_add(1) >= MaxSharedDescriptors()) {
+    shared_descriptors.fetch_sub(1);
+    return -1;
+  }
+  const int ro = open(absl::StrCat("/proc/self/fd/", fd).c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro < 0) shared_descriptors.fetch_sub(1);
+  return ro;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::FromFd(std::string name, int fd, size_t min_bytes,
+                                                              ShmMapOptions options) {
   struct stat st;
   const int seals = fcntl(fd, F_GET_SEALS);
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
@@ -58,19 +90,21 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::FromFd(std::string name,
     return absl::InvalidArgumentError(
         absl::StrCat("segment \"", name, "\" holds ", size, " bytes, not at least ", min_bytes == 0 ? 1 : min_bytes));
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, size, options.read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
+  const int kept = p != MAP_FAILED && options.share ? ReopenReadOnly(fd) : -1;
   close(fd);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrCat("mmap of segment \"", name, "\" (", size, " bytes): ", ErrnoText(err)));
   }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(std::move(name), static_cast<char*>(p), size, -1));
+  return std::unique_ptr<ShmSegment>(new ShmSegment(std::move(name), static_cast<char*>(p), size, kept, kept >= 0));
 }
 
 ShmSegment::~ShmSegment() {
   if (data_ != nullptr) munmap(data_, size_);
   if (fd_ >= 0) close(fd_);
+  if (shared_) shared_descriptors.fetch_sub(1);
 }
 
 }  // namespace collserve

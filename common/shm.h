@@ -15,6 +15,18 @@
 
 namespace collserve {
 
+// How ShmSegment::FromFd maps a descriptor.
+struct ShmMapOptions {
+  // Also keep a read-only descriptor of the segment (reopened through /proc/self/fd, so
+  // whoever is handed it can map it only for reading) as fd(), for a peer of the owner to
+  // map (the sidecar's peer reads). Kept only while the process holds fewer than
+  // kMaxSharedDescriptors of them (and at most half its RLIMIT_NOFILE); else fd() is -1.
+  bool share = false;
+  // Map it for reading only (a peer's segment).
+  bool read_only = false;
+};
+inline constexpr int kMaxSharedDescriptors = 65536;
+
 // A mapped segment. Unmaps (and closes its descriptor) on destruction. Not thread-safe
 // itself; the mapped bytes are plain memory.
 class ShmSegment {
@@ -33,7 +45,10 @@ class ShmSegment {
   // mapping would make the receiver fault (SIGBUS) when it touches the lost pages.
   // INVALID_ARGUMENT if it holds fewer than `min_bytes` bytes or none; RESOURCE_EXHAUSTED if
   // mmap fails.
-  static absl::StatusOr<std::unique_ptr<ShmSegment>> FromFd(std::string name, int fd, size_t min_bytes);
+  //
+  // `options`: ShmMapOptions.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> FromFd(std::string name, int fd, size_t min_bytes,
+                                                           ShmMapOptions options = {});
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
@@ -42,16 +57,18 @@ class ShmSegment {
   const std::string& name() const { return name_; }
   size_t size() const { return size_; }
   char* data() const { return data_; }
-  // The descriptor of a segment made by Create (to pass it); -1 for one from FromFd.
+  // The descriptor of a segment made by Create (to pass it), the read-only one FromFd kept
+  // (MapOptions::share), else -1.
   int fd() const { return fd_; }
 
  private:
-  ShmSegment(std::string name, char* data, size_t size, int fd)
-      : name_(std::move(name)), data_(data), size_(size), fd_(fd) {}
+  ShmSegment(std::string name, char* data, size_t size, int fd, bool shared = false)
+      : name_(std::move(name)), data_(data), size_(size), fd_(fd), shared_(shared) {}
   std::string name_;
   char* data_;
   size_t size_;
   int fd_;
+  bool shared_;  // fd_ counts against the process's shared descriptors
 };
 
 }  // namespace collserve

@@ -36,6 +36,11 @@ class SegmentTable {
   absl::StatusOr<char*> Map(const BufferRef& b, size_t bytes, Submission& sub);
   // Unmaps a segment the client released (a queued request that uses it keeps its mapping).
   void Release(const std::string& name) { segments_.erase(name); }
+  // The registered segment named `name`, or null.
+  std::shared_ptr<ShmSegment> Find(const std::string& name) const {
+    auto it = segments_.find(name);
+    return it == segments_.end() ? nullptr : it->second;
+  }
   // Bytes of the registered segments.
   size_t bytes() const {
     size_t total = 0;

@@ -62,6 +62,7 @@ void Engine::ReporterMain() {
       std::string credential;
       uint64_t version = 0;
       g->MaybeRewatch();
+      g->ExpireHeldCompletions();
       if (!report) continue;
       GroupProgress progress = g->Progress(&credential, &version);
       if (progress.generation == 0) continue;  // still forming: the registry has no group yet
@@ -129,7 +130,8 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
                                                      group->params().backend, "; rank ", request.rank, " asked for ",
                                                      params.backend));
     }
-    absl::Status s = group->Attach(request.rank, request.world_size, session, shm, request.credential);
+    absl::Status s = group->Attach(request.rank, request.world_size, session, shm, request.credential,
+                                   request.peer_reads);
     if (s.code() == absl::StatusCode::kAborted) {
       // It was emptied between lookup and Attach: make a fresh one.
       absl::MutexLock lock(&mu_);

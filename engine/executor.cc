@@ -73,6 +73,7 @@ void Group::ExecutorMain() {
       info.num_hosts = topology_.num_hosts;
       info.local_world_size = static_cast<int>(topology_.local_ranks.size());
       info.host_id = env_.host_id;
+      info.peer_reads = local.peer_reads;
       local.session->OnAttached(info);
     }
   }
@@ -433,6 +434,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   } else if (several_hosts && Hierarchical::Fused(all[0])) {  // never prefetched: stride is set
     algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + payload_offset_, stride, &algorithm);
   } else {
+    if (!several_hosts) PlanPeerReads(all[0], subs);
     status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
   }
   if (!status.ok()) {
@@ -442,11 +444,51 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   }
   absl::MutexLock lock(&mu_);
   RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
+  HeldCompletion held;
+  int owner = -1;
   for (auto& [rank, sub] : subs) {
     sub.algorithm = algorithm;
+    if (status.ok() && sub.peer_rank >= 0) {
+      owner = sub.peer_rank;
+      if (locals_.count(rank) > 0) held.readers[rank] = sub.args.seq;  // (a reader gone meanwhile reads nothing)
+    }
+  }
+  for (auto& [rank, sub] : subs) {
+    if (rank == owner && !held.readers.empty()) continue;
     Complete(sub, status, env_.observer);
   }
+  if (owner >= 0 && !held.readers.empty()) {
+    // The readers copy out of the owner's segment: its completion (which frees the segment
+    // for the owner's next op) waits for their ReadDone, or the op deadline.
+    held.owner = std::move(subs.at(owner));
+    held.deadline = held.owner.deadline;
+    held_.push_back(std::move(held));
+  }
   if (!status.ok()) FailLocked(status);
+}
+
+void Group::PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs) {
+  if (OpOf(a) != CollectiveOp::kBroadcast || a.device != 0) return;
+  auto root = subs.find(static_cast<int>(a.root));
+  if (root == subs.end()) return;
+  const Submission& r = root->second;
+  // The root's tensor must be in a segment the sidecar can hand out (a descriptor kept).
+  if (r.in_bytes == 0 || r.inline_mode || r.args.buffer.segment.empty() || r.segments.empty() ||
+      r.segments[0]->fd() < 0) {
+    return;
+  }
+  for (auto& [rank, sub] : subs) {
+    // Receivers staging through a segment of their own (not an arena tensor, which the
+    // sidecar fills without any copy on the client's side) whose clients can read peers.
+    if (rank == root->first || !sub.peer_reads || sub.inline_mode || sub.args.buffer.arena ||
+        sub.in_bytes != r.in_bytes) {
+      continue;
+    }
+    sub.peer_rank = root->first;
+    sub.peer_segment = r.args.buffer.segment;
+    sub.peer_offset = r.args.buffer.offset;
+    sub.peer_bytes = static_cast<int64_t>(r.in_bytes);
+  }
 }
 
 std::string Group::BlamedHost(absl::string_view message) const {

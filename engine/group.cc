@@ -2,10 +2,14 @@
 // the collectives) is in executor.cc.
 #include "engine/group.h"
 
+#include <fcntl.h>
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -17,6 +21,12 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
   c.status = status;
   c.source = sub.source;
   c.algorithm = sub.algorithm;
+  if (status.ok() && sub.peer_rank >= 0) {
+    c.peer_rank = sub.peer_rank;
+    c.peer_segment = sub.peer_segment;
+    c.peer_offset = sub.peer_offset;
+    c.peer_bytes = sub.peer_bytes;
+  }
   if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
   if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));
   if (observer != nullptr) {
@@ -34,7 +44,7 @@ Group::~Group() {
 }
 
 absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
-                          const std::string& credential) {
+                          const std::string& credential, bool peer_reads) {
   {
     absl::MutexLock lock(&mu_);
     if (world_size != params_.world_size) {
@@ -60,6 +70,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
     LocalRank& local = locals_[rank];
     local.session = std::move(session);
     local.shared_memory = shared_memory;
+    local.peer_reads = shared_memory && peer_reads;
     if (credential_.empty()) credential_ = credential;
   }
   CoordinatorLink::JoinParams join;
@@ -166,6 +177,7 @@ void Group::Submit(int rank, Request request) {
   sub.rank = rank;
   sub.session = local.session;
   sub.args = std::move(request);
+  sub.peer_reads = local.peer_reads;
   const absl::Duration timeout = sub.args.timeout_ms > 0 ? absl::Milliseconds(sub.args.timeout_ms) : params_.op_timeout;
   sub.submitted = absl::Now();
   sub.deadline = sub.submitted + timeout;
@@ -433,6 +445,12 @@ void Group::OnSessionClosed(int rank) {
     generation = formed_ ? topology_.generation : params_.generation;
     auto it = locals_.find(rank);
     if (it == locals_.end()) return;
+    // Peer reads: a reader that went reads no more; an owner that went needs no answer.
+    for (HeldCompletion& h : held_) {
+      h.readers.erase(rank);
+      if (h.owner.rank == rank) h.readers.clear();
+    }
+    if (!held_.empty()) ReleaseHeldLocked(absl::Now());
     was_member = it->second.joined;
     if (!was_member) {
       // Still in rendezvous: withdraw the join; the other ranks keep waiting for a
@@ -638,8 +656,70 @@ void Group::Stop() {
   }
   if (cancel_watch) cancel_watch();
   absl::MutexLock lock(&mu_);
+  ReleaseHeldLocked(absl::InfiniteFuture());  // their data moved: they succeeded
   FailLocked(absl::UnavailableError(absl::StrCat("sidecar ", env_.host_id, " is shutting down")));
   for (auto& [rank, local] : locals_) local.session->Close(failure_);
+}
+
+absl::StatusOr<int> Group::OpenPeerSegment(int asker, int owner, const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  auto a = locals_.find(asker);
+  if (a == locals_.end() || !a->second.peer_reads) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", asker, " is not attached to group \"", params_.name,
+                                                    "\" here with peer reads"));
+  }
+  auto o = locals_.find(owner);
+  if (o == locals_.end()) {
+    return absl::PermissionDeniedError(absl::StrCat("rank ", owner, " of group \"", params_.name,
+                                                    "\" is not attached to this sidecar"));
+  }
+  std::shared_ptr<ShmSegment> segment = o->second.segments.Find(name);
+  if (segment == nullptr || segment->fd() < 0) {
+    return absl::NotFoundError(absl::StrCat("rank ", owner, " of group \"", params_.name, "\" has no segment \"",
+                                            absl::CHexEscape(name.substr(0, 64)), "\" this sidecar can share"));
+  }
+  const int fd = fcntl(segment->fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat("dup of rank ", owner, "'s segment: ", std::strerror(errno)));
+  }
+  return fd;
+}
+
+void Group::OnReadDone(int rank, int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  bool found = false;
+  for (HeldCompletion& h : held_) {
+    auto it = h.readers.find(rank);
+    if (it != h.readers.end() && it->second == seq) {
+      h.readers.erase(it);
+      found = true;
+      break;
+    }
+  }
+  if (found) ReleaseHeldLocked(absl::Now());
+}
+
+void Group::ExpireHeldCompletions() {
+  absl::MutexLock lock(&mu_);
+  if (!held_.empty()) ReleaseHeldLocked(absl::Now());
+}
+
+void Group::ReleaseHeldLocked(absl::Time now) {
+  for (size_t i = 0; i < held_.size();) {
+    HeldCompletion& h = held_[i];
+    if (!h.readers.empty() && now < h.deadline) {
+      ++i;
+      continue;
+    }
+    if (!h.readers.empty() && now != absl::InfiniteFuture()) {
+      LOG(WARNING) << "group \"" << params_.name << "\" (job " << params_.job << "): rank " << h.owner.rank
+                   << "'s request " << h.owner.args.seq << " completes at its deadline without ReadDone from "
+                   << h.readers.size() << " peer reader(s) (rank " << h.readers.begin()->first << ", ...)";
+    }
+    // The data moved when the collective ran; only the readers' copies were awaited.
+    Complete(h.owner, absl::OkStatus(), env_.observer);
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
 }
 
 }  // namespace collserve::engine

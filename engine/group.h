@@ -95,8 +95,10 @@ class Group : public std::enable_shared_from_this<Group> {
   // left), ABORTED (the group has just been emptied and is going away: create a new one).
   // `credential`: the rank's (AttachRequest::credential); its join carries it, and the
   // first one attached is the group's for its other coordinator calls.
+  // `peer_reads` (with shared_memory): the rank's client reads results out of a peer's
+  // segment when its completion says so (Completion.peer_rank) and answers OnReadDone.
   absl::Status Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
-                      const std::string& credential);
+                      const std::string& credential, bool peer_reads = false);
 
   // A request from a local rank. Completes (possibly with an error) through the rank's
   // session. Never blocks on the data path.
@@ -109,6 +111,19 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // The rank's session ended (client closed it or died).
   void OnSessionClosed(int rank);
+
+  // A read-only descriptor (the caller's to close) of segment `name` that local rank
+  // `owner` registered, for local rank `asker`'s client to map: what Completion.peer_segment
+  // names. Only between ranks of this group attached here: PERMISSION_DENIED when either
+  // is not (or `asker` did not ask for peer reads); NOT_FOUND when `owner` has no such
+  // segment (released) or the sidecar kept no descriptor of it (ShmSegment::FromFd);
+  // UNAVAILABLE when dup fails (out of descriptors). Thread-safe.
+  absl::StatusOr<int> OpenPeerSegment(int asker, int owner, const std::string& name);
+
+  // Local rank `rank`'s client has copied the result of its request `seq` out of the
+  // peer segment its completion named: the owner's completion, held until every reader is
+  // done, may go. A seq with no read outstanding is ignored (hostile or late). Thread-safe.
+  void OnReadDone(int rank, int64_t seq);
 
   // The group's ledger on this host now (GroupProgress), and the credential to publish it
   // with. `version` counts its changes (a submission or completion of a local rank's
@@ -129,10 +144,15 @@ class Group : public std::enable_shared_from_this<Group> {
   // every second; cheap when there is nothing to do.
   void MaybeRewatch() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Completes the held owners' completions (peer reads) whose readers did not all answer
+  // by the op deadline. The engine calls it about every second.
+  void ExpireHeldCompletions() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct LocalRank {
     std::shared_ptr<Session> session;
     bool shared_memory = false;
+    bool peer_reads = false;  // its client reads peers' segments (AttachRequest::peer_reads)
     bool joined = false;
     std::function<void()> cancel_join;  // until the join completes
     int64_t next_seq = 0;
@@ -252,6 +272,21 @@ class Group : public std::enable_shared_from_this<Group> {
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // One host, a BROADCAST whose root's tensor is in a segment the sidecar kept a
+  // descriptor of: marks the receivers that read it themselves (Submission::peer_rank):
+  // their clients asked for peer reads and stage through a segment of their own (arena
+  // tensors are filled by the sidecar with no client copy at all). Executor thread.
+  void PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs);
+
+  // An owner's completion held until its peer readers have copied out of its segment.
+  struct HeldCompletion {
+    Submission owner;
+    std::map<int, int64_t> readers;  // local rank -> the seq of its request, still reading
+    absl::Time deadline;             // the owner's op deadline: completed then regardless
+  };
+  // Completes the held ones with no reader left (`now` past a deadline: all of those).
+  void ReleaseHeldLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const GroupEnv env_;
   const GroupParams params_;
 
@@ -261,6 +296,7 @@ class Group : public std::enable_shared_from_this<Group> {
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   std::map<int, LocalRank> locals_ ABSL_GUARDED_BY(mu_);
+  std::vector<HeldCompletion> held_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool emptied_ ABSL_GUARDED_BY(mu_) = false;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions

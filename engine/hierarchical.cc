@@ -119,7 +119,8 @@ absl::Status Hierarchical::RunBroadcast(const std::vector<RankArgs>& all, std::m
   }
   copies_.clear();
   for (auto& [rank, sub] : subs) {
-    if (sub.in != buf) copies_.push_back({sub.in, buf, bytes});
+    // A peer reader copies the result out of the root's segment itself.
+    if (sub.in != buf && sub.peer_rank < 0) copies_.push_back({sub.in, buf, bytes});
   }
   backends::RunCopies(*pool_, copies_);
   return absl::OkStatus();

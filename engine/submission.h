@@ -37,6 +37,14 @@ struct Submission {
   absl::Time submitted;    // when the sidecar received it (latency metrics)
   int source = -1;         // RECV: the rank the message came from
   const char* algorithm = "";  // how it ran (Completion.algorithm)
+  // The rank's client reads results out of peers' segments (AttachRequest::peer_reads).
+  bool peer_reads = false;
+  // Set by the executor (peer_rank >= 0): this rank's result is not written into its
+  // buffer; its client copies it out of local rank peer_rank's segment (Completion).
+  int peer_rank = -1;
+  std::string peer_segment;
+  int64_t peer_offset = 0;
+  int64_t peer_bytes = 0;
   // CUDA tensors (args.OnDevice()): `in`/`out` are device addresses in the sidecar (CUDA
   // IPC mappings, kept alive by `device_refs`), on GPU `device`; the client's events.
   int device = -1;

@@ -93,6 +93,13 @@ struct Completion {
   std::string inline_data;   // the result, when the request was inline and succeeded
   int source = -1;           // RECV: the rank the message came from
   std::string algorithm;     // how it ran: "local", "local+gloo_ring", ...; "" = not run
+  // Set (rank >= 0) when the result was not written into this rank's buffer: it is
+  // `peer_bytes` bytes at `peer_offset` of local rank `peer_rank`'s segment `peer_segment`
+  // (collserve.v1.PeerSource); the client copies it out and answers ReadDone.
+  int peer_rank = -1;
+  std::string peer_segment;
+  int64_t peer_offset = 0;
+  int64_t peer_bytes = 0;
 };
 
 // Sent once per session when its group is ready (collserve.v1.Attached).
@@ -102,6 +109,7 @@ struct AttachedInfo {
   int num_hosts = 0;
   int local_world_size = 0;
   std::string host_id;
+  bool peer_reads = false;  // AttachRequest.peer_reads, granted (shared memory too)
 };
 
 // What a rank asks for when it attaches (collserve.v1.Attach, after the RPC layer's checks).
@@ -119,6 +127,9 @@ struct AttachRequest {
   // The backend among the group's hosts ("gloo", "nccl"); "" = the registry's default for
   // CPU tensors (backends/registry.h).
   std::string backend;
+  // The client reads results out of a peer's segment when told to (Completion.peer_rank)
+  // and answers Group::OnReadDone. Only with shared_memory.
+  bool peer_reads = false;
   // The generation of the group to join (>= 0; collserve.v1.JoinRequest.generation): 0 =
   // the one forming, or the next; N > 0 = generation N, re-forming the name in place. An
   // earlier generation of the group still on this host (ranks that have not left it yet)

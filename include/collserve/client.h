@@ -88,6 +88,10 @@ struct InitOptions {
   // (probed at attach). false = always inline in the messages (what a client on another
   // host gets anyway). Env: COLLSERVE_SHARED_MEMORY=0 turns it off.
   bool shared_memory = true;
+  // With shared memory, on one host: take a broadcast's result straight from the root's
+  // staging segment (mapped read-only) instead of having the sidecar copy it into this
+  // rank's (docs/architecture.md, "Peer reads"). Env: COLLSERVE_PEER_READS=0 turns it off.
+  bool peer_reads = true;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);
@@ -114,7 +118,8 @@ struct InitOptions {
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY, COLLSERVE_MAX_STAGING_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE).
+  // COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_MAX_STAGING_BYTES, COLLSERVE_TLS_* and
+  // COLLSERVE_TOKEN(_FILE).
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
   // a positive number, COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer, the
   // TLS variables are inconsistent (TlsOptions::FromEnv), or the token file is unreadable.

@@ -208,6 +208,7 @@ bool FdChannelServer::Serve(Connection& conn) {
     conn.token = token;
     return reply(absl::OkStatus());
   }
+  if (op == fdchannel::kOpen && *got == sizeof(fdchannel::Open)) return ServeOpen(conn, buf, deadline);
   if (op != fdchannel::kRegister || *got != sizeof(fdchannel::Register)) {
     return reply(absl::InvalidArgumentError(absl::StrCat("unknown or malformed request (op ", op, ")")));
   }
@@ -228,7 +229,8 @@ bool FdChannelServer::Serve(Connection& conn) {
   if (!binding.bound || group == nullptr) {
     return reply(absl::UnavailableError("the session is not attached to a group (yet or any more)"));
   }
-  auto segment = ShmSegment::FromFd(std::string(r.name, name_len), fd, r.bytes);
+  // A read-only descriptor is kept so that peers of the rank can be handed it (Open).
+  auto segment = ShmSegment::FromFd(std::string(r.name, name_len), fd, r.bytes, {.share = true});
   fd = -1;  // FromFd took it
   if (!segment.ok()) {
     // Keeps serving: a bad descriptor is an answer, not a broken connection.
@@ -238,6 +240,37 @@ bool FdChannelServer::Serve(Connection& conn) {
   absl::Status added = group->AddSegment(binding.rank, std::shared_ptr<ShmSegment>(std::move(*segment)));
   const fdchannel::Reply rep = fdchannel::ReplyFor(added);
   return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
+}
+
+bool FdChannelServer::ServeOpen(Connection& conn, const char* buf, absl::Time deadline) {
+  int fd = -1;
+  const absl::Status s = [&]() -> absl::Status {
+    if (conn.token.empty()) return absl::FailedPreconditionError("Open before Hello");
+    fdchannel::Open o;
+    std::memcpy(&o, buf, sizeof(o));
+    const size_t name_len = strnlen(o.name, sizeof(o.name));
+    if (name_len == 0 || name_len == sizeof(o.name)) return absl::InvalidArgumentError("malformed segment name");
+    Binding binding;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = tokens_.find(conn.token);
+      if (it == tokens_.end()) return absl::FailedPreconditionError("the session has ended");
+      binding = it->second;
+    }
+    std::shared_ptr<engine::Group> group = binding.group.lock();
+    if (!binding.bound || group == nullptr) {
+      return absl::UnavailableError("the session is not attached to a group (yet or any more)");
+    }
+    absl::StatusOr<int> opened = group->OpenPeerSegment(binding.rank, o.owner_rank, std::string(o.name, name_len));
+    if (!opened.ok()) return opened.status();
+    fd = *opened;
+    return absl::OkStatus();
+  }();
+  const fdchannel::Reply rep = fdchannel::ReplyFor(s);
+  const bool sent = fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), fd, deadline).ok();
+  if (fd >= 0) close(fd);
+  // A refused Open is an answer, not a broken connection.
+  return sent;
 }
 
 }  // namespace collserve::server

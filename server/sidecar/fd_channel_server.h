@@ -71,6 +71,9 @@ class FdChannelServer {
   void Loop();
   // Serves one datagram of `conn`; false if the connection must be closed.
   bool Serve(Connection& conn);
+  // Answers an Open (a peer's segment, read-only) of `conn`, the datagram in `buf`;
+  // false if the connection must be closed.
+  bool ServeOpen(Connection& conn, const char* buf, absl::Time deadline);
 
   const std::string path_;
   const int listen_fd_;

@@ -509,6 +509,7 @@ class SidecarImpl : public Sidecar {
     engine::AttachRequest request = FromProto(attach);
     request.credential = credential;
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
+    request.peer_reads = request.shared_memory && attach.peer_reads();
     std::string token;
     if (request.shared_memory) token = fd_channel_->NewToken();
     auto group = engine_->Attach(request, session);
@@ -591,6 +592,13 @@ void SessionReactor::OnReadDone(bool ok) {
       return;
     }
     a.group->Submit(a.rank, FromProto(std::move(*request_.mutable_collective())));
+  } else if (request_.has_read_done()) {
+    SessionHandle::Attachment a = handle_->Attached();
+    if (a.group == nullptr) {
+      RequestFinish(absl::FailedPreconditionError("read_done sent before the session was attached"));
+      return;
+    }
+    a.group->OnReadDone(a.rank, request_.read_done().seq());
   } else {
     RequestFinish(absl::FailedPreconditionError("attach sent twice on one session"));
     EndSession();

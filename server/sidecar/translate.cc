@@ -76,6 +76,7 @@ engine::AttachRequest FromProto(const pb::Attach& a) {
   r.op_timeout = a.op_timeout_ms() > 0 ? absl::Milliseconds(a.op_timeout_ms()) : absl::Seconds(300);
   r.backend = a.backend();
   r.generation = a.generation();
+  r.peer_reads = a.peer_reads();  // granted only with shared memory (the sidecar decides that)
   return r;
 }
 
@@ -106,6 +107,13 @@ pb::SessionResponse ToProto(engine::Completion&& c) {
   out->set_source(c.source);
   if (!c.algorithm.empty()) out->set_algorithm(std::move(c.algorithm));
   if (!c.inline_data.empty()) out->set_inline_data(std::move(c.inline_data));
+  if (c.peer_rank >= 0) {
+    pb::PeerSource* p = out->mutable_peer_source();
+    p->set_rank(c.peer_rank);
+    p->set_segment(std::move(c.peer_segment));
+    p->set_offset(c.peer_offset);
+    p->set_bytes(c.peer_bytes);
+  }
   return resp;
 }
 
@@ -117,6 +125,7 @@ pb::SessionResponse ToProto(const engine::AttachedInfo& a) {
   out->set_num_hosts(a.num_hosts);
   out->set_local_world_size(a.local_world_size);
   out->set_host_id(a.host_id);
+  out->set_peer_reads(a.peer_reads);
   return resp;
 }
 

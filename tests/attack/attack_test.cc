@@ -63,21 +63,32 @@ void ExpectStoreServes(const std::string& address) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
-// A raw Session stream: attach (world_size 1, so no other rank is needed), then requests.
+// How a RawSession attaches beyond its group and shared memory.
+struct RawAttach {
+  bool peer_reads = false;
+  int rank = 0;
+  int world_size = 1;
+  int64_t op_timeout_ms = 20000;
+};
+
+// A raw Session stream: attach (world_size 1 by default, so no other rank is needed), then
+// requests. With world_size > 1 the constructor returns once every rank attached.
 class RawSession {
  public:
-  explicit RawSession(const std::string& address, const std::string& group, bool shared_memory = false) {
+  explicit RawSession(const std::string& address, const std::string& group, bool shared_memory = false,
+                      RawAttach how = {}) {
     stub_ = pb::Collectives::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     ctx_.set_deadline(In(absl::Seconds(60)));
     stream_ = stub_->Session(&ctx_);
     pb::SessionRequest req;
     pb::Attach* a = req.mutable_attach();
     a->set_group(group);
-    a->set_rank(0);
-    a->set_world_size(1);
+    a->set_rank(how.rank);
+    a->set_world_size(how.world_size);
     a->set_init_timeout_ms(20000);
-    a->set_op_timeout_ms(20000);
+    a->set_op_timeout_ms(how.op_timeout_ms);
     a->set_shared_memory(shared_memory);
+    a->set_peer_reads(how.peer_reads);
     pb::SessionResponse resp;
     attached_ = stream_->Write(req) && stream_->Read(&resp) && resp.has_attached();
     if (attached_) attached_info_ = resp.attached();
@@ -100,6 +111,12 @@ class RawSession {
     pb::SessionResponse resp;
     if (stream_->Read(&resp) && resp.has_completion()) out = resp.completion();
     return out;
+  }
+  // Sends ReadDone for request `seq` (peer reads).
+  bool ReadDone(int64_t seq) {
+    pb::SessionRequest req;
+    req.mutable_read_done()->set_seq(seq);
+    return stream_->Write(req);
   }
 
  private:
@@ -484,6 +501,132 @@ TEST(AttackTest, DescriptorChannelRefusesStrangersAndShrinkableFiles) {
   EXPECT_EQ(c.code(), 0) << c.message();
   EXPECT_EQ(std::memcmp((*seg)->data(), v, sizeof(v)), 0);
   close(*sock);
+}
+
+// Peer reads: a rank's client is handed a read-only descriptor of another rank's segment
+// (Open on the descriptor channel) only for a rank of its own group on that sidecar, and
+// only if it asked for peer reads; the descriptor cannot be mapped for writing.
+TEST(AttackTest, PeerSegmentsOpenOnlyWithinTheGroupAndReadOnly) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  RawSession owner(cluster->sidecar_address(0), "peer-owner", true, {.peer_reads = true});
+  RawSession other(cluster->sidecar_address(0), "peer-other", true, {.peer_reads = true});
+  RawSession plain(cluster->sidecar_address(0), "peer-plain", true);
+  ASSERT_TRUE(owner.attached() && other.attached() && plain.attached());
+  EXPECT_TRUE(owner.info().peer_reads());
+  EXPECT_FALSE(plain.info().peer_reads());
+  auto owner_sock = fdchannel::Connect(owner.info().fd_socket(), owner.info().session_token(), deadline);
+  auto other_sock = fdchannel::Connect(other.info().fd_socket(), other.info().session_token(), deadline);
+  auto plain_sock = fdchannel::Connect(plain.info().fd_socket(), plain.info().session_token(), deadline);
+  ASSERT_TRUE(owner_sock.ok() && other_sock.ok() && plain_sock.ok());
+  auto seg = ShmSegment::Create(4096);
+  ASSERT_TRUE(seg.ok());
+  std::memcpy((*seg)->data(), "secret", 6);
+  ASSERT_TRUE(fdchannel::RegisterSegment(*owner_sock, (*seg)->name(), 4096, (*seg)->fd(), deadline).ok());
+  // Rank 0 of another group (on the same sidecar) does not reach it: its own rank 0 has no
+  // such segment.
+  auto stolen = fdchannel::OpenPeerSegment(*other_sock, 0, (*seg)->name(), deadline);
+  EXPECT_EQ(stolen.status().code(), absl::StatusCode::kNotFound) << stolen.status();
+  EXPECT_EQ(fdchannel::OpenPeerSegment(*other_sock, 5, (*seg)->name(), deadline).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // A session that did not ask for peer reads gets nothing.
+  EXPECT_EQ(fdchannel::OpenPeerSegment(*plain_sock, 0, (*seg)->name(), deadline).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Within the group: read-only.
+  auto fd = fdchannel::OpenPeerSegment(*owner_sock, 0, (*seg)->name(), deadline);
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(fcntl(*fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_EQ(mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0), MAP_FAILED);
+  void* p = mmap(nullptr, 4096, PROT_READ, MAP_SHARED, *fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_EQ(std::memcmp(p, "secret", 6), 0);
+  munmap(p, 4096);
+  close(*fd);
+  // The channel goes on serving after refusals.
+  EXPECT_TRUE(fdchannel::OpenPeerSegment(*owner_sock, 0, (*seg)->name(), deadline).ok());
+  close(*owner_sock);
+  close(*other_sock);
+  close(*plain_sock);
+}
+
+// A broadcast over segments whose receivers read the root's segment (peer reads): the
+// root's completion waits for the reader's ReadDone, but a reader that never sends it
+// holds it only until the op deadline, and a reader whose session ends not at all.
+TEST(AttackTest, PeerReaderThatNeverAnswersHoldsTheRootOnlyUntilItsDeadline) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  for (bool reader_hangs_up : {false, true}) {
+    SCOPED_TRACE(reader_hangs_up ? "the reader's session ends" : "the reader stays silent");
+    const std::string group = reader_hangs_up ? "peer-gone" : "peer-silent";
+    std::unique_ptr<RawSession> root, reader;
+    std::thread attach_root([&] {
+      root = std::make_unique<RawSession>(cluster->sidecar_address(0), group, true,
+                                          RawAttach{.peer_reads = true, .rank = 0, .world_size = 2,
+                                                    .op_timeout_ms = 2000});
+    });
+    reader = std::make_unique<RawSession>(cluster->sidecar_address(0), group, true,
+                                          RawAttach{.peer_reads = true, .rank = 1, .world_size = 2,
+                                                    .op_timeout_ms = 2000});
+    attach_root.join();
+    ASSERT_TRUE(root->attached() && reader->attached());
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    auto root_sock = fdchannel::Connect(root->info().fd_socket(), root->info().session_token(), deadline);
+    auto reader_sock = fdchannel::Connect(reader->info().fd_socket(), reader->info().session_token(), deadline);
+    ASSERT_TRUE(root_sock.ok() && reader_sock.ok());
+    auto root_seg = ShmSegment::Create(4096);
+    auto reader_seg = ShmSegment::Create(4096);
+    ASSERT_TRUE(root_seg.ok() && reader_seg.ok());
+    const float v[2] = {7.0f, 8.0f};
+    std::memcpy((*root_seg)->data(), v, sizeof(v));
+    ASSERT_TRUE(fdchannel::RegisterSegment(*root_sock, (*root_seg)->name(), 4096, (*root_seg)->fd(), deadline).ok());
+    ASSERT_TRUE(
+        fdchannel::RegisterSegment(*reader_sock, (*reader_seg)->name(), 4096, (*reader_seg)->fd(), deadline).ok());
+    auto broadcast = [](const std::string& segment) {
+      pb::Collective c = SegmentAllReduce(segment, 2);
+      c.set_op(pb::BROADCAST);
+      c.set_root(0);
+      return c;
+    };
+    pb::Completion root_done;
+    absl::Time root_answered;
+    std::thread root_call([&] {
+      root_done = root->Call(broadcast((*root_seg)->name()));
+      root_answered = absl::Now();
+    });
+    pb::Completion got = reader->Call(broadcast((*reader_seg)->name()));
+    const absl::Time reader_answered = absl::Now();
+    EXPECT_EQ(got.code(), 0) << got.message();
+    ASSERT_TRUE(got.has_peer_source());
+    EXPECT_EQ(got.peer_source().rank(), 0);
+    EXPECT_EQ(got.peer_source().segment(), (*root_seg)->name());
+    EXPECT_EQ(got.peer_source().bytes(), 8);
+    // The reader's own segment was not written: the result is the root's to read.
+    EXPECT_NE(std::memcmp((*reader_seg)->data(), v, sizeof(v)), 0);
+    if (reader_hangs_up) {
+      absl::SleepFor(absl::Milliseconds(300));
+      reader.reset();
+    }
+    root_call.join();
+    EXPECT_EQ(root_done.code(), 0) << root_done.message();
+    if (reader_hangs_up) {
+      EXPECT_LT(root_answered - reader_answered, absl::Milliseconds(1500));
+    } else {
+      // Held until the op deadline (2 s after submission; expiry is checked every second).
+      EXPECT_GE(root_answered - reader_answered, absl::Milliseconds(1000));
+      EXPECT_LT(root_answered - reader_answered, absl::Seconds(8));
+      // A late or made-up ReadDone is ignored: the session goes on.
+      EXPECT_TRUE(reader->ReadDone(0));
+      EXPECT_TRUE(reader->ReadDone(12345));
+      pb::Collective barrier;
+      barrier.set_op(pb::BARRIER);
+      std::thread root_barrier([&] { EXPECT_EQ(root->Call(barrier).code(), 0); });
+      EXPECT_EQ(reader->Call(barrier).code(), 0);
+      root_barrier.join();
+    }
+    close(*root_sock);
+    close(*reader_sock);
+  }
 }
 
 // A raw TCP connection to 127.0.0.1:port (-1 on failure).

@@ -14,7 +14,7 @@ class EnvTest : public ::testing::Test {
   void SetUp() override {
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_COORDINATOR", "COLLSERVE_SIDECAR",
                           "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
-                          "COLLSERVE_SHARED_MEMORY"}) {
+                          "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS"}) {
       unsetenv(v);
     }
   }
@@ -30,6 +30,7 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   setenv("COLLSERVE_JOB", "train-7", 1);
   setenv("COLLSERVE_OP_TIMEOUT_S", "2.5", 1);
   setenv("COLLSERVE_SHARED_MEMORY", "0", 1);
+  setenv("COLLSERVE_PEER_READS", "false", 1);
   auto o = InitOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->rank, 3);
@@ -41,6 +42,7 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->init_timeout, absl::Seconds(300));
   EXPECT_FALSE(o->shared_memory);
+  EXPECT_FALSE(o->peer_reads);
 }
 
 // Under `collserve launch`, MASTER_PORT is the coordinator's TCPStore endpoint (torch's

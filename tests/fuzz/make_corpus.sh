@@ -94,5 +94,6 @@ session barrier_then_bad_seq "$attach" 'collective { seq: 0 op: BARRIER }' 'coll
 session collective_first 'collective { seq: 0 op: ALL_REDUCE dtype: INT32 reduce_op: MAX count: 1 buffer { inline_data: "\001\000\000\000" } }'
 session attach_twice "$attach" "$attach"
 session attach_generations 'attach { group: "s" rank: 0 world_size: 1 generation: 2 }' 'attach { group: "s" rank: 0 world_size: 1 generation: 3 }'
+session read_done 'attach { group: "s" rank: 0 world_size: 1 shared_memory: true peer_reads: true }' 'read_done { seq: 0 }' 'collective { seq: 0 op: BARRIER }' 'read_done { seq: -1 }'
 session all_gather "$attach" 'collective { seq: 0 op: ALL_GATHER dtype: UINT8 count: 3 output_count: 3 output_splits: [3] buffer { inline_data: "abc" } }'
 echo "seed corpora written to $corpus"
