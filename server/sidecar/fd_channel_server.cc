@@ -218,17 +218,9 @@ bool FdChannelServer::Serve(Connection& conn) {
   std::memcpy(&r, buf, sizeof(r));
   const size_t name_len = strnlen(r.name, sizeof(r.name));
   if (name_len == 0 || name_len == sizeof(r.name)) return reply(absl::InvalidArgumentError("malformed segment name"));
-  Binding binding;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = tokens_.find(conn.token);
-    if (it == tokens_.end()) return reply(absl::FailedPreconditionError("the session has ended"));
-    binding = it->second;
-  }
-  std::shared_ptr<engine::Group> group = binding.group.lock();
-  if (!binding.bound || group == nullptr) {
-    return reply(absl::UnavailableError("the session is not attached to a group (yet or any more)"));
-  }
+  int rank = -1;
+  absl::StatusOr<std::shared_ptr<engine::Group>> group = GroupOf(conn.token, &rank);
+  if (!group.ok()) return reply(group.status());
   // A read-only descriptor is kept so that peers of the rank can be handed it (Open).
   auto segment = ShmSegment::FromFd(std::string(r.name, name_len), fd, r.bytes, {.share = true});
   fd = -1;  // FromFd took it
@@ -237,9 +229,25 @@ bool FdChannelServer::Serve(Connection& conn) {
     const fdchannel::Reply rep = fdchannel::ReplyFor(segment.status());
     return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
   }
-  absl::Status added = group->AddSegment(binding.rank, std::shared_ptr<ShmSegment>(std::move(*segment)));
+  absl::Status added = (*group)->AddSegment(rank, std::shared_ptr<ShmSegment>(std::move(*segment)));
   const fdchannel::Reply rep = fdchannel::ReplyFor(added);
   return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
+}
+
+absl::StatusOr<std::shared_ptr<engine::Group>> FdChannelServer::GroupOf(const std::string& token, int* rank) {
+  Binding binding;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tokens_.find(token);
+    if (it == tokens_.end()) return absl::FailedPreconditionError("the session has ended");
+    binding = it->second;
+  }
+  std::shared_ptr<engine::Group> group = binding.group.lock();
+  if (!binding.bound || group == nullptr) {
+    return absl::UnavailableError("the session is not attached to a group (yet or any more)");
+  }
+  *rank = binding.rank;
+  return group;
 }
 
 bool FdChannelServer::ServeOpen(Connection& conn, const char* buf, absl::Time deadline) {
@@ -250,18 +258,10 @@ bool FdChannelServer::ServeOpen(Connection& conn, const char* buf, absl::Time de
     std::memcpy(&o, buf, sizeof(o));
     const size_t name_len = strnlen(o.name, sizeof(o.name));
     if (name_len == 0 || name_len == sizeof(o.name)) return absl::InvalidArgumentError("malformed segment name");
-    Binding binding;
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = tokens_.find(conn.token);
-      if (it == tokens_.end()) return absl::FailedPreconditionError("the session has ended");
-      binding = it->second;
-    }
-    std::shared_ptr<engine::Group> group = binding.group.lock();
-    if (!binding.bound || group == nullptr) {
-      return absl::UnavailableError("the session is not attached to a group (yet or any more)");
-    }
-    absl::StatusOr<int> opened = group->OpenPeerSegment(binding.rank, o.owner_rank, std::string(o.name, name_len));
+    int rank = -1;
+    absl::StatusOr<std::shared_ptr<engine::Group>> group = GroupOf(conn.token, &rank);
+    if (!group.ok()) return group.status();
+    absl::StatusOr<int> opened = (*group)->OpenPeerSegment(rank, o.owner_rank, std::string(o.name, name_len));
     if (!opened.ok()) return opened.status();
     fd = *opened;
     return absl::OkStatus();

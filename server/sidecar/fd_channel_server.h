@@ -71,6 +71,10 @@ class FdChannelServer {
   void Loop();
   // Serves one datagram of `conn`; false if the connection must be closed.
   bool Serve(Connection& conn);
+  // The group and rank the session holding `token` is bound to: FAILED_PRECONDITION when
+  // the session ended, UNAVAILABLE when it is not attached (yet or any more).
+  absl::StatusOr<std::shared_ptr<engine::Group>> GroupOf(const std::string& token, int* rank)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Answers an Open (a peer's segment, read-only) of `conn`, the datagram in `buf`;
   // false if the connection must be closed.
   bool ServeOpen(Connection& conn, const char* buf, absl::Time deadline);
