@@ -11,6 +11,8 @@
 # from scratch, Release, only the targets the Python suites use. Needs root (mounts, chroot).
 #
 # Usage: scripts/debian13.sh [pytest file under tests/python ...]   (default: every suite below)
+#        scripts/debian13.sh --root-only   only makes (or finds) the cached root; scripts/test.sh
+#                                          runs it in the background during the Release build
 # Environment: JOBS (build and test parallelism, default 2).
 # Prints the time of each phase; exits non-zero when a suite fails.
 #
@@ -23,7 +25,12 @@ SRC=$PWD
 JOBS=${JOBS:-2}
 PACKAGES=build-essential,cmake,pkg-config,libbenchmark-dev,libgtest-dev,libgmock-dev,libgrpc++-dev,protobuf-compiler-grpc,libprotobuf-dev,protobuf-compiler,libgloo-dev,libabsl-dev,prometheus-cpp-dev,libgoogle-glog-dev,zlib1g-dev,pybind11-dev,python3-dev,python3-numpy,python3-pytest,python3-setuptools,python3-torch,libtorch-dev,python3-sklearn,procps,iproute2,openssl,etcd-server,libleveldb-dev,git
 SUITES=(torch_backend torch_pg tcpstore launch elastic sdk security)
-if [ $# -gt 0 ]; then SUITES=("$@"); fi
+ROOT_ONLY=0
+if [ "${1:-}" = --root-only ]; then
+  ROOT_ONLY=1
+elif [ $# -gt 0 ]; then
+  SUITES=("$@")
+fi
 
 CACHE=${COLLSERVE_DEBIAN13_CACHE:-/var/cache/collserve/debian13}
 KEY=$(printf '%s\n' "$PACKAGES" trixie v1 | sha256sum | cut -c1-12)
@@ -53,6 +60,10 @@ if [ "${COLLSERVE_DEBIAN13_REFRESH:-0}" = 1 ] || [ ! -e "$ROOT/.complete" ]; the
   touch "$ROOT.new/.complete"
   mv "$ROOT.new" "$ROOT"
   phase_end "mmdebstrap"
+fi
+if [ $ROOT_ONLY = 1 ]; then
+  echo "debian13: root ready ($ROOT)"
+  exit 0
 fi
 
 # ---- mounts (undone on exit) ----
