@@ -467,16 +467,34 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   if (!status.ok()) FailLocked(status);
 }
 
+namespace {
+
+// The submission's tensor is in a segment the sidecar kept a descriptor of (peers may map it).
+bool Shareable(const Submission& s) {
+  return s.in_bytes > 0 && !s.inline_mode && !s.args.buffer.segment.empty() && !s.segments.empty() &&
+         s.segments[0]->fd() >= 0;
+}
+
+}  // namespace
+
 void Group::PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs) {
-  if (OpOf(a) != CollectiveOp::kBroadcast || a.device != 0) return;
-  auto root = subs.find(static_cast<int>(a.root));
+  const CollectiveOp op = OpOf(a);
+  if (a.device != 0 || (op != CollectiveOp::kBroadcast && op != CollectiveOp::kAllReduce)) return;
+  auto root = subs.end();
+  if (op == CollectiveOp::kBroadcast) {
+    root = subs.find(static_cast<int>(a.root));
+    if (root != subs.end() && !Shareable(root->second)) root = subs.end();
+  } else {
+    // ALL_REDUCE: the result is written into one rank's segment (the owner: the first whose
+    // tensor is shareable, preferring one that stages, whose tensor is not the caller's own
+    // memory) and the readers copy it from there, instead of one write per rank.
+    for (auto it = subs.begin(); it != subs.end(); ++it) {
+      if (!Shareable(it->second)) continue;
+      if (root == subs.end() || (root->second.args.buffer.arena && !it->second.args.buffer.arena)) root = it;
+    }
+  }
   if (root == subs.end()) return;
   const Submission& r = root->second;
-  // The root's tensor must be in a segment the sidecar can hand out (a descriptor kept).
-  if (r.in_bytes == 0 || r.inline_mode || r.args.buffer.segment.empty() || r.segments.empty() ||
-      r.segments[0]->fd() < 0) {
-    return;
-  }
   for (auto& [rank, sub] : subs) {
     // Receivers staging through a segment of their own (not an arena tensor, which the
     // sidecar fills without any copy on the client's side) whose clients can read peers.

@@ -186,7 +186,10 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
     if (OpOf(a) == CollectiveOp::kReduce) {
       r.dsts.push_back(root->second.in);
     } else {
-      for (auto& [rank, sub] : subs) r.dsts.push_back(sub.in);
+      // A peer reader copies the result out of its owner's segment itself.
+      for (auto& [rank, sub] : subs) {
+        if (sub.peer_rank < 0) r.dsts.push_back(sub.in);
+      }
     }
     backends::RunLocalReduce(*pool_, r);
     return absl::OkStatus();

@@ -88,9 +88,9 @@ struct InitOptions {
   // (probed at attach). false = always inline in the messages (what a client on another
   // host gets anyway). Env: COLLSERVE_SHARED_MEMORY=0 turns it off.
   bool shared_memory = true;
-  // With shared memory, on one host: take a broadcast's result straight from the root's
-  // staging segment (mapped read-only) instead of having the sidecar copy it into this
-  // rank's (docs/architecture.md, "Peer reads"). Env: COLLSERVE_PEER_READS=0 turns it off.
+  // With shared memory, on one host: take a broadcast's or all-reduce's result straight
+  // from the root's (the owner's) segment (mapped read-only) instead of having the sidecar
+  // copy it into this rank's (docs/architecture.md, "Peer reads"). Env: COLLSERVE_PEER_READS=0 turns it off.
   bool peer_reads = true;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.

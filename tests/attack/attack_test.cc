@@ -553,35 +553,59 @@ TEST(AttackTest, PeerSegmentsOpenOnlyWithinTheGroupAndReadOnly) {
 // A broadcast over segments whose receivers read the root's segment (peer reads): the
 // root's completion waits for the reader's ReadDone, but a reader that never sends it
 // holds it only until the op deadline, and a reader whose session ends not at all.
+// Two raw sessions of `group` on one sidecar (ranks 0 and 1 of 2, with peer reads), each
+// with a registered 4096-byte segment of its own; null if any step failed.
+struct PeerPair {
+  std::unique_ptr<RawSession> rank0, rank1;
+  std::unique_ptr<ShmSegment> seg0, seg1;
+  int sock0 = -1, sock1 = -1;
+  ~PeerPair() {
+    if (sock0 >= 0) close(sock0);
+    if (sock1 >= 0) close(sock1);
+  }
+};
+
+std::unique_ptr<PeerPair> AttachPeerPair(const std::string& address, const std::string& group, int op_timeout_ms) {
+  auto pair = std::make_unique<PeerPair>();
+  std::thread attach0([&] {
+    pair->rank0 = std::make_unique<RawSession>(
+        address, group, true, RawAttach{.peer_reads = true, .rank = 0, .world_size = 2, .op_timeout_ms = op_timeout_ms});
+  });
+  pair->rank1 = std::make_unique<RawSession>(
+      address, group, true, RawAttach{.peer_reads = true, .rank = 1, .world_size = 2, .op_timeout_ms = op_timeout_ms});
+  attach0.join();
+  if (!pair->rank0->attached() || !pair->rank1->attached()) return nullptr;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto sock0 = fdchannel::Connect(pair->rank0->info().fd_socket(), pair->rank0->info().session_token(), deadline);
+  auto sock1 = fdchannel::Connect(pair->rank1->info().fd_socket(), pair->rank1->info().session_token(), deadline);
+  if (!sock0.ok() || !sock1.ok()) return nullptr;
+  pair->sock0 = *sock0;
+  pair->sock1 = *sock1;
+  auto seg0 = ShmSegment::Create(4096);
+  auto seg1 = ShmSegment::Create(4096);
+  if (!seg0.ok() || !seg1.ok()) return nullptr;
+  pair->seg0 = std::move(*seg0);
+  pair->seg1 = std::move(*seg1);
+  if (!fdchannel::RegisterSegment(pair->sock0, pair->seg0->name(), 4096, pair->seg0->fd(), deadline).ok() ||
+      !fdchannel::RegisterSegment(pair->sock1, pair->seg1->name(), 4096, pair->seg1->fd(), deadline).ok()) {
+    return nullptr;
+  }
+  return pair;
+}
+
 TEST(AttackTest, PeerReaderThatNeverAnswersHoldsTheRootOnlyUntilItsDeadline) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
   for (bool reader_hangs_up : {false, true}) {
     SCOPED_TRACE(reader_hangs_up ? "the reader's session ends" : "the reader stays silent");
-    const std::string group = reader_hangs_up ? "peer-gone" : "peer-silent";
-    std::unique_ptr<RawSession> root, reader;
-    std::thread attach_root([&] {
-      root = std::make_unique<RawSession>(cluster->sidecar_address(0), group, true,
-                                          RawAttach{.peer_reads = true, .rank = 0, .world_size = 2,
-                                                    .op_timeout_ms = 2000});
-    });
-    reader = std::make_unique<RawSession>(cluster->sidecar_address(0), group, true,
-                                          RawAttach{.peer_reads = true, .rank = 1, .world_size = 2,
-                                                    .op_timeout_ms = 2000});
-    attach_root.join();
-    ASSERT_TRUE(root->attached() && reader->attached());
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    auto root_sock = fdchannel::Connect(root->info().fd_socket(), root->info().session_token(), deadline);
-    auto reader_sock = fdchannel::Connect(reader->info().fd_socket(), reader->info().session_token(), deadline);
-    ASSERT_TRUE(root_sock.ok() && reader_sock.ok());
-    auto root_seg = ShmSegment::Create(4096);
-    auto reader_seg = ShmSegment::Create(4096);
-    ASSERT_TRUE(root_seg.ok() && reader_seg.ok());
+    auto pair = AttachPeerPair(cluster->sidecar_address(0), reader_hangs_up ? "peer-gone" : "peer-silent", 2000);
+    ASSERT_NE(pair, nullptr);
+    std::unique_ptr<RawSession>& root = pair->rank0;
+    std::unique_ptr<RawSession>& reader = pair->rank1;
+    ShmSegment& root_seg = *pair->seg0;
+    ShmSegment& reader_seg = *pair->seg1;
     const float v[2] = {7.0f, 8.0f};
-    std::memcpy((*root_seg)->data(), v, sizeof(v));
-    ASSERT_TRUE(fdchannel::RegisterSegment(*root_sock, (*root_seg)->name(), 4096, (*root_seg)->fd(), deadline).ok());
-    ASSERT_TRUE(
-        fdchannel::RegisterSegment(*reader_sock, (*reader_seg)->name(), 4096, (*reader_seg)->fd(), deadline).ok());
+    std::memcpy(root_seg.data(), v, sizeof(v));
     auto broadcast = [](const std::string& segment) {
       pb::Collective c = SegmentAllReduce(segment, 2);
       c.set_op(pb::BROADCAST);
@@ -591,18 +615,18 @@ TEST(AttackTest, PeerReaderThatNeverAnswersHoldsTheRootOnlyUntilItsDeadline) {
     pb::Completion root_done;
     absl::Time root_answered;
     std::thread root_call([&] {
-      root_done = root->Call(broadcast((*root_seg)->name()));
+      root_done = root->Call(broadcast(root_seg.name()));
       root_answered = absl::Now();
     });
-    pb::Completion got = reader->Call(broadcast((*reader_seg)->name()));
+    pb::Completion got = reader->Call(broadcast(reader_seg.name()));
     const absl::Time reader_answered = absl::Now();
     EXPECT_EQ(got.code(), 0) << got.message();
     ASSERT_TRUE(got.has_peer_source());
     EXPECT_EQ(got.peer_source().rank(), 0);
-    EXPECT_EQ(got.peer_source().segment(), (*root_seg)->name());
+    EXPECT_EQ(got.peer_source().segment(), root_seg.name());
     EXPECT_EQ(got.peer_source().bytes(), 8);
     // The reader's own segment was not written: the result is the root's to read.
-    EXPECT_NE(std::memcmp((*reader_seg)->data(), v, sizeof(v)), 0);
+    EXPECT_NE(std::memcmp(reader_seg.data(), v, sizeof(v)), 0);
     if (reader_hangs_up) {
       absl::SleepFor(absl::Milliseconds(300));
       reader.reset();
@@ -624,9 +648,45 @@ TEST(AttackTest, PeerReaderThatNeverAnswersHoldsTheRootOnlyUntilItsDeadline) {
       EXPECT_EQ(reader->Call(barrier).code(), 0);
       root_barrier.join();
     }
-    close(*root_sock);
-    close(*reader_sock);
   }
+}
+
+// ALL_REDUCE with peer reads: the sum is written once, into the owner's segment (the first
+// rank whose tensor is shareable); the other rank's segment keeps its input, its completion
+// names the owner's bytes, and its ReadDone releases the owner at once.
+TEST(AttackTest, PeerReadAllReduceWritesTheResultOnceIntoTheOwnersSegment) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto pair = AttachPeerPair(cluster->sidecar_address(0), "peer-sum", 20000);
+  ASSERT_NE(pair, nullptr);
+  std::unique_ptr<RawSession>& owner = pair->rank0;
+  std::unique_ptr<RawSession>& reader = pair->rank1;
+  ShmSegment& owner_seg = *pair->seg0;
+  ShmSegment& reader_seg = *pair->seg1;
+  const float a[2] = {1.0f, 2.0f}, b[2] = {10.0f, 20.0f}, sum[2] = {11.0f, 22.0f};
+  std::memcpy(owner_seg.data(), a, sizeof(a));
+  std::memcpy(reader_seg.data(), b, sizeof(b));
+  pb::Completion owner_done;
+  absl::Time owner_answered;
+  std::thread owner_call([&] {
+    owner_done = owner->Call(SegmentAllReduce(owner_seg.name(), 2));
+    owner_answered = absl::Now();
+  });
+  pb::Completion got = reader->Call(SegmentAllReduce(reader_seg.name(), 2));
+  EXPECT_EQ(got.code(), 0) << got.message();
+  ASSERT_TRUE(got.has_peer_source());
+  EXPECT_EQ(got.peer_source().rank(), 0);
+  EXPECT_EQ(got.peer_source().segment(), owner_seg.name());
+  EXPECT_EQ(got.peer_source().offset(), 0);
+  EXPECT_EQ(got.peer_source().bytes(), 8);
+  EXPECT_EQ(std::memcmp(owner_seg.data(), sum, sizeof(sum)), 0);
+  EXPECT_EQ(std::memcmp(reader_seg.data(), b, sizeof(b)), 0);  // its input, untouched
+  const absl::Time read_done = absl::Now();
+  EXPECT_TRUE(reader->ReadDone(got.seq()));
+  owner_call.join();
+  EXPECT_EQ(owner_done.code(), 0) << owner_done.message();
+  EXPECT_FALSE(owner_done.has_peer_source());
+  EXPECT_LT(owner_answered - read_done, absl::Seconds(5));  // released by ReadDone, not the 20 s deadline
 }
 
 // A raw TCP connection to 127.0.0.1:port (-1 on failure).
