@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# A/B of the one-host heap broadcast with and without peer reads, against torch's Gloo in
-# the same rounds (bench/RESULTS.md, "peer reads for broadcast"). Prints busbw (GB/s) per
-# size and round. Needs a build in build/ and torch.
-#   bash bench/peer_reads_ab.sh [ROUNDS]
+# A/B of a one-host heap broadcast or all_reduce (4 ranks) with and without peer reads,
+# against torch's Gloo in the same rounds (bench/RESULTS.md, "peer reads"). Prints busbw
+# (GB/s) per size and round. Needs a build in build/ and torch.
+#   bash bench/peer_reads_ab.sh [ROUNDS] [OP]   (OP: broadcast (default) or all_reduce)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
+op="${2:-broadcast}"
 launch=(env PYTHONPATH=build/python /usr/bin/python3 -m collserve.launch --nproc_per_node 4 --no_prefix)
 busbw() { grep -E "^ +[0-9]+ " | awk '{print $(NF-2)}' | head -1; }
 for round in $(seq 1 "$rounds"); do
   for size in 1M 64M; do
     n=30
     [ "$size" = 64M ] && n=10
-    gloo=$(timeout 300 "${launch[@]}" bench/torch_perf.py --backend gloo -o broadcast -b "$size" -e "$size" -n "$n" -w "$n" 2>&1 | busbw)
-    peer=$(timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o broadcast -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
-    staged=$(COLLSERVE_PEER_READS=0 timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o broadcast -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
-    echo "round $round size $size: torch gloo $gloo | peer reads $peer | staged (COLLSERVE_PEER_READS=0) $staged"
+    gloo=$(timeout 300 "${launch[@]}" bench/torch_perf.py --backend gloo -o "$op" -b "$size" -e "$size" -n "$n" -w "$n" 2>&1 | busbw)
+    peer=$(timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o "$op" -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
+    staged=$(COLLSERVE_PEER_READS=0 timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o "$op" -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
+    echo "$op round $round size $size: torch gloo $gloo | peer reads $peer | staged (COLLSERVE_PEER_READS=0) $staged"
   done
 done
