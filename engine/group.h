@@ -273,12 +273,12 @@ class Group : public std::enable_shared_from_this<Group> {
   void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // One host, CPU: a BROADCAST whose root's tensor, or an ALL_REDUCE where some rank's
-  // tensor (the owner's), is in a segment the
-  // sidecar kept a descriptor of: marks the other ranks that read the result out of that
-  // segment themselves (Submission::peer_rank): their clients asked for peer reads and
-  // stage through a segment of their own (arena tensors are filled by the sidecar with no
-  // client copy at all). The all-reduce then writes its result once, into the owner's
-  // tensor, instead of once per rank. Executor thread.
+  // tensor (the owner's), is in a segment the sidecar kept a descriptor of: marks the
+  // other ranks that read the result out of that segment themselves
+  // (Submission::peer_rank): their clients asked for peer reads and stage through a
+  // segment of their own (arena tensors are filled by the sidecar with no client copy at
+  // all). The all-reduce then writes its result once, into the owner's tensor, instead of
+  // once per rank. Executor thread.
   void PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs);
 
   // An owner's completion held until its peer readers have copied out of its segment.

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
-# The Debian 13 root (download and unpack, 1 to 2 minutes, cached) is made while the Release
+# The Debian 13 root (download and unpack, 1 to 5 minutes, cached) is made while the Release
 # build compiles; the torch 2.x stage below waits for it (and makes it itself if this failed).
 root_pid=""
 if [ "${COLLSERVE_DEBIAN13:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
