@@ -24,8 +24,10 @@ def test_under_the_launcher_with_survive_failures():
 
 
 def test_the_launcher_restarts_the_lost_rank_and_the_job_goes_on_with_four():
+    # 10 epochs: when the restarted rank joins depends on how fast it starts (epoch 3 to 7 seen);
+    # 8 epochs ended at 87% under ASan on a slow machine, 10 gave 93% there.
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "4", "--survive_failures",
-                           "--max_restarts", "1", ELASTIC, "--epochs", "8", "--die_rank", "2", "--die_epoch", "2",
+                           "--max_restarts", "1", ELASTIC, "--epochs", "10", "--die_rank", "2", "--die_epoch", "2",
                            "--min_accuracy", "0.9"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert "rank 2 failed (exit code -9); starting it again to join the running ranks (restart 1 of 1)" in proc.stderr
