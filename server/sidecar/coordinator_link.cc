@@ -48,6 +48,88 @@ class UnreachableStore : public backends::RendezvousStore {
   absl::Status s_;
 };
 
+// One unary call to the coordinator, retried while the coordinator does not answer until
+// `deadline`: a restart fails the attempt in flight with UNAVAILABLE ("Socket closed"; gRPC
+// retries transparently only a call that never left the client), and the next attempt
+// waits for the channel to reconnect (wait_for_ready). Only for idempotent requests. `done`
+// runs once, on a gRPC thread, with OK and the response, the coordinator's error, or
+// UNAVAILABLE naming the coordinator and the attempts. Thread-safe; Cancel from any thread.
+template <typename Req, typename Resp>
+struct RetriedCall : std::enable_shared_from_this<RetriedCall<Req, Resp>> {
+  using Callback = std::function<void(grpc::Status)>;
+  explicit RetriedCall(std::shared_ptr<GrpcCoordinatorLink::InFlightCalls> calls)
+      : token(std::make_unique<GrpcCoordinatorLink::InFlightCalls::Token>(std::move(calls))) {}
+
+  std::function<void(grpc::ClientContext*, const Req*, Resp*, Callback)> start;  // the stub's async method
+  std::string coordinator;  // its address, for the errors
+  std::string what;         // appended to "cannot reach the coordinator at ADDRESS"
+  std::string credential;
+  absl::Time deadline;
+  Req req;
+  std::function<void(absl::Status, const Resp&)> done;
+
+  void Attempt() {
+    grpc::ClientContext* attempt_ctx;
+    {
+      absl::MutexLock lock(&mu);
+      if (!cancelled) {
+        ++attempts;
+        ctx = std::make_unique<grpc::ClientContext>();
+        ctx->set_deadline(absl::ToChronoTime(deadline));
+        ctx->set_wait_for_ready(true);
+        client::AddJobToken(*ctx, credential);
+      }
+      attempt_ctx = cancelled ? nullptr : ctx.get();
+    }
+    if (attempt_ctx == nullptr) {
+      done(absl::CancelledError("cancelled"), resp);
+      return;
+    }
+    resp.Clear();
+    token->Track(attempt_ctx);
+    // Not under `mu`: the callback may run before start returns. A Cancel in between
+    // cancels the call as it starts (ClientContext::TryCancel).
+    start(attempt_ctx, &req, &resp, [self = this->shared_from_this()](grpc::Status s) { self->Finished(s); });
+  }
+  void Cancel() {
+    absl::MutexLock lock(&mu);
+    cancelled = true;
+    if (ctx != nullptr) ctx->TryCancel();
+  }
+
+ private:
+  void Finished(const grpc::Status& s) {
+    token->Untrack();
+    if (s.ok()) {
+      done(absl::OkStatus(), resp);
+      return;
+    }
+    constexpr int kMaxAttempts = 50;  // a server answering UNAVAILABLE at once must not spin
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() < deadline && attempts < kMaxAttempts) {
+      absl::SleepFor(absl::Milliseconds(20 * attempts));  // on a gRPC callback thread; short
+      Attempt();
+      return;
+    }
+    absl::Status st = FromGrpcStatus(s);
+    // DEADLINE_EXCEEDED before `deadline` is the coordinator's answer (a rendezvous that
+    // timed out), not a coordinator that stayed away.
+    if (st.code() == absl::StatusCode::kUnavailable ||
+        (st.code() == absl::StatusCode::kDeadlineExceeded && attempts > 1 && absl::Now() >= deadline)) {
+      st = absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", coordinator, what, " (",
+                                               attempts, attempts == 1 ? " attempt): " : " attempts): ",
+                                               st.message()));
+    }
+    done(st, resp);
+  }
+
+  std::unique_ptr<GrpcCoordinatorLink::InFlightCalls::Token> token;  // while an attempt is in flight
+  absl::Mutex mu;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
+  Resp resp;
+  int attempts = 0;
+};
+
 }  // namespace
 
 GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
@@ -99,83 +181,24 @@ bool GrpcCoordinatorLink::InFlightCalls::CancelAndWait(absl::Duration timeout) {
 
 std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
                                                 std::function<void(absl::StatusOr<engine::Membership>)> done) {
-  // One join, retried while the coordinator does not answer (it restarts: the call in
-  // flight fails with UNAVAILABLE, and the next attempt waits for the channel to reconnect,
-  // wait_for_ready) until the deadline. A restarted coordinator has no record of the
-  // first attempt, so the retry joins afresh; one that did record it treats the same
-  // rank joining again from the same host as that rank's join.
-  struct Join : std::enable_shared_from_this<Join> {
-    pb::Registry::Stub* registry;
-    std::string coordinator;
-    std::string credential;
-    absl::Time deadline;
-    pb::JoinRequest req;
-    std::function<void(absl::StatusOr<engine::Membership>)> done;
-    absl::Mutex mu;
-    bool cancelled ABSL_GUARDED_BY(mu) = false;
-    std::unique_ptr<grpc::ClientContext> ctx ABSL_GUARDED_BY(mu);
-    pb::JoinResponse resp;
-    int attempts = 0;
-    std::unique_ptr<InFlightCalls::Token> token;  // while an attempt is in flight
-
-    void Attempt() {
-      grpc::ClientContext* attempt_ctx;
-      {
-        absl::MutexLock lock(&mu);
-        if (!cancelled) {
-          ++attempts;
-          ctx = std::make_unique<grpc::ClientContext>();
-          ctx->set_deadline(absl::ToChronoTime(deadline));
-          ctx->set_wait_for_ready(true);
-          client::AddJobToken(*ctx, credential);
-        }
-        attempt_ctx = cancelled ? nullptr : ctx.get();
-      }
-      if (attempt_ctx == nullptr) {
-        done(absl::CancelledError("join cancelled"));
-        return;
-      }
-      resp.Clear();
-      token->Track(attempt_ctx);
-      // Not under `mu`: the callback may run before Join returns. A Cancel in between
-      // cancels the call as it starts (ClientContext::TryCancel).
-      registry->async()->Join(attempt_ctx, &req, &resp, [self = shared_from_this()](grpc::Status s) {
-        self->Finished(s);
-      });
-    }
-    void Finished(const grpc::Status& s) {
-      token->Untrack();
-      if (s.ok()) {
-        done(FromProto(resp));
-        return;
-      }
-      constexpr int kMaxAttempts = 50;  // a server answering UNAVAILABLE at once must not spin
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE && absl::Now() < deadline && attempts < kMaxAttempts) {
-        absl::SleepFor(absl::Milliseconds(20 * attempts));  // on a gRPC callback thread; short
-        Attempt();
-        return;
-      }
-      absl::Status st = FromGrpcStatus(s);
-      if (st.code() == absl::StatusCode::kUnavailable ||
-          (st.code() == absl::StatusCode::kDeadlineExceeded && attempts > 1)) {
-        st = absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", coordinator, " (", attempts,
-                                                 " attempts): ", st.message()));
-      }
-      done(st);
-    }
-    void Cancel() {
-      absl::MutexLock lock(&mu);
-      cancelled = true;
-      if (ctx != nullptr) ctx->TryCancel();
-    }
+  // A restarted coordinator has no record of the first attempt, so a retry joins afresh;
+  // one that did record it treats the same rank joining again from the same host as that
+  // rank's join.
+  auto join = std::make_shared<RetriedCall<pb::JoinRequest, pb::JoinResponse>>(calls_);
+  join->start = [stub = registry_.get()](grpc::ClientContext* ctx, const pb::JoinRequest* req,
+                                         pb::JoinResponse* resp, std::function<void(grpc::Status)> cb) {
+    stub->async()->Join(ctx, req, resp, std::move(cb));
   };
-  auto join = std::make_shared<Join>();
-  join->token = std::make_unique<InFlightCalls::Token>(calls_);
-  join->registry = registry_.get();
   join->coordinator = coordinator_address_;
   join->credential = params.credential;
   join->deadline = absl::Now() + params.timeout + absl::Seconds(5);
-  join->done = std::move(done);
+  join->done = [done = std::move(done)](absl::Status s, const pb::JoinResponse& resp) {
+    if (!s.ok()) {
+      done(std::move(s));
+    } else {
+      done(FromProto(resp));
+    }
+  };
   join->req.set_job(params.job);
   join->req.set_group(params.group);
   join->req.set_world_size(params.world_size);
@@ -320,32 +343,18 @@ absl::StatusOr<std::string> GrpcCoordinatorLink::Diagnose(const std::string& job
 
 void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
                                        std::function<void(absl::Status)> done) {
-  struct Call {
-    explicit Call(std::shared_ptr<InFlightCalls> calls) : token(std::move(calls)) {}
-    InFlightCalls::Token token;  // first: it outlives the context
-    grpc::ClientContext ctx;
-    pb::AuthenticateRequest req;
-    pb::AuthenticateResponse resp;
+  auto call = std::make_shared<RetriedCall<pb::AuthenticateRequest, pb::AuthenticateResponse>>(calls_);
+  call->start = [stub = auth_.get()](grpc::ClientContext* ctx, const pb::AuthenticateRequest* req,
+                                     pb::AuthenticateResponse* resp, std::function<void(grpc::Status)> cb) {
+    stub->async()->Authenticate(ctx, req, resp, std::move(cb));
   };
-  auto call = std::make_shared<Call>(calls_);
+  call->coordinator = coordinator_address_;
+  call->what = " to check the job token";
+  call->credential = credential;
+  call->deadline = absl::Now() + timeout;
+  call->done = [done = std::move(done)](absl::Status s, const pb::AuthenticateResponse&) { done(std::move(s)); };
   call->req.set_job(job);
-  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  call->ctx.set_wait_for_ready(true);  // ride out a coordinator restart, within the timeout
-  client::AddJobToken(call->ctx, credential);
-  const std::string coordinator = coordinator_address_;
-  call->token.Track(&call->ctx);
-  auth_->async()->Authenticate(&call->ctx, &call->req, &call->resp,
-                               [call, coordinator, done = std::move(done)](grpc::Status s) {
-                                 call->token.Untrack();
-                                 absl::Status st = FromGrpcStatus(s);
-                                 if (st.code() == absl::StatusCode::kUnavailable ||
-                                     st.code() == absl::StatusCode::kDeadlineExceeded) {
-                                   st = absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ",
-                                                                            coordinator, " to check the job token: ",
-                                                                            st.message()));
-                                 }
-                                 done(st);
-                               });
+  call->Attempt();
 }
 
 }  // namespace collserve::server

@@ -55,7 +55,9 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
 
   // Asks the coordinator whether `credential` grants `job` (Auth.Authenticate); `done` runs
   // once, on a gRPC thread, with OK or the coordinator's UNAUTHENTICATED / PERMISSION_DENIED
-  // (or UNAVAILABLE naming the coordinator), within `timeout`. Never blocks.
+  // (or UNAVAILABLE naming the coordinator and the attempts), within `timeout`. An attempt
+  // that a coordinator restart fails (UNAVAILABLE) is retried within `timeout`, as Join's
+  // are. Never blocks.
   void Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
                     std::function<void(absl::Status)> done);
 

@@ -54,8 +54,9 @@ constexpr int kMaxMessageBytes = 1 << 30;
 constexpr absl::string_view kLivenessService = "liveness";
 constexpr absl::Duration kHealthProbePeriod = absl::Seconds(2);
 constexpr absl::Duration kHealthProbeTimeout = absl::Seconds(2);
-// How long a new session waits for the coordinator to check its credential.
-constexpr absl::Duration kAuthenticateTimeout = absl::Seconds(10);
+// How long a new session waits for the coordinator to check its credential: long enough to
+// ride out a coordinator restart (the check is retried meanwhile).
+constexpr absl::Duration kAuthenticateTimeout = absl::Seconds(30);
 
 class SidecarImpl;
 

@@ -87,8 +87,10 @@ TEST(CoordinatorRestartTest, RunningJobSurvivesKillAndRestart) {
 }
 
 // The coordinator dies while the group forms: three ranks have joined, the fourth attaches
-// while it is down (its token check and join wait for it). The joins in flight are retried
-// against the restarted coordinator, which forms the group afresh.
+// while it hangs (SIGSTOP: its sidecar's token check is sent and waits), then it is killed,
+// so the joins and the token check in flight fail with UNAVAILABLE ("Socket closed"). They
+// are retried against the restarted coordinator, which forms the group afresh. (A token
+// check that was not retried failed the fourth rank's init: a CI run under ASan.)
 TEST(CoordinatorRestartTest, RendezvousRidesOutARestart) {
   std::string data;
   std::unique_ptr<Cluster> cluster = StartDurable(&data);
@@ -104,10 +106,12 @@ TEST(CoordinatorRestartTest, RendezvousRidesOutARestart) {
     ranks.push_back(std::move(*p));
   }
   absl::SleepFor(absl::Milliseconds(500));
-  c.coordinator().Kill(SIGKILL);
+  c.coordinator().Kill(SIGSTOP);
   auto last = c.StartRank(kWorld - 1, kWorld, 1, args, env);
   ASSERT_TRUE(last.ok()) << last.status();
   ranks.push_back(std::move(*last));
+  absl::SleepFor(absl::Seconds(1));  // the last rank attaches; its token check waits
+  c.coordinator().Kill(SIGKILL);
   absl::SleepFor(absl::Seconds(2));
   ASSERT_TRUE(c.RestartCoordinator({data}).ok()) << c.Logs();
   for (int r = 0; r < kWorld; ++r) {
