@@ -2,11 +2,14 @@
 # A/B of a one-host heap broadcast or all_reduce (4 ranks) with and without peer reads,
 # against torch's Gloo in the same rounds (bench/RESULTS.md, "peer reads"). Prints busbw
 # (GB/s) per size and round. Needs a build in build/ and torch.
-#   bash bench/peer_reads_ab.sh [ROUNDS] [OP]   (OP: broadcast (default) or all_reduce)
+#   bash bench/peer_reads_ab.sh [ROUNDS] [OP] [B]
+# OP: broadcast (default) or all_reduce. B: the environment of the B runs (default
+# COLLSERVE_PEER_READS=0; COLLSERVE_SEGMENT_RELEASE=0 compares segment release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 op="${2:-broadcast}"
+b_env="${3:-COLLSERVE_PEER_READS=0}"
 launch=(env PYTHONPATH=build/python /usr/bin/python3 -m collserve.launch --nproc_per_node 4 --no_prefix)
 busbw() { grep -E "^ +[0-9]+ " | awk '{print $(NF-2)}' | head -1; }
 for round in $(seq 1 "$rounds"); do
@@ -15,7 +18,7 @@ for round in $(seq 1 "$rounds"); do
     [ "$size" = 64M ] && n=10
     gloo=$(timeout 300 "${launch[@]}" bench/torch_perf.py --backend gloo -o "$op" -b "$size" -e "$size" -n "$n" -w "$n" 2>&1 | busbw)
     peer=$(timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o "$op" -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
-    staged=$(COLLSERVE_PEER_READS=0 timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o "$op" -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
-    echo "$op round $round size $size: torch gloo $gloo | peer reads $peer | staged (COLLSERVE_PEER_READS=0) $staged"
+    staged=$(env "$b_env" timeout 300 "${launch[@]}" --no_python build/bench/collserve-perf -o "$op" -b "$size" -e "$size" -m heap -n "$n" -w "$n" 2>&1 | busbw)
+    echo "$op round $round size $size: torch gloo $gloo | A (defaults) $peer | B ($b_env) $staged"
   done
 done
