@@ -584,18 +584,21 @@ std::string Group::FailedMeanwhileSuffix(const absl::Status& error) {
 }
 
 std::string Group::DiagnosisSuffix(const absl::Status& error) {
-  // The coordinator ended the generation (a host lost), or ranks of other hosts left: that
-  // is the diagnosis.
-  if (std::string meanwhile = FailedMeanwhileSuffix(error); !meanwhile.empty()) return meanwhile;
+  std::string meanwhile = FailedMeanwhileSuffix(error);
   std::string credential;
   {
     absl::MutexLock lock(&mu_);
+    // The coordinator ended the generation (a host lost): that is the diagnosis.
+    if (state_ == State::kFailed) return meanwhile;
     credential = credential_;
   }
+  // Ranks of other hosts left (`meanwhile` names them), or nothing is known: the ledger
+  // tells who had not called the collective. A host whose ranks left at their own op
+  // timeout (it started waiting earlier, or its timeout is shorter) left because of those.
   absl::StatusOr<std::string> diagnosis =
       env_.coordinator->Diagnose(params_.job, params_.name, credential, kDiagnosisTimeout);
-  if (!diagnosis.ok() || diagnosis->empty()) return "";
-  return absl::StrCat("; the coordinator's ledger: ", *diagnosis);
+  if (!diagnosis.ok() || diagnosis->empty()) return meanwhile;
+  return absl::StrCat(meanwhile, "; the coordinator's ledger: ", *diagnosis);
 }
 
 }  // namespace collserve::engine

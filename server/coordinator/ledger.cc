@@ -229,10 +229,14 @@ Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, Ho
   parts.push_back(absl::StrCat("ranks ", RankList(d.arrived), " have",
                                timed ? absl::StrCat(", the first ", Seconds(d.waiting), " ago") : ""));
   if (!d.disagreement.empty()) parts.push_back(absl::StrCat("they disagree: ", d.disagreement));
-  if (!d.unknown.empty()) {
-    parts.push_back(absl::StrCat("no ledger from ranks ", RankList(d.unknown), " (", HostsOf(d.unknown, d.ranks),
-                                 ")"));
+  // Unknown: members whose host sent no report of this generation, and ranks that are no
+  // members any more (they left: no host to name).
+  std::vector<int> silent, left;
+  for (int r : d.unknown) (d.ranks[r].host_id.empty() ? left : silent).push_back(r);
+  if (!silent.empty()) {
+    parts.push_back(absl::StrCat("no ledger from ranks ", RankList(silent), " (", HostsOf(silent, d.ranks), ")"));
   }
+  if (!left.empty()) parts.push_back(absl::StrCat("ranks ", RankList(left), " have left the group"));
   for (const RankDiagnosis& rd : d.ranks) {
     if (rd.reported && rd.host_state == "failed") {
       parts.push_back(absl::StrCat("host ", rd.host_id, " failed the group: ", rd.host_failure));

@@ -25,6 +25,7 @@ namespace {
 
 namespace pb = ::collserve::v1;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Runs collservectl with `args` against `cluster` (its job token, or `token`); returns
 // (exit code, output).
@@ -112,6 +113,41 @@ TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError)
   for (int r = 0; r < 2; ++r) {
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("the coordinator's ledger: all_reduce #0 of group \"world\""));
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("ranks [3] (host host1) have not called it"));
+  }
+}
+
+// The other host gives up first (its op timeout is shorter, or its clock ran ahead under
+// load): its ranks leave, and this host's exchange fails with their departure before its own
+// timeout. The error still carries the ledger's diagnosis, so the user learns who never
+// called, not only who left.
+TEST(DiagnoseTest, ThePeerHostLeavingAtItsOwnTimeoutStillGivesTheLedgerDiagnosis) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  // Ranks 0 and 1 on host0 (op timeout 30 s), 2 and 3 on host1 (6 s); rank 3 never calls.
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
+                                           : std::vector<std::string>{"--mode=loop", "--iters=1", "--count=1000"};
+    const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", r < 2 ? "30" : "6"}};
+    auto p = cluster.StartRank(r, 4, r / 2, args, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (int r = 0; r < 3; ++r) {
+    auto c = ranks[r]->Wait(absl::Seconds(60));
+    ASSERT_TRUE(c.ok()) << "rank " << r << " hung: " << ranks[r]->Output();
+    EXPECT_EQ(*c, 3) << ranks[r]->Output();
+  }
+  EXPECT_THAT(ranks[2]->Output(), HasSubstr("all_reduce #0 of group \"world\" timed out on host host1 after 6s: "
+                                            "local ranks [3] did not call it (local ranks [2] did)"));
+  for (int r = 0; r < 2; ++r) {
+    std::printf("rank %d: %s\n", r, ranks[r]->Output().c_str());
+    // Who left, and what the ledger says.
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("rank 2 left"));
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("the coordinator's ledger: all_reduce #0 of group \"world\""));
+    EXPECT_THAT(ranks[r]->Output(), HasSubstr("ranks [3] (host host1) have not called it"));
+    EXPECT_THAT(ranks[r]->Output(), Not(HasSubstr("(host )")));
   }
 }
 

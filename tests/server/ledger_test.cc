@@ -6,12 +6,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace collserve::server {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr int kAllReduce = 1, kBroadcast = 2, kFloat32 = 1, kSum = 1;
 
@@ -97,6 +100,27 @@ TEST(LedgerTest, AHostWithoutAReportOfThisGenerationIsUnknownNotMissing) {
   EXPECT_EQ(d.oldest_incomplete_seq, 0);
   EXPECT_THAT(d.summary, HasSubstr("no ledger from ranks [2, 3] (host b)"));
   EXPECT_FALSE(d.ranks[2].reported);
+}
+
+TEST(LedgerTest, ARankThatLeftIsNamedAsGoneNotByAnEmptyHost) {
+  const absl::Time now = absl::Now();
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 0), Issued(1, 0)}, now);
+  RankLedger idle = Issued(3, -1);  // has called nothing
+  idle.completed_seq = -1;
+  reports["b"] = Host({Issued(2, 0), idle}, now);
+  GroupView group = FourRanks();
+  // Rank 2 left (at its op timeout): no longer a member, its host unknown to the registry.
+  group.members.erase(std::remove_if(group.members.begin(), group.members.end(),
+                                     [](const MemberInfo& m) { return m.rank == 2; }),
+                      group.members.end());
+  Diagnosis d = Diagnose(group, reports, now);
+  EXPECT_THAT(d.unknown, ElementsAre(2));
+  EXPECT_THAT(d.missing, ElementsAre(3));
+  EXPECT_THAT(d.summary, HasSubstr("ranks [3] (host b) have not called it; ranks [0, 1] have"));
+  EXPECT_THAT(d.summary, HasSubstr("ranks [2] have left the group"));
+  EXPECT_THAT(d.summary, Not(HasSubstr("no ledger")));
+  EXPECT_THAT(d.summary, Not(HasSubstr("(host )")));
 }
 
 TEST(LedgerTest, AnIdleGroupHasNothingInFlight) {
