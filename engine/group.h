@@ -236,8 +236,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // disagreement, so every host takes part). Executor thread.
   std::string DescribeCallSites(const std::map<int64_t, std::vector<int64_t>>& sites,
                                 const std::map<int, Submission>& subs, absl::Duration timeout);
-  // "; the coordinator's ledger: <its diagnosis of this group>" for an error message, or ""
-  // when it has none within kDiagnosisTimeout. Blocks; executor thread, no lock held.
+  // What explains a failed exchange, for an error message: FailedMeanwhileSuffix alone when
+  // the group failed meanwhile (the coordinator ended the generation); otherwise its
+  // departures (if any) followed by "; the coordinator's ledger: <its diagnosis of this
+  // group>" (left out when it has none within kDiagnosisTimeout). Blocks; executor thread,
+  // no lock held.
   std::string DiagnosisSuffix(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
   // Why a collective across hosts failed in the backend, as the coordinator told this host:
   // " (the group had failed meanwhile: <why>)" when the group failed while the executor ran
