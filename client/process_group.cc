@@ -5,12 +5,16 @@
 // for send/recv) that copies its result out and completes the Work. Tensor bytes go through
 // shared-memory segments (sealed memfds created here, passed to the sidecar as descriptors
 // over the unix socket's fd channel, common/fd_channel.h) on a unix-socket session, inline
-// in the messages otherwise.
+// in the messages otherwise. With shared memory, requests and completions go over the ops
+// channel (common/ops_channel.h: the descriptor channel in ops mode, one datagram per
+// message; its own reader thread) and the stream carries only attach and the session's end.
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -29,6 +33,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "common/fd_channel.h"
+#include "common/ops_channel.h"
 #include "common/shm.h"
 #include "common/types.h"
 
@@ -264,6 +269,7 @@ class SessionProcessGroup : public ProcessGroup {
         ctx_.TryCancel();
         stream_->Finish();
       }
+      if (ops_sock_ >= 0) close(ops_sock_);
       return;
     }
     {
@@ -277,6 +283,7 @@ class SessionProcessGroup : public ProcessGroup {
     FailAll(absl::CancelledError("process group destroyed"));
     collective_lane_.reset();  // finishes what it holds, then joins
     p2p_lane_.reset();
+    if (ops_sock_ >= 0) close(ops_sock_);  // its reader was joined by reader_
   }
 
   absl::Status Init() {
@@ -332,6 +339,18 @@ class SessionProcessGroup : public ProcessGroup {
         fd_channel_ = *sock;
       } else {
         shared_memory_ = false;
+      }
+    }
+    if (shared_memory_ && options_.ops_channel) {
+      // Requests and completions over a datagram socket (common/ops_channel.h); a sidecar
+      // that refuses keeps them on the stream.
+      auto ops = fdchannel::ConnectOps(resp.attached().fd_socket(), resp.attached().session_token(),
+                                       absl::Now() + absl::Seconds(10));
+      if (ops.ok()) {
+        ops_sock_ = *ops;
+      } else {
+        std::fprintf(stderr, "collserve: no ops channel (requests go over the session's stream): %s\n",
+                     ops.status().ToString().c_str());
       }
     }
     peer_reads_ = shared_memory_ && resp.attached().peer_reads();
@@ -842,16 +861,22 @@ class SessionProcessGroup : public ProcessGroup {
       work->Complete(why);
       return work;
     }
+    if (ops_sock_ >= 0 && req.ByteSizeLong() + 16 > opschannel::kMaxOpsMessageBytes) {
+      // Refused before it takes a seq (16: room for the seq's varint).
+      ReleaseSegment(std::move(pending->segment), pending->collective);
+      work->Complete(absl::InvalidArgumentError(absl::StrCat("a request of ", req.ByteSizeLong(),
+                                                             " bytes exceeds the ops channel's limit of ",
+                                                             opschannel::kMaxOpsMessageBytes, " bytes")));
+      return work;
+    }
     const int64_t seq = next_seq_++;
     c->set_seq(seq);
     {
       absl::MutexLock plock(&pending_mu_);
       pending_[seq] = std::move(pending);
     }
-    if (!stream_->Write(req)) {
-      // The reader thread sees the stream end and fails every pending Work.
-      closed_ = true;
-    }
+    // On failure the reader thread sees the session end and fails every pending Work.
+    WriteLocked(req);
     return work;
   }
 
@@ -1182,24 +1207,82 @@ class SessionProcessGroup : public ProcessGroup {
     req.mutable_read_done()->set_seq(seq);
     absl::MutexLock lock(&write_mu_);
     if (closed_ || !broken_.ok()) return;
-    if (!stream_->Write(req)) closed_ = true;  // the reader sees the stream end
+    WriteLocked(req);  // on failure the reader sees the session end
+  }
+
+  // Sends `req` over the ops channel, or else the stream. A failure marks the session
+  // closed (and shuts the ops channel down, so that the sidecar ends the session and the
+  // reader sees it end).
+  void WriteLocked(const pb::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    if (ops_sock_ < 0) {
+      if (!stream_->Write(req)) closed_ = true;
+      return;
+    }
+    // The sidecar's channel thread reads continuously: waiting the op timeout for room means
+    // it is stuck.
+    absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + options_.op_timeout);
+    if (!s.ok()) {
+      std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
+      closed_ = true;
+      shutdown(ops_sock_, SHUT_RDWR);
+    }
+  }
+
+  // Hands a completion to its lane (the lane copies the result out and completes the Work).
+  void Dispatch(pb::SessionResponse& resp) {
+    if (!resp.has_completion()) return;
+    Done done;
+    {
+      absl::MutexLock lock(&pending_mu_);
+      auto it = pending_.find(resp.completion().seq());
+      if (it == pending_.end()) return;
+      done.pending = std::move(it->second);
+      pending_.erase(it);
+    }
+    done.completion = std::move(*resp.mutable_completion());
+    (done.pending->p2p ? p2p_lane_ : collective_lane_)->Push(std::move(done));
+  }
+
+  // The ops channel's reader: completions until the sidecar closes the channel (when the
+  // session ends) or it breaks.
+  void OpsReadLoop() {
+    std::vector<char> buf(opschannel::kMaxDatagramBytes);
+    opschannel::Reassembler reassembler;
+    pb::SessionResponse resp;
+    for (;;) {
+      const ssize_t n = recv(ops_sock_, buf.data(), buf.size(), MSG_TRUNC);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      absl::StatusOr<bool> complete =
+          static_cast<size_t>(n) > buf.size()
+              ? absl::InvalidArgumentError(absl::StrCat("a datagram of ", n, " bytes"))
+              : reassembler.Add(buf.data(), static_cast<size_t>(n));
+      if (complete.ok() && !*complete) continue;
+      if (!complete.ok() || !resp.ParseFromString(reassembler.Take())) {
+        const absl::Status why = complete.ok() ? absl::InvalidArgumentError("not a SessionResponse") : complete.status();
+        std::fprintf(stderr, "collserve: a malformed message on the ops channel; ending the session: %s\n",
+                     why.ToString().c_str());
+        shutdown(ops_sock_, SHUT_RDWR);
+        ctx_.TryCancel();
+        break;
+      }
+      Dispatch(resp);
+    }
+    ops_done_.Notify();
   }
 
   void ReadLoop() {
     pb::SessionResponse resp;
-    while (stream_->Read(&resp)) {
-      if (!resp.has_completion()) continue;
-      Done done;
-      {
-        absl::MutexLock lock(&pending_mu_);
-        auto it = pending_.find(resp.completion().seq());
-        if (it == pending_.end()) continue;
-        done.pending = std::move(it->second);
-        pending_.erase(it);
+    if (ops_sock_ >= 0) {
+      std::thread ops_reader([this] { OpsReadLoop(); });
+      while (stream_->Read(&resp)) {
       }
-      done.completion = std::move(*resp.mutable_completion());
-      (done.pending->p2p ? p2p_lane_ : collective_lane_)->Push(std::move(done));
+      // The sidecar closes the ops channel when the session ends; completions it sent before
+      // are read first.
+      if (!ops_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) shutdown(ops_sock_, SHUT_RDWR);
+      ops_reader.join();
     }
+    while (stream_->Read(&resp)) Dispatch(resp);
     // What was read completes first (in order), then the rest fails.
     collective_lane_->Drain(absl::Now() + absl::Seconds(30));
     p2p_lane_->Drain(absl::Now() + absl::Seconds(30));
@@ -1248,6 +1331,8 @@ class SessionProcessGroup : public ProcessGroup {
   std::deque<std::pair<int, std::string>> peer_order_ ABSL_GUARDED_BY(peer_mu_);
   size_t peer_bytes_ ABSL_GUARDED_BY(peer_mu_) = 0;
   int fd_channel_ = -1;        // the shared-memory channel (with shared_memory_)
+  int ops_sock_ = -1;          // the ops channel, if open (set in Init, closed in the destructor)
+  absl::Notification ops_done_;  // its reader ended
   bool finished_ = false;  // Finish() called during Init
   int num_hosts_ = 0;
   int64_t generation_ = 0;
@@ -1396,6 +1481,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   }
   if (const char* m = std::getenv("COLLSERVE_PEER_READS"); m != nullptr) {
     o.peer_reads = !(std::string(m) == "0" || std::string(m) == "false");
+  }
+  if (const char* m = std::getenv("COLLSERVE_OPS_CHANNEL"); m != nullptr) {
+    o.ops_channel = !(std::string(m) == "0" || std::string(m) == "false");
   }
   auto it = EnvSeconds("COLLSERVE_INIT_TIMEOUT_S", o.init_timeout);
   if (!it.ok()) return it.status();

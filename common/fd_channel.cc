@@ -151,6 +151,16 @@ absl::StatusOr<int> Connect(const std::string& path, const std::string& token, a
   return sock;
 }
 
+absl::StatusOr<int> ConnectOps(const std::string& path, const std::string& token, absl::Time deadline) {
+  COLLSERVE_ASSIGN_OR_RETURN(int sock, Connect(path, token, deadline));
+  OpsMode ops;
+  if (absl::Status s = Exchange(sock, &ops, sizeof(ops), -1, deadline); !s.ok()) {
+    close(sock);
+    return s;
+  }
+  return sock;
+}
+
 absl::Status RegisterSegment(int sock, const std::string& name, uint64_t bytes, int fd, absl::Time deadline) {
   Register r;
   if (name.empty() || name.size() >= sizeof(r.name)) {

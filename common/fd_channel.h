@@ -9,10 +9,13 @@
 //   client -> sidecar  Hello    {magic, kHello, token[16]}           first, once
 //   client -> sidecar  Register {magic, kRegister, bytes, name} + 1 descriptor (SCM_RIGHTS)
 //   client -> sidecar  Open     {magic, kOpen, owner_rank, name}     a peer's segment
+//   client -> sidecar  OpsMode  {magic, kOps}                        after Hello, once
 //   sidecar -> client  Reply    {magic, code, message}               code: absl::StatusCode;
 //                      an Open answered OK carries the segment's read-only descriptor
 // A wrong magic, an unknown op, a Register before a good Hello or without exactly one
-// descriptor is answered with an error and the connection is closed.
+// descriptor is answered with an error and the connection is closed. An OpsMode answered OK
+// switches the connection to the session's ops channel (common/ops_channel.h): from then on
+// it carries that framing only, and closing it ends the session.
 #ifndef COLLSERVE_COMMON_FD_CHANNEL_H_
 #define COLLSERVE_COMMON_FD_CHANNEL_H_
 
@@ -31,7 +34,7 @@ inline constexpr size_t kTokenBytes = 16;
 inline constexpr size_t kMaxNameBytes = 64;  // a segment name, NUL-padded
 inline constexpr size_t kMaxMessageBytes = 256;
 
-enum Op : uint32_t { kHello = 1, kRegister = 2, kOpen = 3 };
+enum Op : uint32_t { kHello = 1, kRegister = 2, kOpen = 3, kOps = 4 };
 
 struct Hello {
   uint32_t magic = kMagic;
@@ -55,6 +58,13 @@ struct Open {
   int32_t owner_rank = -1;
   uint32_t reserved = 0;
   char name[kMaxNameBytes] = {};    // the owner's ShmSegment::name(), NUL-padded
+};
+
+// Switches the connection to the session's ops channel. Refused (FAILED_PRECONDITION) before
+// Hello, for a session that already has one, or one whose sidecar does not offer it.
+struct OpsMode {
+  uint32_t magic = kMagic;
+  uint32_t op = kOps;
 };
 
 struct Reply {
@@ -85,6 +95,10 @@ absl::Status StatusOf(const Reply& reply, size_t bytes);
 // the caller's to close. Errors: UNAVAILABLE (no such socket, refused), what the sidecar
 // answered (PERMISSION_DENIED for an unknown token), DEADLINE_EXCEEDED.
 absl::StatusOr<int> Connect(const std::string& path, const std::string& token, absl::Time deadline);
+
+// Connect, then OpsMode: the returned socket (blocking; the caller's to close) is the
+// session's ops channel. Errors as Connect's, and the sidecar's answer to OpsMode.
+absl::StatusOr<int> ConnectOps(const std::string& path, const std::string& token, absl::Time deadline);
 
 // Registers segment `name` of `bytes` bytes with descriptor `fd` (not closed) on a socket
 // from Connect, and waits for the sidecar's answer. Not thread-safe: one request at a time.

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(tcpstore_protocol wal_replay collective_request coordinator_rpc sidecar_session)
+[ ${#targets[@]} -gt 0 ] || targets=(tcpstore_protocol wal_replay collective_request coordinator_rpc sidecar_session ops_channel)
 start=$(date +%s)
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
   "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -32,7 +32,7 @@ for t in "${targets[@]}"; do
   extra=()
   # The coordinator target runs a server on threads of its own: what they hold between
   # inputs is not a leak of the input.
-  [ "$t" = coordinator_rpc ] || [ "$t" = sidecar_session ] && extra=(-detect_leaks=0)
+  [ "$t" = coordinator_rpc ] || [ "$t" = sidecar_session ] || [ "$t" = ops_channel ] && extra=(-detect_leaks=0)
   set +e
   "build-fuzz/tests/fuzz/fuzz_$t" "$work" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=3072 \
     -max_len=65536 -print_final_stats=1 -artifact_prefix="$artifacts/" "${extra[@]}" > "$log" 2>&1

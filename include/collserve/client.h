@@ -92,6 +92,12 @@ struct InitOptions {
   // from the root's (the owner's) segment (mapped read-only) instead of having the sidecar
   // copy it into this rank's (docs/architecture.md, "Peer reads"). Env: COLLSERVE_PEER_READS=0 turns it off.
   bool peer_reads = true;
+  // With shared memory: send this session's requests and receive their completions over
+  // the sidecar's descriptor channel switched to ops mode (a SOCK_SEQPACKET socket, one
+  // datagram per message; docs/architecture.md, "Ops channel") instead of the gRPC stream,
+  // which then carries only attach and the session's end. Falls back to the stream when
+  // the sidecar does not offer it. Env: COLLSERVE_OPS_CHANNEL=0 turns it off.
+  bool ops_channel = true;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);

@@ -89,16 +89,120 @@ std::string FdChannelServer::NewToken() {
   return token;
 }
 
-void FdChannelServer::Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank) {
+void FdChannelServer::Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank,
+                           std::weak_ptr<OpsHandler> ops) {
   absl::MutexLock lock(&mu_);
   auto it = tokens_.find(token);
   if (it == tokens_.end()) return;
-  it->second = Binding{std::move(group), rank, true};
+  it->second = Binding{std::move(group), rank, true, std::move(ops), {}};
 }
 
 void FdChannelServer::Forget(const std::string& token) {
+  std::shared_ptr<OpsLink> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tokens_.find(token);
+    if (it == tokens_.end()) return;
+    link = it->second.ops_link.lock();
+    tokens_.erase(it);
+  }
+  if (link != nullptr) link->Shutdown();
+}
+
+absl::Status OpsLink::Send(absl::string_view message) {
   absl::MutexLock lock(&mu_);
-  tokens_.erase(token);
+  if (fd_ < 0) return absl::UnavailableError("the session's ops channel is closed");
+  if (queue_.empty() && message.size() <= opschannel::kMaxFragmentPayload) {
+    // The common case: one datagram straight into the socket.
+    char buf[opschannel::kMaxDatagramBytes];
+    const opschannel::FragmentHeader h;
+    std::memcpy(buf, &h, sizeof(h));
+    if (!message.empty()) std::memcpy(buf + sizeof(h), message.data(), message.size());
+    const size_t bytes = sizeof(h) + message.size();
+    ssize_t n;
+    do {
+      n = send(fd_, buf, bytes, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n == static_cast<ssize_t>(bytes)) return absl::OkStatus();
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+      const absl::Status s = absl::UnavailableError(
+          absl::StrCat("ops channel: send: ", n >= 0 ? "short send" : ErrnoText(errno)));
+      shutdown(fd_, SHUT_RDWR);
+      return s;
+    }
+  }
+  absl::StatusOr<std::vector<std::string>> fragments = opschannel::Fragment(message);
+  if (!fragments.ok()) return fragments.status();
+  size_t bytes = 0;
+  for (const std::string& d : *fragments) bytes += d.size();
+  if (bytes > kMaxQueuedBytes - queued_bytes_) {
+    shutdown(fd_, SHUT_RDWR);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the client did not read its completions: more than ", kMaxQueuedBytes,
+        " bytes of them waited for room in the ops channel (the limit)"));
+  }
+  const bool was_empty = queue_.empty();
+  for (std::string& d : *fragments) queue_.push_back(std::move(d));
+  queued_bytes_ += bytes;
+  if (absl::Status s = SendQueuedLocked(); !s.ok()) {
+    shutdown(fd_, SHUT_RDWR);
+    return s;
+  }
+  if (was_empty && !queue_.empty()) {
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));  // the channel thread polls for room now
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OpsLink::SendQueuedLocked() {
+  while (!queue_.empty()) {
+    const std::string& d = queue_.front();
+    const ssize_t n = send(fd_, d.data(), d.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return absl::OkStatus();
+    if (n != static_cast<ssize_t>(d.size())) {
+      return absl::UnavailableError(absl::StrCat("ops channel: send: ", n >= 0 ? "short send" : ErrnoText(errno)));
+    }
+    queued_bytes_ -= d.size();
+    queue_.pop_front();
+  }
+  return absl::OkStatus();
+}
+
+void OpsLink::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+bool OpsLink::WantsWrite() {
+  absl::MutexLock lock(&mu_);
+  return !queue_.empty();
+}
+
+bool OpsLink::Flush() {
+  absl::MutexLock lock(&mu_);
+  if (fd_ < 0) return false;
+  return SendQueuedLocked().ok();
+}
+
+void OpsLink::Detach() {
+  absl::MutexLock lock(&mu_);
+  fd_ = -1;
+  queue_.clear();
+  queued_bytes_ = 0;
+}
+
+void FdChannelServer::CloseConnection(Connection& conn) {
+  if (conn.ops != nullptr) conn.ops->Detach();
+  close(conn.fd);
+  conn.fd = -1;
+  if (conn.ops != nullptr) {
+    if (std::shared_ptr<OpsHandler> handler = conn.handler.lock(); handler != nullptr) {
+      handler->OnOpsClosed(conn.why_closed.ok() ? absl::UnavailableError("the client closed its ops channel")
+                                                : conn.why_closed);
+    }
+  }
 }
 
 void FdChannelServer::Loop() {
@@ -114,8 +218,8 @@ void FdChannelServer::Loop() {
     absl::Time next_expiry = absl::InfiniteFuture();
     for (size_t i = 0; i < conns.size();) {
       if (conns[i].token.empty() && now - conns[i].accepted >= options_.hello_timeout) {
-        close(conns[i].fd);
-        conns[i] = conns.back();
+        CloseConnection(conns[i]);
+        if (i + 1 != conns.size()) conns[i] = std::move(conns.back());
         conns.pop_back();
         continue;
       }
@@ -125,7 +229,10 @@ void FdChannelServer::Loop() {
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
-    for (const Connection& c : conns) fds.push_back({c.fd, POLLIN, 0});
+    for (const Connection& c : conns) {
+      const short events = c.ops != nullptr && c.ops->WantsWrite() ? POLLIN | POLLOUT : POLLIN;
+      fds.push_back({c.fd, events, 0});
+    }
     const int timeout_ms = next_expiry == absl::InfiniteFuture()
                                ? -1
                                : static_cast<int>(absl::ToInt64Milliseconds(next_expiry - now) + 1);
@@ -135,16 +242,32 @@ void FdChannelServer::Loop() {
       absl::SleepFor(absl::Milliseconds(100));
       continue;
     }
-    if (fds[0].revents != 0) break;
+    if (fds[0].revents != 0) {
+      // Stop (checked above), or an ops link queued a message: poll again with POLLOUT.
+      uint64_t count;
+      (void)!read(wake_fd_, &count, sizeof(count));
+    }
     // Connections first (indexes stay valid), then new ones.
     std::vector<size_t> closed;
     for (size_t i = 0; i < conns.size(); ++i) {
-      if (fds[i + 2].revents == 0) continue;
-      if (!Serve(conns[i])) closed.push_back(i);
+      const short revents = fds[i + 2].revents;
+      if (revents == 0) continue;
+      Connection& c = conns[i];
+      bool keep = true;
+      if (c.ops != nullptr) {
+        if ((revents & POLLOUT) != 0 && !c.ops->Flush()) {
+          c.why_closed = absl::UnavailableError("ops channel: the client's socket broke");
+          keep = false;
+        }
+        if (keep && (revents & ~POLLOUT) != 0) keep = ServeOps(c);
+      } else {
+        keep = Serve(c);
+      }
+      if (!keep) closed.push_back(i);
     }
     for (auto it = closed.rbegin(); it != closed.rend(); ++it) {
-      close(conns[*it].fd);
-      conns[*it] = conns.back();
+      CloseConnection(conns[*it]);
+      if (*it + 1 != conns.size()) conns[*it] = std::move(conns.back());
       conns.pop_back();
     }
     if (fds[1].revents != 0) {
@@ -155,7 +278,10 @@ void FdChannelServer::Loop() {
                        << " are open (the limit)";
           close(fd);
         } else {
-          conns.push_back(Connection{fd, "", absl::Now()});
+          Connection c;
+          c.fd = fd;
+          c.accepted = absl::Now();
+          conns.push_back(std::move(c));
         }
       } else if (errno == EMFILE || errno == ENFILE) {
         LOG(WARNING) << "shared-memory channel: accept: " << ErrnoText(errno) << "; backing off";
@@ -163,7 +289,10 @@ void FdChannelServer::Loop() {
       }
     }
   }
-  for (const Connection& c : conns) close(c.fd);
+  for (Connection& c : conns) {
+    c.why_closed = absl::UnavailableError("the sidecar is shutting down");
+    CloseConnection(c);
+  }
 }
 
 bool FdChannelServer::Serve(Connection& conn) {
@@ -209,6 +338,7 @@ bool FdChannelServer::Serve(Connection& conn) {
     return reply(absl::OkStatus());
   }
   if (op == fdchannel::kOpen && *got == sizeof(fdchannel::Open)) return ServeOpen(conn, buf, deadline);
+  if (op == fdchannel::kOps && *got == sizeof(fdchannel::OpsMode)) return ServeOpsMode(conn, deadline);
   if (op != fdchannel::kRegister || *got != sizeof(fdchannel::Register)) {
     return reply(absl::InvalidArgumentError(absl::StrCat("unknown or malformed request (op ", op, ")")));
   }
@@ -271,6 +401,77 @@ bool FdChannelServer::ServeOpen(Connection& conn, const char* buf, absl::Time de
   if (fd >= 0) close(fd);
   // A refused Open is an answer, not a broken connection.
   return sent;
+}
+
+bool FdChannelServer::ServeOpsMode(Connection& conn, absl::Time deadline) {
+  std::shared_ptr<OpsHandler> handler;
+  const absl::Status s = [&]() -> absl::Status {
+    if (conn.token.empty()) return absl::FailedPreconditionError("OpsMode before Hello");
+    absl::MutexLock lock(&mu_);
+    auto it = tokens_.find(conn.token);
+    if (it == tokens_.end()) return absl::FailedPreconditionError("the session has ended");
+    if (!it->second.bound) return absl::UnavailableError("the session is not attached to a group (yet)");
+    handler = it->second.ops.lock();
+    if (handler == nullptr) return absl::FailedPreconditionError("this session is not offered an ops channel");
+    if (!it->second.ops_link.expired()) return absl::FailedPreconditionError("the session already has an ops channel");
+    conn.ops = std::make_shared<OpsLink>(conn.fd, wake_fd_);
+    it->second.ops_link = conn.ops;
+    return absl::OkStatus();
+  }();
+  const fdchannel::Reply rep = fdchannel::ReplyFor(s);
+  if (!fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok() || !s.ok()) {
+    // A refused switch closes the connection (the session goes on without an ops channel
+    // only if it never got one: a link already handed out is not replaced).
+    if (conn.ops != nullptr) {
+      conn.why_closed = absl::UnavailableError("ops channel: the answer to OpsMode could not be sent");
+      conn.handler = handler;
+      handler->OnOpsOpened(conn.ops);
+    }
+    return false;
+  }
+  conn.handler = handler;
+  conn.reassembler = std::make_unique<opschannel::Reassembler>();
+  handler->OnOpsOpened(conn.ops);
+  return true;
+}
+
+bool FdChannelServer::ServeOps(Connection& conn) {
+  // At most this many datagrams per wake-up, so that one busy session cannot starve others.
+  constexpr int kBatch = 64;
+  alignas(8) char buf[opschannel::kMaxDatagramBytes];
+  for (int i = 0; i < kBatch; ++i) {
+    // MSG_TRUNC: the datagram's real size, to refuse one longer than the buffer. Descriptors
+    // sent along are discarded by the kernel (no control buffer).
+    const ssize_t n = recv(conn.fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      conn.why_closed = absl::UnavailableError(absl::StrCat("ops channel: receive: ", ErrnoText(errno)));
+      return false;
+    }
+    if (n == 0) return false;  // the client closed it
+    if (static_cast<size_t>(n) > sizeof(buf)) {
+      conn.why_closed = absl::InvalidArgumentError(absl::StrCat(
+          "ops channel: a datagram of ", n, " bytes exceeds the limit of ", sizeof(buf), " bytes"));
+      return false;
+    }
+    absl::StatusOr<bool> complete = conn.reassembler->Add(buf, static_cast<size_t>(n));
+    if (!complete.ok()) {
+      conn.why_closed = complete.status();
+      return false;
+    }
+    if (!*complete) continue;
+    std::shared_ptr<OpsHandler> handler = conn.handler.lock();
+    if (handler == nullptr) {
+      conn.why_closed = absl::FailedPreconditionError("the session has ended");
+      return false;
+    }
+    if (absl::Status s = handler->OnOpsMessage(conn.reassembler->Take()); !s.ok()) {
+      conn.why_closed = s;
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace collserve::server

@@ -6,11 +6,16 @@
 // the segment to that session's table in the engine (engine::Group::AddSegment). The
 // sidecar never opens a segment by name.
 //
+// A session may also switch one connection to its ops channel (fdchannel::OpsMode,
+// common/ops_channel.h): its collective requests then arrive there (handed to the
+// session's OpsHandler on this server's thread) and its completions leave there (OpsLink).
+//
 // Thread safety: every public method may be called from any thread. One thread serves
 // every connection (each request is a few syscalls: poll, recvmsg, fstat, mmap, sendmsg).
 #ifndef COLLSERVE_SERVER_SIDECAR_FD_CHANNEL_SERVER_H_
 #define COLLSERVE_SERVER_SIDECAR_FD_CHANNEL_SERVER_H_
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,10 +25,59 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/ops_channel.h"
 #include "engine/group.h"
 #include "server/common/daemon.h"
 
 namespace collserve::server {
+
+// The sidecar's end of one session's ops channel. Thread-safe.
+class OpsLink {
+ public:
+  // Most bytes of messages waiting for room in the socket; past it the link is shut down
+  // (a client that stopped reading its completions).
+  static constexpr size_t kMaxQueuedBytes = 64u << 20;
+
+  OpsLink(int fd, int wake_fd) : fd_(fd), wake_fd_(wake_fd) {}
+  // Sends one message without blocking: what the socket has no room for now waits in a
+  // queue that the channel's thread sends. INVALID_ARGUMENT (over kMaxOpsMessageBytes),
+  // RESOURCE_EXHAUSTED (the queue would pass kMaxQueuedBytes: the link is shut down),
+  // UNAVAILABLE (the link is closed or broke).
+  absl::Status Send(absl::string_view message) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the connection; the channel's thread then closes it and tells the session's
+  // OpsHandler (OnOpsClosed).
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  friend class FdChannelServer;
+  // Channel thread: whether queued messages wait for POLLOUT.
+  bool WantsWrite() ABSL_LOCKS_EXCLUDED(mu_);
+  // Channel thread: sends what the socket takes; false if the connection broke.
+  bool Flush() ABSL_LOCKS_EXCLUDED(mu_);
+  // Channel thread, before it closes the descriptor: later sends fail.
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends the queue's front datagrams until the socket is full: OK, or the send's error.
+  absl::Status SendQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_);
+  const int wake_fd_;  // the channel thread's eventfd: it polls for POLLOUT after a write to it
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);  // datagrams, in order
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A session's side of its ops channel (implemented by the sidecar's session).
+class OpsHandler {
+ public:
+  virtual ~OpsHandler() = default;
+  // The session's ops connection is open: from now on its answers go to `link`.
+  virtual void OnOpsOpened(std::shared_ptr<OpsLink> link) = 0;
+  // One message from the client (serialized collserve.v1.SessionRequest), on the channel's
+  // thread: must not block. An error closes the connection (and so ends the session).
+  virtual absl::Status OnOpsMessage(std::string message) = 0;
+  // The ops connection closed, for `why`: the session ends.
+  virtual void OnOpsClosed(const absl::Status& why) = 0;
+};
 
 struct FdChannelOptions {
   // Most connections open at once; more are closed at accept.
@@ -49,10 +103,12 @@ class FdChannelServer {
   // A fresh random token (fdchannel::kTokenBytes) for a session; Register requests made
   // with it fail until Bind.
   std::string NewToken();
-  // Segments registered with `token` go to `rank` of `group` from now on.
-  void Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank);
+  // Segments registered with `token` go to `rank` of `group` from now on; its ops channel
+  // (if the client opens one) goes to `ops` (null: none is offered).
+  void Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank,
+            std::weak_ptr<OpsHandler> ops = {});
   // The session ended: its token is refused from now on (and a connection that uses it
-  // again is closed).
+  // again is closed); its ops channel is shut down.
   void Forget(const std::string& token);
 
  private:
@@ -60,11 +116,18 @@ class FdChannelServer {
     std::weak_ptr<engine::Group> group;
     int rank = -1;
     bool bound = false;
+    std::weak_ptr<OpsHandler> ops;
+    std::weak_ptr<OpsLink> ops_link;  // once the session opened its ops channel
   };
   struct Connection {
     int fd = -1;
     std::string token;  // after a good Hello
     absl::Time accepted;
+    // In ops mode:
+    std::shared_ptr<OpsLink> ops;
+    std::weak_ptr<OpsHandler> handler;
+    std::unique_ptr<opschannel::Reassembler> reassembler;
+    absl::Status why_closed;
   };
 
   FdChannelServer(std::string path, int listen_fd, int wake_fd, FileId socket_id, FdChannelOptions options);
@@ -78,6 +141,12 @@ class FdChannelServer {
   // Answers an Open (a peer's segment, read-only) of `conn`, the datagram in `buf`;
   // false if the connection must be closed.
   bool ServeOpen(Connection& conn, const char* buf, absl::Time deadline);
+  // Answers an OpsMode; false if the connection must be closed.
+  bool ServeOpsMode(Connection& conn, absl::Time deadline);
+  // Reads an ops connection's datagrams (those waiting); false if it must be closed.
+  bool ServeOps(Connection& conn);
+  // Closes `conn` (telling its session's OpsHandler, in ops mode).
+  static void CloseConnection(Connection& conn);
 
   const std::string path_;
   const int listen_fd_;

@@ -64,7 +64,9 @@ class SidecarImpl;
 // SessionHandle that outlives it.
 class SessionReactor;
 
-class SessionHandle : public engine::Session {
+// The session's answers go over its gRPC stream, or over its ops channel once the client
+// opened one (server/sidecar/fd_channel_server.h), which then also brings its requests.
+class SessionHandle : public engine::Session, public OpsHandler {
  public:
   // Held back until Ready(): the client must not learn its token before the token is bound
   // to the group (the group may form before Engine::Attach returns).
@@ -89,6 +91,17 @@ class SessionHandle : public engine::Session {
   void OnCompletion(engine::Completion completion) override { Send(ToProto(std::move(completion))); }
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
+  void OnOpsOpened(std::shared_ptr<OpsLink> link) override {
+    absl::MutexLock lock(&mu_);
+    ops_link_ = std::move(link);
+  }
+  absl::Status OnOpsMessage(std::string message) override;
+  void OnOpsClosed(const absl::Status& why) override { Close(why); }
+  // Whether requests must come over the ops channel (it was opened).
+  bool HasOpsChannel() {
+    absl::MutexLock lock(&mu_);
+    return ops_link_ != nullptr;
+  }
   void Detach() {
     absl::MutexLock lock(&mu_);
     reactor_ = nullptr;
@@ -137,6 +150,7 @@ class SessionHandle : public engine::Session {
   std::string token_ ABSL_GUARDED_BY(mu_);
   Attachment attachment_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<OpsLink> ops_link_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::SessionResponse> {
@@ -235,7 +249,32 @@ void SessionHandle::SendAttachedLocked(const engine::AttachedInfo& info) {
 
 void SessionHandle::Send(pb::SessionResponse response) {
   absl::MutexLock lock(&mu_);
+  if (ops_link_ != nullptr) {
+    // A failed send shuts the link down; its closing ends the session (OnOpsClosed), and a
+    // message over the channel's limit ends it with that error.
+    if (absl::Status s = ops_link_->Send(response.SerializeAsString()); !s.ok() && reactor_ != nullptr) {
+      reactor_->RequestFinish(s);
+    }
+    return;
+  }
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response));
+}
+
+absl::Status SessionHandle::OnOpsMessage(std::string message) {
+  pb::SessionRequest request;
+  if (!request.ParseFromString(message)) {
+    return absl::InvalidArgumentError("ops channel: a message that is not a collserve.v1.SessionRequest");
+  }
+  Attachment a = Attached();
+  if (a.group == nullptr) return absl::FailedPreconditionError("ops channel: the session is not attached");
+  if (request.has_collective()) {
+    a.group->Submit(a.rank, FromProto(std::move(*request.mutable_collective())));
+  } else if (request.has_read_done()) {
+    a.group->OnReadDone(a.rank, request.read_done().seq());
+  } else {
+    return absl::InvalidArgumentError("ops channel: only collective and read_done requests go over it");
+  }
+  return absl::OkStatus();
 }
 
 void SessionHandle::Close(const absl::Status& status) {
@@ -519,7 +558,7 @@ class SidecarImpl : public Sidecar {
       session->Close(group.status());
       return;
     }
-    if (!token.empty()) fd_channel_->Bind(token, *group, attach.rank());
+    if (!token.empty()) fd_channel_->Bind(token, *group, attach.rank(), session);
     if (!session->SetAttached({*group, attach.rank(), token})) {
       // The client hung up while this attach ran.
       (*group)->OnSessionClosed(attach.rank());
@@ -586,6 +625,12 @@ void SessionReactor::OnReadDone(bool ok) {
     // else before its Attached answer).
     attach_started_ = true;
     sidecar_->AttachSession(request_.attach(), *credential_, peer_, handle_);
+  } else if ((request_.has_collective() || request_.has_read_done()) && handle_->HasOpsChannel()) {
+    // One path for a session's requests, so that their order is the order they were sent.
+    RequestFinish(absl::FailedPreconditionError(
+        "a request on the session's stream after it opened its ops channel (requests go over the ops channel)"));
+    EndSession();
+    return;
   } else if (request_.has_collective()) {
     SessionHandle::Attachment a = handle_->Attached();
     if (a.group == nullptr) {

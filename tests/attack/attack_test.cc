@@ -29,7 +29,9 @@
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
+#include "absl/synchronization/notification.h"
 #include "common/fd_channel.h"
+#include "common/ops_channel.h"
 #include "common/shm.h"
 #include "tests/testing/process.h"
 
@@ -94,10 +96,26 @@ class RawSession {
     if (attached_) attached_info_ = resp.attached();
   }
   ~RawSession() {
+    if (finished_) return;
     stream_->WritesDone();
     ctx_.TryCancel();
     stream_->Finish();
   }
+  // Reads until the sidecar ends the stream (at most `wait`) and returns how it ended.
+  grpc::Status End(absl::Duration wait = absl::Seconds(20)) {
+    std::thread cancel([this, wait, done = &end_notice_] {
+      if (!done->WaitForNotificationWithTimeout(wait)) ctx_.TryCancel();
+    });
+    pb::SessionResponse resp;
+    while (stream_->Read(&resp)) {
+    }
+    end_notice_.Notify();
+    cancel.join();
+    finished_ = true;
+    return stream_->Finish();
+  }
+  // Writes a raw request on the stream.
+  bool Write(const pb::SessionRequest& req) { return stream_->Write(req); }
   bool attached() const { return attached_; }
   const pb::Attached& info() const { return attached_info_; }
   // Sends `c` with the next seq and returns its completion (code -1: the stream ended).
@@ -126,6 +144,42 @@ class RawSession {
   bool attached_ = false;
   pb::Attached attached_info_;
   int64_t seq_ = 0;
+  bool finished_ = false;
+  absl::Notification end_notice_;
+};
+
+// Sends `req` on ops channel `sock`.
+absl::Status OpsSend(int sock, const pb::SessionRequest& req) {
+  return opschannel::SendOpsMessage(sock, req.SerializeAsString(), absl::Now() + absl::Seconds(10));
+}
+
+// Reads one SessionResponse from ops channel `sock` within `wait`. NOT_FOUND: the sidecar
+// closed the channel; DEADLINE_EXCEEDED: nothing came.
+absl::StatusOr<pb::SessionResponse> OpsReceive(int sock, absl::Duration wait = absl::Seconds(20)) {
+  opschannel::Reassembler reassembler;
+  const absl::Time deadline = absl::Now() + wait;
+  std::vector<char> buf(opschannel::kMaxDatagramBytes);
+  for (;;) {
+    pollfd p{sock, POLLIN, 0};
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return absl::DeadlineExceededError("no answer");
+    const ssize_t n = recv(sock, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n <= 0) return absl::NotFoundError("the ops channel was closed");
+    absl::StatusOr<bool> complete = reassembler.Add(buf.data(), static_cast<size_t>(n));
+    if (!complete.ok()) return complete.status();
+    if (!*complete) continue;
+    pb::SessionResponse resp;
+    if (!resp.ParseFromString(reassembler.Take())) return absl::DataLossError("not a SessionResponse");
+    return resp;
+  }
+}
+
+// A socket that closes itself.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
 };
 
 pb::Collective InlineAllReduce(int64_t count, const std::string& data) {
@@ -823,6 +877,148 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   ASSERT_GE(fd, 0);
   EXPECT_TRUE(Pings(fd));
   ::close(fd);
+}
+
+// The ops channel (a session's requests and completions over its descriptor channel,
+// common/ops_channel.h) opens only with the session's token, once, after Hello; a session
+// with one takes no requests on its stream (one path keeps their order).
+TEST(AttackTest, OpsChannelOpensOnlyForItsSessionOnceAndKeepsOnePath) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  RawSession session(cluster->sidecar_address(0), "ops-open", /*shared_memory=*/true);
+  ASSERT_TRUE(session.attached());
+  const std::string path = session.info().fd_socket();
+  EXPECT_EQ(fdchannel::ConnectOps(path, std::string(fdchannel::kTokenBytes, 'x'), deadline).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  {
+    // OpsMode before Hello: refused, and the connection is closed.
+    Fd raw{socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)};
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    ASSERT_EQ(connect(raw.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    fdchannel::OpsMode ops;
+    ASSERT_TRUE(fdchannel::SendMessage(raw.fd, &ops, sizeof(ops), -1, deadline).ok());
+    fdchannel::Reply reply;
+    auto got = fdchannel::ReceiveMessage(raw.fd, &reply, sizeof(reply), nullptr, deadline);
+    ASSERT_TRUE(got.ok()) << got.status();
+    absl::Status s = fdchannel::StatusOf(reply, *got);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("OpsMode before Hello"));
+  }
+  auto ops = fdchannel::ConnectOps(path, session.info().session_token(), deadline);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  Fd ops_fd{*ops};
+  auto second = fdchannel::ConnectOps(path, session.info().session_token(), deadline);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("already has an ops channel"));
+  if (second.ok()) close(*second);
+  // A request over the channel is answered over it.
+  pb::SessionRequest req;
+  *req.mutable_collective() = InlineAllReduce(2, std::string(8, '\0'));
+  req.mutable_collective()->set_seq(0);
+  ASSERT_TRUE(OpsSend(ops_fd.fd, req).ok());
+  auto resp = OpsReceive(ops_fd.fd);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  ASSERT_TRUE(resp->has_completion());
+  EXPECT_EQ(resp->completion().seq(), 0);
+  EXPECT_EQ(resp->completion().code(), 0) << resp->completion().message();
+  // A request on the stream now ends the session, and the sidecar closes the channel.
+  req.mutable_collective()->set_seq(1);
+  ASSERT_TRUE(session.Write(req));
+  grpc::Status end = session.End();
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << end.error_message();
+  EXPECT_THAT(end.error_message(), HasSubstr("after it opened its ops channel"));
+  EXPECT_EQ(OpsReceive(ops_fd.fd).status().code(), absl::StatusCode::kNotFound);
+  RawSession fresh(cluster->sidecar_address(0), "ops-open-after", /*shared_memory=*/true);
+  EXPECT_TRUE(fresh.attached());
+}
+
+// Malformed framing on the ops channel (a bad magic, unknown flags, a datagram or a message
+// over its limit, bytes that are not a SessionRequest) ends that session with an error that
+// names the fault or the limit, without holding the bytes; the sidecar serves on.
+TEST(AttackTest, OpsChannelFramingFaultsEndTheSessionNamingTheLimit) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  struct Case {
+    std::string name;
+    std::vector<std::string> datagrams;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  const auto header = [](uint32_t magic, uint32_t flags) {
+    std::string h(sizeof(opschannel::FragmentHeader), '\0');
+    std::memcpy(h.data(), &magic, 4);
+    std::memcpy(h.data() + 4, &flags, 4);
+    return h;
+  };
+  const std::string good = header(opschannel::kFragmentMagic, 0);
+  const std::string more = header(opschannel::kFragmentMagic, opschannel::kMore);
+  std::vector<Case> cases = {
+      {"bad-magic", {header(0x12345678, 0) + "x"}, grpc::StatusCode::INVALID_ARGUMENT, "bad magic"},
+      {"flags", {header(opschannel::kFragmentMagic, 6)}, grpc::StatusCode::INVALID_ARGUMENT, "unknown flags 6"},
+      {"short", {"abc"}, grpc::StatusCode::INVALID_ARGUMENT, "has no header"},
+      {"not-a-request", {good + std::string("\xff\xff\xff", 3)}, grpc::StatusCode::INVALID_ARGUMENT,
+       "not a collserve.v1.SessionRequest"},
+      {"big-datagram", {more + std::string(opschannel::kMaxFragmentPayload + 1, 'a')},
+       grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("exceeds the limit of ", opschannel::kMaxDatagramBytes)},
+  };
+  // A message just over kMaxOpsMessageBytes, in full fragments, all flagged "more".
+  Case big{"big-message", {}, grpc::StatusCode::INVALID_ARGUMENT,
+           absl::StrCat("over the limit of ", opschannel::kMaxOpsMessageBytes, " bytes")};
+  for (size_t sent = 0; sent <= opschannel::kMaxOpsMessageBytes; sent += opschannel::kMaxFragmentPayload) {
+    big.datagrams.push_back(more + std::string(opschannel::kMaxFragmentPayload, 'b'));
+  }
+  cases.push_back(big);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    RawSession session(cluster->sidecar_address(0), "ops-" + c.name, /*shared_memory=*/true);
+    ASSERT_TRUE(session.attached());
+    auto ops = fdchannel::ConnectOps(session.info().fd_socket(), session.info().session_token(),
+                                     absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    Fd ops_fd{*ops};
+    for (const std::string& d : c.datagrams) {
+      // The sidecar may close the channel before the last one: a failed send is expected then.
+      if (!fdchannel::SendMessage(ops_fd.fd, d.data(), d.size(), -1, absl::Now() + absl::Seconds(10)).ok()) break;
+    }
+    EXPECT_EQ(OpsReceive(ops_fd.fd).status().code(), absl::StatusCode::kNotFound);
+    grpc::Status end = session.End();
+    EXPECT_EQ(end.error_code(), c.code) << end.error_message();
+    EXPECT_THAT(end.error_message(), HasSubstr(c.says));
+  }
+  RawSession fresh(cluster->sidecar_address(0), "ops-fresh", /*shared_memory=*/true);
+  EXPECT_TRUE(fresh.attached());
+}
+
+// The session's end closes its ops channel (the client's reader must not wait forever), and
+// a client that closes its ops channel ends its session.
+TEST(AttackTest, OpsChannelAndSessionEndTogether) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  {
+    RawSession session(cluster->sidecar_address(0), "ops-end-1", /*shared_memory=*/true);
+    ASSERT_TRUE(session.attached());
+    auto ops = fdchannel::ConnectOps(session.info().fd_socket(), session.info().session_token(),
+                                     absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    Fd ops_fd{*ops};
+    shutdown(ops_fd.fd, SHUT_RDWR);
+    grpc::Status end = session.End();
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::UNAVAILABLE) << end.error_message();
+    EXPECT_THAT(end.error_message(), HasSubstr("closed its ops channel"));
+  }
+  Fd ops_fd;
+  {
+    RawSession session(cluster->sidecar_address(0), "ops-end-2", /*shared_memory=*/true);
+    ASSERT_TRUE(session.attached());
+    auto ops = fdchannel::ConnectOps(session.info().fd_socket(), session.info().session_token(),
+                                     absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    ops_fd.fd = *ops;
+  }  // the stream ends here
+  EXPECT_EQ(OpsReceive(ops_fd.fd).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

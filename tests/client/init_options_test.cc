@@ -14,7 +14,7 @@ class EnvTest : public ::testing::Test {
   void SetUp() override {
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_COORDINATOR", "COLLSERVE_SIDECAR",
                           "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
-                          "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS"}) {
+                          "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL"}) {
       unsetenv(v);
     }
   }
@@ -31,6 +31,7 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   setenv("COLLSERVE_OP_TIMEOUT_S", "2.5", 1);
   setenv("COLLSERVE_SHARED_MEMORY", "0", 1);
   setenv("COLLSERVE_PEER_READS", "false", 1);
+  setenv("COLLSERVE_OPS_CHANNEL", "0", 1);
   auto o = InitOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->rank, 3);
@@ -43,6 +44,7 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   EXPECT_EQ(o->init_timeout, absl::Seconds(300));
   EXPECT_FALSE(o->shared_memory);
   EXPECT_FALSE(o->peer_reads);
+  EXPECT_FALSE(o->ops_channel);
 }
 
 // Under `collserve launch`, MASTER_PORT is the coordinator's TCPStore endpoint (torch's

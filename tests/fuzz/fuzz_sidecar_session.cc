@@ -22,74 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "collserve/v1/collectives.grpc.pb.h"
-#include "server/coordinator/coordinator.h"
-#include "server/sidecar/sidecar.h"
+#include "tests/fuzz/sidecar_target.h"
 
 namespace {
 
 namespace pb = ::collserve::v1;
 
-struct Target {
-  std::unique_ptr<collserve::server::Coordinator> coordinator;
-  std::unique_ptr<collserve::server::Sidecar> sidecar;
-  std::string address;
-};
-
-// The servers stop before the process exits: their threads must not outlive the globals
-// (gRPC's, protobuf's, glog's) that exit() destroys. Registered after those are built, so it
-// runs before their destructors.
-void StopTarget();
-
-Target& Get() {
-  static Target* t = [] {
-    auto* target = new Target;
-    collserve::server::CoordinatorOptions co;
-    co.listen_address = "127.0.0.1:0";
-    co.registry.max_world_size = 64;
-    co.registry.max_groups = 1024;
-    co.credentials.allow_unauthenticated = true;  // the session's semantics; tokens: tests/security
-    auto coordinator = collserve::server::Coordinator::Start(co);
-    if (!coordinator.ok()) abort();
-    target->coordinator = std::move(*coordinator);
-    std::string dir = "/tmp/collserve-fuzz-sidecar.XXXXXX";
-    if (mkdtemp(dir.data()) == nullptr) abort();
-    collserve::server::SidecarOptions so;
-    so.coordinator_address = absl::StrCat("127.0.0.1:", target->coordinator->port());
-    so.unix_socket = dir + "/sidecar.sock";
-    so.metrics_address = "";
-    so.data_threads = 1;
-    auto sidecar = collserve::server::Sidecar::Start(so);
-    if (!sidecar.ok()) {
-      std::fprintf(stderr, "sidecar: %s\n", sidecar.status().ToString().c_str());
-      abort();
-    }
-    target->sidecar = std::move(*sidecar);
-    target->address = "unix:" + so.unix_socket;
-    return target;
-  }();
-  static const bool stop_registered = std::atexit(StopTarget) == 0;
-  (void)stop_registered;
-  return *t;
-}
-
-void StopTarget() {
-  Target* t = &Get();
-  t->sidecar->Shutdown(absl::Seconds(5));
-  t->coordinator->Shutdown(absl::Seconds(5));
-  delete t;
-}
-
-pb::SessionRequest DefaultAttach(const std::string& group) {
-  pb::SessionRequest req;
-  pb::Attach* a = req.mutable_attach();
-  a->set_group(group);
-  a->set_rank(0);
-  a->set_world_size(1);
-  a->set_init_timeout_ms(2000);
-  a->set_op_timeout_ms(1000);
-  a->set_shared_memory(true);
-  return req;
-}
+using collserve_fuzz::DefaultAttach;
+using collserve_fuzz::Get;
 
 // One async step on `cq`: waits for `tag`'s completion. False if the operation failed.
 bool Await(grpc::CompletionQueue& cq, void* tag) {
@@ -158,14 +98,7 @@ bool RunSession(const std::vector<std::string>& messages, const std::string& gro
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static int n = 0;
   ++n;
-  std::vector<std::string> messages;
-  for (size_t pos = 0; pos + 2 <= size && messages.size() < 64;) {
-    const size_t len = data[pos] | (static_cast<size_t>(data[pos + 1]) << 8);
-    pos += 2;
-    const size_t take = std::min(len, size - pos);
-    messages.emplace_back(reinterpret_cast<const char*>(data + pos), take);
-    pos += take;
-  }
+  const std::vector<std::string> messages = collserve_fuzz::SplitInput(data, size);
   RunSession(messages, absl::StrCat("fuzz", n % 8), absl::Milliseconds(200));
   // Still serving: a fresh session attaches (to a group of its own: re-attaching to a group
   // just left may race with the leave at the coordinator).

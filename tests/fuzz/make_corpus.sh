@@ -12,7 +12,7 @@ encode() {  # encode <message> <text> -> stdout
     "$root/proto/collserve/v1/collectives.proto"
 }
 rm -rf "$corpus"
-mkdir -p "$corpus"/{tcpstore_protocol,wal_replay,collective_request,coordinator_rpc,sidecar_session}
+mkdir -p "$corpus"/{tcpstore_protocol,wal_replay,collective_request,coordinator_rpc,sidecar_session,ops_channel}
 
 # TCPStore requests, both dialects (tcpstore_protocol.h has the layout).
 python3 - "$corpus/tcpstore_protocol" <<'PY'
@@ -96,4 +96,30 @@ session attach_twice "$attach" "$attach"
 session attach_generations 'attach { group: "s" rank: 0 world_size: 1 generation: 2 }' 'attach { group: "s" rank: 0 world_size: 1 generation: 3 }'
 session read_done 'attach { group: "s" rank: 0 world_size: 1 shared_memory: true peer_reads: true }' 'read_done { seq: 0 }' 'collective { seq: 0 op: BARRIER }' 'read_done { seq: -1 }'
 session all_gather "$attach" 'collective { seq: 0 op: ALL_GATHER dtype: UINT8 count: 3 output_count: 3 output_splits: [3] buffer { inline_data: "abc" } }'
+# Ops channel: datagrams, each behind a 2-byte little-endian length; a datagram is an 8-byte
+# fragment header {magic "CSPO", flags} and a SessionRequest (or a piece of one: flags 1 =
+# more fragments follow). A "+" before a request's text cuts it into two fragments.
+ops() {  # ops <file> <text>...
+  local out="$corpus/ops_channel/$1"
+  shift
+  : > "$out"
+  for text in "$@"; do
+    local split=0
+    if [ "${text:0:1}" = "+" ]; then split=1; text="${text:1}"; fi
+    encode SessionRequest "$text" > "$out.msg"
+    python3 -c '
+import sys, struct
+d = open(sys.argv[1], "rb").read()
+parts = [d[:len(d) // 2], d[len(d) // 2:]] if sys.argv[2] == "1" else [d]
+for i, p in enumerate(parts):
+    g = struct.pack("<II", 0x4F505343, 1 if i + 1 < len(parts) else 0) + p
+    sys.stdout.buffer.write(struct.pack("<H", len(g)) + g)' "$out.msg" "$split" >> "$out"
+    rm -f "$out.msg"
+  done
+}
+ops all_reduce 'collective { seq: 0 op: ALL_REDUCE dtype: FLOAT32 reduce_op: SUM count: 2 buffer { inline_data: "\000\000\200?\000\000\000@" } }'
+ops fragments '+collective { seq: 0 op: ALL_GATHER dtype: UINT8 count: 3 output_count: 3 output_splits: [3] buffer { inline_data: "abc" } }' 'collective { seq: 1 op: BARRIER }'
+ops read_done 'collective { seq: 0 op: BARRIER }' 'read_done { seq: 0 }' 'read_done { seq: -1 }'
+ops segment 'collective { seq: 0 op: BROADCAST dtype: INT8 root: 0 count: 4 buffer { segment: "memfd-1-0" segment_bytes: 4096 } }'
+ops attach 'attach { group: "s" rank: 0 world_size: 1 }'
 echo "seed corpora written to $corpus"

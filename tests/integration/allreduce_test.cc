@@ -2,6 +2,7 @@
 // and 1-5 rank processes, every dtype x ReduceOp x count checked against a reference.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -81,18 +82,14 @@ INSTANTIATE_TEST_SUITE_P(WorldSizesAndHosts, AllReduceSweepTest, ::testing::Valu
 namespace collserve::testing {
 namespace {
 
-// Clients that do not share /dev/shm with their sidecar (another host, or shared memory
-// turned off) send tensors inline over the sidecar's TCP port; mixed with local clients.
-TEST(AllReduceRemoteClientTest, InlineClientsOverTcpMixWithSharedMemoryClients) {
+// Four ranks on two hosts (ranks 0, 1 on the first) run the sweep with the environment
+// `env_of(rank)` adds; every rank must get every result right.
+void RunMixedSweep(const std::function<std::map<std::string, std::string>(const Cluster&, int)>& env_of) {
   auto cluster = Cluster::Start(2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 4; ++r) {
-    std::map<std::string, std::string> env;
-    if (r % 2 == 1) {
-      env = {{"COLLSERVE_SIDECAR", (*cluster)->sidecar_tcp_address(r / 2)}, {"COLLSERVE_SHARED_MEMORY", "0"}};
-    }
-    auto p = (*cluster)->StartRank(r, 4, r / 2, {"--mode=sweep", "--counts=0,7,1048576"}, env);
+    auto p = (*cluster)->StartRank(r, 4, r / 2, {"--mode=sweep", "--counts=0,7,1048576"}, env_of(**cluster, r));
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
@@ -102,7 +99,26 @@ TEST(AllReduceRemoteClientTest, InlineClientsOverTcpMixWithSharedMemoryClients) 
     EXPECT_EQ(*code, 0) << ranks[r]->Output() << (*cluster)->Logs();
     EXPECT_NE(ranks[r]->Output().find("sweep done: 78 collectives, 0 wrong elements"), std::string::npos)
         << ranks[r]->Output();
+    EXPECT_EQ(ranks[r]->Output().find("no ops channel"), std::string::npos) << ranks[r]->Output();
   }
+}
+
+// Clients that do not share /dev/shm with their sidecar (another host, or shared memory
+// turned off) send tensors inline over the sidecar's TCP port; mixed with local clients.
+TEST(AllReduceRemoteClientTest, InlineClientsOverTcpMixWithSharedMemoryClients) {
+  RunMixedSweep([](const Cluster& cluster, int r) -> std::map<std::string, std::string> {
+    if (r % 2 == 0) return {};
+    return {{"COLLSERVE_SIDECAR", cluster.sidecar_tcp_address(r / 2)}, {"COLLSERVE_SHARED_MEMORY", "0"}};
+  });
+}
+
+// Ranks whose requests go over the ops channel (the default with shared memory) and ranks
+// that keep them on the session's stream (COLLSERVE_OPS_CHANNEL=0) in one group.
+TEST(AllReduceOpsChannelTest, RanksWithAndWithoutTheOpsChannelMix) {
+  RunMixedSweep([](const Cluster&, int r) -> std::map<std::string, std::string> {
+    if (r % 2 == 0) return {};
+    return {{"COLLSERVE_OPS_CHANNEL", "0"}};
+  });
 }
 
 }  // namespace

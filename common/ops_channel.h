@@ -1,0 +1,73 @@
+// The ops channel: a session's collective requests and their completions between a client
+// and its sidecar on one host, over a SOCK_SEQPACKET connection of the descriptor channel
+// (common/fd_channel.h) switched to ops mode. It carries the same messages as the
+// session's gRPC stream (collserve.v1.SessionRequest from the client, SessionResponse from
+// the sidecar, serialized protobuf) with one datagram per message in the common case,
+// where a stream round trip costs about three times the context switches
+// (bench/control_rtt.cc). Attach, Attached and the session's end stay on the gRPC stream.
+//
+// Framing: every datagram starts with a FragmentHeader {magic, flags}; a message longer
+// than kMaxFragmentPayload is cut into fragments, each but the last flagged kMore, sent
+// back to back on one connection (a sender never interleaves two messages' fragments). A
+// message is at most kMaxOpsMessageBytes; a receiver refuses anything longer, a wrong
+// magic, unknown flags, or an empty fragment, and closes the connection.
+//
+// Thread safety: Reassembler is not thread-safe (one per connection, used by its reader);
+// the free functions are.
+#ifndef COLLSERVE_COMMON_OPS_CHANNEL_H_
+#define COLLSERVE_COMMON_OPS_CHANNEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace collserve::opschannel {
+
+inline constexpr uint32_t kFragmentMagic = 0x4f505343;  // "CSPO"
+inline constexpr uint32_t kMore = 1;                    // more fragments of this message follow
+
+struct FragmentHeader {
+  uint32_t magic = kFragmentMagic;
+  uint32_t flags = 0;
+};
+
+// Payload bytes of one datagram (it fits in a unix socket's default send buffer).
+inline constexpr size_t kMaxFragmentPayload = 32 * 1024;
+inline constexpr size_t kMaxDatagramBytes = sizeof(FragmentHeader) + kMaxFragmentPayload;
+// A whole message, in bytes: requests and completions name segments, they do not carry
+// tensors (an ops session always has shared memory), so this bounds splits and error texts.
+inline constexpr size_t kMaxOpsMessageBytes = 16u << 20;
+
+// The datagrams that carry `message`, in order. INVALID_ARGUMENT (naming the limit) if it
+// is longer than kMaxOpsMessageBytes.
+absl::StatusOr<std::vector<std::string>> Fragment(absl::string_view message);
+
+// Sends `message` on `sock` (Fragment, then one datagram each), waiting at most until
+// `deadline` for room. INVALID_ARGUMENT (too long), UNAVAILABLE (the connection broke),
+// DEADLINE_EXCEEDED. Callers serialize their sends on one socket.
+absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time deadline);
+
+// Rebuilds messages from datagrams, one connection's worth.
+class Reassembler {
+ public:
+  // Adds one received datagram. Returns true when it completed a message (then Take() it),
+  // false when more fragments are due. INVALID_ARGUMENT for a malformed datagram or a
+  // message over kMaxOpsMessageBytes: the connection must then be closed.
+  absl::StatusOr<bool> Add(const char* datagram, size_t bytes);
+  // The completed message (valid after Add returned true; the next Add starts afresh).
+  std::string Take();
+
+ private:
+  std::string message_;
+  bool complete_ = false;
+};
+
+}  // namespace collserve::opschannel
+
+#endif  // COLLSERVE_COMMON_OPS_CHANNEL_H_
