@@ -74,7 +74,20 @@ class NetnsHosts : public ::testing::Test {
     auto p = Process::Start(argv, env, absl::StrCat(dir_, "/", log));
     EXPECT_TRUE(p.ok()) << p.status();
     procs_.push_back(std::move(*p));
+    names_.push_back(log);
     return *procs_.back();
+  }
+
+  // Every process's output (the coordinator's and sidecars' logs, every rank's), the last
+  // 8 KiB of each: what a failure message needs to tell where a cut went wrong.
+  std::string Logs() const {
+    std::string out;
+    for (size_t i = 0; i < procs_.size(); ++i) {
+      std::string o = procs_[i]->Output();
+      if (o.size() > 8192) o = "..." + o.substr(o.size() - 8192);
+      absl::StrAppend(&out, "\n=== ", names_[i], " ===\n", o);
+    }
+    return out;
   }
 
   // Coordinator on host 3, sidecars on hosts 1 .. `sidecar_hosts` (2 or 3).
@@ -92,7 +105,7 @@ class NetnsHosts : public ::testing::Test {
     for (int h = 1; h <= sidecar_hosts; ++h) {
       Run(h, {SidecarBinary(), absl::StrCat("--coordinator=", Ip(3), ":29400"),
               absl::StrCat("--unix_socket=", dir_, "/s", h, ".sock"), absl::StrCat("--gloo_hostname=", Ip(h)),
-              absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=warning",
+              absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=info",
               absl::StrCat("--port_file=", dir_, "/s", h, ".port")},
           {}, absl::StrCat("sidecar", h, ".log"));
       WaitFile(absl::StrCat(dir_, "/s", h, ".port"));
@@ -205,6 +218,7 @@ class NetnsHosts : public ::testing::Test {
   std::string prefix_, sw_, subnet_, dir_, token_;
   std::vector<std::string> made_;
   std::vector<std::unique_ptr<Process>> procs_;
+  std::vector<std::string> names_;  // procs_[i]'s log file name
 };
 
 TEST_F(NetnsHosts, AllReduceAcrossTwoHostsWithTwoRanksEach) {
@@ -225,7 +239,7 @@ TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
   const absl::Time cut = absl::Now();
   for (int r : {0, 2}) {  // the ranks on host 1
     auto code = ranks[r]->Wait(absl::Seconds(5) + absl::Seconds(3));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within the op timeout: " << ranks[r]->Output();
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within the op timeout: " << Logs();
     EXPECT_EQ(*code, 3) << ranks[r]->Output();
     // The op timeout, or the coordinator's lease (renewed every 2 s, 3 s of grace) if it
     // ended first.
@@ -248,7 +262,7 @@ TEST_F(NetnsHosts, CutHostIsTakenAsLostByTheCoordinatorLongBeforeTheOpTimeout) {
   const absl::Time cut = absl::Now();
   for (int r : {0, 2}) {  // the ranks on host 1
     auto code = ranks[r]->Wait(absl::Seconds(20));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut: " << ranks[r]->Output();
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut: " << Logs();
     EXPECT_EQ(*code, 3) << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find("ranks [1, 3] were lost with their host (lost with host host2"),
               std::string::npos)
@@ -273,7 +287,7 @@ TEST_F(NetnsHosts, CutHostIsLeftBehindAndTheOthersReformWithoutIt) {
   const absl::Time cut = absl::Now();
   for (int r : {0, 2, 3, 5}) {  // the ranks on hosts 1 and 3
     auto code = ranks[r]->Wait(absl::Seconds(40));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << ranks[r]->Output();
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << Logs();
     EXPECT_EQ(*code, 0) << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find(" of 4\n"), std::string::npos) << ranks[r]->Output();
   }
@@ -302,7 +316,7 @@ TEST_F(NetnsHosts, CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals) {
   const absl::Time healed = absl::Now();
   for (int r = 0; r < 6; ++r) {
     auto code = ranks[r]->Wait(absl::Seconds(60));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << ranks[r]->Output();
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << Logs();
     EXPECT_EQ(*code, 0) << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find(" of 6\n"), std::string::npos) << ranks[r]->Output();
   }
