@@ -587,9 +587,9 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
         watch_with_members_ = true;
         rewatch = true;
       } else {
-        if (code != absl::StatusCode::kUnimplemented && code != absl::StatusCode::kCancelled) {
-          rewatch_at_ = absl::Now() + absl::Seconds(1);
-        }
+        // Cancelled: by Stop (stop_, returned above) or by a channel going away; a
+        // coordinator without watches (Unimplemented) is not asked again.
+        if (code != absl::StatusCode::kUnimplemented) rewatch_at_ = absl::Now() + absl::Seconds(1);
         return;
       }
     } else {
@@ -600,9 +600,15 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
             "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
             " at the coordinator: ",
             events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
-                                          : "every rank left it",
+                                          : "every rank left it (or its hosts were lost)",
             "); re-form the group (reconfigure) to go on")));
         ++progress_version_;
+        // The collective in flight waits in the backend for hosts that will never answer
+        // for this generation (or were lost: the coordinator forgets an ended group's
+        // departures): it fails now instead of at the op timeout.
+        for (int h = 0; comm_ != nullptr && h < topology_.num_hosts; ++h) {
+          if (h != topology_.host_index) comm_->ShutdownPeer(h);
+        }
         return;
       }
       std::set<int> lost_hosts;

@@ -758,6 +758,26 @@ TEST(EngineTest, AHostTheCoordinatorLostEndsTheGenerationAndNoCollectiveWaitsFor
   EXPECT_THAT(later.status.message(), HasSubstr("is over"));
 }
 
+// The coordinator's word that the generation is over (SUPERSEDED here; ENDED, when it
+// forgot a group whose hosts all lapsed, takes the same path) fails the collective waiting in
+// the backend for the other host at once, not at the op timeout.
+TEST(EngineTest, AGenerationTheCoordinatorEndedFailsTheCollectiveInFlightAtOnce) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("ended", 2, /*op_timeout=*/absl::Seconds(60));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  TestRank& r0 = (*formed)[0];
+  engine::Request ar = FloatRequest(CollectiveOp::kAllReduce, {1});
+  ar.seq = r0.next_seq++;
+  r0.group->Submit(0, ar);  // host 1's rank never calls: host 0 waits in the backend
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time ended = absl::Now();
+  cluster.coordinator().Supersede("ended", "host0");  // host 1 never hears it: it stays connected
+  Completion c = r0.session->WaitCompletion(ar.seq, absl::Seconds(90));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+  EXPECT_THAT(c.status.message(), HasSubstr("generation 1 of group \"ended\" is over (SUPERSEDED at the coordinator"));
+  EXPECT_LT(absl::Now() - ended, absl::Seconds(5)) << "waited for the op timeout";
+}
+
 // Re-forming a name in place (AttachRequest::generation): the coordinator's word that a
 // later generation began ends the running one on every host at once; the ranks attach to
 // the next generation while the old one is still on their hosts (retired, apart, until its

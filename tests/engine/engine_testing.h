@@ -83,8 +83,9 @@ class FakeCoordinator {
     for (auto& done : answer) done(events);
   }
   // The coordinator began a later generation of (job "test", `group`): every waiting watch
-  // of it is answered SUPERSEDED.
-  void Supersede(const std::string& group) {
+  // of it (of host `only_host` alone, when set: the others never hear it, as if cut off) is
+  // answered SUPERSEDED.
+  void Supersede(const std::string& group, const std::string& only_host = "") {
     std::vector<std::function<void(absl::StatusOr<engine::GroupEvents>)>> answer;
     engine::GroupEvents events;
     {
@@ -92,8 +93,14 @@ class FakeCoordinator {
       const std::string key = "test/" + group;
       events.generation = groups_[key].membership.generation;
       events.state = "SUPERSEDED";
-      for (auto& [id, w] : watches_[key]) answer.push_back(std::move(w));
-      watches_[key].clear();
+      for (auto it = watches_[key].begin(); it != watches_[key].end();) {
+        if (!only_host.empty() && watch_host_[it->first] != only_host) {
+          ++it;
+          continue;
+        }
+        answer.push_back(std::move(it->second));
+        it = watches_[key].erase(it);
+      }
     }
     for (auto& done : answer) done(events);
   }
@@ -165,7 +172,7 @@ class FakeCoordinator {
     }
     std::function<void()> WatchGroup(const WatchParams& p,
                                      std::function<void(absl::StatusOr<engine::GroupEvents>)> done) override {
-      return c_->Watch(p, std::move(done));
+      return c_->Watch(host_, p, std::move(done));
     }
 
    private:
@@ -197,7 +204,7 @@ class FakeCoordinator {
     return events;
   }
 
-  std::function<void()> Watch(const engine::CoordinatorLink::WatchParams& p,
+  std::function<void()> Watch(const std::string& host, const engine::CoordinatorLink::WatchParams& p,
                               std::function<void(absl::StatusOr<engine::GroupEvents>)> done) {
     const std::string key = p.job + "/" + p.group;
     engine::GroupEvents events;
@@ -208,6 +215,7 @@ class FakeCoordinator {
       if (departures_[key].size() <= static_cast<size_t>(p.known)) {
         const int64_t id = ++next_watch_;
         watches_[key][id] = std::move(done);
+        watch_host_[id] = host;
         return [this, key, id] {
           std::function<void(absl::StatusOr<engine::GroupEvents>)> cancelled;
           {
@@ -282,6 +290,7 @@ class FakeCoordinator {
   std::map<std::string, std::vector<engine::Departure>> departures_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::map<int64_t, std::function<void(absl::StatusOr<engine::GroupEvents>)>>> watches_
       ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::string> watch_host_ ABSL_GUARDED_BY(mu_);  // by watch id
   std::map<std::string, int> watches_started_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::vector<size_t>> watch_members_ ABSL_GUARDED_BY(mu_);
   int64_t next_watch_ ABSL_GUARDED_BY(mu_) = 0;
