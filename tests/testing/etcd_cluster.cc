@@ -4,12 +4,57 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
+#include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 namespace collserve::testing {
+namespace {
+
+// The inode of the socket listening on 127.0.0.1:`port` (/proc/net/tcp), 0 if none.
+unsigned long ListeningInode(int port) {
+  FILE* f = std::fopen("/proc/net/tcp", "r");
+  if (f == nullptr) return 0;
+  char line[512];
+  unsigned long found = 0;
+  const std::string local = absl::StrCat("0100007F:", absl::StrFormat("%04X", port));
+  while (found == 0 && std::fgets(line, sizeof line, f) != nullptr) {
+    char addr[64], state[8];
+    unsigned long inode = 0;
+    // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+    if (std::sscanf(line, " %*s %63s %*s %7s %*s %*s %*s %*s %*s %lu", addr, state, &inode) == 3 &&
+        local == addr && std::string(state) == "0A") {
+      found = inode;
+    }
+  }
+  std::fclose(f);
+  return found;
+}
+
+// Whether process `pid` holds socket `inode`.
+bool HoldsSocket(pid_t pid, unsigned long inode) {
+  const std::string dir = absl::StrCat("/proc/", pid, "/fd");
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return false;
+  const std::string want = absl::StrCat("socket:[", inode, "]");
+  bool held = false;
+  while (dirent* e = readdir(d)) {
+    char target[64];
+    const ssize_t n = readlink((dir + "/" + e->d_name).c_str(), target, sizeof target - 1);
+    if (n > 0 && want == std::string(target, static_cast<size_t>(n))) held = true;
+  }
+  closedir(d);
+  return held;
+}
+
+}  // namespace
 
 std::string EtcdBinary() {
   for (const char* path : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
@@ -25,15 +70,49 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members, con
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   c->dir_ = tmpl;
   c->tls_ = tls;
-  for (int i = 0; i < members; ++i) {
-    c->client_ports_.push_back(UnusedPort());
-    c->peer_ports_.push_back(UnusedPort());
+  // A port found free may be taken (by another test's process) before etcd binds it: then
+  // the cluster starts again on other ports, up to 5 times.
+  for (int attempt = 1;; ++attempt) {
+    std::set<int> ports;
+    while (ports.size() < static_cast<size_t>(2 * members)) ports.insert(UnusedPort());
+    auto port = ports.begin();
+    c->client_ports_.clear();
+    c->peer_ports_.clear();
+    for (int i = 0; i < members; ++i) {
+      c->client_ports_.push_back(*port++);
+      c->peer_ports_.push_back(*port++);
+    }
+    c->members_.clear();
+    c->members_.resize(members);
+    std::error_code ignored;
+    for (int i = 0; i < members; ++i) std::filesystem::remove_all(absl::StrCat(c->dir_, "/m", i), ignored);
+    for (int i = 0; i < members; ++i) {
+      if (absl::Status s = c->StartMember(i, /*fresh=*/true); !s.ok()) return s;
+    }
+    absl::Status listening = c->WaitListening(absl::Seconds(20));
+    if (listening.ok()) return c;
+    if (attempt == 5 || c->Logs().find("address already in use") == std::string::npos) return listening;
   }
-  c->members_.resize(members);
-  for (int i = 0; i < members; ++i) {
-    if (absl::Status s = c->StartMember(i, /*fresh=*/true); !s.ok()) return s;
+}
+
+absl::Status EtcdCluster::WaitListening(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    for (;;) {
+      if (members_[i]->Wait(absl::ZeroDuration()).ok()) {
+        return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited at start:\n", Logs()));
+      }
+      const unsigned long inode = ListeningInode(client_ports_[i]);
+      if (inode != 0 && HoldsSocket(members_[i]->pid(), inode)) break;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " did not listen on 127.0.0.1:",
+                                                        client_ports_[i], " within ", absl::FormatDuration(timeout),
+                                                        ":\n", Logs()));
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
   }
-  return c;
+  return absl::OkStatus();
 }
 
 absl::Status EtcdCluster::StartMember(int i, bool fresh) {

@@ -25,8 +25,10 @@ struct EtcdTls {
 
 class EtcdCluster {
  public:
-  // Starts `members` etcd members (a fresh cluster) on loopback ports; does not wait for a
-  // leader (a client's first call does, within its deadline).
+  // Starts `members` etcd members (a fresh cluster) on distinct loopback ports and waits
+  // (up to 20 s) until each listens on its client port; starts again on other ports when a
+  // port was taken meanwhile (up to 5 times). Does not wait for a leader (a client's first
+  // call does, within its deadline).
   static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members, const EtcdTls& tls = {});
   ~EtcdCluster();
   // "127.0.0.1:<port>" of each member's client URL.
@@ -39,6 +41,9 @@ class EtcdCluster {
  private:
   EtcdCluster() = default;
   absl::Status StartMember(int i, bool fresh);
+  // Until every member's process holds the socket listening on its client port; an error
+  // (with the logs) when a member exited or `timeout` passed.
+  absl::Status WaitListening(absl::Duration timeout);
   EtcdTls tls_;
   std::string dir_;
   std::vector<int> client_ports_;
