@@ -24,7 +24,7 @@ unsigned long ListeningInode(int port) {
   if (f == nullptr) return 0;
   char line[512];
   unsigned long found = 0;
-  const std::string local = absl::StrCat("0100007F:", absl::StrFormat("%04X", port));
+  const std::string local = absl::StrFormat("0100007F:%04X", port);
   while (found == 0 && std::fgets(line, sizeof line, f) != nullptr) {
     char addr[64], state[8];
     unsigned long inode = 0;
@@ -74,7 +74,12 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members, con
   // the cluster starts again on other ports, up to 5 times.
   for (int attempt = 1;; ++attempt) {
     std::set<int> ports;
-    while (ports.size() < static_cast<size_t>(2 * members)) ports.insert(UnusedPort());
+    for (int pick = 0; pick < 100 && ports.size() < static_cast<size_t>(2 * members); ++pick) {
+      if (const int p = UnusedPort(); p > 0) ports.insert(p);
+    }
+    if (ports.size() < static_cast<size_t>(2 * members)) {
+      return absl::UnavailableError(absl::StrCat("no ", 2 * members, " distinct free loopback ports for etcd"));
+    }
     auto port = ports.begin();
     c->client_ports_.clear();
     c->peer_ports_.clear();
