@@ -8,6 +8,7 @@
 #include <grpcpp/resource_quota.h>
 #include <malloc.h>
 #include <netdb.h>
+#include <openssl/crypto.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -33,6 +34,8 @@
 #include "absl/strings/str_split.h"
 
 namespace collserve::server {
+
+void KeepOpenSslStateUntilExit() { OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr); }
 
 void BlockTerminationSignals() {
   sigset_t set;

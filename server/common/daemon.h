@@ -23,6 +23,16 @@ namespace collserve::server {
 // that WaitForTerminationSignal() receives them. Call first thing in main().
 void BlockTerminationSignals();
 
+// Tells OpenSSL (libcrypto: gRPC's TLS, the coordinator's token digests) not to free its
+// state in an exit handler (OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT), OpenSSL 3). That
+// handler deletes the thread-local keys of OpenSSL's per-thread state (random generators,
+// error queues) while gRPC's threads still run; a thread that ends after it can no longer
+// free its state, and LeakSanitizer reported the orphaned blocks (about 10 KB in
+// CRYPTO_zalloc, CI of 2026-11-29). The process is exiting: the kernel takes the memory
+// back either way. Call first thing in main(), before anything uses OpenSSL (the first
+// initialisation's choice holds for the process). Not thread-safe.
+void KeepOpenSslStateUntilExit();
+
 // Sets the daemon's usage text and absl's help output: --help and --helpshort list the
 // daemon's own flags (those defined under server/ of this repository; absl's default
 // matched only a file named like the binary and printed "No flags matched."), with file

@@ -125,6 +125,7 @@ ABSL_FLAG(absl::Duration, token_refresh_interval, absl::Seconds(10),
           "How often --admin_token_file and --job_tokens_dir are re-read (a rotated Secret needs no restart).");
 
 int main(int argc, char** argv) {
+  collserve::server::KeepOpenSslStateUntilExit();
   collserve::server::BlockTerminationSignals();
   collserve::server::SetDaemonUsage(
       "collserve-coordinator", "collserve coordinator: key-value store + group registry for rendezvous.");

@@ -26,6 +26,7 @@
 // token), TLS from COLLSERVE_TLS_CA/CERT/KEY/SERVER_NAME, as for every collserve client.
 // Exit codes: 0 success, 1 the call failed (its status on standard error), 2 bad usage.
 #include <grpcpp/grpcpp.h>
+#include <openssl/crypto.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdlib>
@@ -661,6 +662,9 @@ absl::Status RevokeTokens(const Ctl& c) {
 }  // namespace collserve::ctl
 
 int main(int argc, char** argv) {
+  // As the daemons' KeepOpenSslStateUntilExit (server/common/daemon.h): OpenSSL's exit handler
+  // would orphan the per-thread state of gRPC threads that end after it.
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
   absl::SetProgramUsageMessage(
       "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
       "  health | groups | describe GROUP | wait GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] |\n"

@@ -81,6 +81,7 @@ ABSL_FLAG(absl::Duration, lease_renewal, absl::Seconds(2),
           "generation ends for every member. In [100ms, 60s].");
 
 int main(int argc, char** argv) {
+  collserve::server::KeepOpenSslStateUntilExit();
   collserve::server::BlockTerminationSignals();
   collserve::server::SetDaemonUsage(
       "collserve-sidecar", "collserve sidecar: runs the collectives of the training processes on this host.");
