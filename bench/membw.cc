@@ -17,12 +17,25 @@
 //     /ranks/threads      over `ranks` separate 64 MiB float32 tensors on a pool of
 //                         `threads`; bytes_per_second = tensor bytes per second, i.e. the
 //                         algbw the service could reach if nothing but this kernel ran.
+//   BM_StagedHeapAllReduce the copies a one-host all_reduce of ordinary (heap) memory needs
+//     /ranks:R            when ranks are processes with private memory and no process reads
+//                         another's heap: R threads (the ranks) each copy their tensor
+//                         (1 MiB and 64 MiB) into a segment at once, the local reduction of the R
+//                         segments into one of them on a pool of 2 threads (the sidecar, as
+//                         with peer reads: one result), then the R threads each copy that
+//                         result into their tensor at once. bytes_per_second = tensor bytes
+//                         per second (algbw; busbw = algbw x 2(R-1)/R) with no control path:
+//                         the ceiling of the staged heap all_reduce on this machine.
+//   BM_StagedHeapBroadcast the same for a broadcast: the root's thread copies its tensor
+//     /ranks:R            into a segment, then R-1 threads copy it into theirs at once.
+//   BM_BroadcastCopyOut   only the R-1 receivers' concurrent copies: what any design must do
+//     /ranks:R            to fill R-1 private tensors (the ceiling of a heap broadcast that
+//                         stages nothing at the root).
 //
 // Run: build/bench/collserve-membw [--benchmark_min_time=0.5]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "backends/local_ops.h"
@@ -107,6 +120,71 @@ BENCHMARK(BM_LocalAllReduce)
     ->Args({4, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// The staged benchmarks' arguments: ranks, then tensor bytes (1 MiB and 64 MiB, the sizes of
+// issue 20's targets). The ranks (processes in the service) are the threads of a pool of
+// `ranks` threads that each phase spreads one copy per rank over.
+void StagedArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ranks", "bytes"})->Args({4, 1 << 20})->Args({4, 64 << 20})->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+struct Tensors {
+  Tensors(int ranks, size_t bytes) : bytes(bytes), pool(ranks) {
+    for (int r = 0; r < ranks; ++r) heap.push_back(Filled(1.0f, bytes));
+  }
+  size_t bytes;
+  collserve::backends::ThreadPool pool;
+  std::vector<std::vector<float>> heap;
+};
+
+// See the file comment.
+void BM_StagedHeapAllReduce(benchmark::State& state) {
+  Tensors t(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+  collserve::backends::ThreadPool sidecar(2);
+  std::vector<std::vector<float>> segment;
+  for (size_t r = 0; r < t.heap.size(); ++r) segment.push_back(Filled(0.0f, t.bytes));
+  collserve::backends::LocalReduce op;
+  op.dtype = collserve::DataType::kFloat32;
+  op.op = collserve::ReduceOp::kSum;
+  op.count = t.bytes / sizeof(float);
+  for (auto& s : segment) op.srcs.push_back(reinterpret_cast<const char*>(s.data()));
+  op.dsts.push_back(reinterpret_cast<char*>(segment[0].data()));  // the owner's segment
+  for (auto _ : state) {
+    t.pool.ParallelFor(t.heap.size(), [&](size_t r) { std::memcpy(segment[r].data(), t.heap[r].data(), t.bytes); });
+    collserve::backends::RunLocalReduce(sidecar, op);
+    t.pool.ParallelFor(t.heap.size(), [&](size_t r) { std::memcpy(t.heap[r].data(), segment[0].data(), t.bytes); });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
+}
+BENCHMARK(BM_StagedHeapAllReduce)->Apply(StagedArgs);
+
+// Receivers 1..R-1 copy `source` into their tensors at once.
+void CopyOut(Tensors& t, const float* source) {
+  t.pool.ParallelFor(t.heap.size() - 1, [&](size_t i) { std::memcpy(t.heap[i + 1].data(), source, t.bytes); });
+}
+
+void BM_StagedHeapBroadcast(benchmark::State& state) {
+  Tensors t(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+  std::vector<float> segment = Filled(0.0f, t.bytes);
+  for (auto _ : state) {
+    std::memcpy(segment.data(), t.heap[0].data(), t.bytes);
+    CopyOut(t, segment.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
+}
+BENCHMARK(BM_StagedHeapBroadcast)->Apply(StagedArgs);
+
+void BM_BroadcastCopyOut(benchmark::State& state) {
+  Tensors t(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+  for (auto _ : state) {
+    CopyOut(t, t.heap[0].data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
+}
+BENCHMARK(BM_BroadcastCopyOut)->Apply(StagedArgs);
 
 }  // namespace
 

@@ -1032,12 +1032,23 @@ class SessionProcessGroup : public ProcessGroup {
   // Thread-safe; blocks at most until `deadline`, then goes over the limit.
   absl::StatusOr<std::unique_ptr<ShmSegment>> AcquireSegment(size_t bytes, bool collective, absl::Time deadline) {
     const size_t rounded = (bytes + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
+    const size_t windowed = collective ? bytes : 0;  // counted in window_bytes_ while held
+    std::unique_ptr<ShmSegment> seg;
     {
       absl::MutexLock lock(&segments_mu_);
       const size_t cap = static_cast<size_t>(std::max<int64_t>(options_.max_staging_bytes, 0));
+      const size_t window = static_cast<size_t>(std::max<int64_t>(options_.staging_window_bytes, 0));
       // Never on a completion lane (a completion callback issuing a collective): the lanes
       // return the segments.
       const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
+      if (collective && window > 0 && !on_lane) {
+        // Pacing (InitOptions::staging_window_bytes): briefly, never until the deadline.
+        auto paced = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
+          return staged_collectives_ < 2 || window_bytes_ + bytes <= window;
+        };
+        segments_mu_.AwaitWithDeadline(absl::Condition(&paced),
+                                       std::min(deadline, absl::Now() + InitOptions::kStagingWindowWait));
+      }
       if (collective && cap > 0 && !on_lane) {
         auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
           return staged_collectives_ == 0 || staged_bytes_ + rounded <= cap;
@@ -1051,22 +1062,27 @@ class SessionProcessGroup : public ProcessGroup {
           best = it;
         }
       }
+      window_bytes_ += windowed;
       if (best != free_segments_.end()) {
-        std::unique_ptr<ShmSegment> seg = std::move(*best);
+        seg = std::move(*best);
         free_segments_.erase(best);
         free_bytes_ -= seg->size();
         staged_bytes_ += seg->size();
+        if (windowed > 0) windowed_[seg.get()] = windowed;
         return seg;
       }
       staged_bytes_ += rounded;
     }
-    auto seg = NewRegisteredSegment(rounded);
-    if (!seg.ok()) {
-      absl::MutexLock lock(&segments_mu_);
+    auto made = NewRegisteredSegment(rounded);
+    absl::MutexLock lock(&segments_mu_);
+    if (!made.ok()) {
       staged_bytes_ -= rounded;
+      window_bytes_ -= windowed;
       if (collective) --staged_collectives_;
+    } else if (windowed > 0) {
+      windowed_[made->get()] = windowed;
     }
-    return seg;
+    return made;
   }
 
   // A new segment of `bytes`, registered with the sidecar (its descriptor passed over the
@@ -1089,6 +1105,10 @@ class SessionProcessGroup : public ProcessGroup {
     absl::MutexLock lock(&segments_mu_);
     staged_bytes_ -= seg->size();
     if (collective) --staged_collectives_;
+    if (auto it = windowed_.find(seg.get()); it != windowed_.end()) {
+      window_bytes_ -= it->second;
+      windowed_.erase(it);
+    }
     free_bytes_ += seg->size();
     free_segments_.push_back(std::move(seg));
     const size_t free_cap =
@@ -1355,6 +1375,9 @@ class SessionProcessGroup : public ProcessGroup {
   size_t free_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;      // of free_segments_
   size_t staged_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;    // of segments held by operations in flight
   int staged_collectives_ ABSL_GUARDED_BY(segments_mu_) = 0;  // collectives holding one
+  // Tensor bytes of the collectives holding a segment (the pacing window), by segment.
+  size_t window_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;
+  std::map<const ShmSegment*, size_t> windowed_ ABSL_GUARDED_BY(segments_mu_);
 
   absl::Mutex store_mu_;
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);
@@ -1494,6 +1517,9 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   auto staging = MaxStagingBytesFromEnv(o.max_staging_bytes);
   if (!staging.ok()) return staging.status();
   o.max_staging_bytes = *staging;
+  auto window = StagingWindowBytesFromEnv(o.staging_window_bytes);
+  if (!window.ok()) return window.status();
+  o.staging_window_bytes = *window;
   auto tls = TlsOptions::FromEnv();
   if (!tls.ok()) return tls.status();
   o.tls = std::move(*tls);
@@ -1503,15 +1529,27 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   return o;
 }
 
-absl::StatusOr<int64_t> InitOptions::MaxStagingBytesFromEnv(int64_t fallback) {
-  const char* v = std::getenv("COLLSERVE_MAX_STAGING_BYTES");
+namespace {
+
+// The non-negative byte count in environment variable `name`; `fallback` when unset.
+absl::StatusOr<int64_t> BytesFromEnv(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   int64_t bytes;
   if (!absl::SimpleAtoi(v, &bytes) || bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("COLLSERVE_MAX_STAGING_BYTES=\"", v, "\" is not a non-negative number of bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", v, "\" is not a non-negative number of bytes"));
   }
   return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> InitOptions::MaxStagingBytesFromEnv(int64_t fallback) {
+  return BytesFromEnv("COLLSERVE_MAX_STAGING_BYTES", fallback);
+}
+
+absl::StatusOr<int64_t> InitOptions::StagingWindowBytesFromEnv(int64_t fallback) {
+  return BytesFromEnv("COLLSERVE_STAGING_WINDOW_BYTES", fallback);
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options) {

@@ -363,16 +363,20 @@ PYBIND11_MODULE(_collserve, m) {
     o.op_timeout = absl::Seconds(op_timeout_s);
     absl::StatusOr<std::unique_ptr<ProcessGroup>> pg;
     absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
+    absl::StatusOr<int64_t> window = collserve::client::InitOptions::StagingWindowBytesFromEnv();
     absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
     absl::StatusOr<std::string> token = collserve::client::JobTokenFromEnv();  // COLLSERVE_TOKEN(_FILE)
     if (!staging.ok()) {
       pg = staging.status();
+    } else if (!window.ok()) {
+      pg = window.status();
     } else if (!tls.ok()) {
       pg = tls.status();
     } else if (!token.ok()) {
       pg = token.status();
     } else {
       o.max_staging_bytes = *staging;
+      o.staging_window_bytes = *window;
       o.tls = std::move(*tls);
       o.token = std::move(*token);
       py::gil_scoped_release release;

@@ -114,6 +114,20 @@ struct InitOptions {
   // may depend on this rank's later sends) but count. Env: COLLSERVE_MAX_STAGING_BYTES.
   int64_t max_staging_bytes = kDefaultMaxStagingBytes;
   static constexpr int64_t kDefaultMaxStagingBytes = int64_t{128} << 20;
+  // Pacing of staged collectives issued back to back, in tensor bytes (0 = none): once two
+  // are in flight, a collective whose staged bytes would take those in flight past this
+  // waits, inside the call that issues it, for an earlier one to complete, for at most
+  // kStagingWindowWait (then it goes ahead: a rank that issues several collectives and then
+  // waits on something else its peers do first is delayed, never stopped). Deep queues of
+  // staged copies work out of main memory (each op's copies are cold by the time the
+  // sidecar and the readers touch them) and contend for the cores with the ops before them:
+  // on one host, 4 ranks of 1 MiB ordinary tensors back to back ran 1.5-2x faster with 2 in
+  // flight than with 128 (bench/RESULTS.md, 2026-11-29). Tensors of a few KiB are not
+  // paced in practice (the window counts their bytes, not their 1 MiB segments), and
+  // large ones keep two in flight. Env: COLLSERVE_STAGING_WINDOW_BYTES.
+  int64_t staging_window_bytes = kDefaultStagingWindowBytes;
+  static constexpr int64_t kDefaultStagingWindowBytes = int64_t{2} << 20;
+  static constexpr absl::Duration kStagingWindowWait = absl::Milliseconds(10);
   // TLS to the sidecar (a TCP address only) and the coordinator. Env: COLLSERVE_TLS_*
   // (TlsOptions::FromEnv).
   TlsOptions tls;
@@ -124,15 +138,18 @@ struct InitOptions {
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_MAX_STAGING_BYTES, COLLSERVE_TLS_* and
-  // COLLSERVE_TOKEN(_FILE).
+  // COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_MAX_STAGING_BYTES,
+  // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE).
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
-  // a positive number, COLLSERVE_MAX_STAGING_BYTES is not a non-negative integer, the
-  // TLS variables are inconsistent (TlsOptions::FromEnv), or the token file is unreadable.
+  // a positive number, COLLSERVE_MAX_STAGING_BYTES or COLLSERVE_STAGING_WINDOW_BYTES is not
+  // a non-negative integer, the TLS variables are inconsistent (TlsOptions::FromEnv), or the
+  // token file is unreadable.
   static absl::StatusOr<InitOptions> FromEnv();
   // COLLSERVE_MAX_STAGING_BYTES, or `fallback` when unset (for bindings that fill the
   // other fields themselves). INVALID_ARGUMENT when it is not a non-negative integer.
   static absl::StatusOr<int64_t> MaxStagingBytesFromEnv(int64_t fallback = kDefaultMaxStagingBytes);
+  // The same for COLLSERVE_STAGING_WINDOW_BYTES.
+  static absl::StatusOr<int64_t> StagingWindowBytesFromEnv(int64_t fallback = kDefaultStagingWindowBytes);
 };
 
 // The handle of an asynchronous operation (torch.distributed.Work).

@@ -456,14 +456,53 @@ TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {
   EXPECT_THAT(body, HasSubstr("\ncollserve_groups "));
 }
 
-TEST(StagingTest, BadLimitIsAnInitError) {
+// COLLSERVE_STAGING_WINDOW_BYTES paces staged collectives issued back to back but never
+// stops them: rank 0 issues 64 all_reduces of 1 MiB ordinary tensors while rank 1 has not
+// started (it waits for rank 0's word), so none can complete. With the default 2 MiB window,
+// each one past the second waits InitOptions::kStagingWindowWait (10 ms) for room that never
+// comes and then goes ahead: issuing takes at least 62 x 10 ms, returns with nothing
+// completed, and every result is right once rank 1 joins. With the window off (0) nothing
+// waits; that run checks the results only (its speed is the machine's).
+TEST(StagingTest, BackToBackCollectivesArePacedNotStopped) {
+  for (const char* window : {"", "0"}) {
+    SCOPED_TRACE(absl::StrCat("COLLSERVE_STAGING_WINDOW_BYTES=\"", window, "\""));
+    auto cluster = StartCluster(1);
+    ASSERT_NE(cluster, nullptr);
+    const std::vector<std::string> args = {"--mode=inflight", "--count=262144", "--iters=1"};
+    std::map<std::string, std::string> env;
+    if (*window != '\0') env["COLLSERVE_STAGING_WINDOW_BYTES"] = window;
+    auto r0 = cluster->StartRank(0, 2, 0, args, env);
+    auto r1 = cluster->StartRank(1, 2, 0, args, env);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    auto [c0, out0] = Finish(**r0);
+    auto [c1, out1] = Finish(**r1);
+    ASSERT_EQ(c0, 0) << out0 << cluster->Logs();
+    EXPECT_EQ(c1, 0) << out1;
+    EXPECT_THAT(out0, HasSubstr("inflight done, 0 wrong"));
+    long long ms = -1;
+    int completed = -1;
+    const size_t at = out0.find("rank 0: issued 64 in ");
+    ASSERT_NE(at, std::string::npos) << out0;
+    ASSERT_EQ(std::sscanf(out0.c_str() + at, "rank 0: issued 64 in %lld ms, %d completed", &ms, &completed), 2) << out0;
+    EXPECT_EQ(completed, 0) << out0;
+    if (*window == '\0') {
+      EXPECT_GE(ms, 62 * absl::ToInt64Milliseconds(collserve::client::InitOptions::kStagingWindowWait)) << out0;
+    }
+    std::printf("COLLSERVE_STAGING_WINDOW_BYTES=\"%s\": rank 0 issued 64 in %lld ms\n", window, ms);
+  }
+}
+
+TEST(StagingTest, BadLimitsAreInitErrors) {
   auto cluster = StartCluster(1);
   ASSERT_NE(cluster, nullptr);
-  auto r0 = cluster->StartRank(0, 1, 0, {"--mode=init"}, {{"COLLSERVE_MAX_STAGING_BYTES", "-1"}});
-  ASSERT_TRUE(r0.ok());
-  auto [code, out] = Finish(**r0);
-  EXPECT_EQ(code, 2) << out;
-  EXPECT_THAT(out, HasSubstr("INVALID_ARGUMENT: COLLSERVE_MAX_STAGING_BYTES=\"-1\" is not a non-negative number"));
+  for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
+           {"COLLSERVE_MAX_STAGING_BYTES", "-1"}, {"COLLSERVE_STAGING_WINDOW_BYTES", "2MiB"}}) {
+    auto r0 = cluster->StartRank(0, 1, 0, {"--mode=init"}, {{name, value}});
+    ASSERT_TRUE(r0.ok());
+    auto [code, out] = Finish(**r0);
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("INVALID_ARGUMENT: ", name, "=\"", value, "\" is not a non-negative number")));
+  }
 }
 
 TEST(WorkTest, WaitTimeoutIsCompletedAndCallbacks) {

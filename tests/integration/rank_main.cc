@@ -679,10 +679,17 @@ int main(int argc, char** argv) {
     int64_t wrong = 0;
     for (int64_t round = 0; round < absl::GetFlag(FLAGS_iters); ++round) {
       std::vector<std::shared_ptr<collserve::client::Work>> works;
+      const absl::Time start = absl::Now();
       for (size_t t = 0; t < tensors.size(); ++t) {
         std::fill(tensors[t].begin(), tensors[t].end(), static_cast<float>(rank + t));
         if (t == 0 && rank != 0 && !store->Wait({absl::StrCat("inflight/", round)}, absl::Seconds(60)).ok()) return 3;
         works.push_back((*pg)->AllReduce(tensors[t].data(), n, DataType::kFloat32, ReduceOp::kSum));
+      }
+      if (rank == 0) {
+        std::printf("rank 0: issued %zu in %lld ms, %d completed\n", works.size(),
+                    static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)),
+                    static_cast<int>(std::count_if(works.begin(), works.end(), [](const auto& w) { return w->IsCompleted(); })));
+        std::fflush(stdout);
       }
       if (rank == 0 && !store->Set(absl::StrCat("inflight/", round), "1").ok()) return 3;
       for (auto& w : works) {
