@@ -1033,7 +1033,6 @@ class SessionProcessGroup : public ProcessGroup {
   absl::StatusOr<std::unique_ptr<ShmSegment>> AcquireSegment(size_t bytes, bool collective, absl::Time deadline) {
     const size_t rounded = (bytes + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
     const size_t windowed = collective ? bytes : 0;  // counted in window_bytes_ while held
-    std::unique_ptr<ShmSegment> seg;
     {
       absl::MutexLock lock(&segments_mu_);
       const size_t cap = static_cast<size_t>(std::max<int64_t>(options_.max_staging_bytes, 0));
@@ -1064,7 +1063,7 @@ class SessionProcessGroup : public ProcessGroup {
       }
       window_bytes_ += windowed;
       if (best != free_segments_.end()) {
-        seg = std::move(*best);
+        std::unique_ptr<ShmSegment> seg = std::move(*best);
         free_segments_.erase(best);
         free_bytes_ -= seg->size();
         staged_bytes_ += seg->size();
