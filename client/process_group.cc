@@ -1498,39 +1498,19 @@ absl::StatusOr<InitOptions> InitOptions::FromEnv() {
     o.sidecar_address = s;
   }
   if (const char* j = std::getenv("COLLSERVE_JOB"); j != nullptr && *j != '\0') o.job = j;
-  if (const char* m = std::getenv("COLLSERVE_SHARED_MEMORY"); m != nullptr) {
-    o.shared_memory = !(std::string(m) == "0" || std::string(m) == "false");
-  }
-  if (const char* m = std::getenv("COLLSERVE_PEER_READS"); m != nullptr) {
-    o.peer_reads = !(std::string(m) == "0" || std::string(m) == "false");
-  }
-  if (const char* m = std::getenv("COLLSERVE_OPS_CHANNEL"); m != nullptr) {
-    o.ops_channel = !(std::string(m) == "0" || std::string(m) == "false");
-  }
   auto it = EnvSeconds("COLLSERVE_INIT_TIMEOUT_S", o.init_timeout);
   if (!it.ok()) return it.status();
   o.init_timeout = *it;
   auto ot = EnvSeconds("COLLSERVE_OP_TIMEOUT_S", o.op_timeout);
   if (!ot.ok()) return ot.status();
   o.op_timeout = *ot;
-  auto staging = MaxStagingBytesFromEnv(o.max_staging_bytes);
-  if (!staging.ok()) return staging.status();
-  o.max_staging_bytes = *staging;
-  auto window = StagingWindowBytesFromEnv(o.staging_window_bytes);
-  if (!window.ok()) return window.status();
-  o.staging_window_bytes = *window;
-  auto tls = TlsOptions::FromEnv();
-  if (!tls.ok()) return tls.status();
-  o.tls = std::move(*tls);
-  auto token = JobTokenFromEnv();
-  if (!token.ok()) return token.status();
-  o.token = std::move(*token);
+  if (absl::Status s = o.ReadTuningFromEnv(); !s.ok()) return s;
   return o;
 }
 
 namespace {
 
-// The non-negative byte count in environment variable `name`; `fallback` when unset.
+// The non-negative byte count in environment variable `name`; `fallback` when unset or empty.
 absl::StatusOr<int64_t> BytesFromEnv(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
@@ -1541,14 +1521,35 @@ absl::StatusOr<int64_t> BytesFromEnv(const char* name, int64_t fallback) {
   return bytes;
 }
 
-}  // namespace
-
-absl::StatusOr<int64_t> InitOptions::MaxStagingBytesFromEnv(int64_t fallback) {
-  return BytesFromEnv("COLLSERVE_MAX_STAGING_BYTES", fallback);
+// Switch `name`: "0" or "false" = off, any other value = on, unset or empty = `fallback`.
+bool SwitchFromEnv(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return !(absl::string_view(v) == "0" || absl::string_view(v) == "false");
 }
 
-absl::StatusOr<int64_t> InitOptions::StagingWindowBytesFromEnv(int64_t fallback) {
-  return BytesFromEnv("COLLSERVE_STAGING_WINDOW_BYTES", fallback);
+}  // namespace
+
+absl::Status InitOptions::ReadTuningFromEnv() {
+  absl::StatusOr<int64_t> staging = BytesFromEnv("COLLSERVE_MAX_STAGING_BYTES", max_staging_bytes);
+  if (!staging.ok()) return staging.status();
+  absl::StatusOr<int64_t> window = BytesFromEnv("COLLSERVE_STAGING_WINDOW_BYTES", staging_window_bytes);
+  if (!window.ok()) return window.status();
+  absl::StatusOr<TlsOptions> tls_env = TlsOptions::FromEnv();
+  if (!tls_env.ok()) return tls_env.status();
+  absl::StatusOr<std::string> token_env = JobTokenFromEnv();
+  if (!token_env.ok()) return token_env.status();
+  shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
+  peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);
+  ops_channel = SwitchFromEnv("COLLSERVE_OPS_CHANNEL", ops_channel);
+  max_staging_bytes = *staging;
+  staging_window_bytes = *window;
+  if (!tls_env->ca_file.empty() || !tls_env->cert_file.empty() || !tls_env->key_file.empty() ||
+      !tls_env->server_name.empty()) {
+    tls = std::move(*tls_env);
+  }
+  if (!token_env->empty()) token = std::move(*token_env);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options) {

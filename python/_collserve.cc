@@ -361,24 +361,12 @@ PYBIND11_MODULE(_collserve, m) {
     if (!group.empty()) o.group = group;
     o.init_timeout = absl::Seconds(init_timeout_s);
     o.op_timeout = absl::Seconds(op_timeout_s);
+    // COLLSERVE_SHARED_MEMORY, _PEER_READS, _OPS_CHANNEL, _MAX_STAGING_BYTES,
+    // _STAGING_WINDOW_BYTES, _TLS_*, _TOKEN(_FILE)
     absl::StatusOr<std::unique_ptr<ProcessGroup>> pg;
-    absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
-    absl::StatusOr<int64_t> window = collserve::client::InitOptions::StagingWindowBytesFromEnv();
-    absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
-    absl::StatusOr<std::string> token = collserve::client::JobTokenFromEnv();  // COLLSERVE_TOKEN(_FILE)
-    if (!staging.ok()) {
-      pg = staging.status();
-    } else if (!window.ok()) {
-      pg = window.status();
-    } else if (!tls.ok()) {
-      pg = tls.status();
-    } else if (!token.ok()) {
-      pg = token.status();
+    if (absl::Status s = o.ReadTuningFromEnv(); !s.ok()) {
+      pg = std::move(s);
     } else {
-      o.max_staging_bytes = *staging;
-      o.staging_window_bytes = *window;
-      o.tls = std::move(*tls);
-      o.token = std::move(*token);
       py::gil_scoped_release release;
       pg = collserve::client::InitProcessGroup(o);
     }

@@ -145,11 +145,14 @@ struct InitOptions {
   // a non-negative integer, the TLS variables are inconsistent (TlsOptions::FromEnv), or the
   // token file is unreadable.
   static absl::StatusOr<InitOptions> FromEnv();
-  // COLLSERVE_MAX_STAGING_BYTES, or `fallback` when unset (for bindings that fill the
-  // other fields themselves). INVALID_ARGUMENT when it is not a non-negative integer.
-  static absl::StatusOr<int64_t> MaxStagingBytesFromEnv(int64_t fallback = kDefaultMaxStagingBytes);
-  // The same for COLLSERVE_STAGING_WINDOW_BYTES.
-  static absl::StatusOr<int64_t> StagingWindowBytesFromEnv(int64_t fallback = kDefaultStagingWindowBytes);
+  // Reads the variables that tune a rank's process group rather than name it into this
+  // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL ("0" or
+  // "false" turn one off; anything else on), COLLSERVE_MAX_STAGING_BYTES,
+  // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
+  // that is unset or empty leaves its field as it is. For bindings that take the rank,
+  // group and timeouts from their caller (the Python SDK, the c10d backend); FromEnv calls
+  // it. INVALID_ARGUMENT as FromEnv for these variables; on an error nothing is changed.
+  absl::Status ReadTuningFromEnv();
 };
 
 // The handle of an asynchronous operation (torch.distributed.Work).

@@ -32,15 +32,9 @@ c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int worl
   options.group = group;
   options.init_timeout = Seconds(init_timeout_s);
   options.op_timeout = Seconds(op_timeout_s);
-  absl::StatusOr<int64_t> staging = collserve::client::InitOptions::MaxStagingBytesFromEnv();
-  if (!staging.ok()) throw std::invalid_argument(std::string(staging.status().message()));
-  options.max_staging_bytes = *staging;
-  absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
-  if (!tls.ok()) throw std::invalid_argument(std::string(tls.status().message()));
-  options.tls = std::move(*tls);
-  absl::StatusOr<std::string> token = collserve::client::JobTokenFromEnv();  // COLLSERVE_TOKEN(_FILE)
-  if (!token.ok()) throw std::invalid_argument(std::string(token.status().message()));
-  options.token = std::move(*token);
+  // COLLSERVE_SHARED_MEMORY, _PEER_READS, _OPS_CHANNEL, _MAX_STAGING_BYTES,
+  // _STAGING_WINDOW_BYTES, _TLS_*, _TOKEN(_FILE)
+  if (absl::Status s = options.ReadTuningFromEnv(); !s.ok()) throw std::invalid_argument(std::string(s.message()));
   return collserve::c10d_backend::CreateProcessGroup(options);
 }
 

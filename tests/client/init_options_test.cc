@@ -14,7 +14,10 @@ class EnvTest : public ::testing::Test {
   void SetUp() override {
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_COORDINATOR", "COLLSERVE_SIDECAR",
                           "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
-                          "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL"}) {
+                          "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL",
+                          "COLLSERVE_MAX_STAGING_BYTES", "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN",
+                          "COLLSERVE_TOKEN_FILE", "COLLSERVE_TLS_CA", "COLLSERVE_TLS_CERT", "COLLSERVE_TLS_KEY",
+                          "COLLSERVE_TLS_SERVER_NAME"}) {
       unsetenv(v);
     }
   }
@@ -70,6 +73,47 @@ TEST_F(EnvTest, MissingOrMalformedVariablesAreInvalidArgument) {
   setenv("RANK", "0", 1);
   setenv("COLLSERVE_INIT_TIMEOUT_S", "-1", 1);
   EXPECT_EQ(InitOptions::FromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The bindings (Python SDK, c10d backend) take rank, group and timeouts from their caller
+// and the tuning variables from here: set ones replace the caller's values, unset or empty
+// ones keep them, and a malformed one changes nothing.
+TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
+  InitOptions o;
+  o.max_staging_bytes = 7;
+  o.token = "from-caller";
+  o.tls.server_name = "caller.svc";
+  ASSERT_TRUE(o.ReadTuningFromEnv().ok());
+  EXPECT_TRUE(o.shared_memory);
+  EXPECT_TRUE(o.peer_reads);
+  EXPECT_TRUE(o.ops_channel);
+  EXPECT_EQ(o.max_staging_bytes, 7);
+  EXPECT_EQ(o.staging_window_bytes, InitOptions::kDefaultStagingWindowBytes);
+  EXPECT_EQ(o.token, "from-caller");
+  EXPECT_EQ(o.tls.server_name, "caller.svc");
+
+  setenv("COLLSERVE_SHARED_MEMORY", "false", 1);
+  setenv("COLLSERVE_PEER_READS", "0", 1);
+  setenv("COLLSERVE_OPS_CHANNEL", "", 1);
+  setenv("COLLSERVE_MAX_STAGING_BYTES", "0", 1);
+  setenv("COLLSERVE_STAGING_WINDOW_BYTES", "4096", 1);
+  setenv("COLLSERVE_TOKEN", " t0k ", 1);
+  ASSERT_TRUE(o.ReadTuningFromEnv().ok());
+  EXPECT_FALSE(o.shared_memory);
+  EXPECT_FALSE(o.peer_reads);
+  EXPECT_TRUE(o.ops_channel);
+  EXPECT_EQ(o.max_staging_bytes, 0);
+  EXPECT_EQ(o.staging_window_bytes, 4096);
+  EXPECT_EQ(o.token, "t0k");
+  EXPECT_EQ(o.tls.server_name, "caller.svc");
+
+  setenv("COLLSERVE_SHARED_MEMORY", "1", 1);
+  setenv("COLLSERVE_STAGING_WINDOW_BYTES", "-1", 1);
+  absl::Status s = o.ReadTuningFromEnv();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("COLLSERVE_STAGING_WINDOW_BYTES"), absl::string_view::npos) << s;
+  EXPECT_FALSE(o.shared_memory);  // unchanged on error
+  EXPECT_EQ(o.staging_window_bytes, 4096);
 }
 
 TEST_F(EnvTest, InitProcessGroupChecksArgumentsFirst) {

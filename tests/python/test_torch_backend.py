@@ -142,10 +142,13 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_arena_tensors_move_no_bytes():
+@pytest.mark.parametrize("shared_memory", ["1", "0"])
+def test_arena_tensors_move_no_bytes(shared_memory):
     """collserve.torch.empty tensors reach the sidecar by reference: its
     collserve_tensor_bytes_total counts them as arena bytes, and ordinary tensors (and arena
-    tensors used with another group) as staged ones, to the byte."""
+    tensors used with another group) as staged ones, to the byte. With
+    COLLSERVE_SHARED_MEMORY=0 (read by the backend as by the C++ SDK) every byte travels
+    inline in the session's messages instead."""
     d = tempfile.mkdtemp(prefix="collserve-arena-")
     metrics_port = free_port()
     servers = []
@@ -163,12 +166,16 @@ def test_arena_tensors_move_no_bytes():
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait_port(f"{d}/s.port", servers[1])
         run_ranks(2, ["arena", "collserve", f"file:{d}/init"],
-                  env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_TOKEN": tokens["default"]})
+                  env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_TOKEN": tokens["default"],
+                       "COLLSERVE_SHARED_MEMORY": shared_memory})
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
         got = {m.group(1): float(m.group(2))
                for m in re.finditer(r'^collserve_tensor_bytes_total\{path="(\w+)"\} (\S+)$', text, re.M)}
-        assert got == {"arena": 2 * (24000 + 32), "staged": 2 * (16 + 20), "inline": 0}, text
+        if shared_memory == "1":
+            assert got == {"arena": 2 * (24000 + 32), "staged": 2 * (16 + 20), "inline": 0}, text
+        else:
+            assert got["arena"] == 0 and got["staged"] == 0 and got["inline"] >= 2 * (24000 + 32 + 16 + 20), text
     finally:
         for p in reversed(servers):
             p.kill()
