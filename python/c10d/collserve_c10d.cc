@@ -343,16 +343,61 @@ CollserveProcessGroup::~CollserveProcessGroup() {
   // last reference usually goes from Python (destroy_process_group), GIL held: let go of it.
   if (Py_IsInitialized() && PyGILState_Check()) {
     PyThreadState* saved = PyEval_SaveThread();
-    pg_.reset();
+    Shutdown();
     PyEval_RestoreThread(saved);
   } else {
-    pg_.reset();
+    Shutdown();
   }
+}
+
+std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char* op) {
+  std::lock_guard<std::mutex> lock(session_mu_);
+  if (pg_ == nullptr) {
+    throw std::runtime_error(absl::StrCat("collserve ", op, ": FAILED_PRECONDITION: this process group was shut down "
+                                          "(its session ended at interpreter exit)"));
+  }
+  return pg_;
+}
+
+void CollserveProcessGroup::Shutdown() {
+  std::shared_ptr<client::ProcessGroup> session;
+  {
+    std::lock_guard<std::mutex> lock(session_mu_);
+    session = std::move(pg_);
+  }
+  session.reset();  // ends the session here unless a call on another thread still holds it
+}
+
+namespace {
+
+// Every collserve group created in this process, for ShutdownAll; expired entries are
+// pruned as groups are added.
+std::mutex& RegistryMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>& Registry() {
+  static auto* groups = new std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>;
+  return *groups;
+}
+
+}  // namespace
+
+void ShutdownAll() {
+  std::vector<c10::intrusive_ptr<CollserveProcessGroup>> live;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    for (const auto& weak : Registry()) {
+      if (c10::intrusive_ptr<CollserveProcessGroup> group = weak.lock()) live.push_back(std::move(group));
+    }
+    Registry().clear();
+  }
+  for (const auto& group : live) group->Shutdown();
 }
 
 at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
   if (bytes <= 0) throw std::invalid_argument(absl::StrCat("collserve empty: ", bytes, " bytes (must be > 0)"));
-  absl::StatusOr<std::shared_ptr<client::SharedBuffer>> buffer = pg_->AllocateShared(static_cast<size_t>(bytes));
+  absl::StatusOr<std::shared_ptr<client::SharedBuffer>> buffer = Session("empty")->AllocateShared(static_cast<size_t>(bytes));
   if (!buffer.ok()) {
     throw std::runtime_error(absl::StrCat("collserve empty: ", absl::StatusCodeToString(buffer.status().code()),
                                           ": ", buffer.status().message()));
@@ -376,7 +421,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::broadcast(std::vector<at
   InPlace t = SingleInPlace(tensors, "broadcast");
   TORCH_CHECK(opts.rootTensor == 0, "collserve broadcast: rootTensor must be 0");
   Pending p;
-  p.work = pg_->Broadcast(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
+  p.work = Session("broadcast")->Broadcast(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
                           Rank(opts.rootRank, "root"));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
@@ -389,7 +434,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   InPlace t = SingleInPlace(tensors, "allreduce");
   Pending p;
-  p.work = pg_->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
+  p.work = Session("allreduce")->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
                           ToReduceOp(opts.reduceOp));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
@@ -418,7 +463,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_sparse(std::ve
   for (int64_t s : in.sizes()) meta.push_back(s);
   at::Tensor meta_in = at::tensor(meta, at::kLong);
   at::Tensor meta_all = at::empty({meta_in.numel() * world}, at::kLong);
-  WaitStep(pg_->AllGatherIntoTensor(meta_all.data_ptr(), meta_in.data_ptr(), meta_in.numel(), DataType::kInt64), op);
+  WaitStep(Session("allreduce_sparse")->AllGatherIntoTensor(meta_all.data_ptr(), meta_in.data_ptr(), meta_in.numel(), DataType::kInt64), op);
   std::vector<int64_t> counts_i, counts_v;
   for (int r = 0; r < world; ++r) {
     at::Tensor m = meta_all.narrow(0, r * meta_in.numel(), meta_in.numel());
@@ -441,7 +486,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_sparse(std::ve
       ptrs.push_back(static_cast<char*>(all->data_ptr()) + offset * all->element_size());
       offset += c;
     }
-    return pg_->AllGather(ptrs, counts, mine.data_ptr(), mine.numel(), Dt(mine, "the tensor"));
+    return Session("allreduce_sparse")->AllGather(ptrs, counts, mine.data_ptr(), mine.numel(), Dt(mine, "the tensor"));
   };
   at::Tensor all_indices, all_values;
   WaitStep(gather(indices, counts_i, &all_indices), op);
@@ -475,7 +520,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   at::Tensor flat = Flatten(tensors, "allreduce_coalesced", "tensors");
   Pending p;
-  p.work = pg_->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
+  p.work = Session("allreduce_coalesced")->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
   p.outputs = tensors;
   p.keep_alive = {flat};
   std::vector<at::Tensor> targets = tensors;
@@ -494,7 +539,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce(std::vector<at::T
   InPlace t = SingleInPlace(tensors, "reduce");
   TORCH_CHECK(opts.rootTensor == 0, "collserve reduce: rootTensor must be 0");
   Pending p;
-  p.work = pg_->Reduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), ToReduceOp(opts.reduceOp),
+  p.work = Session("reduce")->Reduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), ToReduceOp(opts.reduceOp),
                        Rank(opts.rootRank, "root"));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
@@ -515,7 +560,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather(std::vector<st
   TORCH_CHECK(counts[getRank()] == in.numel(), "collserve allgather: output_tensor_list[", getRank(), "] has ",
               counts[getRank()], " elements but the input has ", in.numel());
   Pending p;
-  p.work = pg_->AllGather(ptrs, counts, in.data_ptr(), in.numel(), Dt(in, "the input"));
+  p.work = Session("allgather")->AllGather(ptrs, counts, in.data_ptr(), in.numel(), Dt(in, "the input"));
   p.outputs = outputs[0];
   p.keep_alive = {in};
   return Make(OpType::ALLGATHER, "allgather", std::move(p));
@@ -528,7 +573,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_allgather_base(at::Tens
               output.numel(), " elements, expected input elements (", input.numel(), ") x world_size (", getSize(),
               ")");
   Pending p;
-  p.work = pg_->AllGatherIntoTensor(output.data_ptr(), input.data_ptr(), input.numel(), Dt(input, "the input"));
+  p.work = Session("_allgather_base")->AllGatherIntoTensor(output.data_ptr(), input.data_ptr(), input.numel(), Dt(input, "the input"));
   p.outputs = {output};
   p.keep_alive = {input};
   return Make(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(p));
@@ -554,7 +599,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_coalesced(
   }
   at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
   Pending p;
-  p.work = pg_->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.work = Session("allgather_coalesced")->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
   p.keep_alive = {flat_in, flat_out};
   for (const std::vector<at::Tensor>& list : outputs) p.outputs.insert(p.outputs.end(), list.begin(), list.end());
   std::vector<std::vector<at::Tensor>> targets = outputs;
@@ -590,7 +635,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_into_tensor_co
   // input i of every rank in rank order.
   at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
   Pending p;
-  p.work = pg_->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.work = Session("allgather_into_tensor_coalesced")->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
   p.keep_alive = {flat_in, flat_out};
   p.outputs = outputs;
   std::vector<at::Tensor> targets = outputs;
@@ -620,7 +665,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::gather(std::vector<std::
     Views(outputs[0], in.scalar_type(), "gather_list", &ptrs, &counts);
     p.outputs = outputs[0];
   }
-  p.work = pg_->Gather(in.data_ptr(), in.numel(), ptrs, counts, Dt(in, "the input"), root);
+  p.work = Session("gather")->Gather(in.data_ptr(), in.numel(), ptrs, counts, Dt(in, "the input"), root);
   p.keep_alive = {in};
   return Make(OpType::GATHER, "gather", std::move(p));
 }
@@ -637,7 +682,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::scatter(std::vector<at::
     Views(inputs[0], out.scalar_type(), "scatter_list", &ptrs, &counts);
     p.keep_alive = inputs[0];
   }
-  p.work = pg_->Scatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"), root);
+  p.work = Session("scatter")->Scatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"), root);
   p.outputs = outputs;
   return Make(OpType::SCATTER, "scatter", std::move(p));
 }
@@ -652,7 +697,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter(
   std::vector<int64_t> counts;
   Views(inputs[0], out.scalar_type(), "input_list", &ptrs, &counts);
   Pending p;
-  p.work = pg_->ReduceScatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"),
+  p.work = Session("reduce_scatter")->ReduceScatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"),
                               ToReduceOp(opts.reduceOp));
   p.outputs = outputs;
   p.keep_alive = inputs[0];
@@ -666,7 +711,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_reduce_scatter_base(
               input.numel(), " elements, expected output elements (", output.numel(), ") x world_size (", getSize(),
               ")");
   Pending p;
-  p.work = pg_->ReduceScatterTensor(output.data_ptr(), input.data_ptr(), output.numel(), Dt(output, "the output"),
+  p.work = Session("_reduce_scatter_base")->ReduceScatterTensor(output.data_ptr(), input.data_ptr(), output.numel(), Dt(output, "the output"),
                                     ToReduceOp(opts.reduceOp));
   p.outputs = {output};
   p.keep_alive = {input};
@@ -693,7 +738,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter_tensor_co
   }
   at::Tensor packed = chunks.empty() ? at::empty({0}, flat_out.options()) : at::cat(chunks, 1).reshape({-1});
   Pending p;
-  p.work = pg_->ReduceScatterTensor(flat_out.data_ptr(), packed.data_ptr(), flat_out.numel(),
+  p.work = Session("reduce_scatter_tensor_coalesced")->ReduceScatterTensor(flat_out.data_ptr(), packed.data_ptr(), flat_out.numel(),
                                     Dt(flat_out, "the outputs"), ToReduceOp(opts.reduceOp));
   p.keep_alive = {flat_out, packed};
   p.outputs = outputs;
@@ -720,7 +765,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall_base(at::Tensor
     return out;
   };
   Pending p;
-  p.work = pg_->AllToAllSingle(output.data_ptr(), output.numel(), input.data_ptr(), input.numel(),
+  p.work = Session("alltoall_base")->AllToAllSingle(output.data_ptr(), output.numel(), input.data_ptr(), input.numel(),
                                elements(output_split_sizes, RowElements(output)),
                                elements(input_split_sizes, RowElements(input)), Dt(input, "the input"));
   p.outputs = {output};
@@ -741,7 +786,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall(std::vector<at:
   Views(outputs, dtype, "output_tensor_list", &out_ptrs, &out_counts);
   Views(inputs, dtype, "input_tensor_list", &in_ptrs, &in_counts);
   Pending p;
-  p.work = pg_->AllToAll(out_ptrs, out_counts, in_ptrs, in_counts, Dt(inputs[0], "input_tensor_list[0]"));
+  p.work = Session("alltoall")->AllToAll(out_ptrs, out_counts, in_ptrs, in_counts, Dt(inputs[0], "input_tensor_list[0]"));
   p.outputs = outputs;
   p.keep_alive = inputs;
   return Make(OpType::ALLTOALL, "all_to_all", std::move(p));
@@ -749,7 +794,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall(std::vector<at:
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::barrier(const ::c10d::BarrierOptions& opts) {
   Pending p;
-  p.work = pg_->Barrier();
+  p.work = Session("barrier")->Barrier();
   return Make(OpType::BARRIER, "barrier", std::move(p));
 }
 
@@ -758,14 +803,14 @@ void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts,
   // Gloo's monitored barrier with a zero timeout fails at once unless every rank has
   // arrived; the SDK takes positive timeouts only, so that is its shortest one.
   timeout = std::max(timeout, std::chrono::milliseconds(1));
-  WaitStep(pg_->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks), "monitored_barrier");
+  WaitStep(Session("monitored_barrier")->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks), "monitored_barrier");
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,
                                                              int tag) {
   at::Tensor& t = Single(tensors, "send");
   Pending p;
-  p.work = pg_->Send(t.data_ptr(), t.numel(), Dt(t, "the tensor"), dst_rank, tag);
+  p.work = Session("send")->Send(t.data_ptr(), t.numel(), Dt(t, "the tensor"), dst_rank, tag);
   p.keep_alive = tensors;
   return Make(OpType::SEND, "send", std::move(p));
 }
@@ -776,7 +821,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recv(std::vector<at::Ten
   TORCH_CHECK(src_rank >= 0 && src_rank < getSize(), "collserve recv: src ", src_rank, " is out of range [0, ",
               getSize(), ")");
   Pending p;
-  p.work = pg_->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), src_rank, tag);
+  p.work = Session("recv")->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), src_rank, tag);
   p.outputs = tensors;
   return Make(OpType::RECV, "recv", std::move(p));
 }
@@ -784,7 +829,7 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recv(std::vector<at::Ten
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   at::Tensor& t = Single(tensors, "recv");
   Pending p;
-  p.work = pg_->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), -1, tag);
+  p.work = Session("recv")->Recv(t.data_ptr(), t.numel(), Dt(t, "the tensor"), -1, tag);
   p.outputs = tensors;
   return Make(OpType::RECVANYSOURCE, "recv", std::move(p));
 }
@@ -895,8 +940,14 @@ c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& opti
     throw std::runtime_error(absl::StrCat("collserve init_process_group: ",
                                           absl::StatusCodeToString(pg.status().code()), ": ", pg.status().message()));
   }
-  return c10::make_intrusive<CollserveProcessGroup>(
+  c10::intrusive_ptr<CollserveProcessGroup> group = c10::make_intrusive<CollserveProcessGroup>(
       std::move(*pg), std::chrono::milliseconds(absl::ToInt64Milliseconds(options.op_timeout)));
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>& registry = Registry();
+  registry.erase(std::remove_if(registry.begin(), registry.end(), [](const auto& w) { return w.expired(); }),
+                 registry.end());
+  registry.emplace_back(group);
+  return group;
 }
 
 }  // namespace collserve::c10d_backend

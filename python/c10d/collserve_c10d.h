@@ -218,10 +218,22 @@ class CollserveProcessGroup : public TorchBase {
   // RESOURCE_EXHAUSTED when /dev/shm is full). Thread-safe.
   at::Tensor EmptyShared(int64_t bytes);
 
+  // Ends this group's session now, as its destruction would: operations still in flight
+  // fail (UNAVAILABLE: the rank left or the session ended; CANCELLED when the sidecar does
+  // not answer in time), their Works complete, and the SDK's threads are joined. Later calls
+  // throw std::runtime_error "collserve <op>: FAILED_PRECONDITION: ... shut down". Called
+  // by ShutdownAll; idempotent. Call it without the GIL (completions may need it to drop
+  // tensors). Thread-safe.
+  void Shutdown();
+
  private:
   c10::intrusive_ptr<::c10d::Work> Make(::c10d::OpType type, const char* op_name, Pending pending);
+  // The session for one call of `op`; throws (see Shutdown) once the group is shut down.
+  // The caller's copy keeps the session alive until the call returns.
+  std::shared_ptr<client::ProcessGroup> Session(const char* op);
 
-  std::unique_ptr<client::ProcessGroup> pg_;
+  std::mutex session_mu_;
+  std::shared_ptr<client::ProcessGroup> pg_;  // guarded by session_mu_; null once shut down
   std::chrono::milliseconds op_timeout_;
   std::atomic<uint64_t> issued_{0};
   std::mutex coalescing_mu_;
@@ -239,6 +251,15 @@ CollserveProcessGroup* FromTorchGroup(const c10::intrusive_ptr<::c10d::ProcessGr
 // status (INVALID_ARGUMENT, ALREADY_EXISTS, DEADLINE_EXCEEDED naming the missing ranks,
 // UNAVAILABLE) on failure.
 c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& options);
+
+// Shuts down (CollserveProcessGroup::Shutdown) every collserve group of this process that
+// is still alive. collserve.torch calls it at interpreter exit (atexit, before Python
+// finalizes): a group that outlives destroy_process_group (DistributedDataParallel keeps
+// a reference) would otherwise complete an operation on an SDK thread during
+// finalization, and dropping that operation's tensors asks for the GIL, which ends the
+// thread with pthread_exit in a noexcept destructor: std::terminate ("terminate called
+// without an active exception"). Call it without the GIL. Thread-safe.
+void ShutdownAll();
 
 }  // namespace collserve::c10d_backend
 

@@ -57,4 +57,7 @@ PYBIND11_MODULE(_collserve_torch, m) {
       },
       py::arg("group"), py::arg("bytes"),
       "A uint8 tensor of `bytes` bytes in the group's shared-memory arena (see collserve.torch.empty).");
+  m.def("shutdown_all", &collserve::c10d_backend::ShutdownAll, py::call_guard<py::gil_scoped_release>(),
+        "Ends the session of every collserve group still alive in this process (operations in flight fail); "
+        "later calls on them raise RuntimeError. collserve.torch runs it at interpreter exit.");
 }

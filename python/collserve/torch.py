@@ -234,6 +234,11 @@ def _register():
     else:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True)
     atexit.register(_stop_embedded)
+    # Runs first (atexit is last in, first out): every collserve group still alive, such as
+    # one DistributedDataParallel keeps past destroy_process_group, ends its session while
+    # Python can still take back the tensors of operations in flight (see
+    # _collserve_torch.shutdown_all), and before the embedded sidecar stops.
+    atexit.register(_collserve_torch.shutdown_all)
 
 
 _register()

@@ -119,6 +119,15 @@ def test_monitored_barrier_with_zero_timeout_times_out_at_once():
     run_ranks(2, ["monitored_zero", "collserve", "env"])
 
 
+@pytest.mark.parametrize("how", ["call", "exit"])
+def test_groups_alive_at_exit_are_shut_down_first(how):
+    """A group DDP keeps past destroy_process_group, with an operation in flight: its session
+    ends at interpreter exit, before Python finalizes (an SDK thread completing the operation
+    during finalization would drop its tensors there and abort the process), and the
+    operation fails instead of hanging."""
+    run_ranks(2, ["live_at_exit", "collserve", "env", how], timeout=90)
+
+
 def test_ranks_on_several_hosts_start_one_sidecar_per_host():
     """With COLLSERVE_COORDINATOR, the first rank of each host starts that host's sidecar;
     here two "hosts" on loopback (COLLSERVE_HOST_ID), so the all_reduce crosses sidecars."""

@@ -2,7 +2,8 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero. BACKEND: collserve or gloo. INIT: env
+SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero | live_at_exit.
+BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
 AssertionError; success prints "rank R: SCENARIO ok".
@@ -344,6 +345,40 @@ def ddp(rank, world, out):
         torch.save([p.detach().clone() for p in model.parameters()], out)
 
 
+def live_at_exit(rank, world, how):
+    """A collserve group that outlives destroy_process_group (DistributedDataParallel keeps a
+    reference to its group), with an operation left in flight on rank 0. HOW=call: rank 0
+    runs _collserve_torch.shutdown_all (what collserve.torch's atexit hook runs) itself: the
+    operation fails (UNAVAILABLE or CANCELLED, as when the group is destroyed) and later calls
+    raise FAILED_PRECONDITION. HOW=exit: the
+    operation is dropped and the process exits; the hook must end the session before Python
+    finalizes (the test checks that every rank exits 0)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
+    train(model, rank, 2)
+    group = dist.distributed_c10d._get_default_group()
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    t = torch.ones(1024)
+    work = group.allreduce([t])  # rank 1 never calls it
+    if how == "exit":
+        del t, work
+        return
+    collserve.torch._collserve_torch.shutdown_all()
+    try:
+        work.wait()
+        raise AssertionError("the operation in flight completed after shutdown_all")
+    except RuntimeError as e:
+        assert any(f"collserve allreduce: {code}: " in str(e) for code in ("UNAVAILABLE", "CANCELLED")), e
+    try:
+        group.allreduce([t])
+        raise AssertionError("a group shut down took another operation")
+    except RuntimeError as e:
+        assert "collserve allreduce: FAILED_PRECONDITION" in str(e) and "shut down" in str(e), e
+
+
 def fsdp(rank, world, out):
     """10 steps of FullyShardedDataParallel (torch 2.x, CPU: parameters sharded over the
     ranks, all_gather_into_tensor before each use, reduce_scatter_tensor of the gradients);
@@ -430,6 +465,10 @@ def main():
         monitored_zero(rank, world)
         print(f"rank {rank}: {scenario} ok", flush=True)
         return  # the group is unusable after a failed monitored barrier (as torch's)
+    elif scenario == "live_at_exit":
+        live_at_exit(rank, world, sys.argv[4])
+        print(f"rank {rank}: {scenario} ok", flush=True)
+        return  # destroyed inside (the group lives on)
     elif scenario == "ddp":
         ddp(rank, world, sys.argv[4])
         dist.barrier()
