@@ -333,21 +333,42 @@ c10::intrusive_ptr<c10::ivalue::Future> CollserveWork::getFuture() { return stat
 
 // ---- CollserveProcessGroup ----
 
+namespace {
+
+// Every collserve group alive in this process, for ShutdownAll. Raw pointers: each group
+// adds itself in its constructor and removes itself in its destructor, under the mutex. (A
+// c10::weak_intrusive_ptr would defer the group's destructor, and with it the end of its
+// session, until the weak reference goes.)
+std::mutex& RegistryMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+std::vector<CollserveProcessGroup*>& Registry() {
+  static auto* groups = new std::vector<CollserveProcessGroup*>;
+  return *groups;
+}
+
+}  // namespace
+
 CollserveProcessGroup::CollserveProcessGroup(std::unique_ptr<client::ProcessGroup> pg,
                                              std::chrono::milliseconds op_timeout)
-    : TorchBase(pg->GetRank(), pg->GetWorldSize()), pg_(std::move(pg)), op_timeout_(op_timeout) {}
+    : TorchBase(pg->GetRank(), pg->GetWorldSize()), pg_(std::move(pg)), op_timeout_(op_timeout) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Registry().push_back(this);
+}
 
 CollserveProcessGroup::~CollserveProcessGroup() {
   // Ending the session joins the SDK's completion thread, which may be in a Work's callback
   // dropping its tensors, and dropping a tensor that has a Python object takes the GIL. The
   // last reference usually goes from Python (destroy_process_group), GIL held: let go of it.
-  if (Py_IsInitialized() && PyGILState_Check()) {
-    PyThreadState* saved = PyEval_SaveThread();
-    Shutdown();
-    PyEval_RestoreThread(saved);
-  } else {
-    Shutdown();
+  PyThreadState* saved = Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    std::vector<CollserveProcessGroup*>& registry = Registry();
+    registry.erase(std::remove(registry.begin(), registry.end(), this), registry.end());
   }
+  Shutdown();
+  if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
 std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char* op) {
@@ -359,40 +380,22 @@ std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char*
   return pg_;
 }
 
+std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSession() {
+  std::lock_guard<std::mutex> lock(session_mu_);
+  return std::move(pg_);
+}
+
 void CollserveProcessGroup::Shutdown() {
-  std::shared_ptr<client::ProcessGroup> session;
-  {
-    std::lock_guard<std::mutex> lock(session_mu_);
-    session = std::move(pg_);
-  }
-  session.reset();  // ends the session here unless a call on another thread still holds it
+  TakeSession().reset();  // ends the session here unless a call on another thread still holds it
 }
-
-namespace {
-
-// Every collserve group created in this process, for ShutdownAll; expired entries are
-// pruned as groups are added.
-std::mutex& RegistryMutex() {
-  static std::mutex* mu = new std::mutex;
-  return *mu;
-}
-std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>& Registry() {
-  static auto* groups = new std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>;
-  return *groups;
-}
-
-}  // namespace
 
 void ShutdownAll() {
-  std::vector<c10::intrusive_ptr<CollserveProcessGroup>> live;
+  std::vector<std::shared_ptr<client::ProcessGroup>> sessions;
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
-    for (const auto& weak : Registry()) {
-      if (c10::intrusive_ptr<CollserveProcessGroup> group = weak.lock()) live.push_back(std::move(group));
-    }
-    Registry().clear();
+    for (CollserveProcessGroup* group : Registry()) sessions.push_back(group->TakeSession());
   }
-  for (const auto& group : live) group->Shutdown();
+  sessions.clear();  // ends them with no lock held: their completions may run Python callbacks
 }
 
 at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
@@ -940,14 +943,8 @@ c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& opti
     throw std::runtime_error(absl::StrCat("collserve init_process_group: ",
                                           absl::StatusCodeToString(pg.status().code()), ": ", pg.status().message()));
   }
-  c10::intrusive_ptr<CollserveProcessGroup> group = c10::make_intrusive<CollserveProcessGroup>(
+  return c10::make_intrusive<CollserveProcessGroup>(
       std::move(*pg), std::chrono::milliseconds(absl::ToInt64Milliseconds(options.op_timeout)));
-  std::lock_guard<std::mutex> lock(RegistryMutex());
-  std::vector<c10::weak_intrusive_ptr<CollserveProcessGroup>>& registry = Registry();
-  registry.erase(std::remove_if(registry.begin(), registry.end(), [](const auto& w) { return w.expired(); }),
-                 registry.end());
-  registry.emplace_back(group);
-  return group;
 }
 
 }  // namespace collserve::c10d_backend

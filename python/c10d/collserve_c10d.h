@@ -225,6 +225,8 @@ class CollserveProcessGroup : public TorchBase {
   // by ShutdownAll; idempotent. Call it without the GIL (completions may need it to drop
   // tensors). Thread-safe.
   void Shutdown();
+  // Moves the session out (null once shut down); for Shutdown and ShutdownAll.
+  std::shared_ptr<client::ProcessGroup> TakeSession();
 
  private:
   c10::intrusive_ptr<::c10d::Work> Make(::c10d::OpType type, const char* op_name, Pending pending);

@@ -119,6 +119,10 @@ def test_monitored_barrier_with_zero_timeout_times_out_at_once():
     run_ranks(2, ["monitored_zero", "collserve", "env"])
 
 
+def test_init_again_after_destroy(tmp_path):
+    run_ranks(2, ["reinit", "collserve", f"store:{tmp_path / 'rendezvous'}"])
+
+
 @pytest.mark.parametrize("how", ["call", "exit"])
 def test_groups_alive_at_exit_are_shut_down_first(how):
     """A group DDP keeps past destroy_process_group, with an operation in flight: its session

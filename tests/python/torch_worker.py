@@ -2,7 +2,7 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero | live_at_exit.
+SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero | live_at_exit | reinit.
 BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
@@ -345,6 +345,19 @@ def ddp(rank, world, out):
         torch.save([p.detach().clone() for p in model.parameters()], out)
 
 
+def reinit(rank, world, how):
+    """init_process_group again after destroy_process_group, on a fresh FileStore (HOW is
+    store:<path>; round 2 uses <path>.2): torch names the new default group as the old one,
+    so this passes only if destroying the group ended its session at the sidecar."""
+    for round_ in (1, 2):
+        if round_ == 2:
+            init("collserve", how + ".2")
+        t = torch.full((3,), float(rank + round_))
+        dist.all_reduce(t)
+        equal(t, torch.full((3,), float(sum(range(world)) + world * round_)))
+        dist.destroy_process_group()
+
+
 def live_at_exit(rank, world, how):
     """A collserve group that outlives destroy_process_group (DistributedDataParallel keeps a
     reference to its group), with an operation left in flight on rank 0. HOW=call: rank 0
@@ -465,6 +478,10 @@ def main():
         monitored_zero(rank, world)
         print(f"rank {rank}: {scenario} ok", flush=True)
         return  # the group is unusable after a failed monitored barrier (as torch's)
+    elif scenario == "reinit":
+        reinit(rank, world, how)
+        print(f"rank {rank}: {scenario} ok", flush=True)
+        return  # destroyed inside
     elif scenario == "live_at_exit":
         live_at_exit(rank, world, sys.argv[4])
         print(f"rank {rank}: {scenario} ok", flush=True)
