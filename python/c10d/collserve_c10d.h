@@ -219,8 +219,8 @@ class CollserveProcessGroup : public TorchBase {
   at::Tensor EmptyShared(int64_t bytes);
 
   // Ends this group's session now, as its destruction would: operations still in flight
-  // fail (UNAVAILABLE: the rank left or the session ended; CANCELLED when the sidecar does
-  // not answer in time), their Works complete, and the SDK's threads are joined. Later calls
+  // fail (UNAVAILABLE, FAILED_PRECONDITION or CANCELLED, by how far the sidecar got: the
+  // codes of a destroyed group's), their Works complete, and the SDK's threads are joined. Later calls
   // throw std::runtime_error "collserve <op>: FAILED_PRECONDITION: ... shut down". Called
   // by ShutdownAll; idempotent. Call it without the GIL (completions may need it to drop
   // tensors). Thread-safe.
