@@ -138,8 +138,7 @@ struct InitOptions {
 
   // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (as torch's env://) and
   // COLLSERVE_COORDINATOR, COLLSERVE_SIDECAR, COLLSERVE_JOB, COLLSERVE_INIT_TIMEOUT_S, COLLSERVE_OP_TIMEOUT_S,
-  // COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_MAX_STAGING_BYTES,
-  // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE).
+  // and the tuning variables (ReadTuningFromEnv).
   // INVALID_ARGUMENT when RANK or WORLD_SIZE are missing or not integers, a timeout is not
   // a positive number, COLLSERVE_MAX_STAGING_BYTES or COLLSERVE_STAGING_WINDOW_BYTES is not
   // a non-negative integer, the TLS variables are inconsistent (TlsOptions::FromEnv), or the

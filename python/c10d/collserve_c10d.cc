@@ -374,7 +374,8 @@ CollserveProcessGroup::~CollserveProcessGroup() {
 std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char* op) {
   std::lock_guard<std::mutex> lock(session_mu_);
   if (pg_ == nullptr) {
-    throw std::runtime_error(absl::StrCat("collserve ", op, ": FAILED_PRECONDITION: this process group was shut down "
+    throw std::runtime_error(absl::StrCat("collserve ", op,
+                                          ": FAILED_PRECONDITION: this process group was shut down "
                                           "(its session ended at interpreter exit)"));
   }
   return pg_;
@@ -400,7 +401,8 @@ void ShutdownAll() {
 
 at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
   if (bytes <= 0) throw std::invalid_argument(absl::StrCat("collserve empty: ", bytes, " bytes (must be > 0)"));
-  absl::StatusOr<std::shared_ptr<client::SharedBuffer>> buffer = Session("empty")->AllocateShared(static_cast<size_t>(bytes));
+  absl::StatusOr<std::shared_ptr<client::SharedBuffer>> buffer =
+      Session("empty")->AllocateShared(static_cast<size_t>(bytes));
   if (!buffer.ok()) {
     throw std::runtime_error(absl::StrCat("collserve empty: ", absl::StatusCodeToString(buffer.status().code()),
                                           ": ", buffer.status().message()));
@@ -424,8 +426,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::broadcast(std::vector<at
   InPlace t = SingleInPlace(tensors, "broadcast");
   TORCH_CHECK(opts.rootTensor == 0, "collserve broadcast: rootTensor must be 0");
   Pending p;
-  p.work = Session("broadcast")->Broadcast(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
-                          Rank(opts.rootRank, "root"));
+  p.work =
+      Session("broadcast")
+          ->Broadcast(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), Rank(opts.rootRank, "root"));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
   p.on_success = std::move(t.copy_back);
@@ -437,8 +440,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce(std::vector<at
   if (tensors.size() == 1 && tensors[0].defined() && tensors[0].is_sparse()) return allreduce_sparse(tensors, opts);
   InPlace t = SingleInPlace(tensors, "allreduce");
   Pending p;
-  p.work = Session("allreduce")->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
-                          ToReduceOp(opts.reduceOp));
+  p.work =
+      Session("allreduce")
+          ->AllReduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), ToReduceOp(opts.reduceOp));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
   p.on_success = std::move(t.copy_back);
@@ -466,7 +470,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_sparse(std::ve
   for (int64_t s : in.sizes()) meta.push_back(s);
   at::Tensor meta_in = at::tensor(meta, at::kLong);
   at::Tensor meta_all = at::empty({meta_in.numel() * world}, at::kLong);
-  WaitStep(Session("allreduce_sparse")->AllGatherIntoTensor(meta_all.data_ptr(), meta_in.data_ptr(), meta_in.numel(), DataType::kInt64), op);
+  WaitStep(Session("allreduce_sparse")
+               ->AllGatherIntoTensor(meta_all.data_ptr(), meta_in.data_ptr(), meta_in.numel(), DataType::kInt64),
+           op);
   std::vector<int64_t> counts_i, counts_v;
   for (int r = 0; r < world; ++r) {
     at::Tensor m = meta_all.narrow(0, r * meta_in.numel(), meta_in.numel());
@@ -523,7 +529,8 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
   at::Tensor flat = Flatten(tensors, "allreduce_coalesced", "tensors");
   Pending p;
-  p.work = Session("allreduce_coalesced")->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
+  p.work = Session("allreduce_coalesced")
+               ->AllReduce(flat.data_ptr(), flat.numel(), Dt(flat, "the tensors"), ToReduceOp(opts.reduceOp));
   p.outputs = tensors;
   p.keep_alive = {flat};
   std::vector<at::Tensor> targets = tensors;
@@ -542,8 +549,8 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce(std::vector<at::T
   InPlace t = SingleInPlace(tensors, "reduce");
   TORCH_CHECK(opts.rootTensor == 0, "collserve reduce: rootTensor must be 0");
   Pending p;
-  p.work = Session("reduce")->Reduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"), ToReduceOp(opts.reduceOp),
-                       Rank(opts.rootRank, "root"));
+  p.work = Session("reduce")->Reduce(t.buffer.data_ptr(), t.buffer.numel(), Dt(t.buffer, "the tensor"),
+                                     ToReduceOp(opts.reduceOp), Rank(opts.rootRank, "root"));
   p.outputs = tensors;
   p.keep_alive = {t.buffer};
   if (getRank() == opts.rootRank) p.on_success = std::move(t.copy_back);
@@ -576,7 +583,8 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_allgather_base(at::Tens
               output.numel(), " elements, expected input elements (", input.numel(), ") x world_size (", getSize(),
               ")");
   Pending p;
-  p.work = Session("_allgather_base")->AllGatherIntoTensor(output.data_ptr(), input.data_ptr(), input.numel(), Dt(input, "the input"));
+  p.work = Session("_allgather_base")
+               ->AllGatherIntoTensor(output.data_ptr(), input.data_ptr(), input.numel(), Dt(input, "the input"));
   p.outputs = {output};
   p.keep_alive = {input};
   return Make(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", std::move(p));
@@ -602,7 +610,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_coalesced(
   }
   at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
   Pending p;
-  p.work = Session("allgather_coalesced")->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.work =
+      Session("allgather_coalesced")
+          ->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
   p.keep_alive = {flat_in, flat_out};
   for (const std::vector<at::Tensor>& list : outputs) p.outputs.insert(p.outputs.end(), list.begin(), list.end());
   std::vector<std::vector<at::Tensor>> targets = outputs;
@@ -638,7 +648,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_into_tensor_co
   // input i of every rank in rank order.
   at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
   Pending p;
-  p.work = Session("allgather_into_tensor_coalesced")->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
+  p.work =
+      Session("allgather_into_tensor_coalesced")
+          ->AllGatherIntoTensor(flat_out.data_ptr(), flat_in.data_ptr(), flat_in.numel(), Dt(flat_in, "the inputs"));
   p.keep_alive = {flat_in, flat_out};
   p.outputs = outputs;
   std::vector<at::Tensor> targets = outputs;
@@ -700,8 +712,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter(
   std::vector<int64_t> counts;
   Views(inputs[0], out.scalar_type(), "input_list", &ptrs, &counts);
   Pending p;
-  p.work = Session("reduce_scatter")->ReduceScatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"),
-                              ToReduceOp(opts.reduceOp));
+  p.work =
+      Session("reduce_scatter")
+          ->ReduceScatter(out.data_ptr(), out.numel(), ptrs, counts, Dt(out, "the output"), ToReduceOp(opts.reduceOp));
   p.outputs = outputs;
   p.keep_alive = inputs[0];
   return Make(OpType::REDUCE_SCATTER, "reduce_scatter", std::move(p));
@@ -714,8 +727,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::_reduce_scatter_base(
               input.numel(), " elements, expected output elements (", output.numel(), ") x world_size (", getSize(),
               ")");
   Pending p;
-  p.work = Session("_reduce_scatter_base")->ReduceScatterTensor(output.data_ptr(), input.data_ptr(), output.numel(), Dt(output, "the output"),
-                                    ToReduceOp(opts.reduceOp));
+  p.work = Session("_reduce_scatter_base")
+               ->ReduceScatterTensor(output.data_ptr(), input.data_ptr(), output.numel(), Dt(output, "the output"),
+                                     ToReduceOp(opts.reduceOp));
   p.outputs = {output};
   p.keep_alive = {input};
   return Make(OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", std::move(p));
@@ -741,8 +755,9 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::reduce_scatter_tensor_co
   }
   at::Tensor packed = chunks.empty() ? at::empty({0}, flat_out.options()) : at::cat(chunks, 1).reshape({-1});
   Pending p;
-  p.work = Session("reduce_scatter_tensor_coalesced")->ReduceScatterTensor(flat_out.data_ptr(), packed.data_ptr(), flat_out.numel(),
-                                    Dt(flat_out, "the outputs"), ToReduceOp(opts.reduceOp));
+  p.work = Session("reduce_scatter_tensor_coalesced")
+               ->ReduceScatterTensor(flat_out.data_ptr(), packed.data_ptr(), flat_out.numel(),
+                                     Dt(flat_out, "the outputs"), ToReduceOp(opts.reduceOp));
   p.keep_alive = {flat_out, packed};
   p.outputs = outputs;
   std::vector<at::Tensor> targets = outputs;
@@ -768,9 +783,10 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall_base(at::Tensor
     return out;
   };
   Pending p;
-  p.work = Session("alltoall_base")->AllToAllSingle(output.data_ptr(), output.numel(), input.data_ptr(), input.numel(),
-                               elements(output_split_sizes, RowElements(output)),
-                               elements(input_split_sizes, RowElements(input)), Dt(input, "the input"));
+  p.work = Session("alltoall_base")
+               ->AllToAllSingle(output.data_ptr(), output.numel(), input.data_ptr(), input.numel(),
+                                elements(output_split_sizes, RowElements(output)),
+                                elements(input_split_sizes, RowElements(input)), Dt(input, "the input"));
   p.outputs = {output};
   p.keep_alive = {input};
   return Make(OpType::ALLTOALL_BASE, "all_to_all_single", std::move(p));
@@ -789,7 +805,8 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::alltoall(std::vector<at:
   Views(outputs, dtype, "output_tensor_list", &out_ptrs, &out_counts);
   Views(inputs, dtype, "input_tensor_list", &in_ptrs, &in_counts);
   Pending p;
-  p.work = Session("alltoall")->AllToAll(out_ptrs, out_counts, in_ptrs, in_counts, Dt(inputs[0], "input_tensor_list[0]"));
+  p.work =
+      Session("alltoall")->AllToAll(out_ptrs, out_counts, in_ptrs, in_counts, Dt(inputs[0], "input_tensor_list[0]"));
   p.outputs = outputs;
   p.keep_alive = inputs;
   return Make(OpType::ALLTOALL, "all_to_all", std::move(p));
@@ -806,7 +823,8 @@ void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts,
   // Gloo's monitored barrier with a zero timeout fails at once unless every rank has
   // arrived; the SDK takes positive timeouts only, so that is its shortest one.
   timeout = std::max(timeout, std::chrono::milliseconds(1));
-  WaitStep(Session("monitored_barrier")->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks), "monitored_barrier");
+  WaitStep(Session("monitored_barrier")->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks),
+           "monitored_barrier");
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,
