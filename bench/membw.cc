@@ -31,11 +31,25 @@
 //   BM_BroadcastCopyOut   only the R-1 receivers' concurrent copies: what any design must do
 //     /ranks:R            to fill R-1 private tensors (the ceiling of a heap broadcast that
 //                         stages nothing at the root).
+//   BM_PipelinedHeapBroadcast the staged broadcast with the root's copy hidden under the
+//     /ranks:R            reads: the root's thread copies 1 MiB chunks into the segment and
+//                         publishes how far it got (an atomic), the R-1 receivers copy each
+//                         chunk out as soon as it is there (spinning with yield between
+//                         chunks). The ceiling of "a chunked root copy-in that the readers follow".
+//   BM_VmReadBroadcast    R-1 receivers read the root's tensor straight from its memory with
+//     /ranks:R            process_vm_readv(2) (here the process reads itself: the kernel pins
+//                         the pages and copies them the same way as from another process). The
+//                         ceiling of a broadcast whose receivers may ptrace the root.
 //
 // Run: build/bench/collserve-membw [--benchmark_min_time=0.5]
 #include <benchmark/benchmark.h>
 
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "backends/local_ops.h"
@@ -185,6 +199,61 @@ void BM_BroadcastCopyOut(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
 }
 BENCHMARK(BM_BroadcastCopyOut)->Apply(StagedArgs);
+
+// See the file comment.
+void BM_PipelinedHeapBroadcast(benchmark::State& state) {
+  Tensors t(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+  std::vector<float> segment = Filled(0.0f, t.bytes);
+  constexpr size_t kChunk = 1 << 20;
+  char* seg = reinterpret_cast<char*>(segment.data());
+  for (auto _ : state) {
+    std::atomic<size_t> filled{0};
+    // Rank 0 (the root) copies in; ranks 1..R-1 follow.
+    t.pool.ParallelFor(t.heap.size(), [&](size_t r) {
+      if (r == 0) {
+        const char* src = reinterpret_cast<const char*>(t.heap[0].data());
+        for (size_t off = 0; off < t.bytes; off += kChunk) {
+          const size_t n = std::min(kChunk, t.bytes - off);
+          std::memcpy(seg + off, src + off, n);
+          filled.store(off + n, std::memory_order_release);
+        }
+        return;
+      }
+      char* dst = reinterpret_cast<char*>(t.heap[r].data());
+      size_t done = 0;
+      while (done < t.bytes) {
+        const size_t avail = filled.load(std::memory_order_acquire);
+        if (avail == done) {
+          std::this_thread::yield();
+          continue;
+        }
+        std::memcpy(dst + done, seg + done, avail - done);
+        done = avail;
+      }
+    });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
+}
+BENCHMARK(BM_PipelinedHeapBroadcast)->Apply(StagedArgs);
+
+// See the file comment.
+void BM_VmReadBroadcast(benchmark::State& state) {
+  Tensors t(static_cast<int>(state.range(0)), static_cast<size_t>(state.range(1)));
+  const pid_t self = getpid();
+  std::atomic<bool> failed{false};
+  for (auto _ : state) {
+    t.pool.ParallelFor(t.heap.size() - 1, [&](size_t i) {
+      iovec local{t.heap[i + 1].data(), t.bytes};
+      iovec remote{t.heap[0].data(), t.bytes};
+      if (process_vm_readv(self, &local, 1, &remote, 1, 0) != static_cast<ssize_t>(t.bytes)) failed = true;
+    });
+    benchmark::ClobberMemory();
+  }
+  if (failed) state.SkipWithError("process_vm_readv failed or was short");
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * state.range(1));
+}
+BENCHMARK(BM_VmReadBroadcast)->Apply(StagedArgs);
 
 }  // namespace
 

@@ -69,6 +69,10 @@ constexpr int64_t kMaxMessageBytes = 1 << 30;
 // the few a job cycles through stay mapped.
 constexpr size_t kMaxPeerBytes = size_t{512} << 20;
 constexpr size_t kMaxPeerSegments = 256;
+// A pipelined broadcast's root publishes its copy's progress every this many bytes (1 MiB:
+// bench/membw.cc's BM_PipelinedHeapBroadcast hides the root's copy of 64 MiB under the
+// readers' with it).
+constexpr size_t kFillPieceBytes = size_t{1} << 20;
 
 class WorkImpl : public Work {
  public:
@@ -778,7 +782,15 @@ class SessionProcessGroup : public ProcessGroup {
     constexpr size_t kAlign = 64;
     const bool stage_out = !r.in_place && !out_zero && out_region > 0;
     const size_t out_offset = stage_out ? (stage_in + kAlign - 1) / kAlign * kAlign : 0;
-    const size_t total = out_offset + (stage_out ? out_region : 0) + (stage_out ? 0 : stage_in);
+    size_t total = out_offset + (stage_out ? out_region : 0) + (stage_out ? 0 : stage_in);
+    // A large broadcast root's staged tensor is written after the request is sent, piece by
+    // piece, behind the count of bytes written at fill_offset (Buffer.fill_offset): the
+    // readers' copies follow the root's instead of waiting for all of it.
+    const bool fill_after_send = r.op == pb::BROADCAST && r.root == options_.rank && shared_memory_ &&
+                                 options_.pipelined_broadcast && r.inputs.size() == 1 && !in_zero &&
+                                 stage_in >= static_cast<size_t>(InitOptions::kPipelinedBroadcastMinBytes);
+    const size_t fill_offset = fill_after_send ? (total + kAlign - 1) / kAlign * kAlign : 0;
+    if (fill_after_send) total = fill_offset + sizeof(uint64_t);
 
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
@@ -809,7 +821,9 @@ class SessionProcessGroup : public ProcessGroup {
         pending->segment = std::move(*seg);
         size_t off = 0;
         for (const auto& [p, b] : r.inputs) {
-          if (stage_in > 0 && b > 0 && !r.input_unused) std::memcpy(pending->segment->data() + off, p, b);
+          if (stage_in > 0 && b > 0 && !r.input_unused && !fill_after_send) {
+            std::memcpy(pending->segment->data() + off, p, b);
+          }
           off += b;
         }
       }
@@ -823,6 +837,10 @@ class SessionProcessGroup : public ProcessGroup {
       };
       name(c->mutable_buffer(), in_ref, in_zero, 0);
       name(c->mutable_output(), out_ref, out_zero && !r.in_place, out_offset);
+      if (fill_after_send) {
+        c->mutable_buffer()->set_fill_offset(static_cast<int64_t>(fill_offset));
+        pending->filled = std::make_shared<absl::Notification>();
+      }
     } else if (in_bytes + out_region > 0) {
       if (in_bytes + out_bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
         return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat(
@@ -835,12 +853,31 @@ class SessionProcessGroup : public ProcessGroup {
     }
     auto work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
     pending->work = work;
-    return Enqueue(req, std::move(pending));
+    if (!fill_after_send) return Enqueue(req, std::move(pending));
+    char* segment = pending->segment->data();
+    uint64_t* count = reinterpret_cast<uint64_t*>(segment + fill_offset);
+    __atomic_store_n(count, 0, __ATOMIC_RELAXED);  // a reused segment holds the last count
+    std::shared_ptr<absl::Notification> filled = pending->filled;
+    bool sent = false;
+    std::shared_ptr<Work> result = Enqueue(req, std::move(pending), &sent);
+    if (sent) {
+      // The segment stays this op's until `filled`: its Finish (or FailAll) waits for it.
+      const char* src = static_cast<const char*>(r.inputs[0].first);
+      for (size_t off = 0; off < stage_in; off += kFillPieceBytes) {
+        const size_t n = std::min(kFillPieceBytes, stage_in - off);
+        std::memcpy(segment + off, src + off, n);
+        __atomic_store_n(count, static_cast<uint64_t>(off + n), __ATOMIC_RELEASE);
+      }
+    }
+    filled->Notify();
+    return result;
   }
 
   // Numbers `req` (its collective's seq) and writes it on the session; `pending` (with its
   // Work) completes with the sidecar's answer, or at once if the session is gone.
-  std::shared_ptr<Work> Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending) {
+  // `sent` (optional): set to whether the request was written (else its Work has failed and
+  // its segment is released).
+  std::shared_ptr<Work> Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending, bool* sent = nullptr) {
     pb::Collective* c = req.mutable_collective();
     if (c->op() != pb::SEND && c->op() != pb::RECV && !CallSiteOfThisThread().empty()) {
       c->set_call_site(CallSiteOfThisThread().substr(0, 256));
@@ -877,6 +914,7 @@ class SessionProcessGroup : public ProcessGroup {
     }
     // On failure the reader thread sees the session end and fails every pending Work.
     WriteLocked(req);
+    if (sent != nullptr) *sent = true;
     return work;
   }
 
@@ -958,6 +996,10 @@ class SessionProcessGroup : public ProcessGroup {
     std::unique_ptr<ShmSegment> segment;
     bool collective = false;  // counts in staged_collectives_ while it holds `segment`
     bool p2p = false;         // send/recv: completes on the point-to-point lane
+    // Set when the issuing thread writes the input into `segment` after sending the request
+    // (Buffer.fill_offset); notified once it is all there. The op completes and the segment
+    // is released only after that.
+    std::shared_ptr<absl::Notification> filled;
   };
   // A completion read from the stream, handed to a lane.
   struct Done {
@@ -1126,6 +1168,7 @@ class SessionProcessGroup : public ProcessGroup {
   // Work. On a lane's thread.
   void Finish(Done& done) {
     Pending* p = done.pending.get();
+    if (p->filled != nullptr) p->filled->WaitForNotification();  // a memcpy on the issuing thread
     const pb::Completion& c = done.completion;
     absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
     const bool peer_read = status.ok() && c.has_peer_source();
@@ -1198,13 +1241,54 @@ class SessionProcessGroup : public ProcessGroup {
       return absl::InternalError(absl::StrCat("the sidecar named bytes [", offset, ", ", offset + p.out_bytes,
                                               ") of rank ", source.rank(), "'s ", size, "-byte segment"));
     }
-    size_t off = 0;
-    for (const auto& [ptr, b] : p.outputs) {
-      if (off + b > p.out_bytes) break;
-      if (b > 0) std::memcpy(ptr, base + offset + off, b);
-      off += b;
+    if (source.fill_offset() <= 0) {
+      CopyResultRange(p, base + offset, 0, p.out_bytes);
+      return absl::OkStatus();
+    }
+    // The owner is still writing the bytes: follow its count (PeerSource.fill_offset).
+    const uint64_t at = static_cast<uint64_t>(source.fill_offset());
+    if (at % sizeof(uint64_t) != 0 || size < sizeof(uint64_t) || at > size - sizeof(uint64_t) ||
+        (at + sizeof(uint64_t) > offset && at < offset + p.out_bytes)) {
+      return absl::InternalError(absl::StrCat("the sidecar named a fill count at byte ", at, " of rank ",
+                                              source.rank(), "'s ", size, "-byte segment, whose result is at [",
+                                              offset, ", ", offset + p.out_bytes, ")"));
+    }
+    const uint64_t* count = reinterpret_cast<const uint64_t*>(base + at);
+    const absl::Time deadline = absl::Now() + options_.op_timeout;
+    size_t done = 0;
+    int idle = 0;
+    while (done < p.out_bytes) {
+      const size_t avail = static_cast<size_t>(std::min<uint64_t>(__atomic_load_n(count, __ATOMIC_ACQUIRE), p.out_bytes));
+      if (avail > done) {
+        CopyResultRange(p, base + offset, done, avail);
+        done = avail;
+        idle = 0;
+        continue;
+      }
+      // The owner copies at memory speed: yield at first, then nap (at most 1 ms).
+      if (++idle < 64) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("rank ", source.rank(), " had written ", done, " of its ",
+                                                        p.out_bytes, "-byte broadcast tensor within the op timeout (",
+                                                        absl::FormatDuration(options_.op_timeout), ")"));
+      }
+      absl::SleepFor(absl::Microseconds(std::min(idle - 63, 1000)));
     }
     return absl::OkStatus();
+  }
+
+  // Copies bytes [from, to) of a result at `result` into `p`'s outputs (filled in order).
+  static void CopyResultRange(Pending& p, const char* result, size_t from, size_t to) {
+    size_t off = 0;
+    for (const auto& [ptr, b] : p.outputs) {
+      if (off >= to || off + b > p.out_bytes) break;
+      const size_t lo = std::max(off, from), hi = std::min(off + b, to);
+      if (hi > lo) std::memcpy(static_cast<char*>(ptr) + (lo - off), result + lo, hi - lo);
+      off += b;
+    }
   }
 
   // Unmaps the oldest peer segments until `incoming` more bytes fit under kMaxPeerBytes
@@ -1330,6 +1414,7 @@ class SessionProcessGroup : public ProcessGroup {
       pending.swap(pending_);
     }
     for (auto& [seq, p] : pending) {
+      if (p->filled != nullptr) p->filled->WaitForNotification();  // a memcpy on the issuing thread
       ReleaseSegment(std::move(p->segment), p->collective);
       p->work->Complete(why);
     }
@@ -1542,6 +1627,7 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
   peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);
   ops_channel = SwitchFromEnv("COLLSERVE_OPS_CHANNEL", ops_channel);
+  pipelined_broadcast = SwitchFromEnv("COLLSERVE_PIPELINED_BROADCAST", pipelined_broadcast);
   max_staging_bytes = *staging;
   staging_window_bytes = *window;
   if (!tls_env->ca_file.empty() || !tls_env->cert_file.empty() || !tls_env->key_file.empty() ||

@@ -67,6 +67,19 @@ absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObser
   }
   if (sub.in_bytes > 0) {
     COLLSERVE_ASSIGN_OR_RETURN(sub.in, segments.Map(c.buffer, sub.in_bytes, sub));
+    if (c.buffer.fill_offset > 0) {
+      // The count of bytes written so far: an aligned word inside the segment, outside the tensor.
+      const ShmSegment& seg = *sub.segments.back();
+      const uint64_t at = static_cast<uint64_t>(c.buffer.fill_offset);
+      const uint64_t begin = static_cast<uint64_t>(c.buffer.offset);
+      if (at % sizeof(uint64_t) != 0 || seg.size() < sizeof(uint64_t) || at > seg.size() - sizeof(uint64_t) ||
+          (at + sizeof(uint64_t) > begin && at < begin + sub.in_bytes)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "fill_offset ", at, " must be a multiple of 8 with its 8 bytes inside segment ", c.buffer.segment, " of ",
+            seg.size(), " bytes and outside the tensor's bytes [", begin, ", ", begin + sub.in_bytes, ")"));
+      }
+      sub.fill = reinterpret_cast<const uint64_t*>(seg.data() + at);
+    }
   }
   if (sub.out_bytes > 0) {
     COLLSERVE_ASSIGN_OR_RETURN(sub.out, segments.Map(c.output, sub.out_bytes, sub));

@@ -56,7 +56,9 @@ class SegmentTable {
 // segments (local sessions) or the inline bytes (moved out of the request). Requires
 // ValidateRequest(sub.args).ok(). Reports the bytes to `observer` (may be null).
 // INVALID_ARGUMENT if an inline tensor's size does not match count and dtype, or an inline
-// result would exceed kMaxInlineBytes; else as Map.
+// result would exceed kMaxInlineBytes, or a fill_offset (BufferRef::fill_offset: then
+// sub.fill points at the count) is not an aligned word inside the segment and outside the
+// tensor; else as Map.
 absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer);
 
 }  // namespace collserve::engine

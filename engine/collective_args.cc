@@ -117,6 +117,15 @@ absl::Status ValidateRequest(const Request& c, int rank, int world_size) {
       static_cast<int>(op) > static_cast<int>(CollectiveOp::kRecv)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown collective op ", static_cast<int>(op)));
   }
+  if (c.buffer.fill_offset != 0 || c.output.fill_offset != 0) {
+    if (c.buffer.fill_offset < 0 || c.output.fill_offset != 0 || op != CollectiveOp::kBroadcast || c.root != rank ||
+        c.buffer.segment.empty() || c.buffer.arena || c.OnDevice()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fill_offset ", c.buffer.fill_offset != 0 ? c.buffer.fill_offset : c.output.fill_offset,
+          " (bytes written after the request) is only for a broadcast root's input staged in a segment; this is ",
+          OpName(op), " root ", c.root, " from rank ", rank));
+    }
+  }
   if (op == CollectiveOp::kBarrier || op == CollectiveOp::kMonitoredBarrier) {
     if (c.count != 0) return absl::InvalidArgumentError("a barrier takes no tensor");
     return absl::OkStatus();

@@ -435,7 +435,8 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + payload_offset_, stride, &algorithm);
   } else {
     if (!several_hosts) PlanPeerReads(all[0], subs);
-    status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
+    status = AwaitFilled(subs, several_hosts, deadline);
+    if (status.ok()) status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
   }
   if (!status.ok()) {
     if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
@@ -506,7 +507,33 @@ void Group::PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs) {
     sub.peer_segment = r.args.buffer.segment;
     sub.peer_offset = r.args.buffer.offset;
     sub.peer_bytes = static_cast<int64_t>(r.in_bytes);
+    sub.peer_fill_offset = r.fill != nullptr ? r.args.buffer.fill_offset : 0;
   }
+}
+
+absl::Status Group::AwaitFilled(const std::map<int, Submission>& subs, bool needed, absl::Time deadline) {
+  for (const auto& [rank, sub] : subs) {
+    if (sub.fill == nullptr) continue;
+    if (!needed) {
+      // Every other rank reads it out of the segment itself, following the count.
+      bool all_follow = true;
+      for (const auto& [other, s] : subs) all_follow = all_follow && (other == rank || s.peer_rank == rank);
+      if (all_follow) continue;
+    }
+    // The client copies at memory speed: poll, sleeping a little longer each time (at most 1 ms).
+    absl::Duration nap = absl::Microseconds(20);
+    while (__atomic_load_n(sub.fill, __ATOMIC_ACQUIRE) < sub.in_bytes) {
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "rank ", rank, " sent its broadcast request ahead of its ", sub.in_bytes,
+            "-byte tensor (fill_offset) and had written ", __atomic_load_n(sub.fill, __ATOMIC_ACQUIRE),
+            " of its bytes at the op deadline"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string Group::BlamedHost(absl::string_view message) const {

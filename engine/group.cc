@@ -26,6 +26,7 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
     c.peer_segment = sub.peer_segment;
     c.peer_offset = sub.peer_offset;
     c.peer_bytes = sub.peer_bytes;
+    c.peer_fill_offset = sub.peer_fill_offset;
   }
   if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
   if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));

@@ -283,6 +283,12 @@ class Group : public std::enable_shared_from_this<Group> {
   // all). The all-reduce then writes its result once, into the owner's tensor, instead of
   // once per rank. Executor thread.
   void PlanPeerReads(const RankArgs& a, std::map<int, Submission>& subs);
+  // Waits until every submission whose client writes its input after the request
+  // (Submission::fill) has written all of it, unless `needed` is false and every other rank
+  // reads it out of the segment itself (PlanPeerReads). Polls the count (sleeps of 20 us to
+  // 1 ms). DEADLINE_EXCEEDED at `deadline`, naming the rank and the bytes written. Executor
+  // thread, no lock held.
+  absl::Status AwaitFilled(const std::map<int, Submission>& subs, bool needed, absl::Time deadline);
 
   // An owner's completion held until its peer readers have copied out of its segment.
   struct HeldCompletion {

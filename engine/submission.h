@@ -45,6 +45,10 @@ struct Submission {
   std::string peer_segment;
   int64_t peer_offset = 0;
   int64_t peer_bytes = 0;
+  int64_t peer_fill_offset = 0;  // > 0: the owner is still writing them (BufferRef::fill_offset)
+  // The count of the input's bytes written so far (BufferRef::fill_offset > 0: a broadcast
+  // root whose client writes them after sending the request), in its segment; else null.
+  const uint64_t* fill = nullptr;
   // CUDA tensors (args.OnDevice()): `in`/`out` are device addresses in the sidecar (CUDA
   // IPC mappings, kept alive by `device_refs`), on GPU `device`; the client's events.
   int device = -1;

@@ -55,6 +55,9 @@ struct BufferRef {
   // GPU's UUID (16 bytes); `offset` is from the allocation's base. "" = host memory.
   std::string cuda_ipc_handle;
   std::string cuda_device_uuid;
+  // > 0: the client writes the tensor after sending the request; the count of its bytes
+  // written so far is the 8-byte word at this offset of the segment (Buffer.fill_offset).
+  int64_t fill_offset = 0;
 };
 
 // One rank's call (collserve.v1.Collective): counts are elements of dtype. Untrusted.
@@ -100,6 +103,7 @@ struct Completion {
   std::string peer_segment;
   int64_t peer_offset = 0;
   int64_t peer_bytes = 0;
+  int64_t peer_fill_offset = 0;  // > 0: the owner is still writing them (PeerSource.fill_offset)
 };
 
 // Sent once per session when its group is ready (collserve.v1.Attached).

@@ -27,7 +27,9 @@ SAN=$ROOT/tests/sanitizers
 #                     size and memory kind: 396 s under ASan on a slow machine, the longest
 #                     Python suite there, for paths the C++ suites already run under ASan
 #                     (SurfaceTest: every collective with arena and ordinary tensors). CI
-#                     must end within 90 minutes; it runs in the Release suite.
+#                     must end within 90 minutes; it runs in the Release suite. The asan
+#                     preset does not build the benchmark programs (COLLSERVE_BUILD_BENCH=OFF,
+#                     a minute of the build), so the suite is not even registered there.
 #   deploy_chart, layering, monitoring_rules, monitoring_dashboard  check the chart, the
 #                     include graph and the alert rules and dashboard with helm, bash,
 #                     promtool and python: they run no instrumented code.

@@ -92,6 +92,14 @@ struct InitOptions {
   // from the root's (the owner's) segment (mapped read-only) instead of having the sidecar
   // copy it into this rank's (docs/architecture.md, "Peer reads"). Env: COLLSERVE_PEER_READS=0 turns it off.
   bool peer_reads = true;
+  // With shared memory: a broadcast root whose ordinary (non-arena) tensor holds at least
+  // kPipelinedBroadcastMinBytes sends its request first and then copies the tensor into its
+  // staging segment in 1 MiB pieces, publishing how far it got (collserve.v1.Buffer.fill_offset);
+  // peer readers copy each piece out as soon as it is there, so the root's copy and the
+  // receivers' overlap instead of running one after the other (docs/architecture.md, "Peer
+  // reads"). Env: COLLSERVE_PIPELINED_BROADCAST=0 turns it off.
+  bool pipelined_broadcast = true;
+  static constexpr int64_t kPipelinedBroadcastMinBytes = int64_t{4} << 20;
   // With shared memory: send this session's requests and receive their completions over
   // the sidecar's descriptor channel switched to ops mode (a SOCK_SEQPACKET socket, one
   // datagram per message; docs/architecture.md, "Ops channel") instead of the gRPC stream,
@@ -145,7 +153,8 @@ struct InitOptions {
   // token file is unreadable.
   static absl::StatusOr<InitOptions> FromEnv();
   // Reads the variables that tune a rank's process group rather than name it into this
-  // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL ("0" or
+  // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL,
+  // COLLSERVE_PIPELINED_BROADCAST ("0" or
   // "false" turn one off; anything else on), COLLSERVE_MAX_STAGING_BYTES,
   // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
   // that is unset or empty leaves its field as it is. For bindings that take the rank,

@@ -36,6 +36,7 @@ engine::BufferRef FromProto(pb::Buffer&& b) {
   out.arena = b.arena();
   out.cuda_ipc_handle = std::move(*b.mutable_cuda_ipc_handle());
   out.cuda_device_uuid = std::move(*b.mutable_cuda_device_uuid());
+  out.fill_offset = b.fill_offset();
   return out;
 }
 
@@ -113,6 +114,7 @@ pb::SessionResponse ToProto(engine::Completion&& c) {
     p->set_segment(std::move(c.peer_segment));
     p->set_offset(c.peer_offset);
     p->set_bytes(c.peer_bytes);
+    p->set_fill_offset(c.peer_fill_offset);
   }
   return resp;
 }

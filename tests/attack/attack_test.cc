@@ -619,14 +619,17 @@ struct PeerPair {
   }
 };
 
-std::unique_ptr<PeerPair> AttachPeerPair(const std::string& address, const std::string& group, int op_timeout_ms) {
+// `reader_peer_reads` = false: rank 1 does not ask for peer reads (the sidecar copies its results).
+std::unique_ptr<PeerPair> AttachPeerPair(const std::string& address, const std::string& group, int op_timeout_ms,
+                                         bool reader_peer_reads = true) {
   auto pair = std::make_unique<PeerPair>();
   std::thread attach0([&] {
     pair->rank0 = std::make_unique<RawSession>(
         address, group, true, RawAttach{.peer_reads = true, .rank = 0, .world_size = 2, .op_timeout_ms = op_timeout_ms});
   });
   pair->rank1 = std::make_unique<RawSession>(
-      address, group, true, RawAttach{.peer_reads = true, .rank = 1, .world_size = 2, .op_timeout_ms = op_timeout_ms});
+      address, group, true,
+      RawAttach{.peer_reads = reader_peer_reads, .rank = 1, .world_size = 2, .op_timeout_ms = op_timeout_ms});
   attach0.join();
   if (!pair->rank0->attached() || !pair->rank1->attached()) return nullptr;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -741,6 +744,112 @@ TEST(AttackTest, PeerReadAllReduceWritesTheResultOnceIntoTheOwnersSegment) {
   EXPECT_EQ(owner_done.code(), 0) << owner_done.message();
   EXPECT_FALSE(owner_done.has_peer_source());
   EXPECT_LT(owner_answered - read_done, absl::Seconds(5));  // released by ReadDone, not the 20 s deadline
+}
+
+// A broadcast root may send its request before its tensor's bytes (Buffer.fill_offset: the
+// SDK's pipelined broadcast writes them after, behind a count of the bytes written). A peer
+// reader is answered at once with the count's place; a reader the sidecar copies for gets
+// the bytes only once the count covers them; a root that never writes them fails the op at
+// its deadline, naming the bytes written. A fill_offset anywhere else is INVALID_ARGUMENT.
+constexpr int64_t kFillAt = 4088;  // the count: the last aligned word of the 4096-byte segment
+pb::Collective FillingBroadcast(const std::string& segment, int64_t fill_offset) {
+  pb::Collective c = SegmentAllReduce(segment, 2);
+  c.set_op(pb::BROADCAST);
+  c.set_root(0);
+  c.mutable_buffer()->set_fill_offset(fill_offset);
+  return c;
+}
+void PublishFill(ShmSegment& seg, const float (&v)[2]) {
+  std::memcpy(seg.data(), v, sizeof(v));
+  __atomic_store_n(reinterpret_cast<uint64_t*>(seg.data() + kFillAt), uint64_t{sizeof(v)}, __ATOMIC_RELEASE);
+}
+
+TEST(AttackTest, BroadcastRootWritingAfterItsRequestIsFollowedByPeerReadersAndAwaitedByTheSidecar) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  const float v[2] = {7.0f, 8.0f};
+  {
+    SCOPED_TRACE("a peer reader follows the count");
+    auto pair = AttachPeerPair(cluster->sidecar_address(0), "fill-peer", 20000);
+    ASSERT_NE(pair, nullptr);
+    pb::Completion root_done;
+    std::thread root_call([&] { root_done = pair->rank0->Call(FillingBroadcast(pair->seg0->name(), kFillAt)); });
+    pb::Completion got = pair->rank1->Call(FillingBroadcast(pair->seg1->name(), 0));
+    // Answered before the root wrote a byte: the reader is to follow the count.
+    EXPECT_EQ(got.code(), 0) << got.message();
+    EXPECT_EQ(got.peer_source().segment(), pair->seg0->name());
+    EXPECT_EQ(got.peer_source().fill_offset(), kFillAt);
+    PublishFill(*pair->seg0, v);
+    EXPECT_TRUE(pair->rank1->ReadDone(got.seq()));
+    root_call.join();
+    EXPECT_EQ(root_done.code(), 0) << root_done.message();
+  }
+  {
+    SCOPED_TRACE("the sidecar waits for the count before it copies");
+    auto pair = AttachPeerPair(cluster->sidecar_address(0), "fill-copied", 20000, /*reader_peer_reads=*/false);
+    ASSERT_NE(pair, nullptr);
+    pb::Completion root_done;
+    const absl::Time start = absl::Now();
+    std::thread root_call([&] { root_done = pair->rank0->Call(FillingBroadcast(pair->seg0->name(), kFillAt)); });
+    std::thread writer([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      PublishFill(*pair->seg0, v);
+    });
+    pb::Completion got = pair->rank1->Call(FillingBroadcast(pair->seg1->name(), 0));
+    const absl::Duration waited = absl::Now() - start;
+    writer.join();
+    root_call.join();
+    EXPECT_EQ(got.code(), 0) << got.message();
+    EXPECT_FALSE(got.has_peer_source());
+    EXPECT_EQ(std::memcmp(pair->seg1->data(), v, sizeof(v)), 0);
+    EXPECT_GE(waited, absl::Milliseconds(250));
+    EXPECT_EQ(root_done.code(), 0) << root_done.message();
+  }
+  {
+    SCOPED_TRACE("a root that never writes fails the op at its deadline");
+    auto pair = AttachPeerPair(cluster->sidecar_address(0), "fill-never", 1500, /*reader_peer_reads=*/false);
+    ASSERT_NE(pair, nullptr);
+    pb::Completion root_done;
+    std::thread root_call([&] { root_done = pair->rank0->Call(FillingBroadcast(pair->seg0->name(), kFillAt)); });
+    pb::Completion got = pair->rank1->Call(FillingBroadcast(pair->seg1->name(), 0));
+    root_call.join();
+    for (const pb::Completion* c : {&got, &root_done}) {
+      EXPECT_EQ(c->code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded)) << c->message();
+      EXPECT_THAT(c->message(), testing::HasSubstr("ahead of its 8-byte tensor (fill_offset) and had written 0 of its bytes"));
+    }
+  }
+  {
+    SCOPED_TRACE("fill_offset anywhere else is refused");
+    RawSession one(cluster->sidecar_address(0), "fill-invalid", true);
+    ASSERT_TRUE(one.attached());
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    auto sock = fdchannel::Connect(one.info().fd_socket(), one.info().session_token(), deadline);
+    ASSERT_TRUE(sock.ok()) << sock.status();
+    auto seg = ShmSegment::Create(4096);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    ASSERT_TRUE(fdchannel::RegisterSegment(*sock, (*seg)->name(), 4096, (*seg)->fd(), deadline).ok());
+    pb::Collective all_reduce = SegmentAllReduce((*seg)->name(), 2);
+    all_reduce.mutable_buffer()->set_fill_offset(kFillAt);
+    pb::Collective as_output = FillingBroadcast((*seg)->name(), 0);
+    as_output.mutable_output()->set_fill_offset(kFillAt);
+    const std::vector<std::pair<pb::Collective, std::string>> refused = {
+        {FillingBroadcast((*seg)->name(), 4090), "multiple of 8"},
+        {FillingBroadcast((*seg)->name(), 4), "outside the tensor"},
+        {FillingBroadcast((*seg)->name(), 4096), "inside segment"},
+        {FillingBroadcast((*seg)->name(), -8), "only for a broadcast root"},
+        {all_reduce, "only for a broadcast root"},
+        {as_output, "only for a broadcast root"},
+    };
+    for (const auto& [c, why] : refused) {
+      pb::Completion got = one.Call(c);
+      EXPECT_EQ(got.code(), static_cast<int>(absl::StatusCode::kInvalidArgument)) << why;
+      EXPECT_THAT(got.message(), testing::HasSubstr(why));
+    }
+    // The session goes on.
+    PublishFill(**seg, v);
+    EXPECT_EQ(one.Call(FillingBroadcast((*seg)->name(), kFillAt)).code(), 0);
+    close(*sock);
+  }
 }
 
 // A raw TCP connection to 127.0.0.1:port (-1 on failure).

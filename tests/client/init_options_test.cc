@@ -15,7 +15,7 @@ class EnvTest : public ::testing::Test {
     for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "COLLSERVE_COORDINATOR", "COLLSERVE_SIDECAR",
                           "COLLSERVE_JOB", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_OP_TIMEOUT_S",
                           "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL",
-                          "COLLSERVE_MAX_STAGING_BYTES", "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN",
+                          "COLLSERVE_PIPELINED_BROADCAST", "COLLSERVE_MAX_STAGING_BYTES", "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN",
                           "COLLSERVE_TOKEN_FILE", "COLLSERVE_TLS_CA", "COLLSERVE_TLS_CERT", "COLLSERVE_TLS_KEY",
                           "COLLSERVE_TLS_SERVER_NAME"}) {
       unsetenv(v);
@@ -87,6 +87,7 @@ TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
   EXPECT_TRUE(o.shared_memory);
   EXPECT_TRUE(o.peer_reads);
   EXPECT_TRUE(o.ops_channel);
+  EXPECT_TRUE(o.pipelined_broadcast);
   EXPECT_EQ(o.max_staging_bytes, 7);
   EXPECT_EQ(o.staging_window_bytes, InitOptions::kDefaultStagingWindowBytes);
   EXPECT_EQ(o.token, "from-caller");
@@ -95,6 +96,7 @@ TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
   setenv("COLLSERVE_SHARED_MEMORY", "false", 1);
   setenv("COLLSERVE_PEER_READS", "0", 1);
   setenv("COLLSERVE_OPS_CHANNEL", "", 1);
+  setenv("COLLSERVE_PIPELINED_BROADCAST", "0", 1);
   setenv("COLLSERVE_MAX_STAGING_BYTES", "0", 1);
   setenv("COLLSERVE_STAGING_WINDOW_BYTES", "4096", 1);
   setenv("COLLSERVE_TOKEN", " t0k ", 1);
@@ -102,6 +104,7 @@ TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
   EXPECT_FALSE(o.shared_memory);
   EXPECT_FALSE(o.peer_reads);
   EXPECT_TRUE(o.ops_channel);
+  EXPECT_FALSE(o.pipelined_broadcast);
   EXPECT_EQ(o.max_staging_bytes, 0);
   EXPECT_EQ(o.staging_window_bytes, 4096);
   EXPECT_EQ(o.token, "t0k");

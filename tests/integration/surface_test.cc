@@ -102,6 +102,17 @@ TEST(SurfaceArenaTest, EveryCollectiveWithArenaAndOrdinaryTensors) {
   }
 }
 
+// Large broadcasts of ordinary tensors, whose roots send the request before copying the
+// tensor (the pipelined broadcast): on one host the readers follow the root's copy; across
+// hosts the root's sidecar waits for it before sending the bytes on.
+TEST(SurfaceBroadcastTest, LargeOrdinaryTensorsFromEveryRootOnOneHostAndAcrossHosts) {
+  for (Config cfg : {Config{4, 1}, Config{4, 2}}) {
+    SCOPED_TRACE(::testing::PrintToString(cfg));
+    ExpectAll(RunRanks(cfg, {"--mode=big_broadcast"}), absl::StrCat("big_broadcast done: ", 8 * cfg.world_size,
+                                                                     " checked, 0 wrong"));
+  }
+}
+
 // Every all_reduce algorithm across hosts, forced by the sidecar flag, gives the same
 // checked results (every dtype and ReduceOp, PREMUL_SUM and AVG included); the ring with
 // 1 KiB pieces runs many pieces per call.

@@ -111,6 +111,23 @@ def test_every_call_on_torch_tensors(cluster, world):
         assert code == 0 and "ok api torch" in text, text
 
 
+@pytest.mark.parametrize("variant", ["pipelined", "rank1_without_peer_reads", "not_pipelined"])
+def test_large_broadcasts_of_ordinary_arrays(cluster, variant):
+    """Roots send the request before copying (COLLSERVE_PIPELINED_BROADCAST): peer readers follow
+    the copy; a rank without peer reads makes the sidecar wait for it; and the plain staged path."""
+    procs = []
+    for r in range(4):
+        extra = {}
+        if variant == "not_pipelined":
+            extra["COLLSERVE_PIPELINED_BROADCAST"] = "0"
+        if variant == "rank1_without_peer_reads" and r == 1:
+            extra["COLLSERVE_PEER_READS"] = "0"
+        procs.append(subprocess.Popen([sys.executable, WORKER, "big_broadcast"], env=cluster.env(r, 4, **extra),
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for code, text in outputs(procs, limit=120):
+        assert code == 0 and "ok big_broadcast" in text, text
+
+
 def test_groups_translate_global_ranks(cluster):
     for code, text in outputs(cluster.ranks("groups", 4)):
         assert code == 0 and "ok groups" in text, text

@@ -11,6 +11,8 @@ Modes (argv[1]):
   timeout          rank 0 waits for a rank that never calls
   badrank          init with rank >= world_size
   sidecar_gone     the test stops the sidecar, then rank 0 calls all_reduce
+  big_broadcast    8 MiB broadcasts of ordinary arrays from every root, blocking and back to
+                   back (a root's copy that its readers follow: pipelined broadcast)
 Prints "ok <mode>" or "error <ExceptionTypes>: <message>".
 """
 import sys
@@ -364,7 +366,28 @@ def sidecar_gone():
     report(lambda: dist.all_reduce(np.ones(3)))
 
 
+def big_broadcast():
+    """Every rank is root in turn of 8 MiB float32 broadcasts of ordinary (heap) arrays: one
+    waited for at once, then three back to back; each receiver checks every element."""
+    dist.init_process_group(init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = 2 << 20  # 8 MiB of float32: above the SDK's pipelined-broadcast threshold (4 MiB)
+
+    def pattern(root, i):
+        return np.arange(n, dtype=np.float32) * (root + 1) + i
+
+    for root in range(world):
+        arrays = [pattern(root, i) if rank == root else np.full(n, -1, dtype=np.float32) for i in range(4)]
+        dist.broadcast(arrays[0], root)
+        works = [dist.broadcast(a, root, async_op=True) for a in arrays[1:]]
+        for w in works:
+            w.wait()
+        for i, a in enumerate(arrays):
+            assert np.array_equal(a, pattern(root, i)), (root, i, a[:4], a[-4:])
+    print("ok big_broadcast", flush=True)
+
+
 if __name__ == "__main__":
     modes = {"api": api, "groups": groups, "store": store, "gil": gil, "desync": desync, "skip": skip, "timeout": timeout, "badrank": badrank,
-             "sidecar_gone": sidecar_gone}
+             "sidecar_gone": sidecar_gone, "big_broadcast": big_broadcast}
     modes[sys.argv[1]](*sys.argv[2:])
