@@ -1249,16 +1249,17 @@ class SessionProcessGroup : public ProcessGroup {
     const uint64_t at = static_cast<uint64_t>(source.fill_offset());
     if (at % sizeof(uint64_t) != 0 || size < sizeof(uint64_t) || at > size - sizeof(uint64_t) ||
         (at + sizeof(uint64_t) > offset && at < offset + p.out_bytes)) {
-      return absl::InternalError(absl::StrCat("the sidecar named a fill count at byte ", at, " of rank ",
-                                              source.rank(), "'s ", size, "-byte segment, whose result is at [",
-                                              offset, ", ", offset + p.out_bytes, ")"));
+      return absl::InternalError(absl::StrCat("the sidecar named a fill count at byte ", at, " of rank ", source.rank(),
+                                              "'s ", size, "-byte segment, whose result is at [", offset, ", ",
+                                              offset + p.out_bytes, ")"));
     }
     const uint64_t* count = reinterpret_cast<const uint64_t*>(base + at);
     const absl::Time deadline = absl::Now() + options_.op_timeout;
     size_t done = 0;
     int idle = 0;
     while (done < p.out_bytes) {
-      const size_t avail = static_cast<size_t>(std::min<uint64_t>(__atomic_load_n(count, __ATOMIC_ACQUIRE), p.out_bytes));
+      const size_t avail =
+          static_cast<size_t>(std::min<uint64_t>(__atomic_load_n(count, __ATOMIC_ACQUIRE), p.out_bytes));
       if (avail > done) {
         CopyResultRange(p, base + offset, done, avail);
         done = avail;

@@ -524,10 +524,10 @@ absl::Status Group::AwaitFilled(const std::map<int, Submission>& subs, bool need
     absl::Duration nap = absl::Microseconds(20);
     while (__atomic_load_n(sub.fill, __ATOMIC_ACQUIRE) < sub.in_bytes) {
       if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "rank ", rank, " sent its broadcast request ahead of its ", sub.in_bytes,
-            "-byte tensor (fill_offset) and had written ", __atomic_load_n(sub.fill, __ATOMIC_ACQUIRE),
-            " of its bytes at the op deadline"));
+        return absl::DeadlineExceededError(absl::StrCat("rank ", rank, " sent its broadcast request ahead of its ",
+                                                        sub.in_bytes, "-byte tensor (fill_offset) and had written ",
+                                                        __atomic_load_n(sub.fill, __ATOMIC_ACQUIRE),
+                                                        " of its bytes at the op deadline"));
       }
       absl::SleepFor(nap);
       nap = std::min(nap * 2, absl::Milliseconds(1));

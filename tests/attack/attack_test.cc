@@ -815,7 +815,8 @@ TEST(AttackTest, BroadcastRootWritingAfterItsRequestIsFollowedByPeerReadersAndAw
     root_call.join();
     for (const pb::Completion* c : {&got, &root_done}) {
       EXPECT_EQ(c->code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded)) << c->message();
-      EXPECT_THAT(c->message(), testing::HasSubstr("ahead of its 8-byte tensor (fill_offset) and had written 0 of its bytes"));
+      EXPECT_THAT(c->message(),
+                  testing::HasSubstr("ahead of its 8-byte tensor (fill_offset) and had written 0 of its bytes"));
     }
   }
   {

@@ -108,8 +108,8 @@ TEST(SurfaceArenaTest, EveryCollectiveWithArenaAndOrdinaryTensors) {
 TEST(SurfaceBroadcastTest, LargeOrdinaryTensorsFromEveryRootOnOneHostAndAcrossHosts) {
   for (Config cfg : {Config{4, 1}, Config{4, 2}}) {
     SCOPED_TRACE(::testing::PrintToString(cfg));
-    ExpectAll(RunRanks(cfg, {"--mode=big_broadcast"}), absl::StrCat("big_broadcast done: ", 8 * cfg.world_size,
-                                                                     " checked, 0 wrong"));
+    ExpectAll(RunRanks(cfg, {"--mode=big_broadcast"}),
+              absl::StrCat("big_broadcast done: ", 8 * cfg.world_size, " checked, 0 wrong"));
   }
 }
 
