@@ -1187,12 +1187,7 @@ class SessionProcessGroup : public ProcessGroup {
         status = absl::InternalError(absl::StrCat("the sidecar returned ", c.inline_data().size(),
                                                   " bytes for a ", p->out_bytes, "-byte result"));
       }
-      size_t off = 0;
-      for (const auto& [ptr, b] : p->outputs) {
-        if (result == nullptr || off + b > p->out_bytes) break;
-        if (b > 0) std::memcpy(ptr, result + off, b);
-        off += b;
-      }
+      if (result != nullptr) CopyResultRange(*p, result, 0, p->out_bytes);
     }
     if (status.ok()) {
       p->work->SetSourceRank(c.source());
