@@ -597,6 +597,11 @@ int64_t MemoryStore::TEST_WalCompactions() {
   return wal_ == nullptr ? 0 : wal_counters_.compactions;
 }
 
+int64_t MemoryStore::TEST_StagedWrites() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(batch_records_.size());
+}
+
 // ---- operations ----------------------------------------------------------------------
 
 absl::Status MemoryStore::Set(absl::string_view key, absl::string_view value) {

@@ -116,6 +116,9 @@ class MemoryStore final : public Store {
   int64_t TEST_WalBytes() ABSL_LOCKS_EXCLUDED(mu_);
   // Compactions completed since Open() (0 without a data_dir).
   int64_t TEST_WalCompactions() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes staged in the batch the next commit takes (not yet taken for writing; 0 without
+  // a data_dir), for tests that order writes into one batch.
+  int64_t TEST_StagedWrites() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Waiter {

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -34,6 +35,7 @@
 #include "common/ops_channel.h"
 #include "common/shm.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -53,7 +55,7 @@ std::unique_ptr<Cluster> StartCluster(int sidecars, std::vector<std::string> coo
 std::chrono::system_clock::time_point In(absl::Duration d) { return absl::ToChronoTime(absl::Now() + d); }
 
 // The coordinator answers a plain store write and read.
-void ExpectStoreServes(const std::string& address) {
+grpc::Status StoreSet(const std::string& address) {
   auto stub = pb::Store::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext set_ctx;
   set_ctx.set_deadline(In(absl::Seconds(10)));
@@ -61,8 +63,23 @@ void ExpectStoreServes(const std::string& address) {
   set.set_key("still-serving");
   set.set_value("yes");
   pb::SetResponse set_resp;
-  grpc::Status s = stub->Set(&set_ctx, set, &set_resp);
+  return stub->Set(&set_ctx, set, &set_resp);
+}
+
+void ExpectStoreServes(const std::string& address) {
+  grpc::Status s = StoreSet(address);
   EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// The descriptors process `pid` holds open now (-1 if unknown).
+int OpenDescriptors(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
 }
 
 // How a RawSession attaches beyond its group and shared memory.
@@ -292,16 +309,9 @@ TEST(AttackTest, StaleSocketIsReplacedButAFileIsNot) {
                                  absl::StrCat("--unix_socket=", stale), "--metrics_address="},
                                 {}, cluster->dir() + "/stale-sidecar.log");
   ASSERT_TRUE(sidecar.ok());
-  {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    bool attached = false;
-    while (!attached && absl::Now() < deadline) {
-      RawSession session(absl::StrCat("unix:", stale), "stale");
-      attached = session.attached();
-      if (!attached) absl::SleepFor(absl::Milliseconds(100));
-    }
-    EXPECT_TRUE(attached) << (*sidecar)->Output();
-  }
+  EXPECT_TRUE(WaitFor([&] { return RawSession(absl::StrCat("unix:", stale), "stale").attached(); }, absl::Seconds(20),
+                      absl::Milliseconds(100)))
+      << (*sidecar)->Output();
   const std::string file = cluster->dir() + "/not-a-socket";
   std::ofstream(file) << "precious";
   auto refused = Process::Start({SidecarBinary(), absl::StrCat("--coordinator=", cluster->coordinator_address()),
@@ -425,12 +435,9 @@ TEST(AttackTest, OversizedMessagesAreRefusedWithoutHoldingTheirBytes) {
   EXPECT_LT(peak - before, int64_t{256} << 20) << "peak RSS " << peak << ", before " << before;
   ExpectStoreServes(cluster->coordinator_address());
   // What it held is given back within a few seconds.
-  const absl::Time deadline = absl::Now() + absl::Seconds(15);
-  int64_t after = RssBytes(pid);
-  while (after - before >= (int64_t{32} << 20) && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
-    after = RssBytes(pid);
-  }
+  int64_t after = 0;
+  WaitFor([&] { return (after = RssBytes(pid)) - before < (int64_t{32} << 20); }, absl::Seconds(15),
+          absl::Milliseconds(200));
   EXPECT_LT(after - before, int64_t{32} << 20) << "RSS before " << before << ", after " << after;
   // A value just under --max_value_bytes (64 MiB) still fits.
   grpc::Status large = SendHugeSet(cluster->coordinator_address(), size_t{60} << 20);
@@ -685,7 +692,7 @@ TEST(AttackTest, PeerReaderThatNeverAnswersHoldsTheRootOnlyUntilItsDeadline) {
     // The reader's own segment was not written: the result is the root's to read.
     EXPECT_NE(std::memcmp(reader_seg.data(), v, sizeof(v)), 0);
     if (reader_hangs_up) {
-      absl::SleepFor(absl::Milliseconds(300));
+      absl::SleepFor(absl::Milliseconds(300));  // a pause the test is about: the reader hangs up later
       reader.reset();
     }
     root_call.join();
@@ -792,7 +799,7 @@ TEST(AttackTest, BroadcastRootWritingAfterItsRequestIsFollowedByPeerReadersAndAw
     const absl::Time start = absl::Now();
     std::thread root_call([&] { root_done = pair->rank0->Call(FillingBroadcast(pair->seg0->name(), kFillAt)); });
     std::thread writer([&] {
-      absl::SleepFor(absl::Milliseconds(300));
+      absl::SleepFor(absl::Milliseconds(300));  // a pause the test is about: the root writes 300 ms late
       PublishFill(*pair->seg0, v);
     });
     pb::Completion got = pair->rank1->Call(FillingBroadcast(pair->seg1->name(), 0));
@@ -949,14 +956,11 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
        "--allow_unauthenticated"},
       {}, dir + "/small-coordinator.log");
   ASSERT_TRUE(coordinator.ok());
-  int grpc_port = 0, tcp_port = 0;
-  for (int i = 0; i < 100 && (grpc_port == 0 || tcp_port == 0); ++i) {
-    std::ifstream(dir + "/small.port") >> grpc_port;
-    std::ifstream(dir + "/small-tcpstore.port") >> tcp_port;
-    if (grpc_port == 0 || tcp_port == 0) absl::SleepFor(absl::Milliseconds(100));
-  }
-  ASSERT_GT(grpc_port, 0);
-  ASSERT_GT(tcp_port, 0);
+  const absl::StatusOr<int> grpc_port_file = ReadPortFile(dir + "/small.port", **coordinator, absl::Seconds(10));
+  const absl::StatusOr<int> tcp_port_file = ReadPortFile(dir + "/small-tcpstore.port", **coordinator, absl::Seconds(10));
+  ASSERT_TRUE(grpc_port_file.ok()) << grpc_port_file.status();
+  ASSERT_TRUE(tcp_port_file.ok()) << tcp_port_file.status();
+  const int grpc_port = *grpc_port_file, tcp_port = *tcp_port_file;
   const std::string address = absl::StrCat("127.0.0.1:", grpc_port);
   ExpectStoreServes(address);
   std::vector<int> flood;
@@ -966,7 +970,10 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
       if (fd >= 0) flood.push_back(fd);
     }
   }
-  absl::SleepFor(absl::Seconds(1));
+  // Until the coordinator holds (nearly) all 64 descriptors it may: the rest of the flood
+  // waits unaccepted.
+  EXPECT_TRUE(WaitFor([&] { return OpenDescriptors((*coordinator)->pid()) >= 60; }, absl::Seconds(10)))
+      << OpenDescriptors((*coordinator)->pid()) << " open";
   // While out of descriptors the coordinator backs off instead of spinning.
   auto cpu_seconds = [&] {
     std::ifstream stat(absl::StrCat("/proc/", (*coordinator)->pid(), "/stat"));
@@ -978,11 +985,12 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
     return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
   };
   const double before = cpu_seconds();
-  absl::SleepFor(absl::Seconds(2));
+  absl::SleepFor(absl::Seconds(2));  // the window the CPU time is measured over
   EXPECT_LT(cpu_seconds() - before, 0.5) << "the coordinator spun while out of descriptors";
   for (int fd : flood) ::close(fd);
-  absl::SleepFor(absl::Seconds(1));
-  ExpectStoreServes(address);
+  // It serves again once it has closed the flood's connections (as it backs off, its next
+  // accept may come a moment later).
+  EXPECT_TRUE(WaitFor([&] { return StoreSet(address).ok(); }, absl::Seconds(10), absl::Milliseconds(100)));
   const int fd = ConnectTcp(tcp_port);
   ASSERT_GE(fd, 0);
   EXPECT_TRUE(Pings(fd));

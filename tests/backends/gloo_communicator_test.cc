@@ -127,6 +127,8 @@ TEST(GlooCommunicatorTest, PeerThatGoesAwayIsUnavailable) {
   InMemoryRendezvousStore store;
   auto comms = ConnectAll(store, "g3", 2);
   std::thread closer([&] {
+    // A pause, not an ordering: the peer usually goes while the all_reduce runs; if it goes
+    // first, the all_reduce fails UNAVAILABLE the same way.
     absl::SleepFor(absl::Milliseconds(200));
     comms[1].reset();  // closes its pairs
   });
@@ -153,7 +155,8 @@ TEST(GlooCommunicatorTest, HostThatClosesRightAfterConnectDoesNotFailItsPeer) {
       threads.emplace_back([&, r] {
         backends::GlooOptions o;
         o.connect_timeout = absl::Seconds(5);
-        // Host 0 connects last and closes at once; the others hold theirs a moment.
+        // Host 0 connects last and closes at once; the others hold theirs a moment. Pauses
+        // the test is about: they vary the interleaving from round to round.
         if (r == 0) absl::SleepFor(absl::Milliseconds(round % 4));
         auto c = backends::ConnectGloo(store, prefix, r, 3, o);
         result[r] = c.status();
@@ -293,6 +296,8 @@ TEST(GlooCommunicatorTest, SendRecvOnSlotsWithAnySourceWhileCollectivesRun) {
     EXPECT_EQ(comms[1]->Recv(&v, sizeof v, {0}, 8, &from, absl::InfiniteDuration()).code(),
               absl::StatusCode::kCancelled);
   });
+  // A pause, not an ordering: the receive usually blocks first; an abort before it fails it
+  // CANCELLED the same way (later receives are cancelled too, checked below).
   absl::SleepFor(absl::Milliseconds(200));
   comms[1]->AbortRecv();
   waiter.join();

@@ -421,8 +421,7 @@ TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
   // answered its ranks (the answers and the dump are made in that order, so the dump may
   // still be on its way when a rank has its answer).
   auto dumps_of = [&](int host) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (cluster.observer(host).dumps().empty() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    WaitFor([&] { return !cluster.observer(host).dumps().empty(); }, absl::Seconds(10));
     return cluster.observer(host).dumps();
   };
   auto dumps = dumps_of(1);
@@ -451,11 +450,7 @@ TEST(EngineTest, LedgerReportsWhatEachRankIssuedAndCompleted) {
     q.seq = ranks[r].next_seq++;
     ranks[r].group->Submit(r, std::move(q));
   }
-  auto until = [&](const std::function<bool()>& done) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (!done() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-    return done();
-  };
+  auto until = [&](const std::function<bool()>& done) { return WaitFor(done, absl::Seconds(20)); };
   auto rank_of = [&](const std::string& host, int rank) -> std::optional<engine::RankProgress> {
     auto report = cluster.coordinator().report("ledger", host);
     if (!report.has_value()) return std::nullopt;
@@ -507,6 +502,7 @@ TEST(EngineTest, FlightRecorderTimesEveryRankAndNamesTheStraggler) {
   constexpr int kSteps = 3;
   for (int step = 0; step < kSteps; ++step) {
     for (int r = 0; r < 4; ++r) {
+      // A pause the test is about: the straggler's 200 ms (skews are measured against it).
       if (r == 3) absl::SleepFor(absl::Milliseconds(200));
       engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2, 3});
       q.seq = ranks[r].next_seq++;
@@ -549,13 +545,13 @@ TEST(EngineTest, FlightRecorderTimesEveryRankAndNamesTheStraggler) {
     }
   }
   // The published ledger carries the records with the host's own ranks' arrivals.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
   std::optional<engine::GroupProgress> report;
-  while (absl::Now() < deadline) {
-    report = cluster.coordinator().report("recorder", "host1");
-    if (report.has_value() && report->records.size() == kSteps) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  WaitFor(
+      [&] {
+        report = cluster.coordinator().report("recorder", "host1");
+        return report.has_value() && report->records.size() == kSteps;
+      },
+      absl::Seconds(20));
   ASSERT_TRUE(report.has_value());
   ASSERT_EQ(report->records.size(), kSteps);
   ASSERT_EQ(report->records[0].arrivals.size(), 2u);
@@ -637,11 +633,7 @@ TEST(EngineTest, WatchesCarryTheMembershipOnlyAfterTheCoordinatorForgotTheGenera
   auto formed = cluster.Form("forgotten", 4);
   ASSERT_TRUE(formed.ok()) << formed.status();
   auto watches_reach = [&](int n) {
-    const absl::Time until = absl::Now() + absl::Seconds(10);
-    while (cluster.coordinator().watches_started("forgotten") < n && absl::Now() < until) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    return cluster.coordinator().watches_started("forgotten") >= n;
+    return WaitFor([&] { return cluster.coordinator().watches_started("forgotten") >= n; }, absl::Seconds(10));
   };
   ASSERT_TRUE(watches_reach(2));
   EXPECT_THAT(cluster.coordinator().watch_members("forgotten"), ::testing::ElementsAre(0, 0));
@@ -660,9 +652,7 @@ TEST(EngineTest, ARemoteRankThatLeftFailsPointToPointWithItButNeverBeforeItsEarl
   auto formed = cluster.Form("remote-leave", 4);
   ASSERT_TRUE(formed.ok()) << formed.status();
   // Both hosts watch the generation at the coordinator once it is ready.
-  for (int i = 0; i < 100 && cluster.coordinator().watches_started("remote-leave") < 2; ++i) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitFor([&] { return cluster.coordinator().watches_started("remote-leave") >= 2; }, absl::Seconds(10));
   EXPECT_EQ(cluster.coordinator().watches_started("remote-leave"), 2);
   TestRank& r0 = (*formed)[0];
   // Rank 2 (host 1) sends rank 0 (host 0) a message and leaves at once; rank 0 waits for a
@@ -744,6 +734,8 @@ TEST(EngineTest, AHostTheCoordinatorLostEndsTheGenerationAndNoCollectiveWaitsFor
   engine::Request ar = FloatRequest(CollectiveOp::kAllReduce, {1});
   ar.seq = r0.next_seq++;
   r0.group->Submit(0, ar);
+  // A pause, not an ordering: time for the all_reduce to reach its exchange with host 1,
+  // so that the loss meets it in flight (a loss before it fails it the same way, sooner).
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time lost = absl::Now();
   cluster.coordinator().Depart(
@@ -769,6 +761,8 @@ TEST(EngineTest, AGenerationTheCoordinatorEndedFailsTheCollectiveInFlightAtOnce)
   engine::Request ar = FloatRequest(CollectiveOp::kAllReduce, {1});
   ar.seq = r0.next_seq++;
   r0.group->Submit(0, ar);  // host 1's rank never calls: host 0 waits in the backend
+  // A pause, not an ordering: time for the all_reduce to reach the backend (an end before
+  // it fails it the same way, sooner).
   absl::SleepFor(absl::Milliseconds(300));
   const absl::Time ended = absl::Now();
   cluster.coordinator().Supersede("ended", "host0");  // host 1 never hears it: it stays connected
@@ -789,10 +783,7 @@ TEST(EngineTest, TheNextGenerationOfAGroupRetiresTheEarlierOneOnEachHost) {
   OnEveryRank(*formed, [](TestRank& r) {
     EXPECT_TRUE(r.Call(FloatRequest(CollectiveOp::kAllReduce, {1})).status.ok());
   });
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (cluster.coordinator().watches_started("reform") < 2 && absl::Now() < until) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitFor([&] { return cluster.coordinator().watches_started("reform") >= 2; }, absl::Seconds(10));
   cluster.coordinator().Supersede("reform");
   for (TestRank& r : *formed) {
     Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(10));
@@ -843,8 +834,7 @@ TEST(EngineTest, TheNextGenerationOfAGroupRetiresTheEarlierOneOnEachHost) {
             absl::StatusCode::kInvalidArgument);
   // Generation 1's sessions end: the retired groups go; generation 2 runs on.
   for (TestRank& r : *formed) r.group->OnSessionClosed(r.rank);
-  const absl::Time gone = absl::Now() + absl::Seconds(10);
-  while (cluster.engine(0).GetStats().groups != 1 && absl::Now() < gone) absl::SleepFor(absl::Milliseconds(10));
+  WaitFor([&] { return cluster.engine(0).GetStats().groups == 1; }, absl::Seconds(10));
   EXPECT_EQ(cluster.engine(0).GetStats().groups, 1);
   EXPECT_EQ(cluster.engine(1).GetStats().groups, 1);
   OnEveryRank(next, [](TestRank& r) {

@@ -28,6 +28,7 @@
 #include "backends/registry.h"
 #include "engine/engine.h"
 #include "tests/testing/in_memory_rendezvous_store.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 

@@ -6,6 +6,7 @@
 //
 // COLLSERVE_FAULT_TRIALS sets the number of trials (default 2; scripts/fault_trials.sh runs
 // more). Each trial reports survived / failed / hung; zero failed and zero hung is the bar.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -18,7 +19,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/channel.h"
+#include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -39,6 +43,18 @@ std::unique_ptr<Cluster> StartDurable(std::string* data_flag) {
   return s.ok() ? std::move(*started) : nullptr;
 }
 
+// The ranks joined so far to `group` of c's job "default" (0 if the coordinator cannot say).
+int JoinedRanks(Cluster& c, const std::string& group) {
+  auto stub = v1::Registry::NewStub(grpc::CreateChannel(c.coordinator_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  client::AddJobToken(ctx, c.job_token());
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  v1::DescribeRequest req;
+  req.set_group(group);
+  v1::DescribeResponse resp;
+  return stub->Describe(&ctx, req, &resp).ok() ? resp.group().members_size() : 0;
+}
+
 TEST(CoordinatorRestartTest, RunningJobSurvivesKillAndRestart) {
   const int trials = Trials();
   int survived = 0, failed = 0, hung = 0;
@@ -57,10 +73,11 @@ TEST(CoordinatorRestartTest, RunningJobSurvivesKillAndRestart) {
       ASSERT_TRUE(p.ok()) << p.status();
       ranks.push_back(std::move(*p));
     }
-    // Somewhere in the first seconds of the loop (or, on a slow machine, still in init).
+    // Somewhere in the first seconds of the loop (or, on a slow machine, still in init): a
+    // random moment is what each trial is about.
     absl::SleepFor(absl::Milliseconds(800 + std::uniform_int_distribution<int>(0, 800)(rng)));
     c.coordinator().Kill(SIGKILL);
-    absl::SleepFor(absl::Seconds(2));
+    absl::SleepFor(absl::Seconds(2));  // the outage: 2 s without a coordinator
     ASSERT_TRUE(c.RestartCoordinator({data}).ok()) << c.Logs();
     bool ok = true, timed_out = false;
     std::string outputs;
@@ -105,14 +122,17 @@ TEST(CoordinatorRestartTest, RendezvousRidesOutARestart) {
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
-  absl::SleepFor(absl::Milliseconds(500));
+  ASSERT_TRUE(WaitFor([&] { return JoinedRanks(c, "world") == kWorld - 1; }, absl::Seconds(30))) << c.Logs();
   c.coordinator().Kill(SIGSTOP);
   auto last = c.StartRank(kWorld - 1, kWorld, 1, args, env);
   ASSERT_TRUE(last.ok()) << last.status();
   ranks.push_back(std::move(*last));
-  absl::SleepFor(absl::Seconds(1));  // the last rank attaches; its token check waits
+  // A pause, not an ordering: the last rank attaches and its sidecar's token check waits at
+  // the stopped coordinator (nothing outside the sidecar can see it; a check sent after the
+  // kill is retried the same way).
+  absl::SleepFor(absl::Seconds(1));
   c.coordinator().Kill(SIGKILL);
-  absl::SleepFor(absl::Seconds(2));
+  absl::SleepFor(absl::Seconds(2));  // the outage
   ASSERT_TRUE(c.RestartCoordinator({data}).ok()) << c.Logs();
   for (int r = 0; r < kWorld; ++r) {
     absl::StatusOr<int> code = ranks[r]->Wait(absl::Seconds(90));
@@ -137,29 +157,24 @@ TEST(CoordinatorRestartTest, ARestartedCoordinatorAdoptsTheRunningGroupAndLeases
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (auto& p : ranks) {
-    while (p->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    ASSERT_NE(p->Output().find("iter 2 ok"), std::string::npos) << p->Output() << c.Logs();
-  }
+  for (auto& p : ranks) ASSERT_TRUE(p->WaitForOutput("iter 2 ok", absl::Seconds(30))) << p->Output() << c.Logs();
   c.coordinator().Kill(SIGKILL);
-  absl::SleepFor(absl::Seconds(1));
+  absl::SleepFor(absl::Seconds(1));  // the outage
   ASSERT_TRUE(c.RestartCoordinator({}).ok()) << c.Logs();
   // Known again within a few seconds (the sidecars retry their watches every second).
   std::string described;
-  const absl::Time known_by = absl::Now() + absl::Seconds(15);
-  while (described.find("FORMED") == std::string::npos && absl::Now() < known_by) {
-    auto ctl = Process::Start({CollservectlBinary(), absl::StrCat("--coordinator=", c.coordinator_address()),
-                               "describe", "world"},
-                              {{"COLLSERVE_TOKEN", c.job_token()}},
-                              absl::StrCat(c.dir(), "/ctl-", absl::ToUnixNanos(absl::Now()), ".log"));
-    ASSERT_TRUE(ctl.ok()) << ctl.status();
-    (void)(*ctl)->Wait(absl::Seconds(20));
-    described = (*ctl)->Output();
-    if (described.find("FORMED") == std::string::npos) absl::SleepFor(absl::Milliseconds(500));
-  }
+  WaitFor(
+      [&] {
+        auto ctl = Process::Start({CollservectlBinary(), absl::StrCat("--coordinator=", c.coordinator_address()),
+                                   "describe", "world"},
+                                  {{"COLLSERVE_TOKEN", c.job_token()}},
+                                  absl::StrCat(c.dir(), "/ctl-", absl::ToUnixNanos(absl::Now()), ".log"));
+        if (!ctl.ok()) return false;
+        (void)(*ctl)->Wait(absl::Seconds(20));
+        described = (*ctl)->Output();
+        return described.find("FORMED") != std::string::npos;
+      },
+      absl::Seconds(15), absl::Milliseconds(500));
   ASSERT_NE(described.find("generation 1, FORMED"), std::string::npos) << described << c.Logs();
   const absl::Time stopped = absl::Now();
   c.sidecar(1).Kill(SIGSTOP);

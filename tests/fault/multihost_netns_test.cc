@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -24,7 +25,15 @@ namespace {
 // A sanitized build's Python module needs its runtime preloaded into python, which
 // scripts/sanitizers.sh does for the Python suites only (their ranks cover reconfigure):
 // the tests with Python ranks skip there.
+// (GCC defines __SANITIZE_*__; clang, which builds the ASan tree, has __has_feature.)
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define COLLSERVE_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define COLLSERVE_TEST_SANITIZED 1
+#endif
+#endif
+#ifdef COLLSERVE_TEST_SANITIZED
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
@@ -174,10 +183,7 @@ class NetnsHosts : public ::testing::Test {
                                      absl::Duration timeout) {
     const absl::Time deadline = absl::Now() + timeout;
     for (Process* p : ranks) {
-      while (p->Output().find(progress) == std::string::npos && absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(10));
-      }
-      if (p->Output().find(progress) == std::string::npos) {
+      if (!p->WaitForOutput(progress, deadline - absl::Now())) {
         ADD_FAILURE() << p->Output();
         return {};
       }
@@ -210,8 +216,7 @@ class NetnsHosts : public ::testing::Test {
   bool cut_by_nft_ = false;
 
   void WaitFile(const std::string& path) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (access(path.c_str(), F_OK) != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+    WaitFor([&] { return access(path.c_str(), F_OK) == 0; }, absl::Seconds(20));
     ASSERT_EQ(access(path.c_str(), F_OK), 0) << path << " never appeared";
   }
 
@@ -307,9 +312,7 @@ TEST_F(NetnsHosts, CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals) {
   if (ranks.empty()) return;
   const absl::Time deadline = absl::Now() + absl::Seconds(40);
   for (int r : {0, 2, 3, 5}) {
-    while (ranks[r]->Output().find(" of 4\n") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    ranks[r]->WaitForOutput(" of 4\n", deadline - absl::Now());
     ASSERT_NE(ranks[r]->Output().find(" of 4\n"), std::string::npos) << ranks[r]->Output();
   }
   ASSERT_TRUE(HealHost2());

@@ -17,11 +17,7 @@
 namespace collserve::testing {
 namespace {
 
-bool WaitOutput(Process& p, const std::string& text, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (p.Output().find(text) == std::string::npos && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-  return p.Output().find(text) != std::string::npos;
-}
+bool WaitOutput(Process& p, const std::string& text, absl::Duration timeout) { return p.WaitForOutput(text, timeout); }
 
 TEST(ReconfigureTest, SurvivorsReformWithoutAKilledRankAndARestartedRankJoinsAgain) {
   auto started = Cluster::Start(2);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "collserve/client.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -62,7 +63,9 @@ TEST(CoordinatorProcessTest, WithoutDataDirTheStoreIsMemoryOnly) {
 }
 
 TEST(CoordinatorProcessTest, SigtermShutsDownCleanlyWithWaitersParked) {
-  auto started = Cluster::Start(1);
+  const int metrics_port = UnusedPort();
+  ASSERT_NE(metrics_port, 0);
+  auto started = Cluster::Start(1, {absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)});
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& c = **started;
   auto store = Connect(c, "j");
@@ -72,7 +75,9 @@ TEST(CoordinatorProcessTest, SigtermShutsDownCleanlyWithWaitersParked) {
     auto r = store->Get("never", absl::Seconds(5));
     EXPECT_FALSE(r.ok());
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(WaitFor([&] { return MetricValue(metrics_port, "collserve_store_pending_waits") >= 1; },
+                      absl::Seconds(5)))
+      << "the Get never parked";
   c.coordinator().Kill(SIGTERM);
   auto code = c.coordinator().Wait(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << "coordinator did not exit on SIGTERM";
@@ -94,8 +99,7 @@ TEST(SidecarProcessTest, UnixSocketModeFlagSetsPermissions) {
                                 {}, c.dir() + "/open.log");
   ASSERT_TRUE(sidecar.ok());
   struct stat st;
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (stat((c.dir() + "/open.port").c_str(), &st) != 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  WaitFor([&] { return stat((c.dir() + "/open.port").c_str(), &st) == 0; }, absl::Seconds(20));
   ASSERT_EQ(stat(sock.c_str(), &st), 0) << (*sidecar)->Output();
   EXPECT_EQ(st.st_mode & 0777, 0666u);
   auto bad = Process::Start({SidecarBinary(), "--unix_socket_mode=999"}, {}, c.dir() + "/bad.log");

@@ -19,6 +19,7 @@
 #include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -55,21 +56,15 @@ TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError)
   }
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
   pb::DiagnoseGroupResponse named;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  bool found = false;
-  while (!found && absl::Now() < deadline) {
-    grpc::ClientContext ctx;
-    client::AddJobToken(ctx, cluster.job_token());
-    pb::DiagnoseGroupRequest req;
-    req.set_group("world");
-    pb::DiagnoseGroupResponse resp;
-    if (stub->DiagnoseGroup(&ctx, req, &resp).ok() && resp.missing_size() == 1 && resp.arrived_size() == 3) {
-      named = resp;
-      found = true;
-    } else {
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-  }
+  const bool found = WaitFor(
+      [&] {
+        grpc::ClientContext ctx;
+        client::AddJobToken(ctx, cluster.job_token());
+        pb::DiagnoseGroupRequest req;
+        req.set_group("world");
+        return stub->DiagnoseGroup(&ctx, req, &named).ok() && named.missing_size() == 1 && named.arrived_size() == 3;
+      },
+      absl::Seconds(30), absl::Milliseconds(100));
   ASSERT_TRUE(found) << cluster.Logs();
   EXPECT_EQ(named.missing(0), 3);
   EXPECT_EQ(named.oldest_incomplete_seq(), 0);
@@ -166,19 +161,18 @@ TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) 
     ranks.push_back(std::move(*p));
   }
   // From the first step that completes, collservectl diagnose names rank 2 within 5 s.
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   absl::Time first_step = absl::InfiniteFuture();
   std::string table;
-  bool named = false;
-  while (!named && absl::Now() < deadline) {
-    if (first_step == absl::InfiniteFuture() && absl::StrContains(ranks[0]->Output(), "iter 0 ok")) {
-      first_step = absl::Now();
-    }
-    auto [code, out] = Ctl(cluster, {"diagnose", "world"});
-    table = out;
-    named = code == 0 && absl::StrContains(out, "straggler: rank 2 (host host1) called last in");
-    if (!named) absl::SleepFor(absl::Milliseconds(200));
-  }
+  const bool named = WaitFor(
+      [&] {
+        if (first_step == absl::InfiniteFuture() && absl::StrContains(ranks[0]->Output(), "iter 0 ok")) {
+          first_step = absl::Now();
+        }
+        auto [code, out] = Ctl(cluster, {"diagnose", "world"});
+        table = out;
+        return code == 0 && absl::StrContains(out, "straggler: rank 2 (host host1) called last in");
+      },
+      absl::Seconds(60), absl::Milliseconds(200));
   ASSERT_TRUE(named) << table << cluster.Logs();
   ASSERT_NE(first_step, absl::InfiniteFuture());
   const absl::Duration took = absl::Now() - first_step;
@@ -236,15 +230,14 @@ TEST(DiagnoseTest, ARankWithAnotherCountIsNamedInTheErrorAndTheDumpWithin5Second
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   std::string dump;
-  bool named = false;
-  while (!named && absl::Now() < deadline) {
-    auto [code, out] = Ctl(cluster, {"dump", "world"});
-    dump = out;
-    named = code == 0 && absl::StrContains(out, "INVALID_ARGUMENT");
-    if (!named) absl::SleepFor(absl::Milliseconds(200));
-  }
+  const bool named = WaitFor(
+      [&] {
+        auto [code, out] = Ctl(cluster, {"dump", "world"});
+        dump = out;
+        return code == 0 && absl::StrContains(out, "INVALID_ARGUMENT");
+      },
+      absl::Seconds(60), absl::Milliseconds(200));
   ASSERT_TRUE(named) << dump << cluster.Logs();
   // From the processes' start (their rendezvous included) to the dump naming it.
   EXPECT_LE(absl::Now() - start, absl::Seconds(10));
@@ -379,10 +372,8 @@ TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
   EXPECT_THAT(first_out, HasSubstr("formed: generation 1, 2 ranks"));
   start(0, 3, "world", 2);
   // Once its join reached the coordinator (the rank process starts first).
-  for (int i = 0; i < 200; ++i) {
-    if (Ctl(cluster, {"describe", "world"}).second.find("generation 2") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  WaitFor([&] { return absl::StrContains(Ctl(cluster, {"describe", "world"}).second, "generation 2"); },
+          absl::Seconds(20), absl::Milliseconds(100));
   auto [code, out] = Ctl(cluster, {"--wait_timeout=3s", "--progress_interval=500ms", "wait", "world"});
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("generation 2: 1 of 3 ranks joined; missing ranks [1, 2]"));

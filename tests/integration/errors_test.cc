@@ -23,6 +23,7 @@
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -50,21 +51,19 @@ std::unique_ptr<pb::Registry::Stub> RegistryStub(Cluster& c) {
 // Polls the registry until `rank` has joined `group` (so a later process is the second).
 void WaitJoined(Cluster& c, const std::string& group, int rank) {
   auto stub = RegistryStub(c);
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
+  auto joined = [&] {
     grpc::ClientContext ctx;
     client::AddJobToken(ctx, c.job_token());
     pb::DescribeRequest req;
     req.set_group(group);
     pb::DescribeResponse resp;
-    if (stub->Describe(&ctx, req, &resp).ok()) {
-      for (const auto& m : resp.group().members()) {
-        if (m.rank() == rank) return;
-      }
+    if (!stub->Describe(&ctx, req, &resp).ok()) return false;
+    for (const auto& m : resp.group().members()) {
+      if (m.rank() == rank) return true;
     }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  ADD_FAILURE() << "rank " << rank << " never joined " << group;
+    return false;
+  };
+  if (!WaitFor(joined, absl::Seconds(20))) ADD_FAILURE() << "rank " << rank << " never joined " << group;
 }
 
 TEST(ErrorsTest, CountMismatchOnOneHostNamesTheRanks) {
@@ -329,12 +328,8 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
     ranks.push_back(std::move(*p));
   }
   // Let every rank complete a few collectives, then kill sidecar 1 while they run.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
   for (auto& p : ranks) {
-    while (p->Output().find("iter 3 ok") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    ASSERT_NE(p->Output().find("iter 3 ok"), std::string::npos) << p->Output() << cluster->Logs();
+    ASSERT_TRUE(p->WaitForOutput("iter 3 ok", absl::Seconds(30))) << p->Output() << cluster->Logs();
   }
   const absl::Time killed = absl::Now();
   cluster->sidecar(1).Kill(SIGKILL);
@@ -555,10 +550,7 @@ TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
     ASSERT_TRUE(p.ok());
     ranks.push_back(std::move(*p));
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (ranks[1]->Output().find("iter 2 ok") == std::string::npos && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  ranks[1]->WaitForOutput("iter 2 ok", absl::Seconds(30));
   const pid_t victim = ranks[1]->pid();
   ranks[1]->Kill(SIGKILL);
   ASSERT_TRUE(ranks[1]->Wait(absl::Seconds(5)).ok());

@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/channel.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -39,12 +40,8 @@ std::string Health(const std::string& address, const std::string& service) {
 // Waits up to `timeout` for Health(address, service) == want; returns the last answer.
 std::string AwaitHealth(const std::string& address, const std::string& service, const std::string& want,
                         absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::string got = Health(address, service);
-  while (got != want && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(200));
-    got = Health(address, service);
-  }
+  std::string got;
+  WaitFor([&] { return (got = Health(address, service)) == want; }, timeout, absl::Milliseconds(200));
   return got;
 }
 
@@ -114,13 +111,9 @@ TEST(HealthTest, SidecarStartedBeforeItsCoordinatorWaitsNotReady) {
                                  "--coordinator_connect_timeout=1s"},
                                 {}, c.dir() + "/early.log");
   ASSERT_TRUE(sidecar.ok());
-  int port = 0;
-  for (int i = 0; i < 200 && port == 0; ++i) {
-    std::ifstream(port_file) >> port;
-    if (port == 0) absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_GT(port, 0) << "the sidecar did not serve without its coordinator: " << (*sidecar)->Output();
-  const std::string address = absl::StrCat("127.0.0.1:", port);
+  absl::StatusOr<int> port = ReadPortFile(port_file, **sidecar, absl::Seconds(10));
+  ASSERT_TRUE(port.ok()) << "the sidecar did not serve without its coordinator: " << (*sidecar)->Output();
+  const std::string address = absl::StrCat("127.0.0.1:", *port);
   EXPECT_EQ(Health(address, ""), "NOT_SERVING");
   EXPECT_EQ(Health(address, "liveness"), "SERVING");
   ASSERT_TRUE(c.RestartCoordinator({}).ok());

@@ -25,6 +25,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -175,22 +176,24 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
       {"sum(grpc_server_started_total{grpc_service=\"collserve.v1.Collectives\",grpc_method=\"Session\"})", 4},
   };
   // Each must be seen once while the job runs (sessions, for one, drop when it ends).
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
   std::set<std::string> seen;
   std::vector<std::string> missing;
-  do {
-    missing.clear();
-    for (const auto& [promql, least] : wanted) {
-      if (seen.count(promql)) continue;
-      auto [status, samples] = Query(prom_port, promql);
-      if (status == "success" && !samples.empty() && samples[0].value >= least) {
-        seen.insert(promql);
-      } else {
-        missing.push_back(absl::StrCat(promql, " (", status, ", ", samples.empty() ? "no sample" : "too low", ")"));
-      }
-    }
-    if (!missing.empty()) absl::SleepFor(absl::Milliseconds(500));
-  } while (!missing.empty() && absl::Now() < deadline);
+  WaitFor(
+      [&] {
+        missing.clear();
+        for (const auto& [promql, least] : wanted) {
+          if (seen.count(promql)) continue;
+          auto [status, samples] = Query(prom_port, promql);
+          if (status == "success" && !samples.empty() && samples[0].value >= least) {
+            seen.insert(promql);
+          } else {
+            missing.push_back(
+                absl::StrCat(promql, " (", status, ", ", samples.empty() ? "no sample" : "too low", ")"));
+          }
+        }
+        return missing.empty();
+      },
+      absl::Seconds(90), absl::Milliseconds(500));
   EXPECT_TRUE(missing.empty()) << "series Prometheus did not get:\n"
                                << absl::StrJoin(missing, "\n") << "\n"
                                << cluster.Logs() << (*prometheus)->Output();
@@ -211,12 +214,12 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
       const bool quiet = absl::StrContains(expr, "code!=\"OK\"") || absl::StrContains(expr, "code)");
       // A rate needs two scrapes in its window: retry (bounded) until there are samples.
       std::pair<std::string, std::vector<Sample>> result;
-      const absl::Time expr_deadline = absl::Now() + absl::Seconds(20);
-      do {
-        result = Query(prom_port, expr);
-        if (result.first != "success" || quiet || !result.second.empty()) break;
-        absl::SleepFor(absl::Milliseconds(500));
-      } while (absl::Now() < expr_deadline);
+      WaitFor(
+          [&] {
+            result = Query(prom_port, expr);
+            return result.first != "success" || quiet || !result.second.empty();
+          },
+          absl::Seconds(20), absl::Milliseconds(500));
       EXPECT_EQ(result.first, "success") << pf.at("title").string_value() << ": " << expr;
       if (!quiet) {
         EXPECT_FALSE(result.second.empty()) << pf.at("title").string_value() << ": " << expr << " has no data\n"

@@ -43,6 +43,7 @@
 #include "collserve/client.h"
 #include "collserve/elastic.h"
 #include "common/types.h"
+#include "tests/testing/wait_for.h"
 
 ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init | idle | ...");
 ABSL_FLAG(std::string, counts, "0,1,7,1000,1048576", "element counts for sweep");
@@ -238,7 +239,7 @@ int main(int argc, char** argv) {
     };
     if (!formed().ok()) return 3;
     while (i < iters) {
-      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));  // --delay_ms paces the steps
       absl::Status s = absl::OkStatus();
       if (i > 0 && i % absl::GetFlag(FLAGS_admit_every) == 0) {
         auto admit = collserve::client::ShouldReconfigure(eg, *options, ro);
@@ -286,7 +287,7 @@ int main(int argc, char** argv) {
     // Joins, then calls nothing for --iters seconds (the rank that never calls).
     std::printf("init: OK\n");
     std::fflush(stdout);
-    absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_iters)));
+    absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_iters)));  // the idleness the mode is about
     return 0;
   }
   DataType dtype = DataType::kFloat32;
@@ -316,7 +317,7 @@ int main(int argc, char** argv) {
     const int64_t iters = absl::GetFlag(FLAGS_iters);
     std::vector<char> buf(static_cast<size_t>(absl::GetFlag(FLAGS_count)) * collserve::ElementSize(dtype));
     for (int64_t i = 0; iters == 0 || i < iters; ++i) {
-      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));  // --delay_ms paces the steps
       const absl::Time start = absl::Now();
       absl::Status s = (*pg)->AllReduce(buf.data(), absl::GetFlag(FLAGS_count), dtype, op)->Wait();
       if (!s.ok()) {
@@ -324,7 +325,7 @@ int main(int argc, char** argv) {
                     static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)),
                     static_cast<long long>(i), StatusLine(s).c_str());
         std::fflush(stdout);
-        absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_hold_s)));
+        absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_hold_s)));  // --hold_s: stays alive for the test to look
         return 3;
       }
       std::printf("iter %lld ok\n", static_cast<long long>(i));
@@ -373,11 +374,14 @@ int main(int argc, char** argv) {
     if (rank == 2) {
       // Its all_reduce is queued on its host (rank 0 there has not called yet) when it leaves.
       std::shared_ptr<collserve::client::Work> queued = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum);
+      // A pause, not an ordering: time for the request to reach the sidecar before the leave
+      // (a leave that overtakes it gives the same error to the others).
       absl::SleepFor(absl::Milliseconds(300));
       pg->reset();
       std::printf("leave_queued: left\n");
       return 0;
     }
+    // The late rank the mode is about: rank 2's all_reduce waits queued for it.
     if (rank == 0) absl::SleepFor(absl::Milliseconds(1500));
     absl::Status ar = (*pg)->AllReduce(&x, 1, DataType::kInt64, ReduceOp::kSum)->Wait();
     std::printf("all_reduce: %s\n", StatusLine(ar).c_str());
@@ -401,7 +405,9 @@ int main(int argc, char** argv) {
         return 3;
       }
     }
-    // Rank 1 starts the chain once rank 0 surely left (its session end reached the sidecar).
+    // Rank 1 starts the chain once rank 0 surely left (its session end reached the sidecar,
+    // which no call of the SDK's can see: a pause; the chain's result is the same when it
+    // starts sooner, only the path through the sidecar differs).
     if (rank == 1) absl::SleepFor(absl::Milliseconds(500));
     token += rank;
     if (rank + 1 < world) {
@@ -449,7 +455,7 @@ int main(int argc, char** argv) {
       return 1;
     };
     for (int64_t i = 0; i < iters; ++i) {
-      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));
+      absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_delay_ms)));  // --delay_ms paces the steps
       std::vector<int64_t> v(64, rank + i + 1);
       absl::Status s = (*pg)->AllReduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum)->Wait();
       if (!s.ok()) return fail(i, "all_reduce", s);
@@ -491,7 +497,7 @@ int main(int argc, char** argv) {
   if (mode == "async") {
     // Rank 1 arrives late; rank 0 checks Work semantics while waiting for it.
     const int rank = (*pg)->GetRank();
-    if (rank == 1) absl::SleepFor(absl::Milliseconds(1500));
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(1500));  // the late arrival the mode is about
     std::vector<int32_t> v = {rank + 1, 10 * (rank + 1)};
     auto work = (*pg)->AllReduce(v, ReduceOp::kSum);
     // Shared with the callback, which may run after Wait() returns (waiters are woken
@@ -558,13 +564,13 @@ int main(int argc, char** argv) {
       std::printf("recv: %s value=%d\n", StatusLine(s).c_str(), msg);
     } else {
       std::printf("all_reduce first: %s\n", StatusLine(work->Wait(absl::Seconds(30))).c_str());
-      absl::SleepFor(absl::Milliseconds(200));
+      absl::SleepFor(absl::Milliseconds(200));  // a late send, the mode's point: rank 0's callback waits for it
       msg = 42;
       std::printf("send: %s\n", StatusLine((*pg)->Send(&msg, 1, collserve::DataType::kInt32, 0)->Wait()).c_str());
     }
     absl::Status s = work->Wait(absl::Seconds(30));
     // The callback may still be running after Wait: give it the time it needs.
-    for (int i = 0; rank == 0 && i < 300 && !waited->load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+    if (rank == 0) collserve::testing::WaitFor([&] { return waited->load(); }, absl::Seconds(30), absl::Milliseconds(100));
     std::printf("all_reduce: %s big[0]=%g callback saw the recv=%d\n", StatusLine(s).c_str(), big[0],
                 rank == 0 ? (waited->load() ? 1 : 0) : 1);
     return s.ok() ? 0 : 3;
@@ -648,7 +654,7 @@ int main(int argc, char** argv) {
       if (absl::GetFlag(FLAGS_iters) == 1) {
         if (!store->Wait({"staging/issued"}, absl::Seconds(30)).ok()) return 3;
       } else {
-        absl::SleepFor(absl::Seconds(1));
+        absl::SleepFor(absl::Seconds(1));  // --iters=2: the mode's unordered variant, rank 0 usually first
       }
       works.push_back((*pg)->AllReduce(a.data(), n, DataType::kFloat32, ReduceOp::kSum));
       works.push_back((*pg)->Recv(p2p.data(), n, DataType::kFloat32, 0));

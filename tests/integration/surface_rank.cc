@@ -773,7 +773,7 @@ int Desync(ProcessGroup& pg) {
 int Monitored(ProcessGroup& pg) {
   const int rank = pg.GetRank(), world = pg.GetWorldSize();
   if (rank >= world - absl::GetFlag(FLAGS_skip)) {
-    // Does not call the barrier; stays alive past the others' timeout.
+    // Does not call the barrier; stays alive past the others' timeout (the pause the mode is about).
     absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms)) * 3);
     std::printf("status: skipped\n");
     return 0;

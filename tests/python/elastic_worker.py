@@ -32,7 +32,7 @@ def main(final_world, any_group):
             n += 1
             if n % 20 == 0 or reformed:
                 print(f"iter {n} ok: world {dist.get_world_size()}", flush=True)
-            time.sleep(0.005)
+            time.sleep(0.005)  # paces the loop; orders nothing
         except dist.DistError as e:
             print(f"failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
             start = time.monotonic()

@@ -40,11 +40,11 @@ def main(mode):
         print("ready", flush=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # idle until the signal the mode is about
         sys.exit(1)
     elif mode == "late":
         if os.environ["RANK"] == "1":
-            time.sleep(7)
+            time.sleep(7)  # the slow rank the mode is about
         main("allreduce")
     elif mode == "fail_once":
         attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]

@@ -5,8 +5,8 @@ import os
 import re
 import subprocess
 import sys
-import time
 
+from daemons import wait_for
 from test_sdk import Cluster, outputs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,14 +43,32 @@ def test_elastic_formation_with_min_world_size_and_a_late_rank():
     cluster = Cluster()
     worker = os.path.join(HERE, "elastic_worker.py")
     env = dict(COLLSERVE_MIN_WORLD_SIZE="2", COLLSERVE_JOIN_WINDOW_S="2", COLLSERVE_RUN_ID="formation")
+    logs = [os.path.join(cluster.dir, f"rank{r}.out") for r in (0, 1, 3, 2)]
+    procs = []
+
+    def start(rank, log):
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([sys.executable, worker, "4", "any"], env=cluster.env(rank, 4, **env),
+                                          text=True, stdout=out, stderr=subprocess.STDOUT))
+
+    def text(log):
+        with open(log, errors="replace") as f:
+            return f.read()
     try:
-        procs = [subprocess.Popen([sys.executable, worker, "4", "any"], env=cluster.env(r, 4, **env), text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in (0, 1, 3)]
-        time.sleep(4)  # past the window: the three formed a group of 3
-        procs.append(subprocess.Popen([sys.executable, worker, "4", "any"], env=cluster.env(2, 4, **env), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        results = outputs(procs, limit=120)
+        for rank, log in zip((0, 1, 3), logs):
+            start(rank, log)
+        # Past the window: the three formed a group of 3.
+        wait_for(lambda: all(re.search(r"init: rank \d of 3", text(log)) for log in logs[:3]), 60,
+                 what="a group of 3 formed by ranks 0, 1 and 3")
+        start(2, logs[3])
+        for p in procs:
+            p.wait(timeout=120)
+        results = [(p.returncode, text(log)) for p, log in zip(procs, logs)]
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         cluster.stop()
     report = "\n".join(f"--- process {i} (exit {code})\n{text}" for i, (code, text) in enumerate(results))
     for i, (code, text) in enumerate(results):

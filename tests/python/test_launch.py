@@ -12,7 +12,6 @@ import tempfile
 import time
 
 import numpy as np
-import pytest
 
 from test_sdk import Cluster
 

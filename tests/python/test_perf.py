@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from test_sdk import BUILD, credentials
+from daemons import BUILD, credentials
 
 PERF = os.path.join(BUILD, "bench", "collserve-perf")
 FACTORS = {"all_reduce": 2 * 3 / 4, "all_gather": 3 / 4, "reduce_scatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0,
@@ -79,37 +79,27 @@ def test_torch_side_of_the_comparison_checks_its_results(backend, memory):
 
 
 @pytest.mark.parametrize("algorithm", ["direct", "ring", "bcube"])
-def test_two_hosts_report_the_all_reduce_algorithm_the_sidecars_ran(algorithm, tmp_path):
+def test_two_hosts_report_the_all_reduce_algorithm_the_sidecars_ran(algorithm, tmp_path, start_daemons):
     """Two launchers (--nnodes 2, each with its own sidecar) on loopback, the algorithm forced
     through `collserve launch --sidecar_flag`: results check, and the column names it."""
     flags, tokens = credentials(str(tmp_path))
-    coord = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-                              "--metrics_address=", "--log_level=warning", f"--port_file={tmp_path}/port", *flags])
-    try:
-        for _ in range(400):
-            if os.path.exists(tmp_path / "port") and (tmp_path / "port").read_text().strip():
-                break
-            subprocess.run(["sleep", "0.05"])
-        port = (tmp_path / "port").read_text().strip()
-        launchers = [subprocess.Popen(
-            [sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--nnodes", "2", "--node_rank", str(h),
-             "--coordinator", f"127.0.0.1:{port}", "--gloo_hostname", "127.0.0.1", "--no_prefix",
-             f"--sidecar_flag=--allreduce_algorithm={algorithm}", "--no_python", PERF,
-             "-b", "8", "-e", "64K", "-f", "32", "-n", "2", "-w", "1", "-o", "all_reduce"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "COLLSERVE_TOKEN": tokens["default"]}) for h in (0, 1)]
-        outs = [p.communicate(timeout=120) for p in launchers]
-        for p, (out, err) in zip(launchers, outs):
-            assert p.returncode == 0, out + err
-        out = outs[0][0]
-        assert "4 ranks on 2 host(s)" in out and "# Out of bounds values : 0 OK" in out, out
-        rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
-        # An all_reduce of at most 1 KiB travels with the argument exchange whatever the flag.
-        want = lambda size: "local+gloo_fused" if size <= 1024 else f"local+gloo_{algorithm}"
-        assert len(rows) == 3 and all(row[13] == want(int(row[0])) for row in rows), out
-    finally:
-        coord.terminate()
-        coord.wait(timeout=10)
+    port = start_daemons.coordinator(str(tmp_path), *flags).port
+    launchers = [subprocess.Popen(
+        [sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--nnodes", "2", "--node_rank", str(h),
+         "--coordinator", f"127.0.0.1:{port}", "--gloo_hostname", "127.0.0.1", "--no_prefix",
+         f"--sidecar_flag=--allreduce_algorithm={algorithm}", "--no_python", PERF,
+         "-b", "8", "-e", "64K", "-f", "32", "-n", "2", "-w", "1", "-o", "all_reduce"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLLSERVE_TOKEN": tokens["default"]}) for h in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in launchers]
+    for p, (out, err) in zip(launchers, outs):
+        assert p.returncode == 0, out + err
+    out = outs[0][0]
+    assert "4 ranks on 2 host(s)" in out and "# Out of bounds values : 0 OK" in out, out
+    rows = [line.split() for line in out.splitlines() if line and not line.startswith("#")]
+    # An all_reduce of at most 1 KiB travels with the argument exchange whatever the flag.
+    want = lambda size: "local+gloo_fused" if size <= 1024 else f"local+gloo_{algorithm}"
+    assert len(rows) == 3 and all(row[13] == want(int(row[0])) for row in rows), out
 
 
 def test_store_bench_measures_every_column():

@@ -7,33 +7,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
-BUILD = os.environ.get("COLLSERVE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+from daemons import credentials, start_coordinator, start_sidecar
+
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
-
-
-def _wait_port(path, proc, limit=20):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if os.path.exists(path) and open(path).read().strip():
-            return int(open(path).read().strip())
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
-        time.sleep(0.05)
-    raise TimeoutError(f"no port file {path}")
-
-
-def credentials(directory, jobs=("default",)):
-    """Tokens for a test's coordinator, as an embedded one gets them: a fresh token per job in
-    `jobs` under `directory`. Returns (the coordinator's flags, {job: token})."""
-    from collserve.launch import embedded_credentials
-    tokens, flags = {}, []
-    for job in jobs:
-        tokens[job], flags = embedded_credentials(directory, job)
-    return flags, tokens
 
 
 class Cluster:
@@ -45,18 +24,16 @@ class Cluster:
         self.dir = tempfile.mkdtemp(prefix="collserve-py-")
         flags, self.tokens = credentials(self.dir, jobs)
         self.token = self.tokens[jobs[0]]
-        self.coordinator = subprocess.Popen(
-            [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-             f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning", *flags],
-            stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/coordinator.log", "w"))
-        self.port = _wait_port(f"{self.dir}/coordinator.port", self.coordinator)
+        self.daemons = [start_coordinator(self.dir, *flags)]
+        self.port = self.daemons[0].port
+        self.coordinator = self.daemons[0].proc
         self.socket = f"{self.dir}/sidecar.sock"
-        self.sidecar = subprocess.Popen(
-            [os.path.join(BUILD, "server", "collserve-sidecar"), f"--coordinator=127.0.0.1:{self.port}",
-             f"--unix_socket={self.socket}", "--host_id=host0", "--metrics_address=", "--log_level=warning",
-             f"--port_file={self.dir}/sidecar.port"],
-            stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/sidecar.log", "w"))
-        _wait_port(f"{self.dir}/sidecar.port", self.sidecar)
+        try:
+            self.daemons.append(start_sidecar(self.dir, self.port, f"--unix_socket={self.socket}", "--host_id=host0"))
+        except BaseException:
+            self.stop()
+            raise
+        self.sidecar = self.daemons[1].proc
 
     def env(self, rank, world, **extra):
         env = dict(os.environ)
@@ -72,10 +49,8 @@ class Cluster:
                 for r in range(world)]
 
     def stop(self):
-        for p in (self.sidecar, self.coordinator):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for d in reversed(self.daemons):
+            d.stop()
 
 
 @pytest.fixture

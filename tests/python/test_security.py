@@ -16,7 +16,7 @@ import tempfile
 import pytest
 
 from test_launch import ROOT, assert_none_left, lines_of
-from test_sdk import BUILD, _wait_port, credentials
+from daemons import credentials, start_coordinator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -45,20 +45,15 @@ def secure():
     d = tempfile.mkdtemp(prefix="collserve-secure-")
     make_pki(d)
     flags, tokens = credentials(d, ("secure",))
-    coordinator = subprocess.Popen(
-        [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-         f"--port_file={d}/coordinator.port", "--metrics_address=", "--log_level=warning",
-         f"--tls_cert={d}/server.pem", f"--tls_key={d}/server.key", f"--tls_ca={d}/ca.pem", "--tls_client_auth",
-         "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port", "--tcpstore_job=secure",
-         "--tcpstore_allow=127.0.0.1/32", *flags],
-        stdout=subprocess.DEVNULL, stderr=open(f"{d}/coordinator.log", "w"))
+    coordinator = start_coordinator(
+        d, f"--tls_cert={d}/server.pem", f"--tls_key={d}/server.key", f"--tls_ca={d}/ca.pem", "--tls_client_auth",
+        "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port", "--tcpstore_job=secure",
+        "--tcpstore_allow=127.0.0.1/32", *flags, extra_port_files=("tcpstore.port",))
     try:
-        port = _wait_port(f"{d}/coordinator.port", coordinator)
-        yield {"dir": d, "port": port, "tcpstore_port": _wait_port(f"{d}/tcpstore.port", coordinator),
+        yield {"dir": d, "port": coordinator.port, "tcpstore_port": coordinator.ports["tcpstore.port"],
                "token": tokens["secure"]}
     finally:
-        coordinator.kill()
-        coordinator.wait()
+        coordinator.stop()
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -7,14 +7,13 @@ import datetime
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 
 import pytest
 
 torch_dist = pytest.importorskip("torch.distributed")
 import collserve  # noqa: E402
-from test_sdk import BUILD, _wait_port, credentials  # noqa: E402
+from daemons import credentials  # noqa: E402
 from torch_compat import agent_store_env, store_kwargs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,22 +24,14 @@ TOKENS = {}
 
 
 @pytest.fixture
-def coordinator(monkeypatch):
-    d = tempfile.mkdtemp(prefix="collserve-tcpstore-")
-    flags, tokens = credentials(d, ("torchjob", "otherjob"))
+def coordinator(monkeypatch, start_daemons, daemon_dir):
+    flags, tokens = credentials(daemon_dir, ("torchjob", "otherjob"))
     TOKENS.update(tokens)
     monkeypatch.setenv("COLLSERVE_TOKEN", tokens["torchjob"])  # this process's collserve.Store clients
-    proc = subprocess.Popen(
-        [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-         f"--port_file={d}/coordinator.port", "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port",
-         "--tcpstore_job=torchjob", "--metrics_address=", "--log_level=warning", *flags],
-        stdout=subprocess.DEVNULL, stderr=open(f"{d}/coordinator.log", "w"))
-    try:
-        grpc_port = _wait_port(f"{d}/coordinator.port", proc)
-        yield grpc_port, _wait_port(f"{d}/tcpstore.port", proc), proc
-    finally:
-        proc.kill()
-        proc.wait()
+    c = start_daemons.coordinator(daemon_dir, "--tcpstore_address=127.0.0.1:0",
+                                  f"--tcpstore_port_file={daemon_dir}/tcpstore.port", "--tcpstore_job=torchjob", *flags,
+                                  extra_port_files=("tcpstore.port",))
+    yield c.port, c.ports["tcpstore.port"], c.proc
 
 
 def client(port, timeout_s=10.0):

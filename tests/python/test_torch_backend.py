@@ -13,13 +13,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from test_sdk import BUILD, _wait_port, credentials  # noqa: E402
+from daemons import BUILD, credentials, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -132,68 +131,42 @@ def test_groups_alive_at_exit_are_shut_down_first(how):
     run_ranks(2, ["live_at_exit", "collserve", "env", how], timeout=90)
 
 
-def test_ranks_on_several_hosts_start_one_sidecar_per_host():
+def test_ranks_on_several_hosts_start_one_sidecar_per_host(start_daemons, daemon_dir):
     """With COLLSERVE_COORDINATOR, the first rank of each host starts that host's sidecar;
     here two "hosts" on loopback (COLLSERVE_HOST_ID), so the all_reduce crosses sidecars."""
-    d = tempfile.mkdtemp(prefix="collserve-hosts-")
-    flags, tokens = credentials(d)
-    coordinator = subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
-                                    "--listen_address=127.0.0.1:0", f"--port_file={d}/port", "--metrics_address=",
-                                    "--log_level=warning", *flags],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port = _wait_port(f"{d}/port", coordinator)
-        results = run_ranks(4, ["hosts", "collserve", "env"], env=lambda rank: {
-            "COLLSERVE_COORDINATOR": f"127.0.0.1:{port}", "COLLSERVE_HOST_ID": f"host{rank // 2}",
-            "COLLSERVE_GLOO_HOSTNAME": "127.0.0.1", "COLLSERVE_TOKEN": tokens["default"]})
-        # One sidecar per host, started by its first rank (which rank wins is a race).
-        started = [int(re.search(r"started (\d+) servers", out).group(1)) for _, out in results]
-        assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
-    finally:
-        coordinator.kill()
-        coordinator.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    flags, tokens = credentials(daemon_dir)
+    port = start_daemons.coordinator(daemon_dir, *flags).port
+    results = run_ranks(4, ["hosts", "collserve", "env"], env=lambda rank: {
+        "COLLSERVE_COORDINATOR": f"127.0.0.1:{port}", "COLLSERVE_HOST_ID": f"host{rank // 2}",
+        "COLLSERVE_GLOO_HOSTNAME": "127.0.0.1", "COLLSERVE_TOKEN": tokens["default"]})
+    # One sidecar per host, started by its first rank (which rank wins is a race).
+    started = [int(re.search(r"started (\d+) servers", out).group(1)) for _, out in results]
+    assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
 
 
 @pytest.mark.parametrize("shared_memory", ["1", "0"])
-def test_arena_tensors_move_no_bytes(shared_memory):
+def test_arena_tensors_move_no_bytes(shared_memory, start_daemons, daemon_dir):
     """collserve.torch.empty tensors reach the sidecar by reference: its
     collserve_tensor_bytes_total counts them as arena bytes, and ordinary tensors (and arena
     tensors used with another group) as staged ones, to the byte. With
     COLLSERVE_SHARED_MEMORY=0 (read by the backend as by the C++ SDK) every byte travels
     inline in the session's messages instead."""
-    d = tempfile.mkdtemp(prefix="collserve-arena-")
+    d = daemon_dir
     metrics_port = free_port()
-    servers = []
     flags, tokens = credentials(d)
-    try:
-        servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-coordinator"),
-                                         "--listen_address=127.0.0.1:0", f"--port_file={d}/port",
-                                         "--metrics_address=", "--log_level=warning", *flags],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        port = _wait_port(f"{d}/port", servers[0])
-        servers.append(subprocess.Popen([os.path.join(BUILD, "server", "collserve-sidecar"),
-                                         f"--coordinator=127.0.0.1:{port}", f"--unix_socket={d}/s.sock",
-                                         f"--metrics_address=127.0.0.1:{metrics_port}", "--log_level=warning",
-                                         f"--port_file={d}/s.port"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        _wait_port(f"{d}/s.port", servers[1])
-        run_ranks(2, ["arena", "collserve", f"file:{d}/init"],
-                  env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_TOKEN": tokens["default"],
-                       "COLLSERVE_SHARED_MEMORY": shared_memory})
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
-            text = r.read().decode()
-        got = {m.group(1): float(m.group(2))
-               for m in re.finditer(r'^collserve_tensor_bytes_total\{path="(\w+)"\} (\S+)$', text, re.M)}
-        if shared_memory == "1":
-            assert got == {"arena": 2 * (24000 + 32), "staged": 2 * (16 + 20), "inline": 0}, text
-        else:
-            assert got["arena"] == 0 and got["staged"] == 0 and got["inline"] >= 2 * (24000 + 32 + 16 + 20), text
-    finally:
-        for p in reversed(servers):
-            p.kill()
-            p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+    port = start_daemons.coordinator(d, *flags).port
+    start_daemons.sidecar(d, port, f"--unix_socket={d}/s.sock", f"--metrics_address=127.0.0.1:{metrics_port}")
+    run_ranks(2, ["arena", "collserve", f"file:{d}/init"],
+              env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_TOKEN": tokens["default"],
+                   "COLLSERVE_SHARED_MEMORY": shared_memory})
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    got = {m.group(1): float(m.group(2))
+           for m in re.finditer(r'^collserve_tensor_bytes_total\{path="(\w+)"\} (\S+)$', text, re.M)}
+    if shared_memory == "1":
+        assert got == {"arena": 2 * (24000 + 32), "staged": 2 * (16 + 20), "inline": 0}, text
+    else:
+        assert got["arena"] == 0 and got["staged"] == 0 and got["inline"] >= 2 * (24000 + 32 + 16 + 20), text
 
 
 def test_ranks_on_several_hosts_without_a_coordinator_are_told_what_to_set():
@@ -226,10 +199,8 @@ def test_embedded_services_end_with_the_rank_that_started_them():
         for p in procs:
             p.kill()
             p.wait()
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(_running(int(line.split()[0])) for line in servers):
-            time.sleep(0.1)
-        assert not any(_running(int(line.split()[0])) for line in servers), servers
+        wait_for(lambda: not any(_running(int(line.split()[0])) for line in servers), 15,
+                 what=f"the end of the servers {servers}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -324,7 +295,7 @@ def _torchrun_works():
 
 
 @pytest.mark.skipif(not _torchrun_works(), reason="this torch's torchrun cannot start on this Python")
-def test_torchrun_forms_a_job_through_the_coordinator():
+def test_torchrun_forms_a_job_through_the_coordinator(start_daemons, daemon_dir):
     """torch's own launcher, `python -m torch.distributed.run --rdzv_backend=c10d
     --rdzv_endpoint=<the coordinator's TCPStore endpoint>`: its agents rendezvous through the
     endpoint (torch's compare_set/add/get/wait protocol), and its 2 ranks, given
@@ -332,18 +303,14 @@ def test_torchrun_forms_a_job_through_the_coordinator():
     rank starts this host's sidecar). On a torch without libuv (Debian 13's), torchrun
     needs tests/python/torch_nolibuv/ (see its docstring)."""
     from torch_compat import agent_store_env
-    d = tempfile.mkdtemp(prefix="collserve-torchrun-")
+    d = daemon_dir
     flags, tokens = credentials(d)
-    coordinator = subprocess.Popen(
-        [os.path.join(BUILD, "server", "collserve-coordinator"), "--listen_address=127.0.0.1:0",
-         f"--port_file={d}/port", "--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={d}/tcpstore.port",
-         "--tcpstore_job=default", "--metrics_address=", "--log_level=warning", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    coordinator = start_daemons.coordinator(d, "--tcpstore_address=127.0.0.1:0",
+                                            f"--tcpstore_port_file={d}/tcpstore.port", "--tcpstore_job=default", *flags,
+                                            extra_port_files=("tcpstore.port",))
+    port, tcpstore_port = coordinator.port, coordinator.ports["tcpstore.port"]
     tmp = private_tmp()
     try:
-        port = _wait_port(f"{d}/port", coordinator)
-        with open(f"{d}/tcpstore.port") as f:
-            tcpstore_port = int(f.read())
         env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
         env.update(COLLSERVE_COORDINATOR=f"127.0.0.1:{port}", COLLSERVE_TOKEN=tokens["default"],
                    COLLSERVE_GLOO_HOSTNAME="127.0.0.1", TMPDIR=tmp)
@@ -364,9 +331,6 @@ def test_torchrun_forms_a_job_through_the_coordinator():
                               env={**os.environ, "COLLSERVE_TOKEN": tokens["default"]})
         assert "torchrun-test" in keys.stdout, keys.stdout + keys.stderr  # the agents' rendezvous state
     finally:
-        coordinator.kill()
-        coordinator.wait()
-        shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -263,7 +263,7 @@ def monitored_zero(rank, world):
     import time
     group = dist.distributed_c10d._get_default_group()
     if rank != 0:
-        time.sleep(2)
+        time.sleep(2)  # the late arrival the scenario is about
     start = time.monotonic()
     try:
         group.monitored_barrier(datetime.timedelta(0))
@@ -473,7 +473,7 @@ def main():
     elif scenario == "idle":  # rendezvous, say so, then wait to be killed
         print(f"rank {rank}: ready", flush=True)
         import time
-        time.sleep(300)
+        time.sleep(300)  # idle until the test kills it
     elif scenario == "arena":
         arena(rank, world)
     elif scenario == "monitored_zero":

@@ -304,10 +304,10 @@ def gil():
         ticks = 0
         while not done.is_set():
             ticks += 1
-            time.sleep(0.001)
+            time.sleep(0.001)  # ticks while the other thread blocks: the GIL is free
         assert t.tolist() == [2.0] * 4 and ticks > 100, (t, ticks)
     else:
-        time.sleep(1.0)
+        time.sleep(1.0)  # the late rank the mode is about
         reduce(np.ones(4))
     dist.barrier()
     print("ok gil")
@@ -348,7 +348,7 @@ def timeout():
         report(lambda: dist.all_reduce(np.ones(3)))
     else:
         import time
-        time.sleep(6)
+        time.sleep(6)  # never calls, past the others' timeout: the mode's point
 
 
 def badrank():

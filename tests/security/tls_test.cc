@@ -20,6 +20,7 @@
 #include "collserve/client.h"
 #include "tests/testing/pki.h"
 #include "tests/testing/process.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -126,11 +127,9 @@ TEST_F(TlsTest, RotatedCertificateIsUsedWithoutARestart) {
   std::filesystem::copy_file(pki_.Path("server2.key"), key + ".new");
   std::filesystem::rename(key + ".new", key);
   std::filesystem::rename(cert + ".new", cert);
-  bool rotated = false;
-  for (int i = 0; i < 40 && !rotated; ++i) {
-    rotated = UseStore(address, Trusting("other-ca"), token).ok();
-    if (!rotated) absl::SleepFor(absl::Milliseconds(500));
-  }
+  const bool rotated =
+      WaitFor([&] { return UseStore(address, Trusting("other-ca"), token).ok(); }, absl::Seconds(20),
+              absl::Milliseconds(500));
   EXPECT_TRUE(rotated) << "the coordinator still presents the old certificate 20 s after rotation";
   EXPECT_EQ((*cluster)->coordinator().Wait(absl::ZeroDuration()).status().code(), absl::StatusCode::kDeadlineExceeded)
       << "the coordinator restarted or exited";

@@ -13,6 +13,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -22,7 +23,9 @@
 #include "collserve/v1/store.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/group_registry.h"
+#include "tests/testing/process.h"
 #include "tests/testing/store_conformance.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -86,14 +89,24 @@ class RemoteStore : public store::Store {
   std::unique_ptr<client::StoreClient> c_;
 };
 
+// The value of the shared coordinator's metric sample `sample`; -1 if it has none.
+double CoordinatorMetric(const std::string& sample) { return MetricValue(SharedCoordinator().metrics_port(), sample); }
+
 INSTANTIATE_TEST_SUITE_P(Grpc, StoreConformanceTest,
-                         ::testing::Values(StoreFactory{"grpc", [] {
-                           client::StoreClientOptions o;
-                           o.job = UniqueName("conformance");
-                           auto c = client::StoreClient::Connect(Address(), o);
-                           CHECK(c.ok()) << c.status();
-                           return std::unique_ptr<store::Store>(new RemoteStore(std::move(*c)));
-                         }}),
+                         ::testing::Values(StoreFactory{"grpc",
+                                                        [] {
+                                                          client::StoreClientOptions o;
+                                                          o.job = UniqueName("conformance");
+                                                          auto c = client::StoreClient::Connect(Address(), o);
+                                                          CHECK(c.ok()) << c.status();
+                                                          return std::unique_ptr<store::Store>(
+                                                              new RemoteStore(std::move(*c)));
+                                                        },
+                                                        // The coordinator's (each test has its own).
+                                                        [](store::Store&) {
+                                                          return static_cast<int64_t>(
+                                                              CoordinatorMetric("collserve_store_pending_waits"));
+                                                        }}),
                          StoreFactoryName);
 
 std::unique_ptr<client::StoreClient> Client(const std::string& job) {
@@ -161,7 +174,9 @@ TEST(CoordinatorStoreTest, ParkedWaitsHoldNoServerThread) {
       if (c->Get("go", absl::Seconds(20)).ok()) ok.fetch_add(1);
     });
   }
-  absl::SleepFor(absl::Milliseconds(300));
+  // Until every Get is parked in the store (none can be answered before "go" is set).
+  ASSERT_TRUE(WaitFor([&] { return CoordinatorMetric("collserve_store_pending_waits") >= kWaiters; }, absl::Seconds(20)))
+      << CoordinatorMetric("collserve_store_pending_waits") << " waits parked";
   // Still responsive while they wait.
   EXPECT_THAT(c->Add("counter", 1), IsOkAndHolds(1));
   ASSERT_TRUE(c->Set("go", "now").ok());
@@ -191,6 +206,17 @@ JoinResult Join(const std::string& group, int world, int rank, const std::string
   JoinResult r;
   r.status = stub->Join(&ctx, req, &r.resp);
   return r;
+}
+
+// The ranks joined so far to `group` (of the shared coordinator's default job); 0 if unknown.
+int JoinedRanks(const std::string& group) {
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pb::DescribeRequest req;
+  req.set_group(group);
+  pb::DescribeResponse resp;
+  return stub->Describe(&ctx, req, &resp).ok() ? resp.group().members_size() : 0;
 }
 
 TEST(CoordinatorRegistryTest, RendezvousOfSevenRanksGivesEveryoneTheSameMembership) {
@@ -246,7 +272,7 @@ TEST(CoordinatorRegistryTest, ErrorCases) {
   // Rank 0 waits; a duplicate rank 0 and a disagreeing world_size are refused at once.
   JoinResult first;
   std::thread t([&] { first = Join(group, 2, 0, "h1", 3000); });
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitFor([&] { return JoinedRanks(group) == 1; }, absl::Seconds(10)));
   JoinResult dup = Join(group, 2, 0, "h2", 100);
   EXPECT_EQ(dup.status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_THAT(dup.status.error_message(), HasSubstr("rank 0 has already joined"));
@@ -296,7 +322,7 @@ TEST(GroupRegistryLimitsTest, GroupCountIsCappedAndFreedWhenGroupsEnd) {
   };
   std::thread a(forming, "a");
   std::thread b(forming, "b");
-  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(WaitFor([&] { return registry.GroupCounts().groups == 2; }, absl::Seconds(10)));
   absl::Status c = JoinNow(registry, "c", 1, 0, absl::Seconds(1));
   EXPECT_EQ(c.code(), absl::StatusCode::kResourceExhausted) << c;
   EXPECT_THAT(std::string(c.message()), HasSubstr("--max_groups"));
@@ -358,6 +384,7 @@ TEST(GroupRegistryWatchTest, ALeaveIsReportedToWatchersAtOnce) {
   PendingWatch w;
   w.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
   EXPECT_NE(w.id, 0u);
+  // A pause, not an ordering: the watch (30 s) must not be answered before the leave.
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(w.done.HasBeenNotified());
   const absl::Time left = absl::Now();
@@ -557,6 +584,8 @@ TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseE
   ASSERT_EQ(w.events->departures.size(), 1u);
   EXPECT_EQ(w.events->departures[0].host_id, "b");
   EXPECT_TRUE(w.events->departures[0].host_lost);
+  // A pause that waits out the leases (300 + 200 ms) a one-host group never gets: it is
+  // still FORMED after them.
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
 }
@@ -611,7 +640,8 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
     m.host_id = "a";
     registry.JoinAsync("job", "next", 1, m, absl::Now() + absl::Seconds(5),
                        [](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) { EXPECT_TRUE(v.ok()); }, 2);
-    absl::SleepFor(absl::Milliseconds(900));
+    // Until "lost"'s hosts' leases end (300 + 200 ms after formation): its end is the 8th line.
+    EXPECT_TRUE(WaitFor([&] { return journal.lines().size() >= 8; }, absl::Seconds(10)));
     EXPECT_THAT(journal.lines(),
                 ::testing::ElementsAre("formed job/left 1 ranks 3 hosts a,b rank_host 0,1,0", "ended job/left 1",
                                        "formed job/lost 1 ranks 2 hosts a,b rank_host 0,1",
@@ -667,6 +697,8 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
   // Its last rank leaves (or, if the timer is first, host a's lease ends too, as a does
   // not watch again): the generation ends, journaled once.
   ASSERT_TRUE(registry.Leave("job", "g", 0, 5).ok());
+  // A pause that waits out host a's lease (300 + 200 ms): the end is journaled once, not
+  // again when the lease runs out.
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_THAT(restored_journal.lines(), ::testing::ElementsAre("ended job/g 5"));
   EXPECT_EQ(registry.Describe("job", "solo")->state, "FORMED");

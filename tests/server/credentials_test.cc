@@ -15,10 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "store/store.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::server {
 namespace {
 
+using ::collserve::testing::WaitFor;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -148,8 +150,7 @@ TEST_F(CredentialsTest, RotatedAndRemovedTokenFilesTakeEffectWithoutARestart) {
   const std::string rotated = "train-token-rotated-0123456789";
   Write("jobs/train", rotated);
   std::filesystem::remove(dir_ + "/jobs/eval");
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline && !c->Authorize(Bearer(rotated), "train").ok()) absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(WaitFor([&] { return c->Authorize(Bearer(rotated), "train").ok(); }, absl::Seconds(20)));
   EXPECT_EQ(*c->Authorize(Bearer(rotated), "train"), Principal::kJob);
   EXPECT_EQ(c->Authorize(Bearer(kTrain), "train").status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(c->Authorize(Bearer(kEval), "eval").status().code(), absl::StatusCode::kUnauthenticated);
@@ -208,20 +209,16 @@ TEST_F(CredentialsTest, MintedTokensReachAnotherCoordinatorOnTheSameStore) {
   auto token = a->Mint("shared-job");
   ASSERT_TRUE(token.ok());
   auto granted = [&](JobCredentials& c, const std::string& t) { return c.Authorize(Bearer(t), "shared-job").ok(); };
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!granted(*b, *token) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_TRUE(granted(*b, *token)) << "a token minted through one coordinator never reached the other";
+  EXPECT_TRUE(WaitFor([&] { return granted(*b, *token); }, absl::Seconds(10)))
+      << "a token minted through one coordinator never reached the other";
   auto other = b->Mint("other-job");
   ASSERT_TRUE(other.ok());
   auto revoked = b->Revoke("shared-job");
   ASSERT_TRUE(revoked.ok()) << revoked.status();
   EXPECT_EQ(*revoked, 1);
-  while (granted(*a, *token) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
-  EXPECT_FALSE(granted(*a, *token)) << "a token revoked through one coordinator still works at the other";
-  while (!a->Authorize(Bearer(*other), "other-job").ok() && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  EXPECT_TRUE(a->Authorize(Bearer(*other), "other-job").ok());
+  EXPECT_TRUE(WaitFor([&] { return !granted(*a, *token); }, absl::Seconds(10)))
+      << "a token revoked through one coordinator still works at the other";
+  EXPECT_TRUE(WaitFor([&] { return a->Authorize(Bearer(*other), "other-job").ok(); }, absl::Seconds(10)));
 }
 
 }  // namespace

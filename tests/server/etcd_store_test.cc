@@ -21,6 +21,7 @@
 #include "tests/testing/etcd_cluster.h"
 #include "tests/testing/pki.h"
 #include "tests/testing/store_conformance.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -273,11 +274,9 @@ TEST(EtcdStoreTest, AWaitOutlivesARestartOfEtcd) {
   ASSERT_TRUE((*etcd)->Restart(0).ok());
   // Acknowledged writes survived; the wait, registered before the restart, is woken by a
   // write after it.
-  const absl::Time until = absl::Now() + absl::Seconds(30);
   absl::StatusOr<std::string> before = absl::UnknownError("not read");
-  while (absl::Now() < until && !(before = store.Get("before", absl::ZeroDuration())).ok()) {
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  WaitFor([&] { return (before = store.Get("before", absl::ZeroDuration())).ok(); }, absl::Seconds(30),
+          absl::Milliseconds(100));
   EXPECT_THAT(before, IsOkAndHolds("1")) << (*etcd)->Logs();
   ASSERT_THAT(store.Set("after", "2"), IsOk());
   ASSERT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
@@ -302,18 +301,16 @@ TEST(EtcdStoreTest, AThreeMemberClusterLosingTheStoresMemberLosesNoAcknowledgedW
       // A write whose answer was lost (UNAVAILABLE) may still have landed: it is written
       // again under the same key, as a client retries.
       if (store.Set(absl::StrCat("k", acknowledged.load()), "v").ok()) acknowledged.fetch_add(1);
-      absl::SleepFor(absl::Milliseconds(5));
+      absl::SleepFor(absl::Milliseconds(5));  // paces the load (about 200 writes a second), orders nothing
     }
   });
-  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_TRUE(WaitFor([&] { return acknowledged.load() >= 20; }, absl::Seconds(30))) << (*etcd)->Logs();
   (*etcd)->Kill(0);
   // A write sent to a member while the cluster elects a new leader waits for its deadline
   // (etcd drops the proposal); the next ones go through.
   const absl::Time killed = absl::Now();
   const int at_kill = acknowledged.load();
-  while (acknowledged.load() < at_kill + 20 && absl::Now() < killed + absl::Seconds(30)) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  WaitFor([&] { return acknowledged.load() >= at_kill + 20; }, absl::Seconds(30));
   const absl::Duration recovered = absl::Now() - killed;
   stop = true;
   writer.join();

@@ -36,6 +36,7 @@
 #include "tests/testing/pki.h"
 #include "tests/testing/process.h"
 #include "tests/testing/store_conformance.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -115,25 +116,22 @@ class RegistryReplicasTest : public ::testing::Test {
   }
   // Waits up to `timeout` for JournalKeys() to be `want`.
   bool AwaitJournalKeys(const std::vector<std::string>& want, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (JournalKeys() != want) {
-      if (absl::Now() >= deadline) return false;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return true;
+    return WaitFor([&] { return JournalKeys() == want; }, timeout, absl::Milliseconds(50));
   }
 
   // The index of the replica that leads, waiting up to `timeout` for one (-1: none).
   int AwaitLeader(absl::Duration timeout, int not_this = -1) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      const std::string leader = LeaderAddress();
-      for (size_t i = 0; i < ports_.size(); ++i) {
-        if (static_cast<int>(i) != not_this && leader == absl::StrCat("127.0.0.1:", ports_[i])) return i;
-      }
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return -1;
+    int found = -1;
+    WaitFor(
+        [&] {
+          const std::string leader = LeaderAddress();
+          for (size_t i = 0; i < ports_.size(); ++i) {
+            if (static_cast<int>(i) != not_this && leader == absl::StrCat("127.0.0.1:", ports_[i])) found = i;
+          }
+          return found >= 0;
+        },
+        timeout, absl::Milliseconds(50));
+    return found;
   }
 
   std::string Logs() {
@@ -177,9 +175,21 @@ absl::StatusOr<pb::JoinResponse> Join(const std::string& target, int rank, int w
     s = stub->Join(&ctx, req, &resp);
     if (s.ok()) return resp;
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= deadline) break;
-    absl::SleepFor(absl::Milliseconds(std::min(20 * attempt, 500)));
+    absl::SleepFor(absl::Milliseconds(std::min(20 * attempt, 500)));  // the retry's backoff, as the sidecars
   }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// The ranks joined so far to group "g" of job "replicas" at `target` (0 if it cannot say).
+int JoinedRanks(const std::string& target) {
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  pb::DescribeRequest req;
+  req.set_job("replicas");
+  req.set_group("g");
+  pb::DescribeResponse resp;
+  return stub->Describe(&ctx, req, &resp).ok() ? resp.group().members_size() : 0;
 }
 
 // Joins ranks [0, world_size), rank r through targets[r % targets.size()]: all but the last
@@ -277,7 +287,8 @@ FailoverTrial RegistryReplicasTest::RunFailoverTrial(int world_size) {
     }
   });
   t.rendezvous = JoinAll({all, parts[1]}, world_size, absl::Seconds(60), [&] {
-    absl::SleepFor(absl::Milliseconds(500));
+    // Until every rank but the last is parked at the leader.
+    WaitFor([&] { return JoinedRanks(parts[0]) == world_size - 1; }, absl::Seconds(20), absl::Milliseconds(20));
     replicas_[leader]->Kill(SIGKILL);
     (void)replicas_[leader]->Wait(absl::Seconds(10));
   });
@@ -382,11 +393,8 @@ TEST_F(RegistryReplicasTest, AJobOnTwoSidecarsSurvivesTheReplicaItTalksToAndLead
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   for (auto& p : ranks) {  // the group formed and the loop runs
-    while (p->Output().find("iter 50 ok") == std::string::npos && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
+    WaitFor([&] { return p->Output().find("iter 50 ok") != std::string::npos; }, absl::Seconds(60));
   }
   c.coordinator().Kill(SIGKILL);
   EXPECT_GT(AwaitLeader(absl::Seconds(20), 0), 0) << Logs() << c.Logs();
@@ -419,16 +427,17 @@ TEST_F(RegistryReplicasTest, ANewLeaderKnowsTheGroupsFormedUnderTheOldOneFromEtc
     auto stub = pb::Registry::NewStub(grpc::CreateChannel(targets[i], grpc::InsecureChannelCredentials()));
     pb::ListResponse resp;
     grpc::Status s;
-    for (int attempt = 0; attempt < 50; ++attempt) {  // UNAVAILABLE while the new leader restores
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      pb::ListRequest req;
-      req.set_job("replicas");
-      resp.Clear();
-      s = stub->List(&ctx, req, &resp);
-      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
+    WaitFor(  // UNAVAILABLE while the new leader restores
+        [&] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+          pb::ListRequest req;
+          req.set_job("replicas");
+          resp.Clear();
+          s = stub->List(&ctx, req, &resp);
+          return s.error_code() != grpc::StatusCode::UNAVAILABLE;
+        },
+        absl::Seconds(10), absl::Milliseconds(100));
     ASSERT_TRUE(s.ok()) << s.error_message() << Logs();
     ASSERT_EQ(resp.groups_size(), 1) << targets[i] << ": " << resp.DebugString() << Logs();
     const pb::GroupInfo& g = resp.groups(0);

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -18,11 +19,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/time/time.h"
 #include "server/common/networks.h"
 #include "store/store.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::server {
 namespace {
+
+using ::collserve::testing::WaitFor;
 
 // Little-endian field encoders (the protocol's host order on x86-64/aarch64).
 std::string U8(uint8_t v) { return std::string(1, static_cast<char>(v)); }
@@ -75,6 +80,11 @@ class Client {
   bool Silent(int ms) {
     pollfd p{fd_, POLLIN, 0};
     return poll(&p, 1, ms) == 0;
+  }
+  // Bytes received and not yet read (FIONREAD).
+  int Queued() const {
+    int n = 0;
+    return ioctl(fd_, FIONREAD, &n) == 0 ? n : -1;
   }
 
  private:
@@ -264,9 +274,7 @@ TEST_P(TcpStoreServerTest, BadInputClosesOnlyThatConnection) {
     Client bad(server_->port());
     bad.Send(U8(0) + Str("/half") + I64(100) + "only a few");
   }
-  for (int i = 0; i < 100 && server_->protocol_errors() == errors; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  EXPECT_TRUE(WaitFor([&] { return server_->protocol_errors() > errors; }, absl::Seconds(5)));
   EXPECT_EQ(server_->protocol_errors(), errors + 1);
   EXPECT_FALSE(store_->Check({"jobA//half"}).value());
   EXPECT_EQ(store_->Get("jobB/secret", absl::ZeroDuration()).value(), "untouched");
@@ -291,11 +299,11 @@ TEST_P(TcpStoreServerTest, ManyConcurrentClients) {
     });
   }
   Client setter(server_->port());
-  for (int i = 0; i < 500 && store_->Get("jobA//counter", absl::ZeroDuration()).value_or("") !=
-                                 std::to_string(kClients * kAdds);
-       ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return store_->Get("jobA//counter", absl::ZeroDuration()).value_or("") == std::to_string(kClients * kAdds);
+      },
+      absl::Seconds(5)));
   setter.Send(U8(0) + Str("/go") + Str("1"));
   for (auto& t : threads) t.join();
   EXPECT_EQ(store_->Get("jobA//counter", absl::ZeroDuration()).value(), std::to_string(kClients * kAdds));
@@ -340,7 +348,10 @@ TEST_P(TcpStoreServerTest, ShutdownUnblocksAClientThatStoppedReading) {
   std::string gets;
   for (int i = 0; i < 64; ++i) gets += U8(2) + Str("/big");  // 32 MiB of replies, never read
   c.Send(gets);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Until replies arrive (64 KiB of them): 32 MiB cannot fit in the socket buffers of a
+  // client that does not read (here about 128 KB), so the server's thread is in send() from
+  // about here on.
+  EXPECT_TRUE(WaitFor([&] { return c.Queued() >= (64 << 10); }, absl::Seconds(10))) << c.Queued();
   server_->Shutdown();  // returns although the connection's thread is stuck in send()
   EXPECT_EQ(server_->protocol_errors(), 0);
 }

@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "store/store.h"
 #include "tests/testing/store_conformance.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::store {
 namespace {
@@ -35,6 +36,7 @@ namespace {
 using ::absl::StatusCode;
 using ::collserve::testing::IsOk;
 using ::collserve::testing::IsOkAndHolds;
+using ::collserve::testing::WaitFor;
 using ::collserve::testing::StatusIs;
 using ::collserve::testing::StoreConformanceTest;
 using ::collserve::testing::StoreFactory;
@@ -444,7 +446,7 @@ TEST(MemoryStoreTest, GetWithInfiniteTimeoutIsWokenBySet) {
   auto store = OpenStore(StoreOptions());
   ASSERT_NE(store, nullptr);
   std::thread writer([&] {
-    absl::SleepFor(absl::Milliseconds(20));
+    EXPECT_TRUE(WaitFor([&] { return store->TEST_PendingWaits() == 1; }, absl::Seconds(10)));  // the Get waits
     EXPECT_THAT(store->Set("k", "v"), IsOk());
   });
   EXPECT_THAT(store->Get("k", absl::InfiniteDuration()), IsOkAndHolds("v"));
@@ -1147,12 +1149,12 @@ TEST(MemoryStoreGroupCommitTest, ReadersSeeOnlyDurableWritesAndDoNotWaitForTheDi
   });
   // The staged write is the latest state for writers: a compare_set expecting it applies
   // (once the write it builds on is durable too).
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitFor([&] { return store->TEST_StagedWrites() == 1; }, absl::Seconds(10)));
   std::thread comparer([&] {
     compared = store->CompareSet("k", "staged", "next");
     compare_done = true;
   });
-  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitFor([&] { return store->TEST_StagedWrites() == 2; }, absl::Seconds(10)));
   const absl::Time start = absl::Now();
   EXPECT_THAT(store->Check({"k"}), IsOkAndHolds(false));
   EXPECT_THAT(store->Get("k", absl::ZeroDuration()), StatusIs(StatusCode::kDeadlineExceeded));
@@ -1184,10 +1186,11 @@ TEST(MemoryStoreGroupCommitTest, AFailedBatchFailsEveryWriteStagedOnItAndTheStor
   // and none is applied; the quotas are counted again from what is durable.
   std::vector<absl::Status> results(3);
   std::vector<std::thread> writers;
+  // Each staged before the next starts (the batch is held 300 ms after its first record).
   writers.emplace_back([&] { results[0] = store->Add("counter", 1).status(); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(WaitFor([&] { return store->TEST_StagedWrites() == 1; }, absl::Seconds(10)));
   writers.emplace_back([&] { results[1] = store->Set("big", std::string(128 << 10, 'v')); });
-  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(WaitFor([&] { return store->TEST_StagedWrites() == 2; }, absl::Seconds(10)));
   writers.emplace_back([&] { results[2] = store->Add("counter", 1).status(); });
   for (std::thread& t : writers) t.join();
   for (const absl::Status& s : results) EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted)) << s;

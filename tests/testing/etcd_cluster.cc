@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 namespace {
@@ -103,18 +104,19 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members, con
 absl::Status EtcdCluster::WaitListening(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (size_t i = 0; i < members_.size(); ++i) {
-    for (;;) {
-      if (members_[i]->Wait(absl::ZeroDuration()).ok()) {
-        return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited at start:\n", Logs()));
-      }
-      const unsigned long inode = ListeningInode(client_ports_[i]);
-      if (inode != 0 && HoldsSocket(members_[i]->pid(), inode)) break;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " did not listen on 127.0.0.1:",
-                                                        client_ports_[i], " within ", absl::FormatDuration(timeout),
-                                                        ":\n", Logs()));
-      }
-      absl::SleepFor(absl::Milliseconds(20));
+    bool exited = false;
+    const bool listening = WaitFor(
+        [&] {
+          exited = members_[i]->Wait(absl::ZeroDuration()).ok();
+          const unsigned long inode = exited ? 0 : ListeningInode(client_ports_[i]);
+          return exited || (inode != 0 && HoldsSocket(members_[i]->pid(), inode));
+        },
+        deadline - absl::Now(), absl::Milliseconds(20));
+    if (exited) return absl::UnavailableError(absl::StrCat("etcd member ", i, " exited at start:\n", Logs()));
+    if (!listening) {
+      return absl::DeadlineExceededError(absl::StrCat("etcd member ", i, " did not listen on 127.0.0.1:",
+                                                      client_ports_[i], " within ", absl::FormatDuration(timeout),
+                                                      ":\n", Logs()));
     }
   }
   return absl::OkStatus();

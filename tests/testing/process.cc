@@ -19,10 +19,12 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 
@@ -82,21 +84,24 @@ void Process::Kill(int sig) {
 
 absl::StatusOr<int> Process::Wait(absl::Duration timeout) {
   if (reaped_) return exit_code_;
-  const absl::Time deadline = absl::Now() + timeout;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      return exit_code_;
-    }
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running after ",
-                                                      absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(absl::Milliseconds(10));
+  const bool exited = WaitFor(
+      [&] {
+        int status = 0;
+        if (waitpid(pid_, &status, WNOHANG) != pid_) return false;
+        reaped_ = true;
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return true;
+      },
+      timeout);
+  if (!exited) {
+    return absl::DeadlineExceededError(absl::StrCat("pid ", pid_, " still running after ",
+                                                    absl::FormatDuration(timeout)));
   }
+  return exit_code_;
+}
+
+bool Process::WaitForOutput(absl::string_view text, absl::Duration timeout) const {
+  return WaitFor([&] { return absl::StrContains(Output(), text); }, timeout, absl::Milliseconds(20));
 }
 
 std::string Process::Output() const {
@@ -107,17 +112,20 @@ std::string Process::Output() const {
 }
 
 absl::StatusOr<int> ReadPortFile(const std::string& path, Process& p, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream in(path);
-    std::string s;
-    int port;
-    if (in >> s && absl::SimpleAtoi(s, &port) && port > 0) return port;
-    if (p.Wait(absl::ZeroDuration()).ok()) {
-      return absl::InternalError(absl::StrCat("process exited before serving: ", p.Output()));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  int port = 0;
+  bool exited = false;
+  WaitFor(
+      [&] {
+        std::ifstream in(path);
+        std::string s;
+        if (in >> s && absl::SimpleAtoi(s, &port) && port > 0) return true;
+        port = 0;
+        exited = p.Wait(absl::ZeroDuration()).ok();
+        return exited;
+      },
+      timeout, absl::Milliseconds(20));
+  if (port > 0) return port;
+  if (exited) return absl::InternalError(absl::StrCat("process exited before serving: ", p.Output()));
   return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
 }
 
@@ -245,6 +253,16 @@ std::string Cluster::Logs() {
     absl::StrAppend(&out, "--- sidecar ", i, " ---\n", sidecars_[i]->Output());
   }
   return out;
+}
+
+double MetricValue(int port, const std::string& sample) {
+  const std::string line = absl::StrCat("\n", sample, " ");
+  const std::string body = HttpGet(port, "/metrics");
+  const size_t at = body.find(line);
+  if (at == std::string::npos) return -1;
+  const size_t from = at + line.size();
+  double n = -1;
+  return absl::SimpleAtod(body.substr(from, body.find('\n', from) - from), &n) ? n : -1;
 }
 
 std::string HttpGet(int port, const std::string& path) {

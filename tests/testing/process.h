@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace collserve::testing {
@@ -29,6 +30,8 @@ class Process {
   pid_t pid() const { return pid_; }
   // The process's output so far.
   std::string Output() const;
+  // Waits up to `timeout` for `text` to appear in Output(); returns whether it did.
+  bool WaitForOutput(absl::string_view text, absl::Duration timeout) const;
 
  private:
   Process(pid_t pid, std::string log) : pid_(pid), log_(std::move(log)) {}
@@ -97,6 +100,11 @@ class Cluster {
 // The body of an HTTP/1.0 GET of `path` on 127.0.0.1:`port` (with headers), "" on failure;
 // at most 5 s per read.
 std::string HttpGet(int port, const std::string& path);
+
+// The value of the sample `sample` (a metric's name and labels, as /metrics prints them:
+// `grpc_server_started_total{grpc_method="Get",...}`) in a scrape of 127.0.0.1:`port`'s
+// /metrics; -1 when the scrape has no such sample or fails.
+double MetricValue(int port, const std::string& sample);
 
 // A port nothing listens on now, for a server the test starts later. It is drawn below the
 // kernel's ephemeral range (ip_local_port_range), so the ports other processes get from

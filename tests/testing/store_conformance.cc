@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
 
@@ -28,6 +29,10 @@ void StoreConformanceTest::SetUp() {
 
 void StoreConformanceTest::TearDown() { store_.reset(); }
 
+std::function<bool()> StoreConformanceTest::Parked(int waits) {
+  return [this, waits] { return GetParam().parked_waits(*store_) >= waits; };
+}
+
 // Files that link this suite without instantiating it are not an error.
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StoreConformanceTest);
 
@@ -43,16 +48,14 @@ using ::testing::Not;
 constexpr absl::Duration kShortTimeout = absl::Milliseconds(150);
 // For waits expected to succeed: only reached if the store is broken.
 constexpr absl::Duration kLongTimeout = absl::Seconds(5);
-// How long a helper thread waits before writing, so the reader is likely already blocked.
-constexpr absl::Duration kWriteDelay = absl::Milliseconds(50);
-
-// Runs `fn` on a thread after kWriteDelay; joins on destruction.
+// Runs `fn` on a thread once `ready` holds (the reader is blocked: the test's
+// Parked(n)), or after kLongTimeout if it never does; joins on destruction.
 class DelayedWriter {
  public:
   template <typename Fn>
-  explicit DelayedWriter(Fn fn)
-      : thread_([fn = std::move(fn)]() mutable {
-          absl::SleepFor(kWriteDelay);
+  DelayedWriter(std::function<bool()> ready, Fn fn)
+      : thread_([ready = std::move(ready), fn = std::move(fn)]() mutable {
+          EXPECT_TRUE(WaitFor(ready, kLongTimeout)) << "the reader never parked in the store";
           fn();
         }) {}
   ~DelayedWriter() { thread_.join(); }
@@ -112,7 +115,7 @@ TEST_P(StoreConformanceTest, GetWithZeroTimeoutChecksOnce) {
 }
 
 TEST_P(StoreConformanceTest, GetWaitsForKeySetByAnotherThread) {
-  DelayedWriter writer([this] { EXPECT_THAT(store_->Set("late", "arrived"), IsOk()); });
+  DelayedWriter writer(Parked(1), [this] { EXPECT_THAT(store_->Set("late", "arrived"), IsOk()); });
   EXPECT_THAT(store_->Get("late", kLongTimeout), IsOkAndHolds("arrived"));
 }
 
@@ -213,7 +216,7 @@ TEST_P(StoreConformanceTest, CompareSetWithEmptyCurrentAndEmptyExpectedStores) {
 
 TEST_P(StoreConformanceTest, CompareSetThatStoresWakesWaiters) {
   DelayedWriter writer(
-      [this] { EXPECT_THAT(store_->CompareSet("k", "", "won"), IsOkAndHolds("won")); });
+      Parked(1), [this] { EXPECT_THAT(store_->CompareSet("k", "", "won"), IsOkAndHolds("won")); });
   EXPECT_THAT(store_->Get("k", kLongTimeout), IsOkAndHolds("won"));
 }
 
@@ -252,7 +255,7 @@ TEST_P(StoreConformanceTest, WaitTimesOutNamingOnlyTheMissingKeys) {
 
 TEST_P(StoreConformanceTest, WaitIsWokenBySetFromAnotherThread) {
   ASSERT_THAT(store_->Set("a", "1"), IsOk());
-  DelayedWriter writer([this] {
+  DelayedWriter writer(Parked(1), [this] {
     EXPECT_THAT(store_->Set("b", "2"), IsOk());
     EXPECT_THAT(store_->Set("c", "3"), IsOk());
   });
@@ -260,7 +263,7 @@ TEST_P(StoreConformanceTest, WaitIsWokenBySetFromAnotherThread) {
 }
 
 TEST_P(StoreConformanceTest, WaitIsWokenByAdd) {
-  DelayedWriter writer([this] { EXPECT_THAT(store_->Add("n", 1), IsOkAndHolds(1)); });
+  DelayedWriter writer(Parked(1), [this] { EXPECT_THAT(store_->Add("n", 1), IsOkAndHolds(1)); });
   EXPECT_THAT(store_->Wait({"n"}, kLongTimeout), IsOk());
 }
 
@@ -324,7 +327,7 @@ TEST_P(StoreConformanceTest, MultiGetTimesOutWhenAnyKeyIsMissing) {
 
 TEST_P(StoreConformanceTest, MultiGetWaitsForKeysSetByAnotherThread) {
   ASSERT_THAT(store_->Set("a", "1"), IsOk());
-  DelayedWriter writer([this] { EXPECT_THAT(store_->Set("b", "2"), IsOk()); });
+  DelayedWriter writer(Parked(1), [this] { EXPECT_THAT(store_->Set("b", "2"), IsOk()); });
   EXPECT_THAT(store_->MultiGet({"a", "b"}, kLongTimeout), IsOkAndHolds(ElementsAre("1", "2")));
 }
 
@@ -351,7 +354,7 @@ TEST_P(StoreConformanceTest, MultiSetOfNothingSucceeds) {
 }
 
 TEST_P(StoreConformanceTest, MultiSetWakesAWaiterOnAllItsKeys) {
-  DelayedWriter writer([this] { EXPECT_THAT(store_->MultiSet({"x", "y"}, {"1", "2"}), IsOk()); });
+  DelayedWriter writer(Parked(1), [this] { EXPECT_THAT(store_->MultiSet({"x", "y"}, {"1", "2"}), IsOk()); });
   EXPECT_THAT(store_->Wait({"x", "y"}, kLongTimeout), IsOk());
 }
 
@@ -366,7 +369,7 @@ TEST_P(StoreConformanceTest, AppendCreatesThenAppends) {
 }
 
 TEST_P(StoreConformanceTest, AppendWakesWaiters) {
-  DelayedWriter writer([this] { EXPECT_THAT(store_->Append("log", "x"), IsOk()); });
+  DelayedWriter writer(Parked(1), [this] { EXPECT_THAT(store_->Append("log", "x"), IsOk()); });
   EXPECT_THAT(store_->Get("log", kLongTimeout), IsOkAndHolds("x"));
 }
 
@@ -439,7 +442,7 @@ TEST_P(StoreConformanceTest, ManyWaitersOnOneKeyAreAllWoken) {
       if (store_->Get("go", kLongTimeout).ok()) woken.fetch_add(1);
     });
   }
-  absl::SleepFor(kWriteDelay);
+  ASSERT_TRUE(WaitFor(Parked(kThreads), kLongTimeout));
   ASSERT_THAT(store_->Set("go", "1"), IsOk());
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(woken.load(), kThreads);

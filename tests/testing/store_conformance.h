@@ -11,6 +11,7 @@
 #ifndef COLLSERVE_TESTS_TESTING_STORE_CONFORMANCE_H_
 #define COLLSERVE_TESTS_TESTING_STORE_CONFORMANCE_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <ostream>
@@ -65,6 +66,10 @@ struct StoreFactory {
   std::string name;
   // Returns a new, empty store; it is destroyed at the end of the test.
   std::function<std::unique_ptr<store::Store>()> make;
+  // The waits (Get, Wait) parked in `store` now, so that a test writes only once its readers
+  // wait (WaitFor, never a sleep). Default: Store::GetStats().pending_waits, which the
+  // in-memory and etcd stores report; a store reached over gRPC reads its server's.
+  std::function<int64_t(store::Store&)> parked_waits = [](store::Store& s) { return s.GetStats().pending_waits; };
 };
 
 // Prints the name only (gtest and ctest show it in test listings).
@@ -77,6 +82,8 @@ class StoreConformanceTest : public ::testing::TestWithParam<StoreFactory> {
  protected:
   void SetUp() override;
   void TearDown() override;
+  // True once at least `waits` waits are parked in store_ (StoreFactory::parked_waits).
+  std::function<bool()> Parked(int waits);
 
   std::unique_ptr<store::Store> store_;
 };

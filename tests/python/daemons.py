@@ -1,0 +1,91 @@
+"""What the Python suites share: where the build is, wait_for (the one way a test waits for
+something: a condition it can observe, with a deadline, never a sleep that orders events),
+and the daemons a test starts by hand (a coordinator, a sidecar), started from their port
+files and always stopped. conftest.py turns these into fixtures (docs/testing.md)."""
+import os
+import subprocess
+import time
+
+BUILD = os.environ.get("COLLSERVE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+
+
+def wait_for(condition, timeout, what="the condition", poll=0.02):
+    """Calls `condition` until it returns something true, and returns that; pauses `poll`
+    seconds between calls and checks once more at the deadline, `timeout` seconds from now.
+    Raises TimeoutError naming `what` when it never held."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} did not hold within {timeout} s")
+        time.sleep(max(0.0, min(poll, deadline - time.monotonic() + 0.001)))
+
+
+def read_port(path, proc, timeout=20):
+    """The port a daemon wrote to `path` (its --port_file; 0 when that listener is off);
+    RuntimeError with its exit code if `proc` exits first, TimeoutError if no port comes
+    within `timeout` seconds."""
+    def port():
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            text = ""
+        if text:
+            return [int(text)]  # a list, true even for port 0
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before writing {path}")
+        return None
+    return wait_for(port, timeout, what=f"a port in {path}")[0]
+
+
+def credentials(directory, jobs=("default",)):
+    """Tokens for a test's coordinator, as an embedded one gets them: a fresh token per job in
+    `jobs` under `directory`. Returns (the coordinator's flags, {job: token})."""
+    from collserve.launch import embedded_credentials
+    tokens, flags = {}, []
+    for job in jobs:
+        tokens[job], flags = embedded_credentials(directory, job)
+    return flags, tokens
+
+
+class Daemon:
+    """A coordinator or sidecar started by a test: .proc, .port (from its port file), .dir,
+    and the ports of any further port files it was asked for (.ports[name])."""
+
+    def __init__(self, binary, directory, name, flags, extra_port_files=()):
+        self.dir = directory
+        self.log = os.path.join(directory, f"{name}.log")
+        port_file = os.path.join(directory, f"{name}.port")
+        self.proc = subprocess.Popen([os.path.join(BUILD, "server", binary), f"--port_file={port_file}", *flags],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+        try:
+            self.port = read_port(port_file, self.proc)
+            self.ports = {f: read_port(os.path.join(directory, f), self.proc) for f in extra_port_files}
+        except BaseException:
+            self.stop()
+            raise
+
+    def output(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def start_coordinator(directory, *flags, name="coordinator", extra_port_files=()):
+    """A coordinator on 127.0.0.1 (an ephemeral port, no metrics, warnings only) with `flags`."""
+    return Daemon("collserve-coordinator", directory, name,
+                  ["--listen_address=127.0.0.1:0", "--metrics_address=", "--log_level=warning", *flags],
+                  extra_port_files)
+
+
+def start_sidecar(directory, coordinator_port, *flags, name="sidecar"):
+    """A sidecar of the coordinator on `coordinator_port` (no metrics, warnings only) with `flags`."""
+    return Daemon("collserve-sidecar", directory, name,
+                  [f"--coordinator=127.0.0.1:{coordinator_port}", "--metrics_address=", "--log_level=warning", *flags])
