@@ -11,8 +11,13 @@
 # from scratch, Release, only the targets the Python suites use. Needs root (mounts, chroot).
 #
 # Usage: scripts/debian13.sh [pytest file under tests/python ...]   (default: every suite below)
-#        scripts/debian13.sh --root-only   only makes (or finds) the cached root; scripts/test.sh
-#                                          runs it in the background during the Release build
+#        scripts/debian13.sh --root-only   only makes (or finds) the cached root; scripts/ci.py
+#                                          runs it from the start, beside the Release build
+#        scripts/debian13.sh --build-only  makes the root if needed and builds; --test-only runs
+#                                          the suites on what the last build left in the root
+# The build compiles through ccache (the Debian 13 root's own), its cache kept outside the
+# root in $COLLSERVE_DEBIAN13_CCACHE (default /var/cache/collserve/ccache-debian13) and bind-
+# mounted at /ccache; its hit counts are copied to build-debian13/ccache-stats.log here.
 # Environment: JOBS (build and test parallelism, default 2).
 # Prints the time of each phase; exits non-zero when a suite fails.
 #
@@ -23,16 +28,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$PWD
 JOBS=${JOBS:-2}
-PACKAGES=build-essential,cmake,pkg-config,libbenchmark-dev,libgtest-dev,libgmock-dev,libgrpc++-dev,protobuf-compiler-grpc,libprotobuf-dev,protobuf-compiler,libgloo-dev,libabsl-dev,prometheus-cpp-dev,libgoogle-glog-dev,zlib1g-dev,pybind11-dev,python3-dev,python3-numpy,python3-pytest,python3-setuptools,python3-torch,libtorch-dev,python3-sklearn,procps,iproute2,openssl,etcd-server,libleveldb-dev,git
+PACKAGES=build-essential,cmake,pkg-config,libbenchmark-dev,libgtest-dev,libgmock-dev,libgrpc++-dev,protobuf-compiler-grpc,libprotobuf-dev,protobuf-compiler,libgloo-dev,libabsl-dev,prometheus-cpp-dev,libgoogle-glog-dev,zlib1g-dev,ccache,pybind11-dev,python3-dev,python3-numpy,python3-pytest,python3-setuptools,python3-torch,libtorch-dev,python3-sklearn,procps,iproute2,openssl,etcd-server,libleveldb-dev,git
 SUITES=(torch_backend torch_pg tcpstore launch elastic sdk security)
 ROOT_ONLY=0
-if [ "${1:-}" = --root-only ]; then
-  ROOT_ONLY=1
-elif [ $# -gt 0 ]; then
-  SUITES=("$@")
-fi
+DO_BUILD=1
+DO_TEST=1
+case "${1:-}" in
+  --root-only) ROOT_ONLY=1 ;;
+  --build-only) DO_TEST=0 ;;
+  --test-only) DO_BUILD=0 ;;
+  *) [ $# -eq 0 ] || SUITES=("$@") ;;
+esac
 
 CACHE=${COLLSERVE_DEBIAN13_CACHE:-/var/cache/collserve/debian13}
+CCACHE_HOST_DIR=${COLLSERVE_DEBIAN13_CCACHE:-/var/cache/collserve/ccache-debian13}
 KEY=$(printf '%s\n' "$PACKAGES" trixie v1 | sha256sum | cut -c1-12)
 ROOT=$CACHE/root-$KEY
 declare -a TIMES=()
@@ -83,6 +92,8 @@ mount_in /proc --bind /proc
 mount_in /dev --bind /dev
 mount_in /dev/shm -t tmpfs -o size=50% tmpfs
 mount_in /tmp -t tmpfs -o size=50% tmpfs
+mkdir -p "$CCACHE_HOST_DIR"
+mount_in /ccache --bind "$CCACHE_HOST_DIR"
 cp /etc/hosts /etc/resolv.conf "$ROOT/etc/" 2> /dev/null || true
 
 # Commands in the root: a clean environment (none of this machine's PATH or COLLSERVE_*).
@@ -90,17 +101,35 @@ in_root() { chroot "$ROOT" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:
   LANG=C.UTF-8 "$@"; }
 
 # ---- sources and build ----
+if [ $DO_BUILD = 1 ]; then
 phase "build"
 rm -rf "$ROOT/src"
 mkdir -p "$ROOT/src"
 git -C "$SRC" ls-files -z | (cd "$SRC" && tar --null -T - -cf - 2> /dev/null) | tar -x -C "$ROOT/src"
-in_root sh -c "cd /src && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCOLLSERVE_BUILD_TESTS=OFF > build-configure.log 2>&1 \
+# The root's ccache, with the same settings as scripts/ccache_env.sh's (base directory: the
+# sources' folder in the root, so every run's copy hits).
+in_root env CCACHE_DIR=/ccache CCACHE_BASEDIR=/src CCACHE_NOHASHDIR=1 CCACHE_DEPEND=1 CCACHE_MAXSIZE=4G \
+  CCACHE_STATSLOG=/src/build/ccache-stats.log sh -c "mkdir -p /src/build && \
+  cd /src && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCOLLSERVE_BUILD_TESTS=OFF > build-configure.log 2>&1 \
   || { cat build-configure.log; exit 1; }; grep 'collserve: ' build-configure.log; \
   cmake --build build -j$JOBS --target collserve-coordinator collserve-sidecar collservectl _collserve _collserve_torch \
   collserve_python_sources 2>&1 | grep -E 'error|warning|Error' || true; \
   test -f build/python/collserve/_collserve_torch*.so || { echo 'debian13: the c10d backend was not built'; exit 1; }"
 in_root python3 -c "import torch; print('debian13: torch', torch.__version__, 'python', __import__('sys').version.split()[0])"
+mkdir -p "$SRC/build-debian13"
+cp "$ROOT/src/build/ccache-stats.log" "$SRC/build-debian13/ccache-stats.log" 2> /dev/null || : > "$SRC/build-debian13/ccache-stats.log"
+echo "debian13: build: $(awk '/^(direct|preprocessed)_cache_hit$/ {h++} /^cache_miss$/ {m++} END {printf "%d of %d compiles from the cache", h, h + m}' "$SRC/build-debian13/ccache-stats.log")"
 phase_end "build"
+fi
+if [ $DO_TEST = 0 ]; then
+  echo "=== debian13: phase durations"
+  printf '  %s\n' "${TIMES[@]}"
+  exit 0
+fi
+if [ ! -f "$ROOT/src/build/python/collserve/__init__.py" ]; then
+  echo "debian13: nothing built in $ROOT/src (run scripts/debian13.sh --build-only first)" >&2
+  exit 1
+fi
 
 # ---- the suites, JOBS at a time ----
 phase "pytest"

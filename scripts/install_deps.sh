@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages collserve builds, tests and runs with.
+#   scripts/install_deps.sh             everything scripts/test.sh needs
+#   scripts/install_deps.sh --main-job  only what scripts/main_job.sh builds and runs with
 # Safe to re-run: apt-get skips what is already installed. Needs root (or sudo).
 set -euo pipefail
+# Building the daemons, collservectl and the Python SDK, and running the main job.
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
-  pybind11-dev python3-dev python3-numpy python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
-  python3-torch libtorch-dev python3-sklearn
-  iproute2 nftables procps util-linux openssl libssl-dev
-  clang libclang-rt-14-dev
-  prometheus
-  etcd-server
-  libleveldb-dev
-  mmdebstrap
+  libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev libleveldb-dev libssl-dev openssl
+  pybind11-dev python3-dev python3-numpy python3-torch python3-sklearn
+  procps
 )
+if [ "${1:-}" != --main-job ]; then
+  packages+=(
+    # the tests, benchmarks and the c10d backend
+    libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev
+    python3-pytest python3-venv python3-pip python3-setuptools python3-wheel
+    # network namespaces, fault injection, the flake sweep's load (scripts/flake_sweep.sh)
+    iproute2 nftables util-linux stress-ng
+    # the ASan tree and the fuzz targets (clang), Prometheus for the monitoring tests, etcd
+    # for the replicated store, mmdebstrap for the Debian 13 root
+    clang libclang-rt-14-dev
+    prometheus
+    etcd-server
+    mmdebstrap
+  )
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

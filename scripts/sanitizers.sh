@@ -1,66 +1,52 @@
 #!/usr/bin/env bash
-# Sanitizer runs of the test suite (not part of scripts/test.sh or CI):
-#   asan  build-asan (CMake preset asan: AddressSanitizer + LeakSanitizer + UBSan), every
-#         ctest suite but the excluded ones below; the Python suites with libasan preloaded.
-#   tsan  build-tsan (preset tsan: ThreadSanitizer), the store (memory and etcd), client, engine and sidecar
-#         unit and integration tests (by test binary, see TSAN_BINARIES).
-# Each configures, builds (-j2, niced) and runs its tests. Every sanitized process writes its
-# reports to <build>/sanitizer-logs/ (log_path), daemons and ranks that tests start included,
-# whose stderr goes to files the tests delete. Exits non-zero if any test fails or any
-# process wrote a report. Prints how long each phase took.
-# Usage: scripts/sanitizers.sh [asan] [tsan]   (default: both)
+# Sanitizer runs of the test suite (part of scripts/test.sh, so of CI):
+#   asan  build-asan (CMake preset asan: clang, AddressSanitizer + LeakSanitizer + UBSan, and
+#         the libFuzzer targets that scripts/fuzz.sh runs), every ctest suite but those in
+#         tests/sanitizers/asan-exclude.txt; the Python suites with the runtime preloaded.
+#   tsan  build-tsan (preset tsan: gcc, ThreadSanitizer), the test binaries listed in
+#         tests/sanitizers/tsan-binaries.txt (the store, client, engine and sidecar tests).
+# Each configures, builds (-j2, through ccache: scripts/ccache_env.sh) and runs its
+# tests. Every sanitized process writes its reports to <build>/sanitizer-logs/ (log_path),
+# daemons and ranks that tests start included, whose stderr goes to files the tests delete.
+# Exits non-zero if any test fails or any process wrote a report. Prints how long each phase
+# took.
+# Usage: scripts/sanitizers.sh [--build-only | --test-only] [asan] [tsan]   (default: both,
+#        built and tested; scripts/test.sh builds in one lane and tests in another)
 # Environment: JOBS (build and ctest parallelism, default 2).
-# tests/sanitizers/README.md explains the options, preloads, suppressions and exclusions.
+# tests/sanitizers/README.md explains the options, preloads, suppressions and exclusions; the
+# lists of what does not run where are data files there, one reason per entry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-2}
 SAN=$ROOT/tests/sanitizers
+source scripts/ccache_env.sh
 
-# Not run under ASan (tests/sanitizers/README.md):
-#   install_consumer  builds an uninstrumented program against the installed (instrumented)
-#                     SDK; it aborts with "ASan runtime does not come first".
-#   AttackTest.OversizedMessagesAreRefusedWithoutHoldingTheirBytes  asserts on the daemon's
-#                     RSS: ASan's quarantine and shadow memory keep freed memory resident and
-#                     its allocator ignores the daemon's malloc_trim().
-#   python_perf       runs the benchmark programs (collserve-perf, torch_perf.py) over every op,
-#                     size and memory kind: 396 s under ASan on a slow machine, the longest
-#                     Python suite there, for paths the C++ suites already run under ASan
-#                     (SurfaceTest: every collective with arena and ordinary tensors). CI
-#                     must end within 90 minutes; it runs in the Release suite. The asan
-#                     preset does not build the benchmark programs (COLLSERVE_BUILD_BENCH=OFF,
-#                     a minute of the build), so the suite is not even registered there.
-#   deploy_chart, layering, monitoring_rules, monitoring_dashboard  check the chart, the
-#                     include graph and the alert rules and dashboard with helm, bash,
-#                     promtool and python: they run no instrumented code.
-ASAN_EXCLUDE='^(install_consumer|python_perf|AttackTest\.OversizedMessagesAreRefusedWithoutHoldingTheirBytes|deploy_chart|layering|monitoring_rules|monitoring_dashboard)$'
-# The Python suites run under ASan: those that load the instrumented modules
-# (_collserve, _collserve_torch) and drive them through every call: the SDK, the TCPStore
-# server from torch's client, the ProcessGroup and the c10d backend (less its unchanged
-# tutorial and blog programs, which make the same calls: ASAN_PYTEST_DESELECT). Not run
-# under ASan, for CI's time (a slow machine's whole run reached 90 minutes): launch,
-# security, install and elastic drive the daemons as processes, whose C++ paths the C++
-# suites run under ASan (the launcher, TlsTest and TokenTest, ReconfigureTest and LeaveTest),
-# or package the SDK (install). All of them run in the Release suite.
-ASAN_PYTHON='^python_(sdk|tcpstore|torch_pg|torch_backend)$'
-ASAN_PYTEST_DESELECT='not tutorial_programs and not blog_'
-# The world-size and host-count sweeps (WorldSizesAndHosts/*: every collective, dtype and
-# op for 12 layouts of 1 to 5 ranks on 1 to 3 hosts) run 5 of their layouts under the
-# sanitizers: one rank, a single host of 3, 2 hosts of 1 and of 2 ranks, and 3 uneven hosts
-# (5 ranks: 2, 2, 1). The other 7 were half of TSan's time and a third of ASan's; they
-# repeat the same code paths with other counts and run in the Release suite.
-SWEEP_SKIP='^WorldSizesAndHosts/.*/world(2_hosts1|3_hosts2|3_hosts3|4_hosts1|4_hosts3|5_hosts1|5_hosts2)( |$)'
-# Run on their own, without UBSan's vptr check (tests/sanitizers/ubsan-no-vptr.supp):
-#   AttackTest.RunningOutOfDescriptorsIsSurvived  runs the coordinator out of descriptors on
-#                     purpose; UBSan's vptr check then cannot open the pipe it probes memory
-#                     with and aborts on a valid object ("invalid vptr", "memory cannot be
-#                     printed"). ASan and the other UBSan checks stay on.
-ASAN_NO_VPTR='^AttackTest\.RunningOutOfDescriptorsIsSurvived$'
-# The TSan run: these test binaries (paths under the build directory).
-TSAN_BINARIES="tests/store/memory_store_test tests/server/coordinator_test tests/server/registry_replicas_test tests/server/tcpstore_server_test
-  tests/client/init_options_test tests/engine/engine_test tests/engine/device_step_test
-  tests/integration/allreduce_test tests/integration/errors_test tests/integration/surface_test
-  tests/integration/coordinator_process_test tests/server/etcd_store_test"
+# list_regex FILE: the entries of a list file (a regular expression for a whole test name,
+# then its reason; '#' comments) as one anchored alternation; fails on an entry without a reason.
+list_regex() {
+  awk -v file="$1" '
+    /^[[:space:]]*(#|$)/ {next}
+    NF < 2 {printf "%s:%d: \"%s\" has no reason\n", file, NR, $1 > "/dev/stderr"; bad = 1; next}
+    {re = re (re == "" ? "" : "|") $1}
+    END {if (bad) exit 1; if (re == "") exit 1; printf "^(%s)( |$)", re}' "$1"
+}
+# list_words FILE: the first field of each entry, space-separated (same checks).
+list_words() {
+  awk -v file="$1" '
+    /^[[:space:]]*(#|$)/ {next}
+    NF < 2 {printf "%s:%d: \"%s\" has no reason\n", file, NR, $1 > "/dev/stderr"; bad = 1; next}
+    {printf "%s%s", (n++ ? " " : ""), $1}
+    END {if (bad) exit 1}' "$1"
+}
+ASAN_EXCLUDE=$(list_regex "$SAN/asan-exclude.txt")
+ASAN_NO_VPTR=$(list_regex "$SAN/asan-no-vptr.txt")
+SWEEP_SKIP=$(list_regex "$SAN/sweep-skip.txt")
+ASAN_PYTEST_DESELECT=""
+for w in $(list_words "$SAN/asan-pytest-deselect.txt"); do
+  ASAN_PYTEST_DESELECT="${ASAN_PYTEST_DESELECT:+$ASAN_PYTEST_DESELECT and }not $w"
+done
+TSAN_BINARIES=$(list_words "$SAN/tsan-binaries.txt")
 
 declare -a TIMES=()
 declare -a DIGEST=()  # one line per sanitizer report, repeated after the phase durations
@@ -134,18 +120,25 @@ check_reports() {
   return $bad
 }
 
-configure() { nice -n 10 cmake --preset "$1" >/dev/null; }
-build() { nice -n 10 cmake --build "$1" -j "$JOBS"; }
+configure() { cmake --preset "$1" >/dev/null; }
+build() { cmake --build "$1" -j "$JOBS" "${@:2}"; }
+# Prints the tree's compiler-cache hit rate (scripts/ccache_env.sh).
+hit_rate() { echo "$(basename "$1"): $(ccache_hit_rate "$1")"; }
 
-run_asan() {
-  local build=$ROOT/build-asan logs=$ROOT/build-asan/sanitizer-logs
+build_asan() {
+  local build=$ROOT/build-asan
   phase "asan: configure" configure asan
   [ $last_rc -eq 0 ] || return 0
+  ccache_stats_log "$build"
   phase "asan: build" build "$build"
-  [ $last_rc -eq 0 ] || return 0
+  hit_rate "$build"
+}
+
+test_asan() {
+  local build=$ROOT/build-asan logs=$ROOT/build-asan/sanitizer-logs
   rm -rf "$logs" && mkdir -p "$logs/reports"
   local common="halt_on_error=1:detect_leaks=1:check_initialization_order=1:log_exe_name=1"
-  local ubsan="halt_on_error=1:print_stacktrace=1:report_error_type=1"
+  local ubsan="halt_on_error=1:print_stacktrace=1:report_error_type=1:log_path=$logs/reports/ubsan:log_exe_name=1"
   # C++ suites: full leak checking, no suppressions; frames symbolized afterwards (symbolize()).
   # The fault tests run one trial each (COLLSERVE_FAULT_TRIALS=1; the Release suite runs 2).
   # (The Python suites keep in-process symbolization: their leak suppressions match
@@ -158,33 +151,43 @@ run_asan() {
     UBSAN_OPTIONS="$ubsan:suppressions=$SAN/ubsan-no-vptr.supp" \
     ctest --test-dir "$build" --timeout 600 --output-on-failure --output-log "$logs/ctest-no-vptr.log" \
     -R "$ASAN_NO_VPTR"
-  # Python suites: /usr/bin/python3 is not instrumented, so the runtime is preloaded, with
-  # libstdc++ (else the first C++ throw in a torch or pybind11 module trips ASan's __cxa_throw
-  # interceptor: google/sanitizers#934). The preload reaches every program the tests start:
-  # tests/sanitizers/bin wraps the procps tools that deadlock under it. Leak checking keeps
-  # only the allocating frame (malloc_context_size=2) for the Python suppressions, and skips
-  # thread-local storage (use_tls=0: LSan's dynamic-TLS scan crashes in torch processes).
+  # Python suites: /usr/bin/python3 is not instrumented, so clang's shared ASan runtime (which
+  # has UBSan's in it) is preloaded, with libstdc++ (else the first C++ throw in a torch or
+  # pybind11 module trips ASan's __cxa_throw interceptor: google/sanitizers#934). The preload
+  # reaches every program the tests start: tests/sanitizers/bin wraps the procps tools that
+  # deadlock under it. Leak checking keeps only the allocating frame (malloc_context_size=2)
+  # for the Python suppressions, and skips thread-local storage (use_tls=0: LSan's
+  # dynamic-TLS scan crashes in torch processes).
   local preload
-  preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+  preload="$(clang -print-file-name=libclang_rt.asan-x86_64.so) $(gcc -print-file-name=libstdc++.so)"
   phase "asan: ctest (Python)" env PATH="$SAN/bin:$PATH" LD_PRELOAD="$preload" \
     ASAN_OPTIONS="$common:malloc_context_size=2:log_path=$logs/reports/asan" \
     LSAN_OPTIONS="suppressions=$SAN/lsan-python.supp:use_tls=0:print_suppressions=0" UBSAN_OPTIONS="$ubsan" \
     PYTEST_ADDOPTS="-k '$ASAN_PYTEST_DESELECT'" \
     ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-python.log" \
-    -R "$ASAN_PYTHON" -E "$ASAN_EXCLUDE"
+    -R '^python_' -E "$ASAN_EXCLUDE"
   phase "asan: reports" check_reports "$logs"
 }
 
-run_tsan() {
-  local build=$ROOT/build-tsan logs=$ROOT/build-tsan/sanitizer-logs
+# Only what the TSan tests run: their binaries and the daemons they start.
+tsan_targets() {
+  local b
+  echo collserve-coordinator collserve-sidecar
+  for b in $TSAN_BINARIES; do basename "$b"; done
+}
+
+build_tsan() {
+  local build=$ROOT/build-tsan
   phase "tsan: configure" configure tsan
   [ $last_rc -eq 0 ] || return 0
-  # Only what the TSan tests run: their binaries and the daemons they start.
-  local targets=(collserve-coordinator collserve-sidecar)
-  local b
-  for b in $TSAN_BINARIES; do targets+=("$(basename "$b")"); done
-  phase "tsan: build" nice -n 10 cmake --build "$build" -j "$JOBS" --target "${targets[@]}"
-  [ $last_rc -eq 0 ] || return 0
+  ccache_stats_log "$build"
+  # shellcheck disable=SC2046
+  phase "tsan: build" build "$build" --target $(tsan_targets)
+  hit_rate "$build"
+}
+
+test_tsan() {
+  local build=$ROOT/build-tsan logs=$ROOT/build-tsan/sanitizer-logs
   rm -rf "$logs" && mkdir -p "$logs/reports"
   # ctest numbers of the tests whose command is one of TSAN_BINARIES.
   local ids
@@ -209,14 +212,25 @@ print(",".join(str(i + 1) for i, t in enumerate(tests)
   phase "tsan: reports" check_reports "$logs"
 }
 
+do_build=1
+do_test=1
+case "${1:-}" in
+  --build-only) do_test=0; shift ;;
+  --test-only) do_build=0; shift ;;
+esac
 which=("$@")
 [ ${#which[@]} -gt 0 ] || which=(asan tsan)
 for w in "${which[@]}"; do
   case $w in
-    asan) run_asan ;;
-    tsan) run_tsan ;;
-    *) echo "usage: $0 [asan] [tsan]" >&2; exit 2 ;;
+    asan|tsan) ;;
+    *) echo "usage: $0 [--build-only | --test-only] [asan] [tsan]" >&2; exit 2 ;;
   esac
+  if [ $do_build = 1 ]; then
+    "build_$w"
+    # A tree that did not build is not tested.
+    [ $failed -eq 0 ] || break
+  fi
+  [ $do_test = 0 ] || "test_$w"
 done
 
 echo
