@@ -71,7 +71,8 @@ class Step:
         self.started = elapsed()
         with open(self.log, "w") as out:
             proc = subprocess.Popen(["nice", "-n", str(nice), "bash", "-c", self.command], cwd=ROOT, stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=in_autogroup(nice))
             try:
                 self.rc = proc.wait(timeout=STEP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
@@ -94,6 +95,21 @@ class Step:
                 return f.read()
         except OSError:
             return ""
+
+
+def in_autogroup(nice):
+    """For Popen's preexec_fn, after its setsid(): gives the step's new session, which the
+    kernel schedules as a group of its own when autogroup is on (Debian's default,
+    /proc/sys/kernel/sched_autogroup_enabled), that group's nice. Without it a process's own
+    nice weighs only against processes of its session, so a nice 10 compile would take half
+    of both cores from the tests, each in their own session, instead of what they leave idle."""
+    def set_nice():
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+        except OSError:
+            pass  # no autogroup: `nice -n` alone applies
+    return set_nice
 
 
 def lane(steps, nice):
