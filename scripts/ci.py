@@ -14,7 +14,7 @@ they ask for; two test steps at once use what one leaves idle when the trees are
 already (a warm compiler cache). Every step writes its output to build-ci/<step>.log, printed whole when the step
 ends; the run goes on past a failed step (what depends on it is skipped) and exits non-zero if
 any step failed. It ends with a table of each stage's build and test seconds, tests run,
-compiler-cache hit rate, and the total (docs/ci.md).
+compiler-cache hit rate, the CPU seconds each step used (its wait4 rusage), and the total (docs/ci.md).
 
 Environment: COLLSERVE_SANITIZERS=0 skips the asan and tsan stages, COLLSERVE_DEBIAN13=0 the
 Debian 13 stage, COLLSERVE_FUZZ_SECONDS (default 20) sets the fuzzing time per target,
@@ -57,6 +57,7 @@ class Step:
         self.done = threading.Event()
         self.rc = None  # None: not run (skipped)
         self.seconds = 0.0
+        self.cpu_seconds = 0.0  # user + system, of the step and what it waited for
         self.started = self.ended = None
         self.log = os.path.join(LOGS, f"{name}.log")
 
@@ -73,17 +74,30 @@ class Step:
             proc = subprocess.Popen(["nice", "-n", str(nice), "bash", "-c", self.command], cwd=ROOT, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                     preexec_fn=in_autogroup(nice))
-            try:
-                self.rc = proc.wait(timeout=STEP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            # wait4, not proc.wait: its rusage is the CPU time of the step and of every process
+            # of it that was waited for (the compilers, the tests and the daemons they stop).
+            killed = threading.Event()
+
+            def kill():
+                killed.set()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            timer = threading.Timer(STEP_TIMEOUT_S, kill)
+            timer.start()
+            _, status, usage = os.wait4(proc.pid, 0)
+            timer.cancel()
+            proc.returncode = self.rc = os.waitstatus_to_exitcode(status)
+            self.cpu_seconds = usage.ru_utime + usage.ru_stime
+            if killed.is_set():
                 out.write(f"\nci: {self.name} killed after {STEP_TIMEOUT_S} s (COLLSERVE_CI_STEP_TIMEOUT_S)\n")
                 self.rc = 124
         self.ended = elapsed()
         self.seconds = self.ended - self.started
         with print_lock:
-            print(f"\n======== {self.name} ({self.stage} {self.kind}): {self.seconds:.0f} s, exit {self.rc}", flush=True)
+            print(f"\n======== {self.name} ({self.stage} {self.kind}): {self.seconds:.0f} s, {self.cpu_seconds:.0f} CPU s, "
+                  f"exit {self.rc}", flush=True)
             with open(self.log, errors="replace") as f:
                 sys.stdout.write(f.read())
             print(f"======== end of {self.name}\n", flush=True)
@@ -214,9 +228,9 @@ def main():
     for s in steps:
         if s.stage not in stages:
             stages.append(s.stage)
-    rows = [("stage", "build s", "test s", "tests run", "ccache hits", "result")]
+    rows = [("stage", "build s", "test s", "CPU s (build + test)", "tests run", "ccache hits", "result")]
     if os.environ.get("COLLSERVE_CI_DEPS_S"):
-        rows.append(("deps", os.environ["COLLSERVE_CI_DEPS_S"], "-", "-", "-", "ok"))  # scripts/install_deps.sh
+        rows.append(("deps", os.environ["COLLSERVE_CI_DEPS_S"], "-", "-", "-", "-", "ok"))  # scripts/install_deps.sh
     for stage in stages:
         mine = [s for s in steps if s.stage == stage]
         builds = [s for s in mine if s.kind == "build"]
@@ -226,6 +240,7 @@ def main():
                                    for s in mine if s.rc != 0)
         build_s = " + ".join(f"{s.seconds:.0f}" for s in builds) or "-"
         rows.append((stage, build_s, " + ".join(f"{s.seconds:.0f}" for s in tests) or "-",
+                     f"{sum(s.cpu_seconds for s in builds):.0f} + {sum(s.cpu_seconds for s in tests):.0f}",
                      "; ".join(tests_run(s) for s in tests) or "-",
                      ", ".join(h for h in (hit_rate(s) for s in builds) if h != "-") or "-", result))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -235,7 +250,9 @@ def main():
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     failed = [s for s in steps if s.rc != 0]
     total = elapsed() + int(os.environ.get("COLLSERVE_CI_DEPS_S", "0"))
-    print(f"total: {total:.0f} s ({total / 60:.1f} min) wall, deps included; "
+    cpu = sum(s.cpu_seconds for s in steps)
+    print(f"total: {total:.0f} s ({total / 60:.1f} min) wall, deps included; {cpu:.0f} CPU s in the steps "
+          f"({cpu / max(elapsed(), 1) / (os.cpu_count() or 1):.0%} of {os.cpu_count()} cores over the run); "
           + ("every step passed" if not failed else f"{len(failed)} steps failed or were skipped: "
              + ", ".join(s.name for s in failed)))
     return 1 if failed else 0
