@@ -184,6 +184,35 @@ def hit_rate(step):
     return f"{hits}/{hits + misses} ({100 * hits / (hits + misses):.0f}%)"
 
 
+# Lines of a failed step's log that say what failed: ctest's failed and timed-out tests,
+# gtest's failure messages, pytest's error lines, sanitizer reports and compiler errors.
+FAILURE_LINE = re.compile(r"\*\*\*(Failed|Timeout|Exception)|: Failure$|^E   |^FAILED |^ERROR |error: |"
+                          r"runtime error: |==ERROR: |WARNING: ThreadSanitizer|^SUMMARY: |\(exit [1-9]")
+DIGEST_CONTEXT = 12  # lines after a gtest failure message (its Expected/Which is/streamed output)
+DIGEST_LINES = 60   # per failed step
+
+
+def failure_digest(step):
+    """The lines of `step`'s log that say why it failed, each with the lines after it that
+    explain it, at most DIGEST_LINES of at most 600 characters: printed after every step
+    ran, next to the table, where a reader of the run's last lines finds them (the log in
+    build-ci/ has the whole output)."""
+    try:
+        with open(step.log, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    keep = set()
+    for i, line in enumerate(lines):
+        if FAILURE_LINE.search(line):
+            after = DIGEST_CONTEXT if line.endswith(": Failure") else 0
+            keep.update(range(i, min(i + after + 1, len(lines))))
+    out = [lines[i][:600] for i in sorted(keep)]
+    if len(out) > DIGEST_LINES:
+        out = out[:DIGEST_LINES] + [f"... {len(out) - DIGEST_LINES} more lines in {os.path.relpath(step.log, ROOT)}"]
+    return out
+
+
 def main():
     os.makedirs(LOGS, exist_ok=True)
     sanitizers = os.environ.get("COLLSERVE_SANITIZERS", "1") != "0"
@@ -243,6 +272,11 @@ def main():
                      f"{sum(s.cpu_seconds for s in builds):.0f} + {sum(s.cpu_seconds for s in tests):.0f}",
                      "; ".join(tests_run(s) for s in tests) or "-",
                      ", ".join(h for h in (hit_rate(s) for s in builds) if h != "-") or "-", result))
+    for s in steps:
+        if s.rc not in (None, 0):
+            print(f"\n=== why {s.name} failed (lines of {os.path.relpath(s.log, ROOT)}, printed whole above)")
+            for line in failure_digest(s):
+                print("  " + line)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print("\n=== CI stages (the build lane runs beside the test lane at nice 10, so the columns overlap"
           " in time; the Debian 13 build column is root + build)")

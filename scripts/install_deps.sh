@@ -6,7 +6,7 @@
 set -euo pipefail
 # Building the daemons, collservectl and the Python SDK, and running the main job.
 packages=(
-  build-essential cmake pkg-config ccache
+  build-essential cmake pkg-config ccache lld
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev libleveldb-dev libssl-dev openssl
   pybind11-dev python3-dev python3-numpy python3-torch python3-sklearn

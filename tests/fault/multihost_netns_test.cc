@@ -99,6 +99,24 @@ class NetnsHosts : public ::testing::Test {
     return out;
   }
 
+  // The last line of every process's output, one line each (a failure message's first
+  // lines: CI's digest of a failed run keeps a few lines after each failure).
+  std::string LastLines() const {
+    std::string out;
+    for (size_t i = 0; i < procs_.size(); ++i) absl::StrAppend(&out, "\n  ", names_[i], ": ", Tail(procs_[i]->Output(), 1));
+    return out;
+  }
+  static std::string Tail(const std::string& text, int lines) {
+    size_t end = text.size();
+    while (end > 0 && text[end - 1] == '\n') --end;
+    size_t begin = end;
+    for (int n = 0; n < lines && begin > 0;) {
+      if (text[--begin] == '\n') ++n;
+    }
+    if (begin > 0 || (begin < end && text[begin] == '\n')) ++begin;
+    return text.substr(begin, end - begin);
+  }
+
   // Coordinator on host 3, sidecars on hosts 1 .. `sidecar_hosts` (2 or 3).
   // The coordinator requires job "default"'s token (token_), which the ranks present.
   void StartService(int sidecar_hosts = 2) {
@@ -184,7 +202,7 @@ class NetnsHosts : public ::testing::Test {
     const absl::Time deadline = absl::Now() + timeout;
     for (Process* p : ranks) {
       if (!p->WaitForOutput(progress, deadline - absl::Now())) {
-        ADD_FAILURE() << p->Output();
+        ADD_FAILURE() << "no \"" << progress << "\" within " << timeout << ":" << LastLines() << Logs();
         return {};
       }
     }
@@ -267,16 +285,16 @@ TEST_F(NetnsHosts, CutHostIsTakenAsLostByTheCoordinatorLongBeforeTheOpTimeout) {
   const absl::Time cut = absl::Now();
   for (int r : {0, 2}) {  // the ranks on host 1
     auto code = ranks[r]->Wait(absl::Seconds(20));
-    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut: " << Logs();
-    EXPECT_EQ(*code, 3) << ranks[r]->Output();
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut:" << LastLines() << Logs();
+    EXPECT_EQ(*code, 3) << "rank " << r << ":" << LastLines() << "\n" << ranks[r]->Output();
     EXPECT_NE(ranks[r]->Output().find("ranks [1, 3] were lost with their host (lost with host host2"),
               std::string::npos)
-        << ranks[r]->Output();
+        << "rank " << r << ":" << LastLines() << Logs();
   }
   const absl::Duration took = absl::Now() - cut;
   // At most one renewal interval and the grace (5 s), plus the timer and the exit (slower in
   // sanitized builds); the op timeout is 60 s.
-  EXPECT_LT(took, absl::Seconds(12));
+  EXPECT_LT(took, absl::Seconds(12)) << LastLines() << Logs();
   std::printf("host 1's ranks failed %s after host 2 was cut off (op timeout 60 s)\n",
               absl::FormatDuration(took).c_str());
 }
