@@ -8,7 +8,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ccache lld
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libgloo-dev prometheus-cpp-dev libgoogle-glog-dev libleveldb-dev libssl-dev openssl
+  libabsl-dev libgloo-dev prometheus-cpp-dev libmicrohttpd-dev libgoogle-glog-dev libleveldb-dev libssl-dev openssl
   pybind11-dev python3-dev python3-numpy python3-torch python3-sklearn
   procps
 )

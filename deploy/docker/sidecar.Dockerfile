@@ -30,7 +30,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       cmake g++ make pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-      libabsl-dev prometheus-cpp-dev libgoogle-glog-dev libssl-dev zlib1g-dev \
+      libabsl-dev prometheus-cpp-dev libmicrohttpd-dev libgoogle-glog-dev libssl-dev zlib1g-dev \
       libgloo-dev libbenchmark-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . .
@@ -61,7 +61,7 @@ LABEL org.opencontainers.image.title="collserve-sidecar" \
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libprotobuf32 libabsl20220623 libgloo0 \
-      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libgoogle-glog0v6 \
+      libprometheus-cpp-core1.0 libmicrohttpd12 libgoogle-glog0v6 \
  && rm -rf /var/lib/apt/lists/*
 
 # ---- example: the all_reduce example client (built only when this target is asked for).

@@ -103,16 +103,15 @@ absl::Status InitLogging(const char* argv0, const std::string& level) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry) {
-  if (address.empty()) return std::unique_ptr<prometheus::Exposer>();
-  try {
-    auto exposer = std::make_unique<prometheus::Exposer>(address);
-    exposer->RegisterCollectable(registry);
-    return exposer;
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
+  if (address.empty()) return std::unique_ptr<MetricsServer>();
+  MetricsServer::Options options;
+  options.address = address;
+  auto server = MetricsServer::Start(options);
+  if (!server.ok()) return server.status();
+  (*server)->RegisterCollectable(registry);
+  return server;
 }
 
 absl::Status WritePortFile(const std::string& path, int port) {

@@ -4,7 +4,6 @@
 #define COLLSERVE_SERVER_COMMON_DAEMON_H_
 
 #include <grpcpp/server_builder.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
@@ -16,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/common/metrics_server.h"
 
 namespace collserve::server {
 
@@ -61,9 +61,10 @@ int WaitForTerminationSignal();
 // Sends glog to stderr at `level` ("info", "warning", "error"). INVALID_ARGUMENT otherwise.
 absl::Status InitLogging(const char* argv0, const std::string& level);
 
-// Serves `registry` at http://<address>/metrics. "" = no exposer (nullptr). UNAVAILABLE
-// if the address cannot be bound.
-absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(
+// Serves `registry` at http://<address>/metrics (MetricsServer: the methods, paths and
+// bounds it answers are listed there). "" = no endpoint (nullptr). INVALID_ARGUMENT for an
+// address that does not parse, UNAVAILABLE if it cannot be bound.
+absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
     const std::string& address, const std::shared_ptr<prometheus::Registry>& registry);
 
 // Makes `path` free for a unix socket the daemon is about to bind, or says why it is not:

@@ -4,7 +4,6 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <glog/logging.h>
-#include <prometheus/exposer.h>
 
 #include <algorithm>
 
@@ -275,9 +274,7 @@ class CoordinatorImpl : public Coordinator {
 
   int port() const override { return port_; }
   int metrics_port() const override {
-    if (exposer_ == nullptr) return 0;
-    auto ports = exposer_->GetListeningPorts();
-    return ports.empty() ? 0 : ports.front();
+    return exposer_ == nullptr ? 0 : exposer_->port();
   }
 
   int tcpstore_port() const override { return tcpstore_ == nullptr ? 0 : tcpstore_->port(); }
@@ -312,7 +309,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<AuthService> auth_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcListener> listener_;  // hands its connections to server_
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsServer> exposer_;
   std::unique_ptr<MemoryTrimmer> trimmer_;
   std::unique_ptr<TcpStoreServer> tcpstore_;  // declared after store_: destroyed first
   int port_ = 0;

@@ -433,6 +433,11 @@ std::vector<std::pair<std::string, std::string>> KnownSidecars(const Ctl& c,
   return out;
 }
 
+// `health`: the coordinator's gRPC health services, each known sidecar's readiness and
+// liveness (--sidecar, and the sidecars of the job's groups), and the hosts of the job's
+// groups with the age of their last ledger report. OK only when every service and sidecar
+// checked is SERVING; UNAVAILABLE naming each one that is not (exit 1), like etcdctl's
+// `endpoint health`, so that a probe or a script can use it.
 absl::Status Health(const Ctl& c) {
   std::map<std::string, std::string> services;
   for (const char* s : {"", "liveness", "collserve.v1.Store", "collserve.v1.Registry", "collserve.v1.Auth"}) {
@@ -467,8 +472,26 @@ absl::Status Health(const Ctl& c) {
     sidecars.push_back({host, address, client::CheckHealth(*channel, "", absl::GetFlag(FLAGS_timeout)),
                         client::CheckHealth(*channel, "liveness", absl::GetFlag(FLAGS_timeout))});
   }
+  // Healthy: every coordinator service and every sidecar it checked is SERVING. Anything
+  // else (unreachable, NOT_SERVING, unknown) is named in the error, which exits 1.
+  std::vector<std::string> unhealthy;
+  std::map<std::string, std::vector<std::string>> by_state;  // a state -> the services in it
+  for (const auto& [name, state] : services) {
+    if (state != "SERVING") by_state[state].push_back(name);
+  }
+  for (const auto& [state, names] : by_state) {
+    unhealthy.push_back(absl::StrCat("coordinator ", c.address(), " ", absl::StrJoin(names, ", "), ": ", state));
+  }
+  for (const auto& s : sidecars) {
+    if (s[2] != "SERVING") unhealthy.push_back(absl::StrCat("sidecar ", s[1], " readiness: ", s[2]));
+    if (s[3] != "SERVING") unhealthy.push_back(absl::StrCat("sidecar ", s[1], " liveness: ", s[3].empty() ? "not checked" : s[3]));
+  }
+  const absl::Status verdict =
+      unhealthy.empty() ? absl::OkStatus()
+                        : absl::UnavailableError(absl::StrCat("not healthy: ", absl::StrJoin(unhealthy, "; ")));
   if (Json()) {
-    std::cout << "{\"coordinator\":\"" << c.address() << "\",\"sidecars\":[";
+    std::cout << "{\"healthy\":" << (unhealthy.empty() ? "true" : "false") << ",\"coordinator\":\"" << c.address()
+              << "\",\"sidecars\":[";
     for (size_t i = 0; i < sidecars.size(); ++i) {
       std::cout << (i ? "," : "") << "{\"host_id\":\"" << sidecars[i][0] << "\",\"address\":\""
                 << sidecars[i][1] << "\",\"readiness\":\"" << absl::CEscape(sidecars[i][2])
@@ -488,7 +511,7 @@ absl::Status Health(const Ctl& c) {
       first = false;
     }
     std::cout << "]" << (list.ok() ? "" : ",\"hosts_error\":\"cannot list groups\"") << "}\n";
-    return absl::OkStatus();
+    return verdict;
   }
   std::cout << "coordinator " << c.address() << "\n";
   std::vector<std::vector<std::string>> rows = {{"SERVICE", "HEALTH"}};
@@ -502,7 +525,7 @@ absl::Status Health(const Ctl& c) {
   }
   if (!list.ok()) {
     std::cout << "\nhosts of job " << c.job() << ": " << list.status().message() << "\n";
-    return absl::OkStatus();
+    return verdict;
   }
   std::cout << "\nsidecars serving job " << c.job() << " (the age of their last ledger report: a sidecar reports "
             << "while its groups' collectives change)\n";
@@ -511,7 +534,7 @@ absl::Status Health(const Ctl& c) {
     rows.push_back({host, info.first < 0 ? "none" : Ago(info.first), absl::StrJoin(info.second, ",")});
   }
   PrintTable(rows);
-  return absl::OkStatus();
+  return verdict;
 }
 
 // One daemon's Info, or the error as a row.
@@ -670,7 +693,9 @@ int main(int argc, char** argv) {
       "  health | groups | describe GROUP | wait GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] |\n"
       "  get KEY |\n"
       "  version | mint-token | revoke-tokens\n"
-      "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.");
+      "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.\n"
+      "Exit status: 0 done (health: everything checked is SERVING), 1 the command failed (health: something\n"
+      "is unreachable or not serving), 2 usage.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::cerr << absl::ProgramUsageMessage() << "\n";

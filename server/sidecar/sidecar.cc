@@ -5,7 +5,6 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -591,7 +590,7 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<engine::Engine> engine_;  // destroyed before what it points to
   std::unique_ptr<CollectivesService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsServer> exposer_;
   std::unique_ptr<MemoryTrimmer> trimmer_;
   std::unique_ptr<FdChannelServer> fd_channel_;  // with a unix socket
   std::vector<std::unique_ptr<GrpcListener>> listeners_;  // unix socket, TCP: hand connections to server_

@@ -35,6 +35,7 @@
 #include "common/ops_channel.h"
 #include "common/shm.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sockets.h"
 #include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
@@ -860,22 +861,6 @@ TEST(AttackTest, BroadcastRootWritingAfterItsRequestIsFollowedByPeerReadersAndAw
   }
 }
 
-// A raw TCP connection to 127.0.0.1:port (-1 on failure).
-int ConnectTcp(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
-
 // Whether the server closed `fd` (a read returns end of stream) within `within`.
 bool ClosedByServer(int fd, absl::Duration within) {
   pollfd p{fd, POLLIN, 0};
@@ -975,18 +960,9 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   EXPECT_TRUE(WaitFor([&] { return OpenDescriptors((*coordinator)->pid()) >= 60; }, absl::Seconds(10)))
       << OpenDescriptors((*coordinator)->pid()) << " open";
   // While out of descriptors the coordinator backs off instead of spinning.
-  auto cpu_seconds = [&] {
-    std::ifstream stat(absl::StrCat("/proc/", (*coordinator)->pid(), "/stat"));
-    std::string field;
-    double ticks = 0;
-    for (int i = 1; i <= 15 && stat >> field; ++i) {
-      if (i == 14 || i == 15) ticks += std::stod(field);
-    }
-    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-  };
-  const double before = cpu_seconds();
+  const double before = CpuSeconds((*coordinator)->pid());
   absl::SleepFor(absl::Seconds(2));  // the window the CPU time is measured over
-  EXPECT_LT(cpu_seconds() - before, 0.5) << "the coordinator spun while out of descriptors";
+  EXPECT_LT(CpuSeconds((*coordinator)->pid()) - before, 0.5) << "the coordinator spun while out of descriptors";
   for (int fd : flood) ::close(fd);
   // It serves again once it has closed the flood's connections (as it backs off, its next
   // accept may come a moment later).

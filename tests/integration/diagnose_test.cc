@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstdio>
 #include <memory>
@@ -310,6 +311,41 @@ TEST(DiagnoseTest, CollservectlListsKeysGetsValuesAndShowsVersionsAndSidecarHeal
   auto [vjcode, vjson] = Ctl(cluster, {sidecar, "--json", "version"});
   EXPECT_THAT(vjson, HasSubstr("\"daemon\":\"sidecar\""));
   EXPECT_THAT(vjson, HasSubstr("\"host_id\":\"host0\""));
+}
+
+// health is usable as a probe: exit 0 only when everything it checked serves, 1 when the
+// coordinator or a sidecar is unreachable (naming it), 2 for a usage error.
+TEST(DiagnoseTest, HealthExitsOneWhenTheCoordinatorOrASidecarIsUnreachable) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  const std::string sidecar = absl::StrCat("--sidecar=", cluster.sidecar_address(0));
+  auto [up_code, up] = Ctl(cluster, {sidecar, "health"});
+  EXPECT_EQ(up_code, 0) << up;
+  auto [json_code, json] = Ctl(cluster, {sidecar, "--json", "health"});
+  EXPECT_EQ(json_code, 0) << json;
+  EXPECT_THAT(json, HasSubstr("{\"healthy\":true,"));
+
+  auto [down_code, down] = Ctl(cluster, {"--coordinator=127.0.0.1:1", "--timeout=2s", "health"});
+  EXPECT_EQ(down_code, 1) << down;
+  EXPECT_THAT(down, HasSubstr("not healthy: coordinator 127.0.0.1:1"));
+  auto [nosc_code, nosc] = Ctl(cluster, {"--sidecar=unix:/nope.sock", "--timeout=2s", "health"});
+  EXPECT_EQ(nosc_code, 1) << nosc;
+  EXPECT_THAT(nosc, HasSubstr("sidecar unix:/nope.sock readiness"));
+  auto [njson_code, njson] = Ctl(cluster, {"--sidecar=unix:/nope.sock", "--timeout=2s", "--json", "health"});
+  EXPECT_EQ(njson_code, 1) << njson;
+  EXPECT_THAT(njson, HasSubstr("{\"healthy\":false,"));
+
+  // A sidecar that was serving and died.
+  cluster.sidecar(0).Kill(SIGKILL);
+  ASSERT_TRUE(cluster.sidecar(0).Wait(absl::Seconds(10)).ok());
+  auto [dead_code, dead] = Ctl(cluster, {sidecar, "--timeout=2s", "health"});
+  EXPECT_EQ(dead_code, 1) << dead;
+
+  auto [usage_code, usage] = Ctl(cluster, {});
+  EXPECT_EQ(usage_code, 2) << usage;
+  auto [unknown_code, unknown] = Ctl(cluster, {"no-such-command"});
+  EXPECT_EQ(unknown_code, 2) << unknown;
 }
 
 TEST(DiagnoseTest, CollservectlRefusesWithoutAToken) {

@@ -285,6 +285,23 @@ std::string HttpGet(int port, const std::string& path) {
   return body;
 }
 
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return -1;
+  // Fields after the command (which may hold spaces) in parentheses: state is field 3,
+  // utime and stime fields 14 and 15.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 int UnusedPort() {
   int low = 32768;
   if (FILE* f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {

@@ -106,6 +106,10 @@ std::string HttpGet(int port, const std::string& path);
 // /metrics; -1 when the scrape has no such sample or fails.
 double MetricValue(int port, const std::string& sample);
 
+// The CPU seconds (user + system) process `pid` has used so far (/proc/<pid>/stat); -1 if it
+// cannot be read.
+double CpuSeconds(pid_t pid);
+
 // A port nothing listens on now, for a server the test starts later. It is drawn below the
 // kernel's ephemeral range (ip_local_port_range), so the ports other processes get from
 // bind(0) and connect() in the meantime cannot take it. 0 if none was found.
