@@ -51,6 +51,19 @@ Engine::Stats Engine::GetStats() {
   return s;
 }
 
+std::vector<GroupProgress> Engine::Attached() {
+  std::vector<GroupProgress> out;
+  for (const auto& g : AllGroups()) {
+    std::string credential;
+    uint64_t version = 0;
+    GroupProgress p = g->Progress(&credential, &version);
+    if (p.ranks.empty()) continue;
+    p.records.clear();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
 void Engine::ReporterMain() {
   // (job, group, generation) -> the version last published.
   std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> published;

@@ -60,7 +60,7 @@ struct EngineOptions {
   // A collective whose last rank called it at least this long after its first is counted
   // as a straggler on the last rank's host (EngineObserver::OnStraggler).
   absl::Duration straggler_threshold = absl::Milliseconds(100);
-  // Each group across hosts is watched at the coordinator while it runs (Registry.
+  // Each group (one host or many) is watched at the coordinator while it runs (Registry.
   // WatchGroup), which is also this host's lease on it: the coordinator holds a watch at
   // most this long, and the host renews it at once. A host silent for this plus the
   // coordinator's --lease_grace is taken as lost, and the generation ends for every member.
@@ -102,6 +102,10 @@ class Engine {
     int64_t mapped_bytes = 0;  // shared memory the local ranks registered, mapped here
   };
   Stats GetStats();
+  // Every group with local ranks attached (current and earlier generations), as its ledger
+  // would report it (Group::Progress: job, group, generation, state, its local ranks), for
+  // a drain's report. Thread-safe.
+  std::vector<GroupProgress> Attached();
 
  private:
   Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,

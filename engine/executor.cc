@@ -79,7 +79,7 @@ void Group::ExecutorMain() {
   }
   LOG(INFO) << "group \"" << params_.name << "\" generation " << topology_.generation << " ready: host "
             << topology_.host_index << " of " << topology_.num_hosts << " (" << params_.backend << ")";
-  if (topology_.num_hosts > 1) Watch();
+  Watch();  // this host's lease on the generation (one host or many)
   p2p_->Start(comm_.get());
 
   // 2. Run collectives in seq order.

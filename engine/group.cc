@@ -135,10 +135,10 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
     }
     topology_ = std::move(*topology);
     formed_ = true;
-    // Across hosts the coordinator leases this host the generation from now on: the
-    // engine's reporter starts the watch within about a second (the executor, once the
-    // backend connected, at once).
-    if (topology_.num_hosts > 1) rewatch_at_ = absl::Now();
+    // The coordinator leases this host the generation from now on (on one host as across
+    // hosts): the engine's reporter starts the watch within about a second (the executor,
+    // once the backend connected, at once).
+    rewatch_at_ = absl::Now();
   } else if (result->generation != topology_.generation) {
     FailLocked(absl::InternalError(absl::StrCat("rank ", rank, " joined generation ", result->generation,
                                                 " but this host's ranks joined generation ", topology_.generation)));
@@ -528,7 +528,7 @@ void Group::Watch() {
   uint64_t id;
   {
     absl::MutexLock lock(&mu_);
-    if (stop_ || emptied_ || state_ == State::kFailed || watching_ || topology_.num_hosts < 2) return;
+    if (stop_ || emptied_ || state_ == State::kFailed || watching_ || !formed_) return;
     watching_ = true;
     rewatch_at_ = absl::InfiniteFuture();
     id = ++watch_id_;
@@ -601,6 +601,7 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
             "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
             " at the coordinator: ",
             events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
+            : events->state == "DELETED"  ? "an operator deleted the group (collservectl delete-group)"
                                           : "every rank left it (or its hosts were lost)",
             "); re-form the group (reconfigure) to go on")));
         ++progress_version_;

@@ -176,7 +176,7 @@ class Group : public std::enable_shared_from_this<Group> {
   // The coordinator answered `rank`'s join.
   void OnJoined(int rank, const absl::StatusOr<Membership>& result);
 
-  // The coordinator's watch of this generation (groups across hosts, once ready): the
+  // The coordinator's watch of this generation (every group, once ready): the
   // departures it reports and this host's lease on the group (CoordinatorLink::WatchGroup).
   // A remote rank that left: sends to it fail at once (recvs from it fail when its own host
   // says so in band, after its earlier messages; its collectives fail through the argument

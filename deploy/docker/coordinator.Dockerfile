@@ -40,8 +40,8 @@ RUN project_version=$(sed -n 's/^project(collserve VERSION \([0-9.]*\).*/\1/p' C
     esac
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
       -DCOLLSERVE_BUILD_TESTS=OFF -DCOLLSERVE_WITH_NCCL=OFF -DCOLLSERVE_WITH_CUDA=OFF \
- && cmake --build /build --target collserve-coordinator -j"${BUILD_JOBS:-$(nproc)}" \
- && strip /build/server/collserve-coordinator
+ && cmake --build /build --target collserve-coordinator collservectl -j"${BUILD_JOBS:-$(nproc)}" \
+ && strip /build/server/collserve-coordinator /build/server/collservectl
 
 # ---- runtime: the shared libraries only (their dependencies come with them).
 FROM ${DEBIAN_IMAGE}
@@ -66,6 +66,8 @@ RUN groupadd --system --gid 65532 collserve \
       --home-dir /var/lib/collserve --shell /usr/sbin/nologin collserve \
  && install -d -o collserve -g collserve -m 0750 /var/lib/collserve
 COPY --from=build /build/server/collserve-coordinator /usr/local/bin/collserve-coordinator
+# The operator's tool (kubectl exec ... collservectl health | groups | mint-token | ...).
+COPY --from=build /build/server/collservectl /usr/local/bin/collservectl
 USER 65532:65532
 # The write-ahead log and snapshots (--data_dir).
 VOLUME ["/var/lib/collserve"]

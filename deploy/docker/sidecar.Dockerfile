@@ -43,8 +43,8 @@ RUN project_version=$(sed -n 's/^project(collserve VERSION \([0-9.]*\).*/\1/p' C
     esac
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release \
       -DCOLLSERVE_BUILD_TESTS=OFF -DCOLLSERVE_WITH_NCCL=OFF -DCOLLSERVE_WITH_CUDA=OFF \
- && cmake --build /build --target collserve-sidecar -j"${BUILD_JOBS:-$(nproc)}" \
- && strip /build/server/collserve-sidecar
+ && cmake --build /build --target collserve-sidecar collservectl -j"${BUILD_JOBS:-$(nproc)}" \
+ && strip /build/server/collserve-sidecar /build/server/collservectl
 
 # ---- runtime base: the shared libraries of the sidecar and of the SDK.
 FROM ${DEBIAN_IMAGE} AS runtime
@@ -87,6 +87,8 @@ FROM runtime
 # It has no token of its own: it forwards each client session's token to the coordinator.
 RUN install -d -m 0755 /tmp/collserve
 COPY --from=build /build/server/collserve-sidecar /usr/local/bin/collserve-sidecar
+# The operator's tool: its probes (collservectl --sidecar=unix:... health) and drains.
+COPY --from=build /build/server/collservectl /usr/local/bin/collservectl
 # gRPC on TCP when --listen_address is set (the DaemonSet uses 29500), /metrics.
 EXPOSE 29500 9465
 # The sidecar stops cleanly on SIGTERM, also as PID 1 (it sigwait()s for it).

@@ -403,9 +403,10 @@ class Launcher:
             self.pumps.append(t)
 
     def watch_formation(self, coordinator):
-        """Says every 5 s how far the default group's rendezvous got while it has not formed
-        (collservectl wait: "generation g: n of m ranks joined; missing ranks [...]"); quiet
-        when it forms within 5 s. Not with elastic formation (its ranks agree on the
+        """Says every 5 s how far the job's rendezvous got while none of its groups has formed
+        (collservectl wait without a group: "group G generation g: n of m ranks joined;
+        missing ranks [...]", whatever the groups are named: "world" for the SDK, "torch/0"
+        for the c10d backend); quiet when one forms within 5 s, and from then on. Not with elastic formation (its ranks agree on the
         membership in the store before they join, so the registry's count says little)."""
         a = self.args
         if a.min_nodes < a.nnodes:
@@ -419,7 +420,7 @@ class Launcher:
             env["COLLSERVE_TOKEN"] = self.token
         timeout = os.environ.get("COLLSERVE_INIT_TIMEOUT_S", "300")
         proc = subprocess.Popen([ctl, f"--coordinator={coordinator}", f"--job={a.job}", f"--wait_timeout={timeout}s",
-                                 "--progress_interval=5s", "wait", "world"], env=env, stdin=subprocess.DEVNULL,
+                                 "--progress_interval=5s", "wait"], env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         self.watchers.append(proc)
 

@@ -86,6 +86,7 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return fail(absl::UnavailableError("the coordinator is shutting down"));
+    LoseRestartedHostLocked(member.host_id, member.incarnation, &completions, &watches);
     const Key key(job, group);
     auto it = groups_.find(key);
     auto last = last_generation_.find(key);
@@ -143,14 +144,11 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
       g.state = "FORMED";
       g.formed_members = g.members;
       ++generations_formed_;
-      // Across hosts, every member host holds a lease from now on (GroupRegistryLimits::
-      // adoption_lease): one that never watches is lost like one that stops.
-      std::set<std::string> hosts;
-      for (const auto& [rank, m] : g.members) hosts.insert(m.host_id);
-      if (hosts.size() > 1) {
-        const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
-        for (const std::string& host : hosts) g.leases[host] = lease;
-      }
+      // Every member host holds a lease from now on (GroupRegistryLimits::adoption_lease),
+      // on one host as across hosts: one that never watches is lost like one that stops.
+      const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
+      for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
+      ++changes_;  // the timer: the leases' ends
       std::shared_ptr<const GroupView> view = JoinViewOf(g);
       if (journal_ != nullptr) journal_->Formed(job, view);
       for (auto& [rank, w] : g.waiters) {
@@ -400,16 +398,91 @@ std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::Adop
     return refuse(absl::PermissionDeniedError(absl::StrCat(what, ": host \"", host_id, "\" serves none of its ranks")));
   }
   g.formed_members = g.members;
-  // Leases as at formation: only a generation across hosts has them (a one-host group's
-  // sidecar never watches).
+  // Leases as at formation.
   const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
   for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
-  if (g.leases.size() == 1) g.leases.clear();
   ++generations_formed_;
   ++changes_;  // the timer: the new leases' ends
   auto it = groups_.emplace(key, std::move(g)).first;
   if (journal_ != nullptr && !host_id.empty()) journal_->Formed(job, JoinViewOf(it->second));
   return it;
+}
+
+bool GroupRegistry::LoseHostLocked(Group& g, const std::string& host, const std::string& reason, absl::Time now,
+                                   std::vector<WatchCompletion>* out) {
+  bool lost_one = false;
+  for (auto m = g.members.begin(); m != g.members.end();) {
+    if (m->second.host_id != host) {
+      ++m;
+      continue;
+    }
+    g.departures.push_back(Departure{m->first, host, reason, true});
+    m = g.members.erase(m);
+    lost_one = true;
+  }
+  g.leases.erase(host);
+  if (lost_one) {
+    g.state = "BROKEN";
+    AnswerWatchesLocked(g, /*all=*/true, now, out);
+  }
+  return lost_one;
+}
+
+void GroupRegistry::LoseRestartedHostLocked(const std::string& host_id, uint64_t incarnation,
+                                            std::vector<Completion>* joins, std::vector<WatchCompletion>* watches) {
+  if (incarnation == 0 || host_id.empty()) return;
+  auto [seen, added] = incarnations_.try_emplace(host_id, incarnation);
+  if (!added && seen->second != incarnation) {
+    const uint64_t earlier = seen->second;
+    seen->second = incarnation;
+    const absl::Time now = absl::Now();
+    const std::string reason = absl::StrCat("lost with host ", host_id,
+                                            ": its sidecar restarted (a new sidecar process joined with that host id)");
+    for (auto it = groups_.begin(); it != groups_.end();) {
+      Group& g = it->second;
+      if (g.state == "FORMING") {
+        for (auto m = g.members.begin(); m != g.members.end();) {
+          if (m->second.host_id != host_id || m->second.incarnation != earlier) {
+            ++m;
+            continue;
+          }
+          auto w = g.waiters.find(m->first);
+          if (w != g.waiters.end()) {
+            waiter_index_.erase(w->second.id);
+            joins->emplace_back(std::move(w->second.done), absl::UnavailableError(reason));
+            g.waiters.erase(w);
+          }
+          m = g.members.erase(m);
+        }
+      } else {
+        bool held = false;
+        for (const auto& [rank, m] : g.members) held |= m.host_id == host_id && m.incarnation == earlier;
+        if (held) LoseHostLocked(g, host_id, reason, now, watches);
+      }
+      if (g.members.empty()) {
+        if (g.state != "FORMING") {
+          JournalEndedLocked(it->first, g);
+          last_generation_[it->first] = g.generation;
+        }
+        it = groups_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Bounded: the hosts of the groups held now, rebuilt whenever the map doubled.
+  if (incarnations_.size() > std::max<size_t>(1024, 2 * incarnations_pruned_at_)) {
+    std::map<std::string, uint64_t> held;
+    for (const auto& [key, g] : groups_) {
+      for (const auto& [rank, m] : g.members) {
+        auto at = incarnations_.find(m.host_id);
+        if (at != incarnations_.end()) held.insert(*at);
+      }
+    }
+    held.insert_or_assign(host_id, incarnation);
+    incarnations_ = std::move(held);
+    incarnations_pruned_at_ = incarnations_.size();
+  }
 }
 
 void GroupRegistry::JournalEndedLocked(const Key& key, const Group& g) {
@@ -453,26 +526,16 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
       }
       // The host neither watches nor renewed in time: it is gone (crashed, cut off, or its
       // ranks all left and it stopped watching: then nothing of it is left to lose).
-      for (auto m = g.members.begin(); m != g.members.end();) {
-        if (m->second.host_id != host) {
-          ++m;
-          continue;
-        }
-        g.departures.push_back(Departure{
-            m->first, host,
-            absl::StrCat("lost with host ", host, ": its sidecar stopped renewing its lease on the group (",
-                         absl::FormatDuration(limits_.lease_grace), " grace); it crashed or was cut off"),
-            true});
-        m = g.members.erase(m);
-        lost_one = true;
-      }
-      lease = g.leases.erase(lease);
+      const std::string lost = host;
+      ++lease;  // LoseHostLocked erases the lease
+      lost_one |= LoseHostLocked(g, lost,
+                                 absl::StrCat("lost with host ", lost,
+                                              ": its sidecar stopped renewing its lease on the group (",
+                                              absl::FormatDuration(limits_.lease_grace),
+                                              " grace); it crashed or was cut off"),
+                                 now, out);
     }
     for (const Watch& w : g.watches) *next = std::min(*next, w.deadline);
-    if (lost_one) {
-      g.state = "BROKEN";
-      AnswerWatchesLocked(g, /*all=*/true, now, out);
-    }
     if (g.state != "FORMING" && g.members.empty()) {
       AnswerWatchesLocked(g, /*all=*/true, now, out);
       JournalEndedLocked(it->first, g);
@@ -482,6 +545,40 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
       ++it;
     }
   }
+}
+
+absl::StatusOr<GroupView> GroupRegistry::Delete(const std::string& job, const std::string& group,
+                                                const std::string& by) {
+  std::vector<Completion> joins;
+  std::vector<WatchCompletion> watches;
+  GroupView was;
+  {
+    absl::MutexLock lock(&mu_);
+    const Key key(job, group);
+    auto it = groups_.find(key);
+    if (it == groups_.end()) {
+      return absl::NotFoundError(absl::StrCat("no group \"", group, "\" in job \"", job, "\""));
+    }
+    Group& g = it->second;
+    was = ViewOf(g);
+    const absl::Status deleted = absl::AbortedError(
+        absl::StrCat("group \"", group, "\" generation ", g.generation, " was deleted by ", by));
+    for (auto& [rank, w] : g.waiters) {
+      waiter_index_.erase(w.id);
+      joins.emplace_back(std::move(w.done), deleted);
+    }
+    g.waiters.clear();
+    if (g.state != "FORMING") {
+      JournalEndedLocked(key, g);
+      last_generation_[key] = g.generation;
+    }
+    g.state = "DELETED";
+    AnswerWatchesLocked(g, /*all=*/true, absl::Now(), &watches);
+    groups_.erase(it);
+  }
+  for (auto& [cb, result] : joins) std::move(cb)(std::move(result));
+  for (auto& [cb, events] : watches) std::move(cb)(std::move(events));
+  return was;
 }
 
 absl::StatusOr<GroupView> GroupRegistry::Describe(const std::string& job, const std::string& group) {

@@ -7,7 +7,9 @@
 // the next formation gets the next generation. Member hosts watch a formed generation
 // (WatchAsync): the watch reports its departures (ranks that left, or were lost with a
 // host) and is the host's lease; a host whose lease ends is lost, which also ends the
-// generation.
+// generation. Every formed group has leases, one-host groups too, so that the groups of a
+// sidecar that died end within its lease (about --lease_grace plus the sidecar's
+// --lease_renewal; at most the adoption lease plus the grace right after formation).
 //
 // Thread safety: all methods are thread-safe. Callbacks run outside the registry's lock,
 // on the thread whose call completed the group, on the registry's timer thread, or inline.
@@ -36,6 +38,9 @@ struct MemberInfo {
   std::string host_id;       // the serving sidecar's id
   std::string host_address;  // informational
   std::string sidecar_address;  // informational (Member.sidecar_address)
+  // The serving sidecar process (Member.incarnation): a join from host_id with another
+  // one takes the earlier process as lost (GroupRegistry::JoinAsync); 0 = not compared.
+  uint64_t incarnation = 0;
 };
 
 struct GroupView {
@@ -118,7 +123,7 @@ struct GroupRegistryLimits {
   // within this long after each answer, or after its watch's wait ended; otherwise it is
   // lost and the generation ends (--lease_grace).
   absl::Duration lease_grace = absl::Seconds(3);
-  // The member hosts of a generation across hosts, once it formed here or was adopted from
+  // The member hosts of a generation (one host or many), once it formed here or was adopted from
   // a watch (WatchAsync), must watch within this plus the grace (a host cut off right after
   // the rendezvous is lost too): their sidecars watch within about a second of formation,
   // and retry about every second while the coordinator does not know the generation.
@@ -173,6 +178,10 @@ class GroupRegistry {
   // FAILED_PRECONDITION, its watches are answered with state SUPERSEDED, its remaining
   // members are dropped) and starts the new one, with its own world_size. A generation
   // that is already over here is FAILED_PRECONDITION naming the current one.
+  // A `member.incarnation` (non-zero) other than the one last seen from member.host_id
+  // means that host's sidecar restarted: first, every rank the earlier process serves in
+  // any group departs as lost (host_lost, reason "restarted"; a forming group's waiter gets
+  // UNAVAILABLE), as when its lease ends, so the new process's ranks can form again at once.
   uint64_t JoinAsync(const std::string& job, const std::string& group, int world_size,
                      const MemberInfo& member, absl::Time deadline, JoinCallback done, int64_t generation = 0);
   // Withdraws a pending join (its rank leaves the forming group); `done` gets CANCELLED.
@@ -226,6 +235,11 @@ class GroupRegistry {
   // > 0: the generation the rank leaves; OK without effect when that generation is already
   // over (superseded or left by every rank), NOT_FOUND when the group is at another.
   absl::Status Leave(const std::string& job, const std::string& group, int rank, int64_t generation = 0);
+  // Deletes (job, group) now (Registry.DeleteGroup): its pending joins get ABORTED, its
+  // watches are answered with state DELETED, and it is erased (the next formation of the
+  // name gets the next generation). `by` names who deleted it in those errors. Returns
+  // the group as it was; NOT_FOUND if unknown.
+  absl::StatusOr<GroupView> Delete(const std::string& job, const std::string& group, const std::string& by);
   // NOT_FOUND if the group is unknown.
   absl::StatusOr<GroupView> Describe(const std::string& job, const std::string& group);
   std::vector<GroupView> List(const std::string& job);
@@ -305,6 +319,17 @@ class GroupRegistry {
   void ExpireLeasesLocked(absl::Time now, absl::Time* next, std::vector<WatchCompletion>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A join from `host_id` with `incarnation` (JoinAsync): when it differs from the one last
+  // seen from that host, takes the earlier process as lost in every group. Memory: one entry
+  // per host id with a group here (pruned as groups end).
+  void LoseRestartedHostLocked(const std::string& host_id, uint64_t incarnation, std::vector<Completion>* joins,
+                               std::vector<WatchCompletion>* watches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes every rank of host `host` in `g` as lost (departures with host_lost and `reason`),
+  // ends its lease and answers the group's watches; true when one was. Leaves erasing an
+  // emptied group to the caller.
+  bool LoseHostLocked(Group& g, const std::string& host, const std::string& reason, absl::Time now,
+                      std::vector<WatchCompletion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Ends the group `it` for generation `generation` of its name (JoinAsync): fails its
   // pending joins, answers its watches with state SUPERSEDED and erases it.
   void SupersedeLocked(std::map<Key, Group>::iterator it, int64_t generation, std::vector<Completion>* joins,
@@ -327,6 +352,9 @@ class GroupRegistry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added
   RegistryJournal* journal_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // host id -> the incarnation of its sidecar last seen in a join (LoseRestartedHostLocked).
+  std::map<std::string, uint64_t> incarnations_ ABSL_GUARDED_BY(mu_);
+  size_t incarnations_pruned_at_ ABSL_GUARDED_BY(mu_) = 0;  // its size after the last prune
   std::thread timer_;
 };
 

@@ -1,5 +1,7 @@
 #include "server/coordinator/services.h"
 
+#include <glog/logging.h>
+
 #include <map>
 
 #include "absl/strings/match.h"
@@ -310,6 +312,7 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_host_id(m.host_id);
   out->set_host_address(m.host_address);
   out->set_sidecar_address(m.sidecar_address);
+  out->set_incarnation(m.incarnation);
 }
 
 MemberInfo MemberOf(const pb::Member& m) {
@@ -318,6 +321,7 @@ MemberInfo MemberOf(const pb::Member& m) {
   out.host_id = m.host_id();
   out.host_address = m.host_address();
   out.sidecar_address = m.sidecar_address().substr(0, 256);
+  out.incarnation = m.incarnation();
   return out;
 }
 
@@ -446,6 +450,28 @@ grpc::ServerUnaryReactor* RegistryService::Leave(grpc::CallbackServerContext* ct
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
   if (s.ok()) s = registry_.Leave(JobOf(req->job()), req->group(), req->rank(), req->generation());
   return FinishNow(ctx, metrics_, "Leave", start, s);
+}
+
+grpc::ServerUnaryReactor* RegistryService::DeleteGroup(grpc::CallbackServerContext* ctx,
+                                                       const pb::DeleteGroupRequest* req,
+                                                       pb::DeleteGroupResponse* resp) {
+  if (auto* forwarded = Forwarded(ctx, "DeleteGroup", req, resp, &RegistryAsync::DeleteGroup)) return forwarded;
+  const absl::Time start = absl::Now();
+  absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) {
+    absl::StatusOr<GroupView> v =
+        registry_.Delete(JobOf(req->job()), req->group(), absl::StrCat("an operator (", ctx->peer(), ")"));
+    if (v.ok()) {
+      resp->set_generation(v->generation);
+      resp->set_state(v->state);
+      resp->set_members(static_cast<int32_t>(v->members.size()));
+      LOG(INFO) << "group \"" << req->group() << "\" of job \"" << JobOf(req->job()) << "\" generation "
+                << v->generation << " (" << v->state << ", " << v->members.size() << " ranks) deleted by "
+                << ctx->peer();
+    }
+    s = v.status();
+  }
+  return FinishNow(ctx, metrics_, "DeleteGroup", start, s);
 }
 
 grpc::ServerUnaryReactor* RegistryService::Describe(grpc::CallbackServerContext* ctx,

@@ -101,6 +101,9 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
                                  collserve::v1::JoinResponse* resp) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const collserve::v1::LeaveRequest* req,
                                   collserve::v1::LeaveResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteGroup(grpc::CallbackServerContext* ctx,
+                                        const collserve::v1::DeleteGroupRequest* req,
+                                        collserve::v1::DeleteGroupResponse* resp) override;
   grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
                                      const collserve::v1::DescribeRequest* req,
                                      collserve::v1::DescribeResponse* resp) override;

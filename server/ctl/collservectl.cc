@@ -7,7 +7,7 @@
 //   groups               the job's groups: members, generation, state, the last collective
 //                        every rank completed and the oldest one in flight
 //   describe GROUP       one group's members
-//   wait GROUP           blocks until GROUP is formed (exit 0) or --wait_timeout passes
+//   wait [GROUP]         blocks until GROUP (without one: any group of the job) is formed (exit 0) or --wait_timeout passes
 //                        (exit 1), printing every --progress_interval how many ranks joined
 //                        and which are missing: a Kubernetes init container or exec
 //                        readiness probe for "my job's group is up". A group re-formed
@@ -19,6 +19,13 @@
 //   jobs                 every job: its keys, bytes and groups (admin token required)
 //   keys [PREFIX]        the job's keys (that start with PREFIX), in byte order
 //   get KEY              one key's value
+//   delete-group GROUP   ends GROUP's generation for every member and removes it
+//   delete-keys PREFIX   deletes the job's keys that start with PREFIX (not empty)
+//   drain                --sidecar=unix:ADMIN_SOCKET: no new sessions there; waits until its
+//                        sessions ended (exit 0) or --drain_timeout (exit 1, naming them)
+//   undrain              --sidecar=unix:ADMIN_SOCKET: accepts sessions again
+//   delete-job           a finished job's cleanup: every group and key of --job
+//                        (refused while one of its groups is FORMED, unless --force)
 //   version              collservectl's, the coordinator's and each --sidecar's version
 //   mint-token           a new token for --job (admin token required)
 //   revoke-tokens        revokes --job's minted tokens (admin token required)
@@ -29,6 +36,7 @@
 #include <openssl/crypto.h>
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
@@ -40,7 +48,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -52,6 +62,7 @@
 #include "collserve/v1/info.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
 #include "collserve/v1/registry.grpc.pb.h"
+#include "collserve/v1/sidecar_admin.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/types.h"
 
@@ -66,6 +77,9 @@ ABSL_FLAG(std::vector<std::string>, sidecar, {},
 ABSL_FLAG(int64_t, limit, 100000, "keys: print at most this many keys.");
 ABSL_FLAG(absl::Duration, wait_timeout, absl::Minutes(5), "wait: give up after this long (exit 1).");
 ABSL_FLAG(absl::Duration, progress_interval, absl::Seconds(5), "wait: print progress this often.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Minutes(10),
+          "drain: how long to wait for the sidecar's sessions to end (exit 1 with what still runs after it).");
+ABSL_FLAG(bool, force, false, "delete-job: also delete groups that are FORMED (their ranks fail at once).");
 
 namespace collserve::ctl {
 namespace {
@@ -359,19 +373,40 @@ std::string JoinProgress(const pb::GroupInfo& g) {
 }
 
 // Polls Registry.List every second until `group` is FORMED (a later generation of it when
-// it re-forms in place meanwhile: collserve.reconfigure).
+// it re-forms in place meanwhile: collserve.reconfigure); `group` "": until any group of the
+// job is (the progress then names the groups forming, at most 3).
 absl::Status Wait(const Ctl& c, const std::string& group) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
   absl::Time next_progress = start + absl::GetFlag(FLAGS_progress_interval);  // quiet when it forms at once
-  std::string last = "the coordinator has no such group yet";
+  const bool any = group.empty();
+  const std::string none = any ? absl::StrCat("the coordinator has no group of job ", c.job(), " yet")
+                               : "the coordinator has no such group yet";
+  const std::string what = any ? std::string("the job's groups") : absl::StrCat("group \"", group, "\"");
+  std::string last = none;
   for (;;) {
     pb::ListRequest req;
     req.set_job(c.job());
     pb::ListResponse resp;
     auto ctx = c.Context();
     const grpc::Status s = c.registry().List(ctx.get(), req, &resp);
-    if (s.ok()) {
+    if (s.ok() && any) {
+      std::vector<std::string> forming;
+      for (const pb::GroupInfo& g : resp.groups()) {
+        if (g.state() == "FORMED") {
+          std::set<std::string> hosts;
+          for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
+          std::cout << "group \"" << g.group() << "\" (job " << c.job() << ") formed: generation " << g.generation()
+                    << ", " << g.world_size() << " ranks on " << hosts.size() << " host(s)" << std::endl;
+          return absl::OkStatus();
+        }
+        if (forming.size() < 3) {
+          forming.push_back(absl::StrCat("group \"", g.group(), "\" generation ", g.generation(), ": ",
+                                         g.state() == "BROKEN" ? "BROKEN (a rank left or was lost)" : JoinProgress(g)));
+        }
+      }
+      last = forming.empty() ? none : absl::StrJoin(forming, "; ");
+    } else if (s.ok()) {
       const pb::GroupInfo* found = nullptr;
       for (const pb::GroupInfo& g : resp.groups()) {
         if (g.group() == group) found = &g;
@@ -389,7 +424,7 @@ absl::Status Wait(const Ctl& c, const std::string& group) {
                    ? absl::StrCat("generation ", g.generation(), " is BROKEN (a rank left or was lost)")
                    : absl::StrCat("generation ", g.generation(), ": ", JoinProgress(g));
       } else {
-        last = "the coordinator has no such group yet";
+        last = none;
       }
     } else if (s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return c.Check(s, "List");
@@ -398,12 +433,13 @@ absl::Status Wait(const Ctl& c, const std::string& group) {
     }
     const absl::Time now = absl::Now();
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("group \"", group, "\" (job ", c.job(), ") did not form within ",
-                                                      absl::FormatDuration(absl::GetFlag(FLAGS_wait_timeout)), ": ",
-                                                      last));
+      const std::string waited = absl::FormatDuration(absl::GetFlag(FLAGS_wait_timeout));
+      return absl::DeadlineExceededError(
+          any ? absl::StrCat("no group of job ", c.job(), " formed within ", waited, ": ", last)
+              : absl::StrCat("group \"", group, "\" (job ", c.job(), ") did not form within ", waited, ": ", last));
     }
     if (now >= next_progress) {
-      std::cout << "waiting for group \"" << group << "\" (" << absl::FormatDuration(absl::Trunc(now - start, absl::Seconds(1)))
+      std::cout << "waiting for " << what << " (" << absl::FormatDuration(absl::Trunc(now - start, absl::Seconds(1)))
                 << "): " << last << std::endl;
       next_progress = now + absl::GetFlag(FLAGS_progress_interval);
     }
@@ -681,62 +717,377 @@ absl::Status RevokeTokens(const Ctl& c) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<pb::DeleteGroupResponse> DeleteGroupCall(const Ctl& c, const std::string& group) {
+  pb::DeleteGroupRequest req;
+  req.set_job(c.job());
+  req.set_group(group);
+  pb::DeleteGroupResponse resp;
+  auto ctx = c.Context();
+  if (absl::Status s = c.Check(c.registry().DeleteGroup(ctx.get(), req, &resp), "DeleteGroup"); !s.ok()) return s;
+  return resp;
+}
+
+// Registry.DeleteGroup of one group; prints what ended.
+absl::Status DeleteGroup(const Ctl& c, const std::string& group) {
+  absl::StatusOr<pb::DeleteGroupResponse> deleted = DeleteGroupCall(c, group);
+  if (!deleted.ok()) return deleted.status();
+  const pb::DeleteGroupResponse& resp = *deleted;
+  if (Json()) {
+    PrintJson(resp);
+  } else {
+    std::cout << "deleted group " << group << " of job " << c.job() << ": generation " << resp.generation() << ", "
+              << resp.state() << ", " << resp.members() << " rank(s)\n";
+  }
+  return absl::OkStatus();
+}
+
+// Deletes the job's keys that start with `prefix` ("" = every key), a page at a time;
+// *deleted counts them.
+absl::Status DeleteKeysWithPrefix(const Ctl& c, const std::string& prefix, int64_t* deleted) {
+  *deleted = 0;
+  for (;;) {
+    pb::ListKeysRequest req;
+    req.set_job(c.job());
+    req.set_prefix(prefix);
+    req.set_limit(1000);
+    pb::ListKeysResponse resp;
+    auto ctx = c.Context();
+    if (absl::Status s = c.Check(c.store().ListKeys(ctx.get(), req, &resp), "ListKeys"); !s.ok()) return s;
+    if (resp.keys().empty()) return absl::OkStatus();
+    for (const std::string& k : resp.keys()) {
+      pb::DeleteKeyRequest del;
+      del.set_job(c.job());
+      del.set_key(k);
+      pb::DeleteKeyResponse done;
+      auto dctx = c.Context();
+      if (absl::Status s = c.Check(c.store().DeleteKey(dctx.get(), del, &done), "DeleteKey"); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(s.message(), " (after deleting ", *deleted, " keys)"));
+      }
+      *deleted += done.deleted() ? 1 : 0;
+    }
+  }
+}
+
+absl::Status DeleteKeys(const Ctl& c, const std::string& prefix) {
+  int64_t deleted = 0;
+  if (absl::Status s = DeleteKeysWithPrefix(c, prefix, &deleted); !s.ok()) return s;
+  if (Json()) {
+    std::cout << "{\"job\":\"" << absl::CHexEscape(c.job()) << "\",\"deleted_keys\":" << deleted << "}\n";
+  } else {
+    std::cout << "deleted " << deleted << " key(s) of job " << c.job() << " starting with \"" << absl::CHexEscape(prefix)
+              << "\"\n";
+  }
+  return absl::OkStatus();
+}
+
+// "job default group world (generation 1, ranks [0, 1], ready)" for each attached group.
+std::string AttachedText(const pb::DrainResponse& r) {
+  std::vector<std::string> parts;
+  for (const pb::AttachedGroup& g : r.groups()) {
+    parts.push_back(absl::StrCat("job ", g.job(), " group ", g.group(), " (generation ", g.generation(), ", ranks [",
+                                 absl::StrJoin(g.ranks(), ", "), "], ", g.state(), ")"));
+  }
+  return absl::StrJoin(parts, "; ");
+}
+
+// SidecarAdmin.Drain on the one --sidecar (its admin socket); with `undrain`, once.
+absl::Status DrainSidecar(const Ctl& c, bool undrain) {
+  const std::vector<std::string> sidecars = absl::GetFlag(FLAGS_sidecar);
+  if (sidecars.size() != 1 || !absl::StartsWith(sidecars[0], "unix:")) {
+    return absl::InvalidArgumentError(
+        "drain and undrain need one --sidecar=unix:PATH: the sidecar's admin socket (its --admin_socket, by "
+        "default its socket's path plus .admin, e.g. unix:/run/collserve/sidecar.sock.admin)");
+  }
+  auto channel = c.SidecarChannel(sidecars[0]);
+  if (!channel.ok()) return channel.status();
+  auto admin = pb::SidecarAdmin::NewStub(*channel);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + absl::GetFlag(FLAGS_drain_timeout);
+  absl::Time next_progress = start;
+  for (;;) {
+    pb::DrainRequest req;
+    req.set_undrain(undrain);
+    pb::DrainResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::GetFlag(FLAGS_timeout)));
+    const grpc::Status s = admin->Drain(&ctx, req, &resp);
+    if (!s.ok()) {
+      absl::Status st = FromGrpcStatus(s);
+      return absl::Status(st.code(), absl::StrCat("SidecarAdmin.Drain at ", sidecars[0], ": ", st.message()));
+    }
+    const absl::Time now = absl::Now();
+    if (undrain || resp.sessions() == 0) {
+      if (Json()) {
+        PrintJson(resp);
+      } else if (undrain) {
+        std::cout << "sidecar " << resp.host_id() << " undrained: accepting sessions (" << resp.sessions()
+                  << " attached)\n";
+      } else {
+        std::cout << "sidecar " << resp.host_id() << " drained: no sessions attached (waited "
+                  << absl::FormatDuration(absl::Trunc(now - start, absl::Milliseconds(100))) << ")\n";
+      }
+      return absl::OkStatus();
+    }
+    if (now >= deadline) {
+      if (Json()) PrintJson(resp);
+      return absl::DeadlineExceededError(absl::StrCat(
+          "sidecar ", resp.host_id(), " is draining but ", resp.sessions(), " session(s) are still attached after ",
+          absl::FormatDuration(absl::GetFlag(FLAGS_drain_timeout)), ": ", AttachedText(resp)));
+    }
+    if (now >= next_progress && !Json()) {
+      std::cout << "draining sidecar " << resp.host_id() << " ("
+                << absl::FormatDuration(absl::Trunc(now - start, absl::Seconds(1))) << "): " << resp.sessions()
+                << " session(s) attached: " << AttachedText(resp) << std::endl;
+      next_progress = now + absl::GetFlag(FLAGS_progress_interval);
+    }
+    absl::SleepFor(std::min(absl::Seconds(1), deadline - now));
+  }
+}
+
+// A finished job's cleanup: every group (refusing FORMED ones without --force), then every key.
+absl::Status DeleteJob(const Ctl& c) {
+  auto list = ListCall(c);
+  if (!list.ok()) return list.status();
+  std::vector<std::string> running;
+  for (const pb::GroupInfo& g : list->groups()) {
+    if (g.state() == "FORMED") running.push_back(absl::StrCat(g.group(), " (", g.members_size(), " ranks)"));
+  }
+  if (!running.empty() && !absl::GetFlag(FLAGS_force)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", c.job(), " has formed groups: ", absl::StrJoin(running, ", "),
+                     "; they are running (or their hosts' leases have not ended yet). Stop the job first, or "
+                     "pass --force to end them"));
+  }
+  int groups = 0;
+  for (const pb::GroupInfo& g : list->groups()) {
+    absl::Status s = DeleteGroupCall(c, g.group()).status();
+    if (s.ok()) {
+      ++groups;
+    } else if (!absl::IsNotFound(s)) {  // (it ended meanwhile)
+      return s;
+    }
+  }
+  int64_t keys = 0;
+  if (absl::Status s = DeleteKeysWithPrefix(c, "", &keys); !s.ok()) return s;
+  if (Json()) {
+    std::cout << "{\"job\":\"" << absl::CHexEscape(c.job()) << "\",\"deleted_groups\":" << groups
+              << ",\"deleted_keys\":" << keys << "}\n";
+  } else {
+    std::cout << "deleted job " << c.job() << ": " << groups << " group(s), " << keys << " key(s)\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace collserve::ctl
+
+namespace collserve::ctl {
+namespace {
+
+// One command: its arguments, a line for the command list, and its whole help.
+struct Command {
+  const char* name;
+  const char* args;  // as the synopsis shows them ("" = none)
+  int required;      // positional arguments it needs
+  const char* summary;
+  const char* help;  // what it does, its flags and its exit status
+  absl::Status (*run)(const Ctl& c, const std::string& arg);
+};
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"health", "", 0, "the coordinator's and each --sidecar's health; per host how fresh its ledger is",
+       "Checks the coordinator's gRPC health services (overall, Store, Registry) and each --sidecar's, and\n"
+       "lists the job's groups with how long ago each member host last reported its ledger.\n"
+       "Exit status: 0 when everything checked is SERVING, 1 when anything is unreachable or not\n"
+       "serving (named on standard error), 2 usage. --json: one object with \"healthy\". A probe:\n"
+       "  collservectl --coordinator=HOST:29400 --sidecar=unix:/run/collserve/sidecar.sock health",
+       [](const Ctl& c, const std::string&) { return Health(c); }},
+      {"groups", "", 0, "the job's groups: generation, state, ranks, hosts, progress",
+       "Lists --job's groups: members, generation, state (FORMING, FORMED, BROKEN), the last collective\n"
+       "every rank completed and the oldest one in flight. --json: each group's diagnosis.",
+       [](const Ctl& c, const std::string&) { return Groups(c); }},
+      {"describe", "GROUP", 1, "one group's members",
+       "Prints GROUP's generation, state and every member: rank, host id, host and sidecar address.\n"
+       "Exit status 1 with NOT_FOUND when the job has no such group.",
+       [](const Ctl& c, const std::string& g) { return Describe(c, g); }},
+      {"wait", "[GROUP]", 0, "blocks until GROUP (or any group of the job) is formed, or --wait_timeout",
+       "Blocks until GROUP is FORMED (exit 0) or --wait_timeout passes (exit 1), printing every\n"
+       "--progress_interval how many ranks joined and which are missing: an init container or exec\n"
+       "readiness probe for \"my job's group is up\". A group re-formed in place (reconfigure) keeps\n"
+       "its name at the next generation: wait follows it while it re-forms. Without GROUP: until any\n"
+       "group of --job is FORMED (torch's groups are named torch/0, torch/1, ...), the progress\n"
+       "naming the groups forming (collserve launch runs this).",
+       [](const Ctl& c, const std::string& g) { return Wait(c, g); }},
+      {"diagnose", "GROUP", 1, "why GROUP is stuck, from every host's ledger",
+       "The oldest collective some rank called and not every rank completed: who has and has not\n"
+       "called it, with their hosts and since when; ranks that called it with other arguments; each\n"
+       "rank's last issued and completed collective (Registry.DiagnoseGroup).",
+       [](const Ctl& c, const std::string& g) { return Diagnose(c, g); }},
+      {"dump", "GROUP", 1, "the flight recorder: GROUP's last collectives and the stragglers",
+       "GROUP's last collectives (at most 32 per host) with every rank's arrival, the arrival skew\n"
+       "and the last rank, merged from the member hosts' ledgers; then the ranks that called last\n"
+       "most often (Registry.DumpGroup).",
+       [](const Ctl& c, const std::string& g) { return Dump(c, g); }},
+      {"jobs", "", 0, "every job: its keys, bytes and groups (admin token)",
+       "Every job with keys in the store or groups in the registry. Needs the admin token.",
+       [](const Ctl& c, const std::string&) { return Jobs(c); }},
+      {"keys", "[PREFIX]", 0, "the job's keys (that start with PREFIX), in byte order",
+       "Prints --job's keys that start with PREFIX (all without one), C-escaped, in byte order; at most\n"
+       "--limit of them (a note on standard error says when more match).",
+       [](const Ctl& c, const std::string& prefix) { return Keys(c, prefix); }},
+      {"get", "KEY", 1, "one key's value",
+       "Prints KEY's value, C-escaped, without waiting for it: exit status 1 with NOT_FOUND when the\n"
+       "job has no such key.",
+       [](const Ctl& c, const std::string& k) { return Get(c, k); }},
+      {"delete-group", "GROUP", 1, "ends GROUP's generation for every member and removes it",
+       "Deletes GROUP (Registry.DeleteGroup): its current generation ends at once for every member, as\n"
+       "if every rank had left; its ranks' collectives fail with an error naming the deletion, and\n"
+       "their pending joins fail with ABORTED. The name forms again at the next generation. For a\n"
+       "stuck rendezvous or a stale group. The job's token deletes its own groups, the admin token\n"
+       "any job's (--job). Exit status 1 with NOT_FOUND when there is no such group.",
+       [](const Ctl& c, const std::string& g) { return DeleteGroup(c, g); }},
+      {"delete-keys", "PREFIX", 1, "deletes the job's keys that start with PREFIX",
+       "Deletes --job's keys that start with PREFIX (not empty: delete-job deletes every key), a page\n"
+       "of 1000 at a time, and prints how many. Not atomic: keys set meanwhile may be left, and a\n"
+       "failure names how many were deleted before it. Job token for its own job, admin for any.",
+       [](const Ctl& c, const std::string& prefix) { return DeleteKeys(c, prefix); }},
+      {"delete-job", "", 0, "a finished job's cleanup: every group and key of --job",
+       "Deletes every group of --job, then every key (the store's quota is per coordinator: the\n"
+       "CollserveStoreNearQuota runbook). Refused (exit 1, FAILED_PRECONDITION naming them) while a\n"
+       "group of the job is FORMED, i.e. running or with a host whose lease has not ended yet (about\n"
+       "5 s after its sidecar died), unless --force, which ends those too.",
+       [](const Ctl& c, const std::string&) { return DeleteJob(c); }},
+      {"drain", "", 0, "--sidecar=unix:ADMIN_SOCKET: no new sessions; waits for those attached to end",
+       "Drains the sidecar whose admin socket is --sidecar=unix:PATH (its --admin_socket, by default its\n"
+       "socket's path plus .admin; mode 0600, so run it as the sidecar's user, e.g. kubectl exec into\n"
+       "the sidecar's container): the sidecar accepts no new sessions (a rank attaching gets\n"
+       "UNAVAILABLE naming the drain) and turns not ready, while the sessions attached run on. Waits,\n"
+       "printing what is attached every --progress_interval, until none is (exit 0) or --drain_timeout\n"
+       "(exit 1, naming each group and rank still attached). Calling it again is harmless. Before an\n"
+       "upgrade: drain, then delete the sidecar's pod (docs/operations.md, \"Upgrading and rolling back\").",
+       [](const Ctl& c, const std::string&) { return DrainSidecar(c, /*undrain=*/false); }},
+      {"undrain", "", 0, "--sidecar=unix:ADMIN_SOCKET: accepts sessions again",
+       "Ends a drain of the sidecar whose admin socket is --sidecar=unix:PATH: it accepts sessions again\n"
+       "and is ready when its coordinator answers. A restarted sidecar does not drain.",
+       [](const Ctl& c, const std::string&) { return DrainSidecar(c, /*undrain=*/true); }},
+      {"version", "", 0, "collservectl's, the coordinator's and each --sidecar's version",
+       "Prints the versions and build details of collservectl, the coordinator and each --sidecar.",
+       [](const Ctl& c, const std::string&) { return Version(c); }},
+      {"mint-token", "", 0, "a new token for --job (admin token)",
+       "Prints a new token for --job (Auth.MintJobToken): give it to the job's pods as\n"
+       "COLLSERVE_TOKEN or a file named by COLLSERVE_TOKEN_FILE. Needs the admin token.",
+       [](const Ctl& c, const std::string&) { return MintToken(c); }},
+      {"revoke-tokens", "", 0, "revokes --job's minted tokens (admin token)",
+       "Revokes every token minted for --job (Auth.RevokeJobTokens) and prints how many.",
+       [](const Ctl& c, const std::string&) { return RevokeTokens(c); }},
+  };
+  return *commands;
+}
+
+const Command* FindCommand(const std::string& name) {
+  for (const Command& c : Commands()) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+// collservectl's own flags (this file's), as `--name=DEFAULT  help` lines.
+std::string FlagsHelp() {
+  std::vector<std::string> lines;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!absl::EndsWith(flag->Filename(), "collservectl.cc")) continue;
+    lines.push_back(absl::StrCat("  --", name, "=", flag->DefaultValue(), "\n      ", flag->Help()));
+  }
+  std::sort(lines.begin(), lines.end());
+  return absl::StrJoin(lines, "\n");
+}
+
+std::string Usage() {
+  std::string out =
+      "collservectl: the operator's tool for a collserve coordinator and its sidecars.\n\n"
+      "Usage: collservectl [FLAGS] COMMAND [ARGS]\n"
+      "       collservectl help COMMAND   (or COMMAND --help): one command's help\n\nCommands:\n";
+  for (const Command& c : Commands()) {
+    const std::string head = absl::StrCat(c.name, *c.args != '\0' ? " " : "", c.args);
+    absl::StrAppend(&out, "  ", head, std::string(head.size() < 20 ? 20 - head.size() : 1, ' '), c.summary, "\n");
+  }
+  absl::StrAppend(&out, "\nFlags:\n", FlagsHelp(),
+                  "\n\nEnvironment: COLLSERVE_COORDINATOR, COLLSERVE_JOB (the defaults of --coordinator and --job);\n"
+                  "the token from COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE (the job's, or the admin token); TLS from\n"
+                  "COLLSERVE_TLS_CA, COLLSERVE_TLS_CERT, COLLSERVE_TLS_KEY, COLLSERVE_TLS_SERVER_NAME.\n"
+                  "Exit status: 0 done (health: everything checked is SERVING), 1 the command failed, its status on\n"
+                  "standard error (health: something is unreachable or not serving), 2 usage.\n"
+                  "docs/operations.md describes each command.");
+  return out;
+}
+
+std::string CommandUsage(const Command& c) {
+  return absl::StrCat("Usage: collservectl [FLAGS] ", c.name, *c.args != '\0' ? " " : "", c.args, "\n\n", c.help,
+                      "\n\nFlags (every command takes them; `collservectl --help` says more):\n", FlagsHelp());
+}
+
+bool IsHelpFlag(const std::string& a) { return a == "--help" || a == "-help" || a == "-h" || a == "--helpshort"; }
+
 }  // namespace
 }  // namespace collserve::ctl
 
 int main(int argc, char** argv) {
+  namespace ctl = collserve::ctl;
   // As the daemons' KeepOpenSslStateUntilExit (server/common/daemon.h): OpenSSL's exit handler
   // would orphan the per-thread state of gRPC threads that end after it.
   OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
-  absl::SetProgramUsageMessage(
-      "collservectl [--coordinator=host:port] [--job=J] [--json] COMMAND [ARGS]\n"
-      "  health | groups | describe GROUP | wait GROUP | diagnose GROUP | dump GROUP | jobs | keys [PREFIX] |\n"
-      "  get KEY |\n"
-      "  version | mint-token | revoke-tokens\n"
-      "Token: COLLSERVE_TOKEN or COLLSERVE_TOKEN_FILE; TLS: COLLSERVE_TLS_*.\n"
-      "Exit status: 0 done (health: everything checked is SERVING), 1 the command failed (health: something\n"
-      "is unreachable or not serving), 2 usage.");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.normalize_filename = [](absl::string_view file) {  // no build paths in --helpfull
+    const size_t slash = file.rfind('/');
+    return std::string(slash == absl::string_view::npos ? file : file.substr(slash + 1));
+  };
+  usage_config.version_string = [] { return std::string("collservectl " COLLSERVE_VERSION "\n"); };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(ctl::Usage());
+  // Help is ours (absl's --help would list flags by source file): `help [COMMAND]`,
+  // `--help`, `COMMAND --help`. --helpfull stays absl's (every library's flags).
+  {
+    bool help = false;
+    const ctl::Command* about = nullptr;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (ctl::IsHelpFlag(a) || (a == "help" && about == nullptr)) help = true;
+      if (about == nullptr) about = ctl::FindCommand(a);
+    }
+    if (help) {
+      std::cout << (about != nullptr ? ctl::CommandUsage(*about) : ctl::Usage()) << "\n";
+      return 0;
+    }
+  }
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
-    std::cerr << absl::ProgramUsageMessage() << "\n";
+    std::cerr << ctl::Usage() << "\n";
     return 2;
   }
   const std::string command = args[1];
+  const ctl::Command* c = ctl::FindCommand(command);
+  if (c == nullptr) {
+    std::cerr << "collservectl: unknown command \"" << command << "\"; `collservectl --help` lists them\n";
+    return 2;
+  }
+  if (static_cast<int>(args.size()) - 2 < c->required || args.size() > 3) {
+    std::cerr << "collservectl " << command << ": " << (args.size() > 3 ? "too many arguments" : "missing argument")
+              << "\n"
+              << ctl::CommandUsage(*c) << "\n";
+    return 2;
+  }
   const std::string arg = args.size() > 2 ? args[2] : "";
-  auto ctl = collserve::ctl::Ctl::Connect();
-  if (!ctl.ok()) {
-    std::cerr << "collservectl: " << ctl.status() << "\n";
+  if (command == "delete-keys" && arg.empty()) {
+    std::cerr << "collservectl delete-keys: PREFIX may not be empty (delete-job deletes every key of a job)\n";
     return 2;
   }
-  absl::Status s;
-  if (command == "health") {
-    s = collserve::ctl::Health(*ctl);
-  } else if (command == "groups") {
-    s = collserve::ctl::Groups(*ctl);
-  } else if ((command == "describe" || command == "diagnose") && !arg.empty()) {
-    s = command == "describe" ? collserve::ctl::Describe(*ctl, arg) : collserve::ctl::Diagnose(*ctl, arg);
-  } else if (command == "wait" && !arg.empty()) {
-    s = collserve::ctl::Wait(*ctl, arg);
-  } else if (command == "dump" && !arg.empty()) {
-    s = collserve::ctl::Dump(*ctl, arg);
-  } else if (command == "jobs") {
-    s = collserve::ctl::Jobs(*ctl);
-  } else if (command == "keys") {
-    s = collserve::ctl::Keys(*ctl, arg);
-  } else if (command == "get" && args.size() > 2) {
-    s = collserve::ctl::Get(*ctl, arg);
-  } else if (command == "version") {
-    s = collserve::ctl::Version(*ctl);
-  } else if (command == "mint-token") {
-    s = collserve::ctl::MintToken(*ctl);
-  } else if (command == "revoke-tokens") {
-    s = collserve::ctl::RevokeTokens(*ctl);
-  } else {
-    std::cerr << "collservectl: unknown command or missing argument: " << command << "\n"
-              << absl::ProgramUsageMessage() << "\n";
+  auto conn = ctl::Ctl::Connect();
+  if (!conn.ok()) {
+    std::cerr << "collservectl: " << conn.status() << "\n";
     return 2;
   }
-  if (!s.ok()) {
+  if (absl::Status s = c->run(*conn, arg); !s.ok()) {
     std::cerr << "collservectl: " << s << "\n";
     return 1;
   }

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <memory>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -132,6 +133,17 @@ struct RetriedCall : std::enable_shared_from_this<RetriedCall<Req, Resp>> {
 
 }  // namespace
 
+namespace {
+
+uint64_t DrawIncarnation() {
+  std::random_device device;
+  uint64_t n = 0;
+  while (n == 0) n = (static_cast<uint64_t>(device()) << 32) ^ device();
+  return n;
+}
+
+}  // namespace
+
 GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel, std::string coordinator_address,
                                          client::TlsOptions tls, std::string host_id, std::string host_address)
     : registry_(pb::Registry::NewStub(channel)),
@@ -139,7 +151,8 @@ GrpcCoordinatorLink::GrpcCoordinatorLink(std::shared_ptr<grpc::Channel> channel,
       coordinator_address_(std::move(coordinator_address)),
       tls_(std::move(tls)),
       host_id_(std::move(host_id)),
-      host_address_(std::move(host_address)) {}
+      host_address_(std::move(host_address)),
+      incarnation_(DrawIncarnation()) {}
 
 GrpcCoordinatorLink::~GrpcCoordinatorLink() {
   if (!calls_->CancelAndWait(kDrainTimeout)) {
@@ -206,6 +219,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   join->req.mutable_member()->set_host_id(host_id_);
   join->req.mutable_member()->set_host_address(host_address_);
   join->req.mutable_member()->set_sidecar_address(sidecar_address_);
+  join->req.mutable_member()->set_incarnation(incarnation_);
   join->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   join->req.set_generation(params.generation);
   join->req.set_compact(true);

@@ -37,6 +37,10 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   // This sidecar's gRPC address (host:port of its TCP listener), sent with its joins as
   // Member.sidecar_address. Call before the first Join (the sidecar does, before serving).
   void set_sidecar_address(std::string address) { sidecar_address_ = std::move(address); }
+  // This process's Member.incarnation (sent with every join): random, non-zero, drawn when
+  // the link is made, so that a sidecar restarted with the same host id is a new host to the
+  // coordinator, which takes the earlier process's ranks as lost at once.
+  uint64_t incarnation() const { return incarnation_; }
   std::function<void()> Join(const JoinParams& params,
                              std::function<void(absl::StatusOr<engine::Membership>)> done) override;
   void Leave(const std::string& job, const std::string& group, int rank, int64_t generation,
@@ -69,6 +73,7 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   const std::string host_id_;
   const std::string host_address_;
   std::string sidecar_address_;  // set before serving, read-only afterwards
+  const uint64_t incarnation_;
 
  public:
   // The asynchronous calls in flight. Each call's Token (declared before its

@@ -19,6 +19,9 @@ ABSL_FLAG(std::string, unix_socket, "/tmp/collserve/sidecar.sock",
 ABSL_FLAG(std::string, unix_socket_mode, "",
           "Octal permission bits for the unix socket, e.g. 0660 (the socket's group may connect) or "
           "0666 (any local user); empty leaves what the umask gives (usually owner-only writes).");
+ABSL_FLAG(std::string, admin_socket, "auto",
+          "Unix socket (mode 0600: this process's user only) serving collserve.v1.SidecarAdmin, i.e. "
+          "`collservectl --sidecar=unix:PATH drain`; auto = <unix_socket>.admin; empty = none.");
 ABSL_FLAG(std::string, listen_address, "",
           "host:port for clients on other hosts (tensors then travel inline in messages); "
           "empty to disable; port 0 picks a free port.");
@@ -99,6 +102,7 @@ int main(int argc, char** argv) {
   options.coordinator_address = absl::GetFlag(FLAGS_coordinator);
   options.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  options.admin_socket = absl::GetFlag(FLAGS_admin_socket);
   if (const std::string mode = absl::GetFlag(FLAGS_unix_socket_mode); !mode.empty()) {
     char* end = nullptr;
     const long bits = std::strtol(mode.c_str(), &end, 8);

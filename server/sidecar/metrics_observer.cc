@@ -42,7 +42,14 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                           .Help("Collectives the backend between hosts (Gloo, NCCL) failed on this sidecar, by the "
                                 "peer host blamed: the group's only other host, or the one whose address the "
                                 "backend's error names; \"unknown\" otherwise. Each failure fails its group.")
-                          .Register(registry)) {
+                          .Register(registry)),
+      durations_family_(prometheus::BuildHistogram()
+                            .Name("collserve_collective_duration_seconds")
+                            .Help("Time from the sidecar receiving a local rank's request to its completion being "
+                                  "sent (waiting for the other ranks included), seconds, by op and size (the upper "
+                                  "bound of the rank's tensor bytes: 0, 1KiB, 64KiB, 1MiB, 16MiB, 256MiB, +Inf). A "
+                                  "series appears once a collective of that op and size completed here.")
+                            .Register(registry)) {
   static_assert(sizeof(kSizeLabels) / sizeof(kSizeLabels[0]) == kSizeBuckets, "one label per size bucket");
   auto& tensor_bytes = prometheus::BuildCounter()
                            .Name("collserve_tensor_bytes_total")
@@ -62,15 +69,6 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                           "collserve_collectives_total / local ranks).")
                     .Register(registry)
                     .Add({});
-  auto& durations = prometheus::BuildHistogram()
-                        .Name("collserve_collective_duration_seconds")
-                        .Help("Time from the sidecar receiving a local rank's request to its completion being "
-                              "sent (waiting for the other ranks included), seconds, by op and size (the upper "
-                              "bound of the rank's tensor bytes: 0, 1KiB, 64KiB, 1MiB, 16MiB, 256MiB, +Inf).")
-                        .Register(registry);
-  // Never destroyed: a collective that completes while exit() runs must still find them.
-  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
-      0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300};
   auto& sizes = prometheus::BuildCounter()
                     .Name("collserve_collective_bytes_total")
                     .Help("Sizes of local ranks' successful collectives in nccl-tests' terms (the larger of a "
@@ -86,9 +84,6 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                         .Register(registry);
   for (int op = 0; op < 13; ++op) {
     const std::string name = op == 0 ? std::string("unknown") : engine::OpName(op);
-    for (int size = 0; size < kSizeBuckets; ++size) {
-      durations_[op][size] = &durations.Add({{"op", name}, {"size", kSizeLabels[size]}}, *kBuckets);
-    }
     sizes_[op] = &sizes.Add({{"op", name}});
     bus_bytes_[op] = &bus_bytes.Add({{"op", name}});
   }
@@ -165,6 +160,20 @@ void PrometheusObserver::OnGroups(int delta) { groups_->Increment(delta); }
 
 void PrometheusObserver::OnArgumentExchange() { exchanges_->Increment(); }
 
+prometheus::Histogram& PrometheusObserver::Duration(int op, int size_bucket) {
+  prometheus::Histogram* h = durations_[op][size_bucket].load(std::memory_order_acquire);
+  if (h != nullptr) return *h;
+  // Never destroyed: a collective that completes while exit() runs must still find them.
+  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 300};
+  // Family::Add returns the one series of these labels, also to threads racing here.
+  h = &durations_family_.Add({{"op", op == 0 ? std::string("unknown") : engine::OpName(op)},
+                              {"size", kSizeLabels[size_bucket]}},
+                             *kBuckets);
+  durations_[op][size_bucket].store(h, std::memory_order_release);
+  return *h;
+}
+
 void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status& status, absl::Duration latency,
                                      uint64_t bytes, const char* algorithm) {
   int index = static_cast<int>(op);
@@ -172,7 +181,7 @@ void PrometheusObserver::OnCompleted(engine::CollectiveOp op, const absl::Status
   collectives_.Add({{"op", index == 0 ? std::string("unknown") : engine::OpName(op)},
                     {"code", absl::StatusCodeToString(status.code())}})
       .Increment();
-  durations_[index][SizeBucket(bytes)]->Observe(absl::ToDoubleSeconds(latency));
+  Duration(index, SizeBucket(bytes)).Observe(absl::ToDoubleSeconds(latency));
   if (algorithm != nullptr && *algorithm != '\0') {
     algorithms_.Add({{"op", index == 0 ? std::string("unknown") : engine::OpName(op)}, {"algorithm", algorithm}})
         .Increment();

@@ -1,5 +1,5 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
-// collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op},
+// collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op, size},
 // collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total,
 // collserve_groups, collserve_collective_arrival_skew_seconds,
 // collserve_straggler_collectives_total, collserve_segments_registered_total and
@@ -14,6 +14,8 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+
+#include <atomic>
 
 #include "engine/interfaces.h"
 
@@ -39,11 +41,16 @@ class PrometheusObserver : public engine::EngineObserver {
 
  private:
   prometheus::Family<prometheus::Counter>& collectives_;
-  // By CollectiveOp value (1..kRecv; [0]: unknown ops) and size bucket (kSizeBuckets).
+  // By CollectiveOp value (1..kRecv; [0]: unknown ops) and size bucket (kSizeBuckets),
+  // each made at its first observation (Duration): a series exists once an op of that size
+  // ran, not 13 x 7 histograms of 17 series each (1,547) per sidecar in advance. At most
+  // that many, bounded by the ops and sizes a sidecar's jobs use.
   static constexpr int kSizeBuckets = 7;
-  prometheus::Histogram* durations_[13][kSizeBuckets] = {};
+  prometheus::Histogram& Duration(int op, int size_bucket);
+  std::atomic<prometheus::Histogram*> durations_[13][kSizeBuckets] = {};
   prometheus::Family<prometheus::Counter>& algorithms_;
   prometheus::Family<prometheus::Counter>& backend_errors_;
+  prometheus::Family<prometheus::Histogram>& durations_family_;
   // By CollectiveOp value, as durations_: sizes and bus bytes (nccl-tests' algbw and busbw).
   prometheus::Counter* sizes_[13] = {};
   prometheus::Counter* bus_bytes_[13] = {};

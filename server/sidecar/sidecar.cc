@@ -28,6 +28,7 @@
 #include "backends/registry.h"
 #include "client/channel.h"
 #include "collserve/v1/collectives.grpc.pb.h"
+#include "collserve/v1/sidecar_admin.grpc.pb.h"
 #include "common/fd_channel.h"
 #include "common/grpc_status.h"
 #include "engine/engine.h"
@@ -297,6 +298,17 @@ class CollectivesService final : public pb::Collectives::CallbackService {
   SidecarImpl* sidecar_;
 };
 
+// collserve.v1.SidecarAdmin on the admin socket (its mode is the authorization).
+class AdminService final : public pb::SidecarAdmin::CallbackService {
+ public:
+  explicit AdminService(SidecarImpl* sidecar) : sidecar_(sidecar) {}
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const pb::DrainRequest* req,
+                                  pb::DrainResponse* resp) override;
+
+ private:
+  SidecarImpl* sidecar_;
+};
+
 class SidecarImpl : public Sidecar {
  public:
   explicit SidecarImpl(SidecarOptions options) : options_(std::move(options)) {
@@ -416,8 +428,29 @@ class SidecarImpl : public Sidecar {
         chmod(options_.unix_socket.c_str(), static_cast<mode_t>(options_.unix_socket_mode)) != 0) {
       return absl::UnavailableError(absl::StrCat("chmod ", options_.unix_socket, ": ", std::strerror(errno)));
     }
+    if (options_.admin_socket == "auto") {
+      options_.admin_socket = options_.unix_socket.empty() ? "" : absl::StrCat(options_.unix_socket, ".admin");
+    }
+    if (!options_.admin_socket.empty()) {
+      if (absl::Status s = ClaimUnixSocketPath(options_.admin_socket); !s.ok()) return s;
+      auto listener = GrpcListener::Bind(absl::StrCat("unix:", options_.admin_socket));
+      if (!listener.ok()) return listener.status();
+      // Owner-only before the first connection can come (accepting starts below).
+      if (chmod(options_.admin_socket.c_str(), 0600) != 0) {
+        return absl::UnavailableError(absl::StrCat("chmod ", options_.admin_socket, ": ", std::strerror(errno)));
+      }
+      admin_listener_ = std::move(*listener);
+      admin_service_ = std::make_unique<AdminService>(this);
+      grpc::ServerBuilder admin;
+      admin_listener_->RegisterWith(admin, grpc::InsecureServerCredentials());
+      admin.RegisterService(admin_service_.get());
+      admin_server_ = admin.BuildAndStart();
+      if (admin_server_ == nullptr) return absl::InternalError("the admin gRPC server did not start");
+      admin_listener_->Start();
+    }
     // Health: "liveness" is SERVING while the process serves; "" and
-    // "collserve.v1.Collectives" (readiness) follow the coordinator's own health.
+    // "collserve.v1.Collectives" (readiness) follow the coordinator's own health, and are
+    // NOT_SERVING while draining.
     server_->GetHealthCheckService()->SetServingStatus(std::string(kLivenessService), true);
     SetReady(CoordinatorServing());
     health_thread_ = std::thread([this] { WatchCoordinator(); });
@@ -462,20 +495,50 @@ class SidecarImpl : public Sidecar {
     return client::CheckHealth(channel_, "", kHealthProbeTimeout) == "SERVING";  // the server's overall status
   }
 
-  void SetReady(bool ready) {
+  // Readiness: the coordinator answers and the sidecar is not draining.
+  void SetReady(bool coordinator_ready) {
+    absl::MutexLock lock(&ready_mu_);
+    const bool ready = coordinator_ready && !draining_.load();
     for (const char* service : {"", "collserve.v1.Collectives"}) {
       server_->GetHealthCheckService()->SetServingStatus(service, ready);
     }
-    if (ready != ready_) {
-      if (ready) {
-        LOG(INFO) << "the coordinator at " << options_.coordinator_address << " serves: ready";
+    if (coordinator_ready != coordinator_ready_) {
+      if (coordinator_ready) {
+        LOG(INFO) << "the coordinator at " << options_.coordinator_address << " serves"
+                  << (ready ? ": ready" : " (not ready while draining)");
       } else {
         LOG(WARNING) << "the coordinator at " << options_.coordinator_address
                      << " does not answer its health check: not ready (NOT_SERVING)";
       }
     }
-    ready_ = ready;
-    connected_.store(ready);
+    coordinator_ready_ = coordinator_ready;
+    connected_.store(coordinator_ready);
+  }
+
+  // SidecarAdmin.Drain: starts (or stops) draining and reports what is attached.
+  void Drain(bool undrain, pb::DrainResponse* resp) {
+    if (undrain != !draining_.load()) {
+      draining_since_.store(undrain ? 0 : absl::ToUnixMillis(absl::Now()));
+      draining_.store(!undrain);
+      LOG(WARNING) << "sidecar " << options_.host_id
+                   << (undrain ? ": undrained, accepting sessions again"
+                               : ": draining (collservectl drain): no new sessions; those attached run on");
+      SetReady(connected_.load());
+    }
+    resp->set_draining(draining_.load());
+    resp->set_draining_since_unix_ms(draining_since_.load());
+    resp->set_host_id(options_.host_id);
+    int sessions = 0;
+    for (const engine::GroupProgress& p : engine_->Attached()) {
+      pb::AttachedGroup* g = resp->add_groups();
+      g->set_job(p.job);
+      g->set_group(p.group);
+      g->set_generation(p.generation);
+      g->set_state(p.state);
+      for (const engine::RankProgress& r : p.ranks) g->add_ranks(r.rank);
+      sessions += static_cast<int>(p.ranks.size());
+    }
+    resp->set_sessions(sessions);
   }
 
   // Re-checks the coordinator every kHealthProbePeriod until Shutdown.
@@ -487,6 +550,12 @@ class SidecarImpl : public Sidecar {
     if (health_thread_.joinable()) {
       stop_health_.Notify();
       health_thread_.join();
+    }
+    if (admin_server_ != nullptr) {
+      admin_listener_.reset();  // (removes the socket)
+      admin_server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      admin_server_->Wait();
+      admin_server_.reset();
     }
     if (server_ != nullptr) {
       listeners_.clear();  // no new sessions (and the unix socket is removed if still ours)
@@ -524,6 +593,14 @@ class SidecarImpl : public Sidecar {
   // reactor may be gone by then (the client hung up): `session` outlives it.
   void AttachSession(const pb::Attach& attach, const std::string& credential, const std::string& peer,
                      std::shared_ptr<SessionHandle> session) {
+    if (draining_.load()) {
+      session->Close(absl::UnavailableError(absl::StrCat(
+          "sidecar ", options_.host_id, " is draining (collservectl drain, since ",
+          absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixMillis(draining_since_.load()), absl::UTCTimeZone()),
+          "): it accepts no new sessions; the node is being upgraded or taken out of service. Start the rank on "
+          "another node, or wait for the sidecar to come back")));
+      return;
+    }
     {
       absl::MutexLock lock(&attach_mu_);
       ++attaching_;
@@ -577,8 +654,14 @@ class SidecarImpl : public Sidecar {
   std::shared_ptr<grpc::Channel> channel_;
   std::thread health_thread_;  // WatchCoordinator
   absl::Notification stop_health_;
-  bool ready_ = false;  // last readiness set; health thread only (and Init before it starts)
-  std::atomic<bool> connected_{false};  // ready_, for the metrics thread
+  absl::Mutex ready_mu_;  // SetReady: the health thread and Drain
+  bool coordinator_ready_ ABSL_GUARDED_BY(ready_mu_) = false;  // last probe's answer
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> draining_since_{0};  // Unix ms; 0 when not draining
+  std::unique_ptr<AdminService> admin_service_;  // outlives admin_server_
+  std::unique_ptr<GrpcListener> admin_listener_;
+  std::unique_ptr<grpc::Server> admin_server_;
+  std::atomic<bool> connected_{false};  // coordinator_ready_, for the metrics thread and Drain
   std::shared_ptr<ScrapeGauges> gauges_;  // Gauges(), registered with exposer_
   std::unique_ptr<GrpcCoordinatorLink> coordinator_;
   backends::BackendRegistry backends_;
@@ -651,6 +734,14 @@ void SessionReactor::OnReadDone(bool ok) {
   }
   request_.Clear();
   StartRead(&request_);
+}
+
+grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx, const pb::DrainRequest* req,
+                                              pb::DrainResponse* resp) {
+  sidecar_->Drain(req->undrain(), resp);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
 void SessionReactor::EndSession() {

@@ -29,6 +29,9 @@ struct SidecarOptions {
   // socket's group, 0666 for any local user); -1 = leave what the umask gives. A client
   // needs write permission on the socket to connect.
   int unix_socket_mode = -1;
+  // The admin socket (collserve.v1.SidecarAdmin: drain), mode 0600: only this process's
+  // user may connect. "auto" = <unix_socket>.admin (none without a unix socket); "" = none.
+  std::string admin_socket = "auto";
   // host:port for clients on other hosts (tensor bytes then travel inline); "" = none;
   // port 0 picks a free port.
   std::string listen_address;
@@ -73,7 +76,8 @@ struct SidecarOptions {
 
 // Health (grpc.health.v1, with gRPC server reflection on): service "liveness" is SERVING
 // while the sidecar serves; "" and "collserve.v1.Collectives" (readiness) are SERVING only
-// while the coordinator answers its own health check, probed every 2 s (2 s deadline).
+// while the coordinator answers its own health check, probed every 2 s (2 s deadline), and
+// the sidecar is not draining (SidecarAdmin.Drain: no new sessions; those attached run on).
 // Thread-safe.
 class Sidecar {
  public:

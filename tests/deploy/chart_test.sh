@@ -152,7 +152,13 @@ has persistence-off "volumeClaimTemplates:" && fail "persistence-off still rende
 has persistence-off '"--max_value_bytes=67108864"' ||
   fail "an integer in coordinator.args did not render as --max_value_bytes=67108864"
 has etcd "volumeClaimTemplates:" && fail "etcd (the store in etcd) still renders a claim"
-has etcd "emptyDir" && fail "etcd (the store in etcd) still renders a data volume"
+# (The sidecar's admin-socket volume is an emptyDir too: look for the coordinator's.)
+grep -A1 -F -- "- name: data" "$work/rendered-etcd.yaml" | grep -qF "emptyDir" &&
+  fail "etcd (the store in etcd) still renders a data volume"
+has default "\"--admin_socket=/run/collserve-admin/sidecar-admin.sock\"" ||
+  fail "the sidecar renders no --admin_socket on its own emptyDir"
+has default "type: OnDelete" || fail "the sidecar DaemonSet does not default to updateStrategy OnDelete"
+has default "- --drain_timeout=20s" || fail "the sidecar renders no preStop drain"
 
 # Whole-line facts (facts.mjs) of one scenario: fact SCENARIO LINE... (each must be there),
 # nofact SCENARIO LINE... (none may be), nofact_like SCENARIO REGEX (no line may match).

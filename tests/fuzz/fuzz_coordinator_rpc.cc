@@ -29,7 +29,7 @@ constexpr const char* kMethods[] = {
     "/collserve.v1.Registry/ReportProgress", "/collserve.v1.Registry/DiagnoseGroup",
     "/collserve.v1.Auth/Authenticate", "/collserve.v1.Auth/MintJobToken", "/collserve.v1.Auth/RevokeJobTokens",
     "/collserve.v1.Registry/DumpGroup", "/collserve.v1.Store/ListKeys", "/collserve.v1.Info/GetInfo",
-    "/collserve.v1.Registry/ListJobs", "/collserve.v1.Registry/WatchGroup",
+    "/collserve.v1.Registry/ListJobs", "/collserve.v1.Registry/WatchGroup", "/collserve.v1.Registry/DeleteGroup",
 };
 
 struct Target {

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <memory>
@@ -377,12 +378,21 @@ TEST(DiagnoseTest, CollservectlWaitReportsMissingRanksAndReturnsOnceTheGroupForm
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("2 of 3 ranks joined; missing ranks [2]"));
   EXPECT_THAT(out, HasSubstr("DEADLINE_EXCEEDED: group \"world\" (job default) did not form within 3s"));
+  // Without a group (what collserve launch runs): any group of the job, whatever its name.
+  auto [any_code, any_out] = Ctl(cluster, {"--wait_timeout=2s", "--progress_interval=500ms", "wait"});
+  EXPECT_EQ(any_code, 1) << any_out;
+  EXPECT_THAT(any_out, ::testing::ContainsRegex("waiting for the job's groups \\([0-9]+s\\): group \"world\" "
+                                                "generation 1: 2 of 3 ranks joined; missing ranks \\[2\\]"));
+  EXPECT_THAT(any_out, HasSubstr("DEADLINE_EXCEEDED: no group of job default formed within 2s: group \"world\""));
   auto last = cluster.StartRank(2, 3, 0, {"--mode=idle", "--iters=30"});
   ASSERT_TRUE(last.ok()) << last.status();
   auto [ok_code, ok_out] = Ctl(cluster, {"--wait_timeout=20s", "wait", "world"});
   EXPECT_EQ(ok_code, 0) << ok_out;
   EXPECT_THAT(ok_out, HasSubstr("group \"world\" (job default) formed: generation"));
   EXPECT_THAT(ok_out, HasSubstr("3 ranks on 1 host(s)"));
+  auto [any_ok_code, any_ok] = Ctl(cluster, {"--wait_timeout=20s", "wait"});
+  EXPECT_EQ(any_ok_code, 0) << any_ok;
+  EXPECT_THAT(any_ok, HasSubstr("group \"world\" (job default) formed: generation 1"));
 }
 
 // A group re-formed in place keeps its name at the next generation (collserve.reconfigure):
@@ -421,6 +431,230 @@ TEST(DiagnoseTest, CollservectlWaitFollowsAGroupReformedInPlace) {
   auto [d_code, d_out] = Ctl(cluster, {"describe", "world"});
   EXPECT_EQ(d_code, 0) << d_out;
   EXPECT_THAT(d_out, HasSubstr("group \"world\" (job default): generation 2, FORMED"));
+}
+
+// Issue 40: collservectl's help lists every command, has a page per command, and prints no
+// build path (absl's --help grouped flags under their source file's path).
+TEST(CollservectlTest, HelpListsEveryCommandWithAPageEachAndNoBuildPath) {
+  auto started = Cluster::Start(0);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  auto [code, help] = Ctl(cluster, {"--help"});
+  EXPECT_EQ(code, 0) << help;
+  for (const char* command : {"health", "groups", "describe GROUP", "wait [GROUP]", "diagnose GROUP", "dump GROUP",
+                              "jobs", "keys [PREFIX]", "get KEY", "delete-group GROUP", "delete-keys PREFIX",
+                              "delete-job", "drain", "undrain", "version", "mint-token", "revoke-tokens"}) {
+    EXPECT_THAT(help, HasSubstr(absl::StrCat("\n  ", command, " "))) << command;
+  }
+  EXPECT_THAT(help, HasSubstr("--coordinator="));
+  EXPECT_THAT(help, HasSubstr("Exit status: 0"));
+  auto [page_code, page] = Ctl(cluster, {"help", "delete-keys"});
+  EXPECT_EQ(page_code, 0) << page;
+  EXPECT_THAT(page, HasSubstr("Usage: collservectl [FLAGS] delete-keys PREFIX\n"));
+  auto [flag_code, flag_page] = Ctl(cluster, {"health", "--help"});
+  EXPECT_EQ(flag_code, 0) << flag_page;
+  EXPECT_THAT(flag_page, HasSubstr("Usage: collservectl [FLAGS] health\n"));
+  auto [full_code, full] = Ctl(cluster, {"--helpfull"});
+  EXPECT_EQ(full_code, 1) << full;  // (absl's --helpfull exits 1)
+  for (const std::string& out : {help, page, flag_page, full}) {
+    EXPECT_THAT(out, Not(HasSubstr("server/ctl/"))) << out;  // the source file's build path
+  }
+  auto [missing_code, missing] = Ctl(cluster, {"describe"});
+  EXPECT_EQ(missing_code, 2) << missing;
+  EXPECT_THAT(missing, HasSubstr("collservectl describe: missing argument\nUsage: collservectl [FLAGS] describe GROUP"));
+  auto [empty_code, empty] = Ctl(cluster, {"delete-keys", ""});
+  EXPECT_EQ(empty_code, 2) << empty;
+  EXPECT_THAT(empty, HasSubstr("PREFIX may not be empty"));
+}
+
+// delete-group ends a running group for its ranks at once, naming the deletion; delete-keys
+// deletes a prefix; delete-job, a finished job's cleanup, is refused while a group is FORMED
+// and then deletes every group and key. Another job's groups need the admin token.
+TEST(CollservectlTest, DeleteGroupDeleteKeysAndDeleteJobExitCodes) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  client::StoreClientOptions o;
+  o.token = cluster.job_token();
+  auto store = client::StoreClient::Connect(cluster.coordinator_address(), o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int i = 0; i < 1200; ++i) ASSERT_TRUE((*store)->Set(absl::StrCat("ckpt/", 1000 + i), "x").ok());
+  ASSERT_TRUE((*store)->Set("lr", "0.001").ok());
+
+  // Two ranks that run allreduces until an error: the deletion is that error.
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto p = cluster.StartRank(r, 2, 0, {"--mode=loop", "--count=16", "--iters=0"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(Ctl(cluster, {"groups"}).second, "FORMED"); },
+                      absl::Seconds(30), absl::Milliseconds(100)))
+      << cluster.Logs();
+  auto [refused_code, refused] = Ctl(cluster, {"delete-job"});
+  EXPECT_EQ(refused_code, 1) << refused;
+  EXPECT_THAT(refused, HasSubstr("FAILED_PRECONDITION: job default has formed groups: world (2 ranks)"));
+  auto [other_code, other] = Ctl(cluster, {"--job=other", "delete-group", "world"});
+  EXPECT_EQ(other_code, 1) << other;
+  EXPECT_THAT(other, ::testing::ContainsRegex("PERMISSION_DENIED|UNAUTHENTICATED"));
+
+  auto [del_code, del] = Ctl(cluster, {"delete-group", "world"});
+  EXPECT_EQ(del_code, 0) << del;
+  EXPECT_THAT(del, HasSubstr("deleted group world of job default: generation 1, FORMED, 2 rank(s)"));
+  for (auto& rank : ranks) {
+    auto code = rank->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_NE(*code, 0) << rank->Output();
+    EXPECT_THAT(rank->Output(), HasSubstr("an operator deleted the group (collservectl delete-group)"));
+  }
+  auto [again_code, again] = Ctl(cluster, {"delete-group", "world"});
+  EXPECT_EQ(again_code, 1) << again;
+  EXPECT_THAT(again, HasSubstr("NOT_FOUND: DeleteGroup at"));
+
+  auto [keys_code, keys] = Ctl(cluster, {"delete-keys", "ckpt/"});
+  EXPECT_EQ(keys_code, 0) << keys;
+  EXPECT_THAT(keys, HasSubstr("deleted 1200 key(s) of job default starting with \"ckpt/\""));
+  EXPECT_EQ(Ctl(cluster, {"keys"}).second, "lr\n");
+
+  // A group that never formed (one of two ranks), then the whole job.
+  auto lone = cluster.StartRank(0, 2, 0, {"--mode=idle", "--iters=30", "--group=half"},
+                                {{"COLLSERVE_INIT_TIMEOUT_S", "60"}});
+  ASSERT_TRUE(lone.ok()) << lone.status();
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(Ctl(cluster, {"groups"}).second, "FORMING"); },
+                      absl::Seconds(30), absl::Milliseconds(100)));
+  auto [job_code, job] = Ctl(cluster, {"delete-job"});
+  EXPECT_EQ(job_code, 0) << job;
+  EXPECT_THAT(job, HasSubstr("deleted job default: 1 group(s), 1 key(s)"));
+  auto lone_code = (*lone)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(lone_code.ok());
+  EXPECT_THAT((*lone)->Output(), HasSubstr("was deleted by an operator"));
+  auto [jobs_code, jobs] = Ctl(cluster, {"jobs"}, cluster.admin_token());
+  EXPECT_EQ(jobs_code, 0) << jobs;
+  EXPECT_THAT(jobs, Not(HasSubstr("\ndefault ")));
+}
+
+// Issue 40: a one-host group is leased like one across hosts, so a sidecar killed with
+// SIGKILL leaves no FORMED group behind: it is gone from `collservectl groups` within the
+// lease (the coordinator's --lease_grace, 3 s, after the sidecar's last watch ended; the
+// watch is renewed every --lease_renewal, 2 s). A sidecar restarted with the same host id is
+// a new host: its ranks form the group again at once, and the earlier process is named lost.
+TEST(CollservectlTest, AKilledSidecarsOneHostGroupIsGoneWithinTheLeaseAndARestartIsANewHost) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  auto start_ranks = [&](const std::string& group) {
+    for (int r = 0; r < 2; ++r) {
+      auto p = cluster.StartRank(r, 2, 0, {"--mode=idle", "--iters=60", "--group=" + group});
+      ASSERT_TRUE(p.ok()) << p.status();
+      ranks.push_back(std::move(*p));
+    }
+  };
+  start_ranks("world");
+  auto formed = [&](const std::string& group) {
+    return WaitFor(
+        [&] {
+          auto out = Ctl(cluster, {"describe", group}).second;
+          return absl::StrContains(out, "FORMED") && absl::StrContains(out, "generation");
+        },
+        absl::Seconds(30), absl::Milliseconds(100));
+  };
+  ASSERT_TRUE(formed("world")) << cluster.Logs();
+  cluster.sidecar(0).Kill(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ASSERT_TRUE(cluster.sidecar(0).Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(WaitFor([&] { return !absl::StrContains(Ctl(cluster, {"groups"}).second, "world"); },
+                      absl::Seconds(30), absl::Milliseconds(100)))
+      << cluster.Logs();
+  const absl::Duration gone = absl::Now() - killed;
+  EXPECT_LT(gone, absl::Seconds(5) + absl::Seconds(2)) << "documented: --lease_grace 3 s + --lease_renewal 2 s";
+  std::printf("one-host group gone %s after its sidecar's SIGKILL\n", absl::FormatDuration(gone).c_str());
+  ranks.clear();
+
+  // A restart within the lease: the earlier process's group is taken as lost at the new
+  // one's first join, and the group forms again (generation 2) without waiting it out.
+  cluster.RestartSidecar(0).IgnoreError();
+  start_ranks("again");
+  ASSERT_TRUE(formed("again"));
+  ranks.clear();
+  cluster.sidecar(0).Kill(SIGKILL);
+  ASSERT_TRUE(cluster.sidecar(0).Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(cluster.RestartSidecar(0).ok());
+  const absl::Time restarted = absl::Now();
+  start_ranks("again");
+  ASSERT_TRUE(WaitFor([&] { return absl::StrContains(Ctl(cluster, {"describe", "again"}).second, "generation 2"); },
+                      absl::Seconds(30), absl::Milliseconds(100)))
+      << Ctl(cluster, {"describe", "again"}).second << cluster.Logs();
+  EXPECT_TRUE(formed("again"));
+  EXPECT_LT(absl::Now() - restarted, absl::Seconds(20));
+}
+
+// Issue 40: draining a sidecar (before an upgrade) refuses new sessions with an error that
+// names the drain and turns it not ready, while the job attached runs to its end; drain
+// waits for it, or names what still runs at --drain_timeout. Only the admin socket (mode
+// 0600) serves it.
+TEST(CollservectlTest, DrainLetsTheRunningJobFinishAndRefusesNewSessionsNamingTheDrain) {
+  auto started = Cluster::Start(1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  const std::string socket = cluster.sidecar_address(0).substr(5);  // (after "unix:")
+  const std::string admin = absl::StrCat("--sidecar=unix:", socket, ".admin");
+  struct stat st {};
+  ASSERT_EQ(stat((socket + ".admin").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    auto p = cluster.StartRank(r, 2, 0, {"--mode=loop", "--count=16", "--iters=300", "--delay_ms=30"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  ASSERT_TRUE(ranks[0]->WaitForOutput("iter 0 ok", absl::Seconds(30))) << ranks[0]->Output() << cluster.Logs();
+
+  auto [short_code, short_out] = Ctl(cluster, {admin, "--drain_timeout=1s", "drain"});
+  EXPECT_EQ(short_code, 1) << short_out;
+  EXPECT_THAT(short_out, HasSubstr("is draining but 2 session(s) are still attached after 1s: job default group "
+                                   "world (generation 1, ranks [0, 1], ready)"));
+  // A new session is refused, naming the drain; the sidecar is not ready.
+  auto refused = cluster.StartRank(0, 1, 0, {"--mode=single", "--group=late"});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  auto refused_code = (*refused)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(refused_code.ok());
+  EXPECT_NE(*refused_code, 0) << (*refused)->Output();
+  EXPECT_THAT((*refused)->Output(), HasSubstr("sidecar host0 is draining (collservectl drain, since "));
+  auto [health_code, health] = Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "health"});
+  EXPECT_EQ(health_code, 1) << health;
+  EXPECT_THAT(health, HasSubstr("NOT_SERVING"));
+
+  // The job attached runs to its end, and drain returns then.
+  auto [drain_code, drained] = Ctl(cluster, {admin, "--drain_timeout=60s", "--progress_interval=1s", "drain"});
+  EXPECT_EQ(drain_code, 0) << drained;
+  EXPECT_THAT(drained, HasSubstr("sidecar host0 drained: no sessions attached"));
+  for (auto& rank : ranks) {
+    auto code = rank->Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok());
+    EXPECT_EQ(*code, 0) << rank->Output();
+    EXPECT_THAT(rank->Output(), HasSubstr("iter 299 ok"));
+  }
+
+  auto [undrain_code, undrained] = Ctl(cluster, {admin, "undrain"});
+  EXPECT_EQ(undrain_code, 0) << undrained;
+  EXPECT_THAT(undrained, HasSubstr("sidecar host0 undrained"));
+  auto later = cluster.StartRank(0, 1, 0, {"--mode=single", "--group=later"});
+  ASSERT_TRUE(later.ok()) << later.status();
+  auto later_code = (*later)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(later_code.ok());
+  EXPECT_EQ(*later_code, 0) << (*later)->Output();
+  EXPECT_TRUE(WaitFor([&] { return Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "health"}).first == 0; },
+                      absl::Seconds(10), absl::Milliseconds(200)));
+
+  // Not over the clients' socket nor TCP: only the admin socket serves SidecarAdmin.
+  auto [tcp_code, tcp] = Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_tcp_address(0)), "drain"});
+  EXPECT_EQ(tcp_code, 1) << tcp;
+  EXPECT_THAT(tcp, HasSubstr("need one --sidecar=unix:PATH"));
+  auto [client_code, client] = Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "drain"});
+  EXPECT_EQ(client_code, 1) << client;
+  EXPECT_THAT(client, HasSubstr("UNIMPLEMENTED"));
 }
 
 }  // namespace

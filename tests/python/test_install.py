@@ -37,6 +37,14 @@ def test_pip_install_from_source_tree(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert sorted(run.stdout.splitlines()) == ["[rank0]: Rank  0  has data  tensor(2.)",
                                                "[rank1]: Rank  1  has data  tensor(2.)"], run.stdout
+    # collservectl is a console script on the venv's PATH (issue 40), running the bundled binary.
+    ctl = subprocess.run([str(venv / "bin" / "collservectl"), "help", "health"], capture_output=True, text=True,
+                         timeout=60, env=env, cwd=tmp_path)
+    assert ctl.returncode == 0, ctl.stdout + ctl.stderr
+    assert "Usage: collservectl [FLAGS] health" in ctl.stdout, ctl.stdout
+    usage = subprocess.run([str(venv / "bin" / "collservectl")], capture_output=True, text=True, timeout=60, env=env,
+                           cwd=tmp_path)
+    assert usage.returncode == 2, usage.stdout + usage.stderr
     # The c10d backend, where it was built, is installed too and runs from the venv.
     if any(f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))):
         run = subprocess.run([str(venv / "bin" / "collserve"), "launch", "--nproc_per_node", "2",

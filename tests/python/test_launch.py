@@ -184,8 +184,8 @@ def test_torchrun_names_pet_variables_and_redirects(tmp_path):
 
 def test_a_slow_rendezvous_reports_who_is_missing():
     out, err = launch("--nproc_per_node", "2", WORKER, "late")
-    assert ('collserve launch: waiting for group "world" (5s): generation 1: 1 of 2 ranks joined; missing ranks [1]'
-            in err), err
+    assert ("collserve launch: waiting for the job's groups (5s): group \"world\" generation 1: 1 of 2 ranks joined; "
+            "missing ranks [1]" in err), err
     for r in (0, 1):
         assert lines_of(out, r) == ["world 2 sum 1"], out
 

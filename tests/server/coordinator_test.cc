@@ -342,7 +342,8 @@ TEST(GroupRegistryLimitsTest, TimeoutNamesTheFirstMissingRanksAndCountsTheRest) 
 }
 
 // Forms (job "job", `group`) with rank r served by hosts[r]; every join must succeed.
-void FormGroup(server::GroupRegistry& registry, const std::string& group, const std::vector<std::string>& hosts) {
+void FormGroup(server::GroupRegistry& registry, const std::string& group, const std::vector<std::string>& hosts,
+               uint64_t incarnation = 0) {
   std::vector<std::thread> joins;
   for (size_t r = 0; r < hosts.size(); ++r) {
     joins.emplace_back([&, r] {
@@ -350,6 +351,7 @@ void FormGroup(server::GroupRegistry& registry, const std::string& group, const 
       server::MemberInfo m;
       m.rank = static_cast<int>(r);
       m.host_id = hosts[r];
+      m.incarnation = incarnation;
       registry.JoinAsync("job", group, static_cast<int>(hosts.size()), m, absl::Now() + absl::Seconds(10),
                          [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
                            EXPECT_TRUE(v.ok()) << v.status();
@@ -574,7 +576,10 @@ TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseE
   server::GroupRegistry registry(limits);
   const absl::Time formed = absl::Now();
   FormGroup(registry, "g", {"a", "b"});
-  FormGroup(registry, "one-host", {"a", "a"});  // never watched, never lost
+  FormGroup(registry, "one-host", {"a", "a"});          // never watched: lost as well
+  FormGroup(registry, "one-host-watched", {"c", "c"});  // watched: runs on
+  PendingWatch c;
+  c.Start(registry, "one-host-watched", 1, "c", 0, absl::Seconds(30));
   PendingWatch w;
   w.Start(registry, "g", 1, "a", 0, absl::Seconds(30));
   ASSERT_TRUE(w.Wait());
@@ -584,10 +589,62 @@ TEST(GroupRegistryWatchTest, AMemberHostThatNeverWatchesIsLostOnceItsFirstLeaseE
   ASSERT_EQ(w.events->departures.size(), 1u);
   EXPECT_EQ(w.events->departures[0].host_id, "b");
   EXPECT_TRUE(w.events->departures[0].host_lost);
-  // A pause that waits out the leases (300 + 200 ms) a one-host group never gets: it is
-  // still FORMED after them.
-  absl::SleepFor(absl::Milliseconds(600));
+  // A one-host group is leased like one across hosts (issue 40: a dead sidecar's groups
+  // end): its only host lost, it is gone, and it no longer counts against max_groups.
+  ASSERT_TRUE(WaitFor([&] { return absl::IsNotFound(registry.Describe("job", "one-host").status()); },
+                      absl::Seconds(10)));
+  EXPECT_GE(absl::Now() - formed, absl::Milliseconds(450));
+  EXPECT_EQ(registry.Describe("job", "one-host-watched")->state, "FORMED");
+  EXPECT_FALSE(c.done.HasBeenNotified());
+  registry.CancelWatch(c.id);
+}
+
+// A sidecar restarted with the same host id (a new incarnation) is a new host: its first
+// join takes the earlier process's ranks as lost in every group at once, so that its ranks
+// form again without waiting out a lease, and the other hosts learn why.
+TEST(GroupRegistryWatchTest, AJoinFromARestartedSidecarTakesItsEarlierProcessAsLost) {
+  server::GroupRegistry registry;  // leases of 10 + 3 s: none ends during the test
+  FormGroup(registry, "one-host", {"a", "a"}, /*incarnation=*/11);
+  FormGroup(registry, "across", {"a", "b"}, /*incarnation=*/11);
+  PendingWatch b;
+  b.Start(registry, "across", 1, "b", 0, absl::Seconds(30));
+  // The same incarnation again changes nothing.
+  FormGroup(registry, "other", {"a"}, /*incarnation=*/11);
   EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
+  EXPECT_FALSE(b.done.HasBeenNotified());
+
+  // The restarted sidecar's ranks form "one-host" again: generation 2.
+  std::vector<std::shared_ptr<const server::GroupView>> views(2);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < 2; ++r) {
+    joins.emplace_back([&, r] {
+      absl::Notification done;
+      server::MemberInfo m;
+      m.rank = r;
+      m.host_id = "a";
+      m.incarnation = 12;
+      registry.JoinAsync("job", "one-host", 2, m, absl::Now() + absl::Seconds(10),
+                         [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
+                           EXPECT_TRUE(v.ok()) << v.status();
+                           if (v.ok()) views[r] = *v;
+                           done.Notify();
+                         });
+      done.WaitForNotification();
+    });
+  }
+  for (auto& t : joins) t.join();
+  ASSERT_NE(views[0], nullptr);
+  EXPECT_EQ(views[0]->generation, 2);
+  ASSERT_TRUE(b.Wait());
+  ASSERT_TRUE(b.events.ok()) << b.events.status();
+  EXPECT_EQ(b.events->state, "BROKEN");
+  ASSERT_EQ(b.events->departures.size(), 1u);
+  EXPECT_EQ(b.events->departures[0].rank, 0);
+  EXPECT_TRUE(b.events->departures[0].host_lost);
+  EXPECT_THAT(b.events->departures[0].reason, ::testing::HasSubstr("its sidecar restarted"));
+  EXPECT_TRUE(absl::IsNotFound(registry.Describe("job", "other").status()));
+  EXPECT_EQ(registry.Describe("job", "one-host")->state, "FORMED");
+  EXPECT_EQ(registry.Describe("job", "one-host")->generation, 2);
 }
 
 // What a registry tells its journal (RegistryJournal), as lines.
@@ -632,7 +689,7 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
     EXPECT_EQ(journal.lines().size(), 1u) << "ended before every rank left";
     ASSERT_TRUE(registry.Leave("job", "left", 2).ok());
     FormGroup(registry, "lost", {"a", "b"});  // never watched: both hosts are lost
-    FormGroup(registry, "solo", {"a", "a"});  // one host: never leased, never lost
+    FormGroup(registry, "solo", {"a", "a"});  // one host, never watched: lost as well
     // The first join of generation 2 (of one rank) ends generation 1: superseded.
     FormGroup(registry, "next", {"a", "a"});
     server::MemberInfo m;
@@ -640,16 +697,21 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
     m.host_id = "a";
     registry.JoinAsync("job", "next", 1, m, absl::Now() + absl::Seconds(5),
                        [](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) { EXPECT_TRUE(v.ok()); }, 2);
-    // Until "lost"'s hosts' leases end (300 + 200 ms after formation): its end is the 8th line.
-    EXPECT_TRUE(WaitFor([&] { return journal.lines().size() >= 8; }, absl::Seconds(10)));
-    EXPECT_THAT(journal.lines(),
+    // Until the leases of "lost", "solo" and "next" end (300 + 200 ms after formation):
+    // their ends are the last 3 lines, in the order of the timer's passes.
+    EXPECT_TRUE(WaitFor([&] { return journal.lines().size() >= 10; }, absl::Seconds(10)));
+    const std::vector<std::string> lines = journal.lines();
+    ASSERT_EQ(lines.size(), 10u);
+    EXPECT_THAT(std::vector<std::string>(lines.begin(), lines.begin() + 7),
                 ::testing::ElementsAre("formed job/left 1 ranks 3 hosts a,b rank_host 0,1,0", "ended job/left 1",
                                        "formed job/lost 1 ranks 2 hosts a,b rank_host 0,1",
                                        "formed job/solo 1 ranks 2 hosts a rank_host 0,0",
                                        "formed job/next 1 ranks 2 hosts a rank_host 0,0", "ended job/next 1",
-                                       "formed job/next 2 ranks 1 hosts a rank_host 0", "ended job/lost 1"));
+                                       "formed job/next 2 ranks 1 hosts a rank_host 0"));
+    EXPECT_THAT(std::vector<std::string>(lines.begin() + 7, lines.end()),
+                ::testing::UnorderedElementsAre("ended job/lost 1", "ended job/solo 1", "ended job/next 2"));
   }  // the registry's end is not the groups' end: nothing more is journaled
-  EXPECT_EQ(journal.lines().size(), 8u);
+  EXPECT_EQ(journal.lines().size(), 10u);
 
   RecordingJournal restored_journal;
   server::GroupRegistry registry(limits);
@@ -675,6 +737,8 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
   solo.group = "solo";
   solo.members = {member(0, "a"), member(1, "a")};
   ASSERT_EQ(registry.Restore("job", solo), absl::OkStatus());
+  PendingWatch solo_watch;  // its host keeps its lease
+  solo_watch.Start(registry, "solo", 5, "a", 0, absl::Seconds(30));
   server::GroupView bad = view;
   bad.group = "bad";
   bad.members = {member(0, "a"), member(0, "b")};
@@ -702,6 +766,7 @@ TEST(GroupRegistryJournalTest, FormedAndEndedGenerationsAreJournaledAndRestoredO
   absl::SleepFor(absl::Milliseconds(600));
   EXPECT_THAT(restored_journal.lines(), ::testing::ElementsAre("ended job/g 5"));
   EXPECT_EQ(registry.Describe("job", "solo")->state, "FORMED");
+  registry.CancelWatch(solo_watch.id);
   // The next formation of the name counts on from the restored generation.
   EXPECT_EQ(JoinNow(registry, "g", 1, 0, absl::Seconds(5)), absl::OkStatus());
   EXPECT_EQ(registry.Describe("job", "g")->generation, 6);

@@ -188,6 +188,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
     auto sc = Process::Start(argv, {}, absl::StrCat(c->dir_, "/sidecar", i, ".log"));
     if (!sc.ok()) return sc.status();
     c->sidecars_.push_back(std::move(*sc));
+    c->sidecar_argv_.push_back(std::move(argv));
   }
   for (int i = 0; i < num_sidecars; ++i) {
     // The port file is written once the sidecar serves.
@@ -224,6 +225,19 @@ absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_f
   coordinator_ = std::move(*coord);
   auto port = ReadPortFile(pf, *coordinator_, absl::Seconds(20));
   return port.status();
+}
+
+absl::Status Cluster::RestartSidecar(int i) {
+  sidecars_[i].reset();  // SIGTERM (a no-op for one that died), reaped
+  const std::string pf = absl::StrCat(dir_, "/sidecar", i, ".port");
+  std::remove(pf.c_str());
+  auto sc = Process::Start(sidecar_argv_[i], {}, absl::StrCat(dir_, "/sidecar", i, "-", next_log_++, ".log"));
+  if (!sc.ok()) return sc.status();
+  sidecars_[i] = std::move(*sc);
+  auto port = ReadPortFile(pf, *sidecars_[i], absl::Seconds(20));
+  if (!port.ok()) return port.status();
+  sidecar_ports_[i] = *port;
+  return absl::OkStatus();
 }
 
 std::string Cluster::sidecar_address(int i) const { return absl::StrCat("unix:", dir_, "/sidecar", i, ".sock"); }

@@ -75,6 +75,9 @@ class Cluster {
   std::string sidecar_tcp_address(int i) const;
   // Restarts the coordinator with the same port and `extra_flags` (e.g. --data_dir).
   absl::Status RestartCoordinator(const std::vector<std::string>& extra_flags);
+  // Starts sidecar `i` again with its command line (same --host_id, socket and flags; a new
+  // TCP port) after stopping it (SIGTERM) if it still runs, and waits until it serves.
+  absl::Status RestartSidecar(int i);
   Process& sidecar(int i) { return *sidecars_[i]; }
   Process& coordinator() { return *coordinator_; }
   // Starts a rank process (the test rank binary with `args`) against sidecar `sidecar`.
@@ -93,6 +96,7 @@ class Cluster {
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> sidecars_;
   std::vector<int> sidecar_ports_;
+  std::vector<std::vector<std::string>> sidecar_argv_;
   int next_log_ = 0;
   std::string rank_binary_;
 };
