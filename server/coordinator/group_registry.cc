@@ -514,7 +514,6 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
   for (auto it = groups_.begin(); it != groups_.end();) {
     Group& g = it->second;
     AnswerWatchesLocked(g, /*all=*/false, now, out);
-    bool lost_one = false;
     for (auto lease = g.leases.begin(); lease != g.leases.end();) {
       const std::string& host = lease->first;
       bool waiting = false;
@@ -528,12 +527,10 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
       // ranks all left and it stopped watching: then nothing of it is left to lose).
       const std::string lost = host;
       ++lease;  // LoseHostLocked erases the lease
-      lost_one |= LoseHostLocked(g, lost,
-                                 absl::StrCat("lost with host ", lost,
-                                              ": its sidecar stopped renewing its lease on the group (",
-                                              absl::FormatDuration(limits_.lease_grace),
-                                              " grace); it crashed or was cut off"),
-                                 now, out);
+      LoseHostLocked(g, lost,
+                     absl::StrCat("lost with host ", lost, ": its sidecar stopped renewing its lease on the group (",
+                                  absl::FormatDuration(limits_.lease_grace), " grace); it crashed or was cut off"),
+                     now, out);
     }
     for (const Watch& w : g.watches) *next = std::min(*next, w.deadline);
     if (g.state != "FORMING" && g.members.empty()) {

@@ -21,7 +21,8 @@ ABSL_FLAG(std::string, unix_socket_mode, "",
           "0666 (any local user); empty leaves what the umask gives (usually owner-only writes).");
 ABSL_FLAG(std::string, admin_socket, "auto",
           "Unix socket (mode 0600: this process's user only) serving collserve.v1.SidecarAdmin, i.e. "
-          "`collservectl --sidecar=unix:PATH drain`; auto = <unix_socket>.admin; empty = none.");
+          "`collservectl --sidecar=unix:PATH drain`; auto = <unix_socket>.admin (none, with a warning, when that is "
+          "too long for a unix socket path); empty = none.");
 ABSL_FLAG(std::string, listen_address, "",
           "host:port for clients on other hosts (tensors then travel inline in messages); "
           "empty to disable; port 0 picks a free port.");

@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -430,6 +431,11 @@ class SidecarImpl : public Sidecar {
     }
     if (options_.admin_socket == "auto") {
       options_.admin_socket = options_.unix_socket.empty() ? "" : absl::StrCat(options_.unix_socket, ".admin");
+      if (options_.admin_socket.size() >= sizeof(sockaddr_un::sun_path)) {
+        LOG(WARNING) << "no admin socket (drain): " << options_.admin_socket << " is longer than a unix socket path "
+                     << "may be (" << sizeof(sockaddr_un::sun_path) - 1 << " bytes); set --admin_socket";
+        options_.admin_socket.clear();
+      }
     }
     if (!options_.admin_socket.empty()) {
       if (absl::Status s = ClaimUnixSocketPath(options_.admin_socket); !s.ok()) return s;

@@ -30,7 +30,8 @@ struct SidecarOptions {
   // needs write permission on the socket to connect.
   int unix_socket_mode = -1;
   // The admin socket (collserve.v1.SidecarAdmin: drain), mode 0600: only this process's
-  // user may connect. "auto" = <unix_socket>.admin (none without a unix socket); "" = none.
+  // user may connect. "auto" = <unix_socket>.admin (none without a unix socket, or when that
+  // path is too long for a unix socket: a warning); "" = none.
   std::string admin_socket = "auto";
   // host:port for clients on other hosts (tensor bytes then travel inline); "" = none;
   // port 0 picks a free port.
