@@ -210,7 +210,10 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
     if (!pf.count("targets")) continue;
     for (const Value& target : pf.at("targets").list_value().values()) {
       const std::string expr = absl::StrReplaceAll(target.struct_value().fields().at("expr").string_value(),
-                                                   {{"$__rate_interval", "30s"}});
+                                                   {{"$__rate_interval", "30s"},
+                                                    {"$namespace", ".*"},  // the variables' "All"
+                                                    {"$job", ".*"},
+                                                    {"$instance", ".*"}});
       const bool quiet = absl::StrContains(expr, "code!=\"OK\"") || absl::StrContains(expr, "code)");
       // A rate needs two scrapes in its window: retry (bounded) until there are samples.
       std::pair<std::string, std::vector<Sample>> result;

@@ -5,7 +5,8 @@ Every panel's PromQL must parse (each expression goes into a throwaway rule file
 Grafana's $__rate_interval / $__interval / $__range replaced by 5m, and `promtool check
 rules` parses it), every panel uses the ${datasource} variable, panel ids are unique, and
 every collserve metric an expression names is one the daemons export (the list below,
-kept in step with docs/operations.md).
+kept in step with docs/operations.md) and filters by the namespace, job and instance
+variables (replaced by their "All" value, .*, to parse). The variables exist.
 
 Usage: check_dashboard.py DASHBOARD_JSON WORK_DIR
 """
@@ -46,6 +47,10 @@ def main():
     with open(dashboard_path) as f:
         dashboard = json.load(f)
     errors = []
+    variables = {v["name"] for v in dashboard.get("templating", {}).get("list", [])}
+    for var in ("datasource", "namespace", "job", "instance"):
+        if var not in variables:
+            errors.append(f"the dashboard has no ${var} variable")
     ids = [p["id"] for p in dashboard["panels"]]
     if len(ids) != len(set(ids)):
         errors.append("panel ids repeat")
@@ -57,7 +62,14 @@ def main():
             family = re.sub(r"_(bucket|sum|count)$", "", name)
             if family not in EXPORTED and name not in EXPORTED:
                 errors.append(f"panel {panel['title']!r} names {name}, which no daemon exports")
+        # Every selector of a collserve metric filters by the dashboard's variables (issue 40:
+        # one dashboard for several namespaces, Prometheus jobs and instances).
+        for selector in re.findall(r"collserve_[a-z_]+(?:\{[^}]*\})?", expr):
+            for var in ("namespace", "job", "instance"):
+                if f'{var}=~"${var}"' not in selector:
+                    errors.append(f"panel {panel['title']!r}: {selector} does not filter by ${var}")
         promql = re.sub(r"\$__(rate_interval|interval|range)", "5m", expr)
+        promql = re.sub(r"\$(namespace|job|instance)\b", ".*", promql)  # the variables' "All"
         rules.append({"record": f"dashboard:panel_{panel['id']}:expr_{len(rules)}", "expr": promql})
     if not rules:
         errors.append("the dashboard has no expressions")
