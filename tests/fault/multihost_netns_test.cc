@@ -156,7 +156,7 @@ class NetnsHosts : public ::testing::Test {
   // A Python rank (tests/python/elastic_worker.py) on `host` that exits after 20 iterations
   // in a re-formed group of `final_world` ranks.
   Process& PythonRank(int rank, int world, int host, const std::string& op_timeout, int final_world) {
-    return Run(host, {COLLSERVE_PYTHON_EXE, COLLSERVE_ELASTIC_WORKER, absl::StrCat(final_world)},
+    return Run(host, {COLLSERVE_PYTHON_EXE, SourceDir() + "/tests/python/elastic_worker.py", absl::StrCat(final_world)},
                {{"RANK", absl::StrCat(rank)},
                 {"WORLD_SIZE", absl::StrCat(world)},
                 {"COLLSERVE_COORDINATOR", absl::StrCat(Ip(3), ":29400")},
@@ -164,7 +164,7 @@ class NetnsHosts : public ::testing::Test {
                 {"COLLSERVE_INIT_TIMEOUT_S", "30"},
                 {"COLLSERVE_OP_TIMEOUT_S", op_timeout},
                 {"COLLSERVE_TOKEN", token_},
-                {"PYTHONPATH", COLLSERVE_PYTHON_DIR},
+                {"PYTHONPATH", BuildDir() + "/python"},
                 {"PYTHONUNBUFFERED", "1"}},
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
   }
@@ -173,8 +173,8 @@ class NetnsHosts : public ::testing::Test {
   // 20 all_reduces; then host 2 drops off the network (no RST, only silence). Empty if
   // skipped or failed.
   std::vector<Process*> StartPythonRanksAndCutHost2(int final_world) {
-    if (access(COLLSERVE_PYTHON_DIR "/collserve/__init__.py", F_OK) != 0) {
-      ADD_FAILURE() << "no Python module in " << COLLSERVE_PYTHON_DIR;
+    if (access((BuildDir() + "/python/collserve/__init__.py").c_str(), F_OK) != 0) {
+      ADD_FAILURE() << "no Python module in " << BuildDir() << "/python";
       return {};
     }
     StartService(/*sidecar_hosts=*/3);

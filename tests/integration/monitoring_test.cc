@@ -114,7 +114,7 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
                                  {absl::StrCat("--metrics_address=127.0.0.1:", s1_port)}});
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
-  const std::string source = COLLSERVE_SOURCE_DIR;
+  const std::string source = SourceDir();
   const std::string config = cluster.dir() + "/prometheus.yml";
   {
     std::ofstream f(config);

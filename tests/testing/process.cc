@@ -28,11 +28,53 @@
 
 namespace collserve::testing {
 
-std::string CoordinatorBinary() { return COLLSERVE_COORDINATOR_BIN; }
-std::string SidecarBinary() { return COLLSERVE_SIDECAR_BIN; }
-std::string RankBinary() { return COLLSERVE_RANK_BIN; }
-std::string SurfaceRankBinary() { return COLLSERVE_SURFACE_RANK_BIN; }
-std::string CollservectlBinary() { return COLLSERVE_CTL_BIN; }
+namespace {
+
+[[noreturn]] void NoTree(const std::string& why) {
+  std::fprintf(stderr, "collserve tests: %s\n", why.c_str());
+  std::abort();
+}
+
+std::string FindBuildDir() {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) NoTree("cannot read /proc/self/exe");
+  const std::string path(exe, static_cast<size_t>(n));
+  std::string dir = path;
+  for (size_t slash = dir.rfind('/'); slash != std::string::npos && slash > 0; slash = dir.rfind('/')) {
+    dir.resize(slash);
+    if (access((dir + "/CMakeCache.txt").c_str(), F_OK) == 0) return dir;
+  }
+  NoTree(absl::StrCat("no CMakeCache.txt in a directory above ", path));
+}
+
+std::string FindSourceDir() {
+  std::ifstream cache(BuildDir() + "/CMakeCache.txt");
+  std::string line;
+  constexpr absl::string_view kKey = "CMAKE_HOME_DIRECTORY:INTERNAL=";
+  while (std::getline(cache, line)) {
+    if (absl::StartsWith(line, kKey)) return line.substr(kKey.size());
+  }
+  NoTree(absl::StrCat("no CMAKE_HOME_DIRECTORY in ", BuildDir(), "/CMakeCache.txt"));
+}
+
+}  // namespace
+
+const std::string& BuildDir() {
+  static const std::string* const dir = new std::string(FindBuildDir());
+  return *dir;
+}
+
+const std::string& SourceDir() {
+  static const std::string* const dir = new std::string(FindSourceDir());
+  return *dir;
+}
+
+std::string CoordinatorBinary() { return absl::StrCat(BuildDir(), "/", COLLSERVE_COORDINATOR_BIN); }
+std::string SidecarBinary() { return absl::StrCat(BuildDir(), "/", COLLSERVE_SIDECAR_BIN); }
+std::string RankBinary() { return absl::StrCat(BuildDir(), "/", COLLSERVE_RANK_BIN); }
+std::string SurfaceRankBinary() { return absl::StrCat(BuildDir(), "/", COLLSERVE_SURFACE_RANK_BIN); }
+std::string CollservectlBinary() { return absl::StrCat(BuildDir(), "/", COLLSERVE_CTL_BIN); }
 
 absl::StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv,
                                                         const std::map<std::string, std::string>& env,

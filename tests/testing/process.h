@@ -119,7 +119,16 @@ double CpuSeconds(pid_t pid);
 // bind(0) and connect() in the meantime cannot take it. 0 if none was found.
 int UnusedPort();
 
-// Paths of the binaries under test (set by CMake).
+// The build tree the running test binary is in: the nearest directory above it (from
+// /proc/self/exe) that holds CMakeCache.txt; and the source tree it was configured from
+// (its CMakeCache.txt's CMAKE_HOME_DIRECTORY). Found at run time, not compiled in, so that
+// no absolute path reaches a compile command and every clone shares the compiler cache.
+// Both abort the test binary (with a message) when not found.
+const std::string& BuildDir();
+const std::string& SourceDir();
+
+// Paths of the binaries under test: BuildDir() plus where CMake put them (compiled in as
+// paths relative to the build tree).
 std::string CoordinatorBinary();
 std::string SidecarBinary();
 std::string RankBinary();
