@@ -523,7 +523,7 @@ class SidecarImpl : public Sidecar {
 
   // SidecarAdmin.Drain: starts (or stops) draining and reports what is attached.
   void Drain(bool undrain, pb::DrainResponse* resp) {
-    if (undrain != !draining_.load()) {
+    if (draining_.load() == undrain) {  // the state changes
       draining_since_.store(undrain ? 0 : absl::ToUnixMillis(absl::Now()));
       draining_.store(!undrain);
       LOG(WARNING) << "sidecar " << options_.host_id
