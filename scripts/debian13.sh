@@ -18,7 +18,8 @@
 # The build compiles through ccache (the Debian 13 root's own), its cache kept outside the
 # root in $COLLSERVE_DEBIAN13_CCACHE (default /var/cache/collserve/ccache-debian13) and bind-
 # mounted at /ccache; its hit counts are copied to build-debian13/ccache-stats.log here.
-# Environment: JOBS (build and test parallelism, default 2).
+# Environment: JOBS (build and test parallelism, default 2); COLLSERVE_TEST_FORKSERVER=0 starts
+# every rank of the suites as a fresh process (tests/python/forkserver.py).
 # Prints the time of each phase; exits non-zero when a suite fails.
 #
 # Debian 13's torch is built without libuv: torch's env:// rendezvous needs USE_LIBUV=0 there
@@ -137,6 +138,7 @@ mkdir -p "$ROOT/src/build/pytest-logs"
 export -f in_root
 export ROOT
 printf '%s\n' "${SUITES[@]}" | xargs -P "$JOBS" -I{} bash -c 'in_root "$@"' _ USE_LIBUV=0 PYTHONPATH=/src/build/python \
+  COLLSERVE_TEST_FORKSERVER="${COLLSERVE_TEST_FORKSERVER:-1}" \
   COLLSERVE_BUILD_DIR=/src/build sh -c 'cd /src && timeout 900 python3 -m pytest -q -p no:cacheprovider \
   tests/python/test_{}.py > build/pytest-logs/{}.log 2>&1; echo "$?" > build/pytest-logs/{}.rc' || true
 failed=0

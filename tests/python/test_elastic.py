@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import forkserver
 from daemons import wait_for
 from test_sdk import Cluster, outputs
 
@@ -82,7 +83,7 @@ def test_elastic_formation_with_min_world_size_and_a_late_rank():
 def test_three_survivors_reform_and_finish_training():
     cluster = Cluster()
     try:
-        procs = [subprocess.Popen([sys.executable, ELASTIC, "--epochs", "12", "--die_rank", "2", "--die_epoch", "3",
+        procs = [forkserver.popen([sys.executable, ELASTIC, "--epochs", "12", "--die_rank", "2", "--die_epoch", "3",
                                    "--min_accuracy", "0.9"], env=cluster.env(r, 4), text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(4)]
         results = outputs(procs, limit=240)

@@ -13,6 +13,7 @@ import pytest
 
 torch_dist = pytest.importorskip("torch.distributed")
 import collserve  # noqa: E402
+import forkserver  # noqa: E402
 from daemons import credentials  # noqa: E402
 from torch_compat import agent_store_env, store_kwargs  # noqa: E402
 
@@ -106,7 +107,7 @@ def test_torch_process_group_rendezvous_through_the_endpoint(coordinator, init):
                                    RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                                    MASTER_PORT=str(port)))
         method = f"tcp://127.0.0.1:{port}?rank={rank}&world_size={world}" if init == "tcp" else "env://"
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "tcpstore_worker.py"), method], env=env,
+        procs.append(forkserver.popen([sys.executable, os.path.join(HERE, "tcpstore_worker.py"), method], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for rank, p in enumerate(procs):
         try:

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 torch = pytest.importorskip("torch")
+import forkserver  # noqa: E402
 from daemons import BUILD, credentials, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -81,7 +82,7 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
         e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=tmp,
                  **(env(rank) if callable(env) else env or {}))
-        procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
+        procs.append(forkserver.popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
     outs = []
     try:
@@ -189,7 +190,7 @@ def test_embedded_services_end_with_the_rank_that_started_them():
     for rank in range(2):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
         e.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=tmp)
-        procs.append(subprocess.Popen([sys.executable, WORKER, "idle", "collserve", "env"], env=e,
+        procs.append(forkserver.popen([sys.executable, WORKER, "idle", "collserve", "env"], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         for rank, p in enumerate(procs):
@@ -409,7 +410,7 @@ def run_program(source, tmp_path, *args):
     # In a session of its own, so that a timeout also stops the ranks it spawned.
     env = {k: v for k, v in os.environ.items() if k != "COLLSERVE_SIDECAR"}
     env["TMPDIR"] = tmp
-    proc = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = forkserver.popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True, env=env)
     try:
         try:

@@ -190,7 +190,8 @@ def cluster():
 
 def _ranks(cluster, scenario, world=2):
     import subprocess
-    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "worker", scenario],
+    import forkserver
+    return [forkserver.popen([sys.executable, os.path.abspath(__file__), "worker", scenario],
                              env=cluster.env(r, world), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             for r in range(world)]
 
