@@ -4,6 +4,8 @@
 # The "example" stage is an image with the all_reduce example client, used by
 # deploy/k8s/examples/:
 #   podman build -f deploy/docker/sidecar.Dockerfile --target example -t collserve/example:0.1.0 .
+# The "trainer" stage is a torch image with the Python SDK, used by helm/examples/:
+#   podman build -f deploy/docker/sidecar.Dockerfile --target trainer -t collserve/trainer:0.1.0 .
 # Where no registry is reachable, build the base image offline first
 # (deploy/docker/build_base_image.sh) and add --build-arg DEBIAN_IMAGE=collserve/debian:12.
 
@@ -78,6 +80,34 @@ LABEL org.opencontainers.image.title="collserve-example" \
       org.opencontainers.image.description="collserve all_reduce example client (deploy/k8s/examples)"
 COPY --from=example-build /build/examples/allreduce_example /usr/local/bin/allreduce_example
 ENTRYPOINT ["/usr/local/bin/allreduce_example"]
+
+# ---- trainer: a torch training image with the collserve Python SDK and its c10d backend
+# ("collserve" in torch.distributed), and examples/digits_sgd.py; used by
+# helm/examples/pytorchjob.yaml (built only when this target is asked for):
+#   podman build -f deploy/docker/sidecar.Dockerfile --target trainer -t collserve/trainer:0.1.0 .
+# It holds no sidecar: it uses its node's (COLLSERVE_SIDECAR). Debian 12's torch (1.13, CPU).
+FROM build AS trainer-build
+ARG BUILD_JOBS=
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3-dev pybind11-dev python3-numpy python3-torch libtorch-dev \
+ && rm -rf /var/lib/apt/lists/*
+RUN cmake -S . -B /build \
+ && cmake --build /build --target _collserve _collserve_torch collserve_python_sources -j"${BUILD_JOBS:-$(nproc)}" \
+ && test -f /build/python/collserve/__init__.py \
+ && ls /build/python/collserve/_collserve_torch*.so
+
+FROM runtime AS trainer
+LABEL org.opencontainers.image.title="collserve-trainer" \
+      org.opencontainers.image.description="torch with the collserve Python SDK and c10d backend, and the digits example (helm/examples)"
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      python3 python3-numpy python3-torch python3-sklearn \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=trainer-build /build/python/collserve /usr/lib/python3/dist-packages/collserve
+COPY examples/digits_sgd.py /opt/collserve/examples/digits_sgd.py
+# Runs as root by default, like the node's sidecar whose socket it connects to. No
+# entrypoint: the PyTorchJob gives the command (python3 /opt/collserve/examples/...).
 
 # ---- sidecar (the default target: the last stage).
 FROM runtime

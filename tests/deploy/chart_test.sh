@@ -18,7 +18,10 @@
 #      or Secret key): helm template must fail, with the expected message;
 #   e. validate.mjs on deploy/k8s/ (and on testdata/invalid.yaml, which it must reject),
 #      and the facts of the plain manifests (the job tokens Secret; ranks' tokens from
-#      secretKeyRef).
+#      secretKeyRef);
+#   f. the example workloads of helm/examples (a Job, a Kubeflow PyTorchJob) validated
+#      with the chart's rendering as one set, and wired to it (socket directory, client
+#      label, tokens Secret, coordinator Service and port).
 # Usage: chart_test.sh SOURCE_DIR CACHE_DIR   (the whole run is bounded to 180 s)
 # Needs node (>= 20) and npm; the npm registry only while CACHE_DIR is cold.
 set -uo pipefail
@@ -408,9 +411,50 @@ for expected in "spec/replicas must be integer" "unknown apiVersion/kind apps/v1
     'podSelector {"app.kubernetes.io/component":"nothing"} matches no pod template' \
     'port "gloo" is not a container port name' "spec must have required property secretName" \
     '"--admin_token_file=/etc/collserve/admin-token/token" is not in any volumeMount' \
-    '"--admin_token=..." passes a token on the command line' "env COLLSERVE_TOKEN is not from a Secret"; do
+    '"--admin_token=..." passes a token on the command line' "env COLLSERVE_TOKEN is not from a Secret" \
+    "spec has unknown field workers" "Master/replicas must be 1" "Master/restartPolicy must be one of" \
+    'has no container named "pytorch"' 'spec/runPolicy/cleanPodPolicy has a bad value "Some"'; do
   grep -qF -- "$expected" "$work/validate-invalid.log" || fail "validate.mjs did not report: $expected"
 done
+
+# ---- f. the example workloads of helm/examples, wired to the chart's rendering
+# They must hold as one set with the chart rendered with ci/auth-values.yaml (a release
+# named collserve with coordinator.auth.jobTokensSecret), and use what that rendering
+# defines: the sidecars' socket directory (hostPath, mount, COLLSERVE_SIDECAR), the label
+# the coordinator's NetworkPolicy admits, the job tokens Secret, the coordinator's Service
+# and gRPC port, and no MASTER_ADDR of their own in a PyTorchJob (its operator sets it).
+step "helm/examples against the chart rendered with ci/auth-values.yaml"
+mapfile -t examples < <(find "$src/helm/examples" -name '*.yaml' | sort)
+[ ${#examples[@]} -ge 2 ] || fail "helm/examples holds ${#examples[@]} manifests (a Job and a PyTorchJob expected)"
+validate "$work/rendered-auth.yaml" "${examples[@]}" >"$work/validate-examples.log" 2>&1 || {
+  grep -v '^OK ' "$work/validate-examples.log" >&2
+  fail "helm/examples with the rendered chart are invalid"
+}
+node "$cache/facts.mjs" "${examples[@]}" >"$work/facts-examples.txt" || fail "facts.mjs failed on helm/examples"
+from_chart() { sed -n "s|^$1||p" "$work/facts-auth.txt" | head -n 1; }
+socket_dir=$(from_chart "$DS volume socket-dir hostPath=")
+tokens_secret=$(from_chart "$STS volume job-tokens secret=")
+grpc_port=$(from_chart "Service/collserve-coordinator port grpc ")
+client_label=$(sed -n "s|^$NPC ingress grpc/TCP from pods{\([^,}]*\)} in ns{}\$|\1|p" "$work/facts-auth.txt" | head -n 1)
+[ -n "$socket_dir" ] && [ -n "$tokens_secret" ] && [ -n "$grpc_port" ] && [ -n "$client_label" ] ||
+  fail "the rendering lacks the socket dir ($socket_dir), tokens Secret ($tokens_secret), gRPC port ($grpc_port) or client label ($client_label)"
+trainers=$(sed -n 's|^\(.*\) container \([^ ]*\) env COLLSERVE_SIDECAR=.*|\1 \2|p' "$work/facts-examples.txt")
+for kind in 'Job/[^/ ]+' 'PyTorchJob/[^/ ]+/Master' 'PyTorchJob/[^/ ]+/Worker'; do
+  grep -qE "^$kind " <<<"$trainers" || fail "helm/examples: no trainer $kind with COLLSERVE_SIDECAR"
+done
+while read -r id container; do
+  [ -n "$id" ] || continue
+  c="$id container $container"
+  job=$(sed -n "s|^$c env COLLSERVE_JOB=||p" "$work/facts-examples.txt")
+  [ -n "$job" ] || fail "examples: $c sets no COLLSERVE_JOB"
+  fact examples "$id volume socket-dir hostPath=$socket_dir" "$c mount socket-dir $socket_dir readOnly=false subPath=-" \
+    "$c env COLLSERVE_SIDECAR=unix:$socket_dir/sidecar.sock" "$id podLabel $client_label" \
+    "$c env COLLSERVE_TOKEN from secretKeyRef=$tokens_secret/$job"
+  case "$id" in
+    PyTorchJob/*) nofact examples "$c env MASTER_ADDR" "$c env MASTER_PORT" "$c env RANK" "$c env WORLD_SIZE" ;;
+    *) fact examples "$c env MASTER_ADDR=collserve-coordinator" "$c env MASTER_PORT=$grpc_port" ;;
+  esac
+done <<<"$trainers"
 
 if [ "$failures" -ne 0 ]; then
   echo "chart_test: $failures failure(s); rendered manifests and logs in $work" >&2

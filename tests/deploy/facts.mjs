@@ -4,7 +4,10 @@
 //   node facts.mjs FILE...
 //
 //   <Kind>/<name>                                       every object
-//   <Kind>/<name> hostNetwork=<bool> | hostIPC=<bool>   workloads (false when unset)
+//   <Kind>/<name> hostNetwork=<bool> | hostIPC=<bool>   workloads (false when unset); a
+//       PyTorchJob's facts are those of each replica type's template, as <Kind>/<name>/<type>
+//   <Kind>/<name> podLabel <k>=<v>                      each label of the pod template
+//   Service/<name> port <name> <port>                   each Service port
 //   <Kind>/<name> volume <name> <type>[=<what>]         secret=<secretName>, hostPath=<path>, ...
 //   <Kind>/<name> volume <name> items <key,...>         a secret/configMap volume with items
 //                                                       (only those keys, not the whole object)
@@ -13,6 +16,9 @@
 //   <Kind>/<name> container <c> env <NAME> from <src>   where it comes from: value (a literal,
 //       never printed), secretKeyRef=<secret>/<key>, configMapKeyRef=<map>/<key>,
 //       fieldRef=<path>, resourceFieldRef=<resource>
+//   <Kind>/<name> container <c> env <NAME>=<value>      the literal of the few that say where to
+//       connect and which job (COLLSERVE_SIDECAR, COLLSERVE_COORDINATOR, COLLSERVE_JOB,
+//       MASTER_ADDR, MASTER_PORT), never a credential
 //   <Kind>/<name> container <c> mount <volume> <path> readOnly=<bool> subPath=<subPath|->
 //   <Kind>/<name> container <c> probe <probe> <handler> grpc, tcpSocket, httpGet or exec
 //   NetworkPolicy/<name> policyTypes <types,...>
@@ -39,6 +45,13 @@ const peer = (p) => {
 };
 const templateOf = (obj) =>
   obj.kind === "Pod" ? obj : obj.kind === "CronJob" ? obj.spec?.jobTemplate?.spec?.template : obj.spec?.template;
+// [id suffix, template] of each pod template: a PyTorchJob's are "<id>/<replica type>".
+const templatesOf = (obj) =>
+  obj.kind === "PyTorchJob"
+    ? Object.entries(obj.spec?.pytorchReplicaSpecs ?? {}).map(([type, r]) => [`/${type}`, r?.template])
+    : [["", templateOf(obj)]];
+// Literal env values printed (where to connect, which job): never a credential's.
+const PRINTED_ENV = new Set(["COLLSERVE_SIDECAR", "COLLSERVE_COORDINATOR", "COLLSERVE_JOB", "MASTER_ADDR", "MASTER_PORT"]);
 
 for (const file of process.argv.slice(2)) {
   for (const doc of parseAllDocuments(readFileSync(file, "utf8"))) {
@@ -46,8 +59,15 @@ for (const file of process.argv.slice(2)) {
     if (!obj?.kind) continue;
     const id = `${obj.kind}/${obj.metadata?.name}`;
     out.push(id);
-    const spec = templateOf(obj)?.spec;
-    if (spec && obj.kind !== "NetworkPolicy" && spec.containers) {
+    if (obj.kind === "Service") {
+      for (const p of obj.spec?.ports ?? []) out.push(`${id} port ${p.name ?? "-"} ${p.port}`);
+    }
+    for (const [suffix, template] of obj.kind === "NetworkPolicy" ? [] : templatesOf(obj)) {
+      const spec = template?.spec;
+      if (!spec?.containers) continue;
+      const id = `${obj.kind}/${obj.metadata?.name}${suffix}`;
+      if (suffix) out.push(id);
+      for (const [k, v] of Object.entries(template.metadata?.labels ?? {})) out.push(`${id} podLabel ${k}=${v}`);
       out.push(`${id} hostNetwork=${spec.hostNetwork === true}`, `${id} hostIPC=${spec.hostIPC === true}`);
       for (const v of spec.volumes ?? []) {
         const type = Object.keys(v).find((k) => k !== "name");
@@ -71,6 +91,7 @@ for (const file of process.argv.slice(2)) {
                   ? `resourceFieldRef=${f.resourceFieldRef.resource}`
                   : "value";
           out.push(`${cid} env ${e.name}`, `${cid} env ${e.name} from ${from}`);
+          if (from === "value" && PRINTED_ENV.has(e.name)) out.push(`${cid} env ${e.name}=${e.value}`);
         }
         for (const m of c.volumeMounts ?? []) {
           out.push(`${cid} mount ${m.name} ${m.mountPath} readOnly=${m.readOnly === true} subPath=${m.subPath ?? "-"}`);

@@ -18,7 +18,7 @@
 import { readFileSync } from "node:fs";
 import { parseAllDocuments } from "yaml";
 
-const WORKLOAD_KINDS = new Set(["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"]);
+const WORKLOAD_KINDS = new Set(["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod", "PyTorchJob"]);
 // Workloads whose containers run until stopped: they need readiness and liveness probes.
 const LONG_RUNNING_KINDS = new Set(["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"]);
 // Labels every object carries (Kubernetes recommended labels).
@@ -53,6 +53,79 @@ async function loadModel(apiVersion, kind) {
   }
 }
 
+// kubeflow.org/v1 PyTorchJob (the Kubeflow training operator; no npm package has its
+// schema): the fields of its v1 API that a manifest sets, as the operator's CRD types them
+// (PyTorchJobSpec: pytorchReplicaSpecs, runPolicy, elasticPolicy, nprocPerNode), an unknown
+// field refused; each replica's template is checked as a core/v1 PodTemplate's template.
+const PYTORCHJOB_REPLICA_TYPES = new Set(["Master", "Worker"]);
+const PYTORCHJOB_RESTART_POLICIES = new Set(["Always", "OnFailure", "Never", "ExitCode"]);
+const PYTORCHJOB_RUN_POLICY = {
+  cleanPodPolicy: (v) => ["All", "Running", "None"].includes(v),
+  ttlSecondsAfterFinished: (v) => Number.isInteger(v) && v >= 0,
+  activeDeadlineSeconds: (v) => Number.isInteger(v) && v >= 0,
+  backoffLimit: (v) => Number.isInteger(v) && v >= 0,
+  suspend: (v) => typeof v === "boolean",
+  schedulingPolicy: (v) => typeof v === "object" && v !== null,
+  managedBy: (v) => typeof v === "string",
+};
+class PyTorchJobModel {
+  constructor(obj) {
+    this.obj = obj;
+  }
+  async check() {
+    const problems = [];
+    const spec = this.obj.spec;
+    if (typeof spec !== "object" || spec === null) return ["spec must be an object"];
+    for (const k of Object.keys(spec)) {
+      if (!["pytorchReplicaSpecs", "runPolicy", "elasticPolicy", "nprocPerNode"].includes(k)) problems.push(`spec has unknown field ${k}`);
+    }
+    const replicas = spec.pytorchReplicaSpecs;
+    if (typeof replicas !== "object" || replicas === null || Object.keys(replicas).length === 0) {
+      return [...problems, "spec must have required property pytorchReplicaSpecs"];
+    }
+    const PodTemplate = await loadModel("v1", "PodTemplate");
+    for (const [type, r] of Object.entries(replicas)) {
+      const at = `spec/pytorchReplicaSpecs/${type}`;
+      if (!PYTORCHJOB_REPLICA_TYPES.has(type)) problems.push(`${at}: replica type must be Master or Worker`);
+      for (const k of Object.keys(r ?? {})) {
+        if (!["replicas", "restartPolicy", "template"].includes(k)) problems.push(`${at} has unknown field ${k}`);
+      }
+      if (!Number.isInteger(r?.replicas) || r.replicas < 0) problems.push(`${at}/replicas must be an integer >= 0`);
+      if (type === "Master" && r?.replicas !== 1) problems.push(`${at}/replicas must be 1 (one rank 0)`);
+      if (r?.restartPolicy !== undefined && !PYTORCHJOB_RESTART_POLICIES.has(r.restartPolicy)) {
+        problems.push(`${at}/restartPolicy must be one of ${[...PYTORCHJOB_RESTART_POLICIES].join(", ")}`);
+      }
+      if (!r?.template) {
+        problems.push(`${at} must have required property template`);
+        continue;
+      }
+      try {
+        new PodTemplate({ apiVersion: "v1", kind: "PodTemplate", metadata: { name: "check" }, template: r.template }).validate();
+      } catch (e) {
+        problems.push(`${at}/template: ${e.message}`);
+      }
+      // The operator finds the container named "pytorch" (and, on the Master, its port
+      // "pytorchjob-port", which becomes MASTER_PORT).
+      const containers = r.template.spec?.containers ?? [];
+      const pytorch = containers.find((c) => c.name === "pytorch");
+      if (!pytorch) problems.push(`${at}/template has no container named "pytorch" (the operator's default container)`);
+      if (type === "Master" && pytorch && !(pytorch.ports ?? []).some((p) => p.name === "pytorchjob-port")) {
+        problems.push(`${at}: container pytorch has no port named "pytorchjob-port" (MASTER_PORT)`);
+      }
+    }
+    for (const [k, v] of Object.entries(spec.runPolicy ?? {})) {
+      if (!PYTORCHJOB_RUN_POLICY[k]) problems.push(`spec/runPolicy has unknown field ${k}`);
+      else if (!PYTORCHJOB_RUN_POLICY[k](v)) problems.push(`spec/runPolicy/${k} has a bad value ${JSON.stringify(v)}`);
+    }
+    return problems;
+  }
+}
+
+// Every pod template of a workload (a PyTorchJob has one per replica type).
+const podTemplatesOf = (obj) =>
+  obj.kind === "PyTorchJob"
+    ? Object.values(obj.spec?.pytorchReplicaSpecs ?? {}).map((r) => r?.template).filter(Boolean)
+    : [podTemplateOf(obj)].filter(Boolean);
 const podTemplateOf = (obj) => {
   switch (obj.kind) {
     case "Pod":
@@ -166,11 +239,16 @@ function checkObject(where, obj) {
   }
 
   if (!WORKLOAD_KINDS.has(obj.kind)) return;
-  const template = podTemplateOf(obj);
-  if (!template?.spec) {
+  const templates = podTemplatesOf(obj);
+  if (templates.length === 0 || templates.some((t) => !t?.spec)) {
     fail(where, "no pod template");
     return;
   }
+  for (const template of templates) checkTemplate(where, obj, template);
+}
+
+// Checks one pod template of a workload.
+function checkTemplate(where, obj, template) {
   const podLabels = template.metadata?.labels ?? {};
   const selector = obj.spec?.selector?.matchLabels;
   if (["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"].includes(obj.kind)) {
@@ -217,7 +295,7 @@ function checkSet(objects) {
   for (const { where, obj } of services) {
     const selector = obj.spec?.selector;
     if (!selector) continue;
-    const pods = workloads.map(({ obj: w }) => podTemplateOf(w)).filter((t) => t && isSubset(selector, t.metadata?.labels));
+    const pods = workloads.flatMap(({ obj: w }) => podTemplatesOf(w)).filter((t) => t && isSubset(selector, t.metadata?.labels));
     if (pods.length === 0) {
       fail(where, `selector ${JSON.stringify(selector)} matches no pod template in the set`);
       continue;
@@ -240,7 +318,7 @@ function checkSet(objects) {
   // nothing).
   for (const { where, obj } of objects.filter(({ obj }) => obj.kind === "NetworkPolicy")) {
     const selector = obj.spec?.podSelector?.matchLabels ?? {};
-    const pods = workloads.map(({ obj: w }) => podTemplateOf(w)).filter((t) => t && isSubset(selector, t.metadata?.labels));
+    const pods = workloads.flatMap(({ obj: w }) => podTemplatesOf(w)).filter((t) => t && isSubset(selector, t.metadata?.labels));
     if (pods.length === 0) {
       fail(where, `podSelector ${JSON.stringify(selector)} matches no pod template in the set`);
       continue;
@@ -289,16 +367,21 @@ for (const file of files) {
     }
     const where = `${file}: ${obj.kind} ${obj.metadata?.name ?? "<no name>"}`;
     if (!obj.metadata?.name) fail(where, "metadata.name is missing");
-    const Model = await loadModel(obj.apiVersion, obj.kind);
+    const pytorchJob = obj.apiVersion === "kubeflow.org/v1" && obj.kind === "PyTorchJob";
+    const Model = pytorchJob ? PyTorchJobModel : await loadModel(obj.apiVersion, obj.kind);
     if (!Model) {
       fail(where, `unknown apiVersion/kind ${obj.apiVersion} ${obj.kind}`);
       continue;
     }
     const before = failures;
-    try {
-      new Model(obj).validate();
-    } catch (e) {
-      fail(where, `schema: ${e.message}`);
+    if (pytorchJob) {
+      for (const problem of await new Model(obj).check()) fail(where, `schema: ${problem}`);
+    } else {
+      try {
+        new Model(obj).validate();
+      } catch (e) {
+        fail(where, `schema: ${e.message}`);
+      }
     }
     checkObject(where, obj);
     objects.push({ where, obj });
