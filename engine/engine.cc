@@ -153,7 +153,7 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
         groups_.erase(it);
         if (observer_ != nullptr) observer_->OnGroups(-1);
       }
-      continue;
+      continue;  // the same name again at once: its observer series stay
     }
     if (s.code() == absl::StatusCode::kFailedPrecondition && params.generation > 0 &&
         group->Generation() < params.generation) {
@@ -200,10 +200,14 @@ void Engine::Retire(const std::shared_ptr<Group>& group) {
 }
 
 void Engine::Remove(Group* group) {
+  // The group's name has no generation left here once neither the map nor the retired
+  // list holds one of that name (its series in the observer can go).
+  bool ended = false;
+  const std::string job = group->params().job, name = group->params().name;
   {
     std::lock_guard<std::mutex> jl(janitor_mu_);
     absl::MutexLock lock(&mu_);
-    auto it = groups_.find({group->params().job, group->params().name});
+    auto it = groups_.find({job, name});
     if (it != groups_.end() && it->second.get() == group) {
       graveyard_.push_back(std::move(it->second));
       groups_.erase(it);
@@ -214,7 +218,12 @@ void Engine::Remove(Group* group) {
       retired_.erase(r);
     }
     if (observer_ != nullptr) observer_->OnGroups(-1);
+    ended = groups_.count({job, name}) == 0 &&
+            std::none_of(retired_.begin(), retired_.end(), [&](const auto& g) {
+              return g->params().job == job && g->params().name == name;
+            });
   }
+  if (ended && observer_ != nullptr) observer_->OnGroupEnded(job, name);
   janitor_cv_.notify_all();
 }
 

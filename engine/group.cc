@@ -299,8 +299,12 @@ void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& 
       r.last_rank = hi->rank;
       r.arrival_skew = hi->arrived - lo->arrived;
       if (env_.observer != nullptr) {
-        if (topology_.rank_host[0] == topology_.host_index) env_.observer->OnArrivalSkew(r.arrival_skew);
-        if (r.arrival_skew >= env_.straggler_threshold && locals_.count(r.last_rank) > 0) env_.observer->OnStraggler();
+        if (topology_.rank_host[0] == topology_.host_index) {
+          env_.observer->OnArrivalSkew(params_.job, params_.name, r.arrival_skew);
+        }
+        if (r.arrival_skew >= env_.straggler_threshold && locals_.count(r.last_rank) > 0) {
+          env_.observer->OnStraggler(params_.job, params_.name);
+        }
       }
     }
   }

@@ -117,6 +117,10 @@ class EngineObserver {
                            const char* algorithm) {}
   // The number of groups on this host changed by `delta` (+1 created, -1 dropped).
   virtual void OnGroups(int delta) {}
+  // Group `group` of job `job` has no generation left on this host (its last ranks left or
+  // it was dropped): what the observer keeps per group (OnArrivalSkew's and OnStraggler's
+  // series) can go. A later group of the same name starts afresh. Any thread, no lock held.
+  virtual void OnGroupEnded(const std::string& job, const std::string& group) {}
   // A local rank registered a shared-memory segment of `bytes` (a staging segment or a
   // shared buffer, now mapped by this process). A training loop registers none once its
   // first steps have made the segments its steps reuse. Any thread, group lock held.
@@ -129,8 +133,8 @@ class EngineObserver {
   virtual void OnArgumentExchange() {}
   // A collective's arrival skew: its last rank's arrival minus its first's, over every rank
   // of the group. Reported by one host per group (the host of the group's rank 0), so that
-  // each collective counts once. Executor thread.
-  virtual void OnArrivalSkew(absl::Duration skew) {}
+  // each collective counts once. `job`, `group`: the group's job and name. Executor thread.
+  virtual void OnArrivalSkew(const std::string& job, const std::string& group, absl::Duration skew) {}
   // The backend between hosts (Gloo, NCCL) failed a collective of a group on this host;
   // `peer_host` is the other host it blames (the only other host of the group, or the one
   // whose address the backend's error names), or "unknown". Executor thread.
@@ -143,8 +147,9 @@ class EngineObserver {
   // give its algbw and busbw. Executor thread, group lock held.
   virtual void OnCollectiveBytes(CollectiveOp op, uint64_t bytes, double bus_bytes) {}
   // A collective's last rank is on this host and called it at least the straggler
-  // threshold (EngineOptions::straggler_threshold) after the first rank. Executor thread.
-  virtual void OnStraggler() {}
+  // threshold (EngineOptions::straggler_threshold) after the first rank, in group `group` of
+  // job `job`. Executor thread.
+  virtual void OnStraggler(const std::string& job, const std::string& group) {}
   // The flight recorder of group `group` of `job` (generation `generation`; `records` oldest
   // first) because of `reason` (a collective slower than the log threshold, or one that
   // failed the group). Rare: at most once per slow or failing collective. Called with the

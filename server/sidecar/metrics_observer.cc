@@ -49,7 +49,22 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                                   "sent (waiting for the other ranks included), seconds, by op and size (the upper "
                                   "bound of the rank's tensor bytes: 0, 1KiB, 64KiB, 1MiB, 16MiB, 256MiB, +Inf). A "
                                   "series appears once a collective of that op and size completed here.")
-                            .Register(registry)) {
+                            .Register(registry)),
+      skew_family_(prometheus::BuildHistogram()
+                       .Name("collserve_collective_arrival_skew_seconds")
+                       .Help("Arrival skew of collectives: the last rank's call minus the first rank's, over every "
+                             "rank of the group, seconds, by collserve_job and group. Observed once per "
+                             "collective, by the sidecar of the group's rank 0; a group's series goes when the "
+                             "group ends on this sidecar.")
+                       .Register(registry)),
+      stragglers_family_(prometheus::BuildCounter()
+                             .Name("collserve_straggler_collectives_total")
+                             .Help("Collectives whose last rank is on this sidecar and called at least "
+                                   "--straggler_threshold after the group's first rank, by collserve_job and "
+                                   "group (a persistent straggler on this host makes it grow with the group's "
+                                   "collectives; collservectl diagnose names the rank). A group's series goes when "
+                                   "the group ends on this sidecar.")
+                             .Register(registry)) {
   static_assert(sizeof(kSizeLabels) / sizeof(kSizeLabels[0]) == kSizeBuckets, "one label per size bucket");
   auto& tensor_bytes = prometheus::BuildCounter()
                            .Name("collserve_tensor_bytes_total")
@@ -92,21 +107,6 @@ PrometheusObserver::PrometheusObserver(prometheus::Registry& registry)
                  .Help("Groups with ranks on this sidecar (all jobs).")
                  .Register(registry)
                  .Add({});
-  static const auto* const kSkewBuckets = new prometheus::Histogram::BucketBoundaries{
-      0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 5, 30, 300};
-  skew_ = &prometheus::BuildHistogram()
-               .Name("collserve_collective_arrival_skew_seconds")
-               .Help("Arrival skew of collectives: the last rank's call minus the first rank's, over every rank "
-                     "of the group, seconds. Observed once per collective, by the sidecar of the group's rank 0.")
-               .Register(registry)
-               .Add({}, *kSkewBuckets);
-  stragglers_ = &prometheus::BuildCounter()
-                     .Name("collserve_straggler_collectives_total")
-                     .Help("Collectives whose last rank is on this sidecar and called at least "
-                           "--straggler_threshold after the group's first rank (a persistent straggler on this "
-                           "host makes it grow with the collectives; collservectl diagnose names the rank).")
-                     .Register(registry)
-                     .Add({});
   segments_ = &prometheus::BuildCounter()
                    .Name("collserve_segments_registered_total")
                    .Help("Shared-memory segments local ranks registered with this sidecar (staging segments for "
@@ -127,9 +127,34 @@ void PrometheusObserver::OnSegmentRegistered(uint64_t bytes) {
   segment_bytes_->Increment(static_cast<double>(bytes));
 }
 
-void PrometheusObserver::OnArrivalSkew(absl::Duration skew) { skew_->Observe(absl::ToDoubleSeconds(skew)); }
+PrometheusObserver::GroupSeries& PrometheusObserver::SeriesOf(const std::string& job, const std::string& group) {
+  auto it = series_.find({job, group});
+  if (it != series_.end()) return it->second;
+  static const auto* const kSkewBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1, 5, 30, 300};
+  const std::map<std::string, std::string> labels = {{"collserve_job", job}, {"group", group}};
+  GroupSeries s{&skew_family_.Add(labels, *kSkewBuckets), &stragglers_family_.Add(labels)};
+  return series_.emplace(std::make_pair(job, group), s).first->second;
+}
 
-void PrometheusObserver::OnStraggler() { stragglers_->Increment(); }
+void PrometheusObserver::OnArrivalSkew(const std::string& job, const std::string& group, absl::Duration skew) {
+  absl::MutexLock lock(&series_mu_);
+  SeriesOf(job, group).skew->Observe(absl::ToDoubleSeconds(skew));
+}
+
+void PrometheusObserver::OnStraggler(const std::string& job, const std::string& group) {
+  absl::MutexLock lock(&series_mu_);
+  SeriesOf(job, group).stragglers->Increment();
+}
+
+void PrometheusObserver::OnGroupEnded(const std::string& job, const std::string& group) {
+  absl::MutexLock lock(&series_mu_);
+  auto it = series_.find({job, group});
+  if (it == series_.end()) return;
+  skew_family_.Remove(it->second.skew);
+  stragglers_family_.Remove(it->second.stragglers);
+  series_.erase(it);
+}
 
 void PrometheusObserver::OnBackendError(const std::string& peer_host) {
   backend_errors_.Add({{"peer_host", peer_host}}).Increment();

@@ -1,8 +1,10 @@
 // The engine's metrics (engine::EngineObserver) on the sidecar's prometheus registry:
 // collserve_collectives_total{op, code}, collserve_collective_duration_seconds{op, size},
 // collserve_tensor_bytes_total{path}, collserve_argument_exchanges_total,
-// collserve_groups, collserve_collective_arrival_skew_seconds,
-// collserve_straggler_collectives_total, collserve_segments_registered_total and
+// collserve_groups, collserve_collective_arrival_skew_seconds{collserve_job, group},
+// collserve_straggler_collectives_total{collserve_job, group} (series of a group made at its
+// first observation and removed when it ends here: at most one pair per group with ranks on
+// this sidecar), collserve_segments_registered_total and
 // collserve_segment_bytes_registered_total; flight recorder dumps go to the log (WARNING, one
 // line of JSON: collserve.v1.DumpGroupResponse's mapping). The op label takes only the known ops' names ("unknown" otherwise: a
 // client's op number never becomes a label).
@@ -16,6 +18,12 @@
 #include <prometheus/registry.h>
 
 #include <atomic>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "engine/interfaces.h"
 
@@ -32,8 +40,9 @@ class PrometheusObserver : public engine::EngineObserver {
   void OnArgumentExchange() override;
   void OnGroups(int delta) override;
   void OnSegmentRegistered(uint64_t bytes) override;
-  void OnArrivalSkew(absl::Duration skew) override;
-  void OnStraggler() override;
+  void OnGroupEnded(const std::string& job, const std::string& group) override;
+  void OnArrivalSkew(const std::string& job, const std::string& group, absl::Duration skew) override;
+  void OnStraggler(const std::string& job, const std::string& group) override;
   void OnBackendError(const std::string& peer_host) override;
   void OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) override;
   void OnFlightRecorderDump(const std::string& job, const std::string& group, int64_t generation,
@@ -57,8 +66,17 @@ class PrometheusObserver : public engine::EngineObserver {
   prometheus::Gauge* groups_;
   prometheus::Counter* exchanges_;
   prometheus::Counter* bytes_[3];  // by BytePath
-  prometheus::Histogram* skew_;
-  prometheus::Counter* stragglers_;
+  // A group's skew and straggler series, labelled {collserve_job, group} (Prometheus' own
+  // "job" label is the scrape job's), made together at the first observation of either.
+  struct GroupSeries {
+    prometheus::Histogram* skew;
+    prometheus::Counter* stragglers;
+  };
+  GroupSeries& SeriesOf(const std::string& job, const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(series_mu_);
+  prometheus::Family<prometheus::Histogram>& skew_family_;
+  prometheus::Family<prometheus::Counter>& stragglers_family_;
+  absl::Mutex series_mu_;
+  std::map<std::pair<std::string, std::string>, GroupSeries> series_ ABSL_GUARDED_BY(series_mu_);
   prometheus::Counter* segments_;
   prometheus::Counter* segment_bytes_;
 };

@@ -375,11 +375,11 @@ class CountingObserver : public engine::EngineObserver {
                          absl::Seconds(60));
   }
   int64_t exchanges() const { return exchanges_.load(); }
-  void OnArrivalSkew(absl::Duration skew) override {
+  void OnArrivalSkew(const std::string& job, const std::string& group, absl::Duration skew) override {
     absl::MutexLock lock(&mu_);
     skews_.push_back(skew);
   }
-  void OnStraggler() override { stragglers_.fetch_add(1); }
+  void OnStraggler(const std::string& job, const std::string& group) override { stragglers_.fetch_add(1); }
   void OnBackendError(const std::string& peer_host) override {
     absl::MutexLock lock(&mu_);
     backend_errors_.push_back(peer_host);

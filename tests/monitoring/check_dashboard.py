@@ -56,15 +56,17 @@ def main():
         errors.append("panel ids repeat")
     rules = []
     for panel, expr in exprs(dashboard):
+        # Label names (collserve_job) are not metrics: drop the label lists of by/without.
+        metrics_only = re.sub(r"\b(by|without)\s*\([^)]*\)", "", expr)
         if panel.get("datasource", {}).get("uid") != "${datasource}":
             errors.append(f"panel {panel['title']!r} does not use the ${{datasource}} variable")
-        for name in re.findall(r"collserve_[a-z_]+", expr):
+        for name in re.findall(r"collserve_[a-z_]+", metrics_only):
             family = re.sub(r"_(bucket|sum|count)$", "", name)
             if family not in EXPORTED and name not in EXPORTED:
                 errors.append(f"panel {panel['title']!r} names {name}, which no daemon exports")
         # Every selector of a collserve metric filters by the dashboard's variables (issue 40:
         # one dashboard for several namespaces, Prometheus jobs and instances).
-        for selector in re.findall(r"collserve_[a-z_]+(?:\{[^}]*\})?", expr):
+        for selector in re.findall(r"collserve_[a-z_]+(?:\{[^}]*\})?", metrics_only):
             for var in ("namespace", "job", "instance"):
                 if f'{var}=~"${var}"' not in selector:
                     errors.append(f"panel {panel['title']!r}: {selector} does not filter by ${var}")
