@@ -245,9 +245,9 @@ class ForkedProcess:
                 return w
             return spec if isinstance(spec, int) else spec.fileno()
 
-        fd_in = target(stdin, 0, "stdin") if stdin != subprocess.PIPE else None
-        if fd_in is None:
-            raise ValueError("forkserver: stdin=PIPE is not supported")
+        if stdin == subprocess.PIPE:
+            raise ValueError("forkserver: stdin=PIPE is not supported (popen() starts such a process fresh)")
+        fd_in = target(stdin, 0, "stdin")
         fd_out = target(stdout, 1, "stdout")
         fd_err = fd_out if stderr == subprocess.STDOUT else target(stderr, 2, "stderr")
         server = _get_server()

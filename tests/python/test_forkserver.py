@@ -20,7 +20,7 @@ CHILD = textwrap.dedent("""\
     mode = sys.argv[1]
     if mode == "raise":
         raise RuntimeError("boom")
-    if mode == "sleep":
+    if mode == "sleep":  # a process that stays up until the test signals it (not an ordering pause)
         print("sleeping", flush=True)
         time.sleep(60)
     sys.exit(int(mode))
