@@ -21,6 +21,7 @@ namespace collserve::client {
 
 namespace {
 constexpr unsigned int kRefreshSeconds = 60;  // how often the watched files are re-read
+constexpr int kMinConnectTimeoutMs = 5000;    // the least time one connection attempt gets
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -112,8 +113,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& 
   // Reconnection after the server went away (a coordinator restart): gRPC's backoff with
   // its jitter, from 100 ms up to at most 1 s between attempts instead of its default
   // 1 s up to 120 s, so that a restarted coordinator is found within about a second.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is not a backoff but the least time one connection
+  // attempt gets (MIN_CONNECT_TIMEOUT of gRPC's doc/connection-backoff.md, default 20 s):
+  // at 100 ms a busy server that accepted the TCP connection but sent its HTTP/2 SETTINGS
+  // later failed the call ("connection attempt timed out before receiving SETTINGS
+  // frame"). 5 s lets a loaded host answer; a refused connection still fails at once.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (tls.ca_file.empty() || absl::StartsWith(address, "unix:")) {
     if (absl::Status s = CheckConsistent(tls, "TLS options"); !s.ok()) return s;
