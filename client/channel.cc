@@ -15,7 +15,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/local_socket.h"
 #include "common/pem.h"
+#include "common/status_macros.h"
 
 namespace collserve::client {
 
@@ -121,6 +123,14 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& 
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kMinConnectTimeoutMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (absl::StartsWith(address, "unix:")) {
+    // The token goes over this socket in clear: only to a socket of the expected user in a
+    // directory nobody else can write (common/local_socket.h).
+    absl::string_view path = absl::string_view(address).substr(5);
+    if (absl::StartsWith(path, "//")) path.remove_prefix(2);  // unix:///abs/path
+    COLLSERVE_ASSIGN_OR_RETURN(std::vector<uid_t> owners, ExpectedSocketOwners());
+    if (absl::Status s = CheckSocketPath(std::string(path), owners); !s.ok()) return s;
+  }
   if (tls.ca_file.empty() || absl::StartsWith(address, "unix:")) {
     if (absl::Status s = CheckConsistent(tls, "TLS options"); !s.ok()) return s;
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);

@@ -21,10 +21,16 @@ namespace collserve::client {
 // tls.ca_file and name the address's host (or tls.server_name); tls.cert_file/key_file are
 // presented when a server asks for a client certificate. The files are watched through
 // gRPC's FileWatcherCertificateProvider (re-read every 60 s). Reconnects after a lost
-// connection with gRPC's backoff bounded to 100 ms .. 1 s. Does not connect.
+// connection with gRPC's backoff bounded to 100 ms .. 1 s; one connection attempt gets at
+// least 5 s. Does not connect, but a "unix:" address is checked first (CheckSocketPath,
+// common/local_socket.h): the socket and its directory must belong to the expected user
+// (ExpectedSocketOwners: root or this process's uid, or COLLSERVE_SIDECAR_UID) and the
+// directory must be writable by nobody else, since the job token goes over it in clear.
 // Errors: INVALID_ARGUMENT naming the file when a TLS file is missing, unreadable or not
 // PEM, or when the options are inconsistent (a key without a certificate, a certificate
-// without a CA). Thread-safe.
+// without a CA), or COLLSERVE_SIDECAR_UID is not a uid; FAILED_PRECONDITION naming the
+// owner and mode found when a unix socket fails that check; UNAVAILABLE when its directory
+// does not exist. Thread-safe.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateChannel(const std::string& address, const TlsOptions& tls,
                                                              grpc::ChannelArguments args);
 

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/local_socket.h"
 #include "common/status_macros.h"
 
 namespace collserve::fdchannel {
@@ -141,6 +142,15 @@ absl::StatusOr<int> Connect(const std::string& path, const std::string& token, a
     close(sock);
     return absl::UnavailableError(absl::StrCat("cannot connect to the sidecar's shared-memory channel ", path, ": ",
                                                ErrnoText(err)));
+  }
+  // The token and then the segments' descriptors go to whoever serves this socket: only to
+  // the expected user (SO_PEERCRED of this connection, so no race with a replaced path).
+  absl::StatusOr<std::vector<uid_t>> owners = ExpectedSocketOwners();
+  absl::Status peer = owners.ok() ? CheckPeerOwner(sock, absl::StrCat("the sidecar's shared-memory channel ", path), *owners)
+                                  : owners.status();
+  if (!peer.ok()) {
+    close(sock);
+    return peer;
   }
   Hello hello;
   std::memcpy(hello.token, token.data(), kTokenBytes);

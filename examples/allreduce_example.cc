@@ -2,7 +2,7 @@
 // and all-reduces a small tensor, printing the result.
 //
 // Run one process per rank with torch's env:// variables plus COLLSERVE_SIDECAR:
-//   RANK=0 WORLD_SIZE=4 COLLSERVE_SIDECAR=unix:/tmp/collserve/a.sock ./allreduce_example
+//   RANK=0 WORLD_SIZE=4 COLLSERVE_SIDECAR=unix:/run/collserve/a.sock ./allreduce_example
 // scripts/run_example.sh starts a coordinator, two sidecars and four ranks for you.
 #include <cstdio>
 #include <vector>

@@ -115,7 +115,7 @@ FROM runtime
 # host directory and opens segments that training processes create with mode 0600.
 # In the in-pod pattern the pod's securityContext runs it as the trainer's user instead.
 # It has no token of its own: it forwards each client session's token to the coordinator.
-RUN install -d -m 0755 /tmp/collserve
+RUN install -d -m 0755 /run/collserve
 COPY --from=build /build/server/collserve-sidecar /usr/local/bin/collserve-sidecar
 # The operator's tool: its probes (collservectl --sidecar=unix:... health) and drains.
 COPY --from=build /build/server/collservectl /usr/local/bin/collservectl

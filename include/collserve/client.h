@@ -32,7 +32,7 @@
 namespace collserve::client {
 
 // Default address of the sidecar on this host.
-inline constexpr absl::string_view kDefaultSidecarAddress = "unix:/tmp/collserve/sidecar.sock";
+inline constexpr absl::string_view kDefaultSidecarAddress = "unix:/run/collserve/sidecar.sock";
 
 // Transport security of the gRPC channels a client opens to a coordinator and to a sidecar's
 // TCP listener. A "unix:" address is always plaintext (a local socket; its file mode guards

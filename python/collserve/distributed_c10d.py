@@ -193,7 +193,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     COLLSERVE_COORDINATOR, else MASTER_ADDR:MASTER_PORT) or
     "collserve://host:port" (the coordinator), with rank/world_size as arguments or from the
     environment. `backend` is accepted for torch compatibility and ignored: the sidecar picks
-    Gloo/NCCL. The sidecar is COLLSERVE_SIDECAR (default unix:/tmp/collserve/sidecar.sock),
+    Gloo/NCCL. The sidecar is COLLSERVE_SIDECAR (default unix:/run/collserve/sidecar.sock),
     the job COLLSERVE_JOB. timeout (timedelta or seconds) bounds the rendezvous and each
     operation (default COLLSERVE_INIT_TIMEOUT_S / COLLSERVE_OP_TIMEOUT_S, else 300 s).
     Raises ValueError for missing or bad arguments, RuntimeError if already initialized.

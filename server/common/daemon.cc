@@ -26,12 +26,13 @@
 #include <system_error>
 
 #include "absl/flags/usage.h"
-#include "server/common/metrics.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/local_socket.h"
+#include "server/common/metrics.h"
 
 namespace collserve::server {
 
@@ -161,8 +162,12 @@ absl::Status ClaimUnixSocketPath(const std::string& path, int type) {
     return absl::InvalidArgumentError(
         absl::StrCat("unix socket path \"", path, "\" is empty or longer than ", sizeof(addr.sun_path) - 1, " bytes"));
   }
-  if (const size_t slash = path.rfind('/'); slash != std::string::npos && slash > 0) {
-    ::mkdir(path.substr(0, slash).c_str(), 0755);  // an error shows when binding
+  // The directory: this daemon's alone (created 0755 when absent), or whoever can write it
+  // could replace the socket and collect the tokens ranks send (common/local_socket.h).
+  const size_t slash = path.rfind('/');
+  if (absl::Status s = PrepareSocketDirectory(slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash));
+      !s.ok()) {
+    return s;
   }
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return absl::OkStatus();  // free

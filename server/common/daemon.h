@@ -70,7 +70,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> ServeMetrics(
 // Makes `path` free for a unix socket the daemon is about to bind, or says why it is not:
 // FAILED_PRECONDITION if a live server accepts connections on it (another daemon owns it;
 // it is left alone) or if it is something other than a socket; a socket nobody answers on
-// (left by a daemon that died) is removed. Creates the parent directory (mode 0755).
+// (left by a daemon that died) is removed. The parent directory must be this process's
+// alone (PrepareSocketDirectory: created with mode 0755 when absent; FAILED_PRECONDITION
+// naming its owner and mode when another uid owns it or others may write it).
 // `type`: the socket type the daemon will bind (a live server of another type counts too).
 absl::Status ClaimUnixSocketPath(const std::string& path, int type = 1 /* SOCK_STREAM */);
 

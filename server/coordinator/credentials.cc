@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/algorithm/container.h"
@@ -32,9 +33,25 @@ constexpr absl::string_view kMintedKey = "#auth/minted";
 constexpr absl::string_view kMintedPrefix = "csj_";
 
 // Reads a token file: its content without surrounding whitespace, at least kMinTokenBytes.
+// An errno that says the process is short of something (descriptors, memory) or the
+// read was interrupted, not that the file is gone or forbidden: the credentials read before
+// stay in force (fail static) instead of every token of the job being refused.
+bool IsTransient(int err) {
+  return err == EMFILE || err == ENFILE || err == ENOMEM || err == EIO || err == EINTR || err == EAGAIN ||
+         err == ENOBUFS;
+}
+
+// The token in file `path`. UNAVAILABLE for a transient failure to read it (IsTransient),
+// INVALID_ARGUMENT for a missing, forbidden or malformed file.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path, ": ", std::strerror(errno)));
+  if (!in) {
+    const int err = errno;
+    if (IsTransient(err)) {
+      return absl::UnavailableError(absl::StrCat("cannot read token file ", path, " now: ", std::strerror(err)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cannot read token file ", path, ": ", std::strerror(err)));
+  }
   std::string content(kMaxTokenBytes + 2, '\0');
   in.read(content.data(), static_cast<std::streamsize>(content.size()));
   content.resize(static_cast<size_t>(in.gcount()));
@@ -244,6 +261,12 @@ absl::Status JobCredentials::LoadMinted() {
 
 absl::Status JobCredentials::Reload() {
   absl::Status first;
+  // Fail static: what cannot be read now for want of descriptors or memory (IsTransient)
+  // keeps the credentials read before; a file that is gone or malformed takes its token
+  // away (denied, never left open).
+  bool keep_admin = false;
+  bool keep_all_jobs = false;
+  std::set<std::string> keep_jobs;
   bool have_admin = false;
   Digest admin{};
   if (!options_.admin_token_file.empty()) {
@@ -252,6 +275,7 @@ absl::Status JobCredentials::Reload() {
       admin = DigestOf(*token);
       have_admin = true;
     } else {
+      keep_admin = absl::IsUnavailable(token.status());
       first.Update(token.status());
     }
   }
@@ -259,26 +283,53 @@ absl::Status JobCredentials::Reload() {
   if (!options_.job_tokens_dir.empty()) {
     DIR* dir = opendir(options_.job_tokens_dir.c_str());
     if (dir == nullptr) {
-      first.Update(absl::InvalidArgumentError(
-          absl::StrCat("cannot read the job tokens directory ", options_.job_tokens_dir, ": ", std::strerror(errno))));
+      const int err = errno;
+      keep_all_jobs = IsTransient(err);
+      first.Update((keep_all_jobs ? absl::UnavailableError : absl::InvalidArgumentError)(
+          absl::StrCat("cannot read the job tokens directory ", options_.job_tokens_dir, ": ", std::strerror(err))));
     } else {
+      errno = 0;
       while (const dirent* e = readdir(dir)) {
         const std::string name = e->d_name;
+        errno = 0;
         if (name.empty() || name[0] == '.' || !ValidateJob(name).ok()) continue;
         const std::string path = absl::StrCat(options_.job_tokens_dir, "/", name);
         struct stat st;
-        if (stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;  // follows Secret symlinks
+        if (stat(path.c_str(), &st) != 0) {  // follows Secret symlinks
+          if (IsTransient(errno)) keep_jobs.insert(name);
+          errno = 0;
+          continue;
+        }
+        if (!S_ISREG(st.st_mode)) continue;
         auto token = ReadTokenFile(path);
+        errno = 0;
         if (!token.ok()) {
+          if (absl::IsUnavailable(token.status())) keep_jobs.insert(name);
           first.Update(token.status());
           continue;
         }
         configured[name].push_back(DigestOf(*token));
       }
+      if (errno != 0) {  // readdir failed part way: the listing is incomplete
+        keep_all_jobs = true;
+        first.Update(absl::UnavailableError(
+            absl::StrCat("cannot list the job tokens directory ", options_.job_tokens_dir, ": ", std::strerror(errno))));
+      }
       closedir(dir);
     }
   }
   absl::MutexLock lock(&mu_);
+  if (keep_admin) {
+    have_admin = have_admin_;
+    admin = admin_;
+  }
+  if (keep_all_jobs) {
+    configured = configured_;
+  } else {
+    for (const std::string& name : keep_jobs) {
+      if (auto it = configured_.find(name); it != configured_.end()) configured[name] = it->second;
+    }
+  }
   if (have_admin != have_admin_ || admin != admin_ || configured != configured_) {
     LOG(INFO) << "job credentials loaded: " << configured.size() << " job token file(s)"
               << (have_admin ? ", an admin token" : (options_.admin_token_file.empty() ? "" : ", no admin token"));
@@ -286,6 +337,9 @@ absl::Status JobCredentials::Reload() {
   have_admin_ = have_admin;
   admin_ = admin;
   configured_ = std::move(configured);
+  if (!first.ok() && (keep_admin || keep_all_jobs || !keep_jobs.empty())) {
+    return absl::Status(first.code(), absl::StrCat(first.message(), " (keeping the tokens read before until it can be read)"));
+  }
   return first;
 }
 

@@ -78,9 +78,13 @@ class JobCredentials {
   // Forgets every minted token of `job`; returns how many. Errors: the store's.
   absl::StatusOr<int> Revoke(const std::string& job);
 
-  // Re-reads the configured files now (the refresh thread calls it). On an unreadable or
-  // invalid file the job (or the admin) keeps no token until the file is fixed: denied,
-  // never left open. Returns the first problem, for the log.
+  // Re-reads the configured files now (the refresh thread calls it). A file (or the
+  // directory) that cannot be read for want of descriptors or memory, or an interrupted or
+  // failed read (EMFILE, ENFILE, ENOMEM, EIO, EINTR, EAGAIN, ENOBUFS), keeps the tokens read
+  // before (fail static: a descriptor flood must not refuse every valid token); a file that
+  // is gone, forbidden or malformed leaves its job (or the admin) with no token until it is
+  // fixed: denied, never left open. Returns the first problem, for the log (UNAVAILABLE for
+  // the transient kind, saying the old tokens are kept).
   absl::Status Reload();
 
  private:

@@ -14,7 +14,7 @@
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:29400",
           "The coordinator's gRPC target: host:port, a DNS name that resolves to every coordinator replica, or a "
           "list of replicas such as ipv4:10.0.0.1:29400,10.0.0.2:29400 (calls fail over between them).");
-ABSL_FLAG(std::string, unix_socket, "/tmp/collserve/sidecar.sock",
+ABSL_FLAG(std::string, unix_socket, "/run/collserve/sidecar.sock",
           "Unix-domain socket for the training processes of this host; empty to disable.");
 ABSL_FLAG(std::string, unix_socket_mode, "",
           "Octal permission bits for the unix socket, e.g. 0660 (the socket's group may connect) or "

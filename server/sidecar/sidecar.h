@@ -24,7 +24,7 @@ namespace collserve::server {
 
 struct SidecarOptions {
   // Unix-domain socket for clients on this host; "" = none.
-  std::string unix_socket = "/tmp/collserve/sidecar.sock";
+  std::string unix_socket = "/run/collserve/sidecar.sock";
   // Permission bits set on the unix socket after it is created (e.g. 0660 to admit the
   // socket's group, 0666 for any local user); -1 = leave what the umask gives. A client
   // needs write permission on the socket to connect.

@@ -31,6 +31,7 @@
 #include "collserve/v1/registry.grpc.pb.h"
 #include "collserve/v1/store.grpc.pb.h"
 #include "absl/synchronization/notification.h"
+#include "client/channel.h"
 #include "common/fd_channel.h"
 #include "common/ops_channel.h"
 #include "common/shm.h"
@@ -928,19 +929,29 @@ TEST(AttackTest, TcpStoreCapsConnectionsPerPeerAndClosesTricklingRequests) {
 // Finding 5: after one EMFILE on the gRPC listener the coordinator never accepted a gRPC
 // connection again. With 64 descriptors, 150 connections exhaust them; once they close,
 // both endpoints serve again, and the TCPStore accept loop did not spin meanwhile.
+// Replaces `cluster`'s coordinator by one limited to 64 descriptors, serving gRPC on a
+// port it writes to DIR/NAME.port, with `flags`; its log is DIR/NAME-coordinator.log.
+absl::StatusOr<std::unique_ptr<Process>> StartSmallCoordinator(Cluster& cluster, const std::string& name,
+                                                              const std::vector<std::string>& flags) {
+  cluster.coordinator().Kill(SIGKILL);
+  if (absl::StatusOr<int> code = cluster.coordinator().Wait(absl::Seconds(10)); !code.ok()) return code.status();
+  std::vector<std::string> argv = {"/usr/bin/prlimit", "--nofile=64:64", CoordinatorBinary(),
+                                   "--listen_address=127.0.0.1:0",
+                                   absl::StrCat("--port_file=", cluster.dir(), "/", name, ".port"),
+                                   "--metrics_address=", "--log_level=warning"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return Process::Start(argv, {}, absl::StrCat(cluster.dir(), "/", name, "-coordinator.log"));
+}
+
 TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   auto cluster = StartCluster(0);
   ASSERT_NE(cluster, nullptr);
-  cluster->coordinator().Kill(SIGKILL);
-  ASSERT_TRUE(cluster->coordinator().Wait(absl::Seconds(10)).ok());
   const std::string dir = cluster->dir();
-  auto coordinator = Process::Start(
-      {"/usr/bin/prlimit", "--nofile=64:64", CoordinatorBinary(), "--listen_address=127.0.0.1:0",
-       absl::StrCat("--port_file=", dir, "/small.port"), "--tcpstore_address=127.0.0.1:0",
-       absl::StrCat("--tcpstore_port_file=", dir, "/small-tcpstore.port"), "--metrics_address=", "--log_level=warning",
-       "--allow_unauthenticated"},
-      {}, dir + "/small-coordinator.log");
-  ASSERT_TRUE(coordinator.ok());
+  auto coordinator = StartSmallCoordinator(
+      *cluster, "small",
+      {"--tcpstore_address=127.0.0.1:0", absl::StrCat("--tcpstore_port_file=", dir, "/small-tcpstore.port"),
+       "--allow_unauthenticated"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const absl::StatusOr<int> grpc_port_file = ReadPortFile(dir + "/small.port", **coordinator, absl::Seconds(10));
   const absl::StatusOr<int> tcp_port_file = ReadPortFile(dir + "/small-tcpstore.port", **coordinator, absl::Seconds(10));
   ASSERT_TRUE(grpc_port_file.ok()) << grpc_port_file.status();
@@ -967,10 +978,62 @@ TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   // It serves again once it has closed the flood's connections (as it backs off, its next
   // accept may come a moment later).
   EXPECT_TRUE(WaitFor([&] { return StoreSet(address).ok(); }, absl::Seconds(10), absl::Milliseconds(100)));
-  const int fd = ConnectTcp(tcp_port);
-  ASSERT_GE(fd, 0);
-  EXPECT_TRUE(Pings(fd));
-  ::close(fd);
+  // The TCPStore endpoint too, on a fresh connection. One connection may still be shed: while
+  // the gRPC server accepts the flood's queued (closed) connections, the descriptors can run
+  // out once more, and the TCPStore listener then closes the connection at the head of its
+  // queue so that it fails fast (the CI failure of stop 50 was this test pinging once).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        const int fd = ConnectTcp(tcp_port);
+        const bool pinged = fd >= 0 && Pings(fd);
+        if (fd >= 0) ::close(fd);
+        return pinged;
+      },
+      absl::Seconds(10), absl::Milliseconds(100)));
+}
+
+// Issue 41, finding 4: with the coordinator out of descriptors (64, held by a flood of
+// unauthenticated connections), the token directory's refresh failed with EMFILE and the
+// coordinator then refused every valid job token, on connections it already had. Now it
+// keeps the tokens it read before (fail static) and says so in its log.
+TEST(AttackTest, ADescriptorFloodDoesNotTurnIntoRefusedTokens) {
+  auto cluster = StartCluster(0);
+  ASSERT_NE(cluster, nullptr);
+  const std::string dir = cluster->dir();
+  auto coordinator = StartSmallCoordinator(
+      *cluster, "flood", {absl::StrCat("--job_tokens_dir=", dir, "/job-tokens"), "--token_refresh_interval=100ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto port = ReadPortFile(dir + "/flood.port", **coordinator, absl::Seconds(10));
+  ASSERT_TRUE(port.ok()) << port.status();
+  // One channel with the job's token, connected before the flood.
+  auto stub = pb::Store::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+  auto set = [&](const std::string& key) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    ctx.AddMetadata("authorization", absl::StrCat("Bearer ", cluster->job_token()));
+    pb::SetRequest req;
+    req.set_key(key);
+    req.set_value("v");
+    pb::SetResponse resp;
+    return stub->Set(&ctx, req, &resp);
+  };
+  grpc::Status before = set("before-the-flood");
+  ASSERT_TRUE(before.ok()) << before.error_message();
+  std::vector<int> flood;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = ConnectTcp(*port);
+    if (fd >= 0) flood.push_back(fd);
+  }
+  EXPECT_TRUE(WaitFor([&] { return OpenDescriptors((*coordinator)->pid()) >= 60; }, absl::Seconds(10)))
+      << OpenDescriptors((*coordinator)->pid()) << " open";
+  // A refresh failed for want of descriptors, and the old tokens were kept.
+  ASSERT_TRUE((*coordinator)->WaitForOutput("keeping the tokens read before", absl::Seconds(20)))
+      << (*coordinator)->Output();
+  grpc::Status during = set("during-the-flood");
+  EXPECT_TRUE(during.ok()) << during.error_code() << ": " << during.error_message();
+  for (int fd : flood) ::close(fd);
+  EXPECT_TRUE(WaitFor([&] { return set("after-the-flood").ok(); }, absl::Seconds(10), absl::Milliseconds(100)));
 }
 
 // The ops channel (a session's requests and completions over its descriptor channel,
@@ -1113,6 +1176,169 @@ TEST(AttackTest, OpsChannelAndSessionEndTogether) {
     ops_fd.fd = *ops;
   }  // the stream ends here
   EXPECT_EQ(OpsReceive(ops_fd.fd).status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---- Issue 41, finding 1: token theft through a squatted socket directory. ----
+//
+// Another local user (uid 65534 through setpriv, so the test needs root) makes the socket's
+// directory first, mode 0777, as anyone could in /tmp. Before the fix the sidecar took the
+// directory as it found it, so that user could move its socket aside and serve their own,
+// and every rank then sent them its job token.
+
+constexpr uid_t kNobody = 65534;
+
+// A directory of this test that uid 65534 can write into, like /tmp (mode 1777), inside
+// the cluster's own temp dir (made traversable, 0711).
+std::string SharedTmp(Cluster& cluster) {
+  const std::string dir = cluster.dir() + "/pub";
+  EXPECT_EQ(::chmod(cluster.dir().c_str(), 0711), 0);
+  EXPECT_EQ(::mkdir(dir.c_str(), 0755), 0);
+  EXPECT_EQ(::chmod(dir.c_str(), 01777), 0);
+  return dir;
+}
+
+// Runs `argv` as uid/gid 65534 with no supplementary groups.
+std::vector<std::string> AsNobody(std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"});
+  return argv;
+}
+
+int RunAsNobody(Cluster& cluster, const std::vector<std::string>& argv, const std::string& name) {
+  auto p = Process::Start(AsNobody(argv), {}, cluster.dir() + "/" + name + ".log");
+  if (!p.ok()) return -1;
+  auto code = (*p)->Wait(absl::Seconds(20));
+  EXPECT_TRUE(code.ok() && *code == 0) << name << ": " << (*p)->Output();
+  return code.ok() ? *code : -1;
+}
+
+bool CanActAsNobody() { return ::geteuid() == 0 && ::access("/usr/bin/setpriv", X_OK) == 0; }
+
+TEST(AttackTest, SidecarRefusesASocketDirectoryAnotherUserMadeOrCanWrite) {
+  if (!CanActAsNobody()) GTEST_SKIP() << "needs root and setpriv, to act as uid 65534";
+  auto cluster = StartCluster(0);
+  ASSERT_NE(cluster, nullptr);
+  const std::string pub = SharedTmp(*cluster);
+  ASSERT_EQ(RunAsNobody(*cluster, {"mkdir", "-m", "0777", pub + "/sq"}, "squat"), 0);
+  auto sidecar = Process::Start({SidecarBinary(), absl::StrCat("--coordinator=", cluster->coordinator_address()),
+                                 absl::StrCat("--unix_socket=", pub, "/sq/sidecar.sock"), "--metrics_address="},
+                                {}, cluster->dir() + "/squatted-sidecar.log");
+  ASSERT_TRUE(sidecar.ok()) << sidecar.status();
+  auto code = (*sidecar)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.ok()) << "the sidecar served from a directory uid 65534 owns: " << (*sidecar)->Output();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT((*sidecar)->Output(),
+              HasSubstr(absl::StrCat("refusing the socket directory ", pub, "/sq (owner uid 65534, mode 0777)")));
+  struct stat st;
+  EXPECT_NE(::lstat((pub + "/sq/sidecar.sock").c_str(), &st), 0) << "a socket was made there";
+
+  // Its own directory, writable by its group: refused too, naming the mode.
+  const std::string group_writable = cluster->dir() + "/group-writable";
+  ASSERT_EQ(::mkdir(group_writable.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(group_writable.c_str(), 0775), 0);
+  auto second = Process::Start({SidecarBinary(), absl::StrCat("--coordinator=", cluster->coordinator_address()),
+                                absl::StrCat("--unix_socket=", group_writable, "/sidecar.sock"), "--metrics_address="},
+                               {}, cluster->dir() + "/group-writable-sidecar.log");
+  ASSERT_TRUE(second.ok());
+  code = (*second)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.ok()) << (*second)->Output();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT((*second)->Output(), HasSubstr("(owner uid 0, mode 0775): it must be owned by this daemon's uid 0"));
+
+  // An absent directory it makes itself, 0755, and serves from.
+  const std::string mine = pub + "/mine";
+  auto good = Process::Start({SidecarBinary(), absl::StrCat("--coordinator=", cluster->coordinator_address()),
+                              absl::StrCat("--unix_socket=", mine, "/sidecar.sock"), "--metrics_address="},
+                             {}, cluster->dir() + "/own-dir-sidecar.log");
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE(WaitFor([&] { return RawSession(absl::StrCat("unix:", mine, "/sidecar.sock"), "own-dir").attached(); },
+                      absl::Seconds(20), absl::Milliseconds(100)))
+      << (*good)->Output();
+  ASSERT_EQ(::stat(mine.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 0u);
+  EXPECT_EQ(st.st_mode & 07777, 0755u);
+}
+
+// A server of uid 65534 on both of the sidecar's socket paths (the gRPC socket and the
+// descriptor channel) in a directory it made. It prints what each connection sent.
+constexpr char kFakeSidecar[] = R"py(
+import os, select, socket, sys
+d = sys.argv[1]
+grpc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+grpc.bind(d + "/sidecar.sock")
+grpc.listen(8)
+fd = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+fd.bind(d + "/sidecar.sock.fd")
+fd.listen(8)
+for p in ("/sidecar.sock", "/sidecar.sock.fd"):
+    os.chmod(d + p, 0o777)
+print("listening", flush=True)
+while True:
+    for l in select.select([grpc, fd], [], [])[0]:
+        c, _ = l.accept()
+        c.settimeout(5)
+        n = 0
+        try:
+            while True:
+                b = c.recv(65536)
+                if not b:
+                    break
+                n += len(b)
+        except OSError:
+            pass
+        print("connection on", "fd" if l is fd else "grpc", "sent", n, "bytes", flush=True)
+        c.close()
+)py";
+
+TEST(AttackTest, ClientsSendNothingToASocketAnotherUserServes) {
+  if (!CanActAsNobody()) GTEST_SKIP() << "needs root and setpriv, to act as uid 65534";
+  auto cluster = StartCluster(0);
+  ASSERT_NE(cluster, nullptr);
+  const std::string pub = SharedTmp(*cluster);
+  // A squatted, world-writable directory, and one uid 65534 owns with a safe mode.
+  ASSERT_EQ(RunAsNobody(*cluster, {"mkdir", "-m", "0777", pub + "/sq"}, "squat"), 0);
+  ASSERT_EQ(RunAsNobody(*cluster, {"mkdir", "-m", "0755", pub + "/theirs"}, "theirs"), 0);
+  std::vector<std::unique_ptr<Process>> fakes;
+  for (const std::string& d : {pub + "/sq", pub + "/theirs"}) {
+    auto fake = Process::Start(AsNobody({"/usr/bin/python3", "-c", kFakeSidecar, d}), {},
+                               absl::StrCat(d, ".fake.log"));
+    ASSERT_TRUE(fake.ok()) << fake.status();
+    ASSERT_TRUE((*fake)->WaitForOutput("listening", absl::Seconds(20))) << (*fake)->Output();
+    fakes.push_back(std::move(*fake));
+  }
+  ASSERT_EQ(::unsetenv("COLLSERVE_SIDECAR_UID"), 0);
+  auto squatted = client::CreateChannel(absl::StrCat("unix:", pub, "/sq/sidecar.sock"), {}, {});
+  ASSERT_FALSE(squatted.ok());
+  EXPECT_EQ(squatted.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(squatted.status().message()),
+              HasSubstr(absl::StrCat("its directory ", pub, "/sq (mode 0777, owner uid 65534) is writable by other users")));
+  auto theirs = client::CreateChannel(absl::StrCat("unix://", pub, "/theirs/sidecar.sock"), {}, {});
+  ASSERT_FALSE(theirs.ok());
+  EXPECT_THAT(std::string(theirs.status().message()),
+              HasSubstr(absl::StrCat("its directory ", pub, "/theirs is owned by uid 65534, expected uid 0 (root or this process")));
+  // The descriptor channel checks the connected peer's uid before it sends the token.
+  auto fd = fdchannel::Connect(pub + "/sq/sidecar.sock.fd", std::string(fdchannel::kTokenBytes, 'x'),
+                               absl::Now() + absl::Seconds(10));
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(fd.status().message()), HasSubstr("it is served by uid 65534"));
+  // A whole rank (the SDK) pointed at the squatted socket fails naming it, and sends nothing.
+  auto rank = cluster->StartRank(0, 1, 0, {"--mode=loop", "--iters=1", "--count=4"},
+                                 {{"COLLSERVE_SIDECAR", absl::StrCat("unix:", pub, "/sq/sidecar.sock")}});
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  auto code = (*rank)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok()) << (*rank)->Output();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT((*rank)->Output(), HasSubstr("is writable by other users"));
+  // The fake servers: no gRPC connection at all, and the descriptor channel's got 0 bytes.
+  EXPECT_TRUE(fakes[0]->WaitForOutput("connection on fd sent 0 bytes", absl::Seconds(10))) << fakes[0]->Output();
+  EXPECT_THAT(fakes[0]->Output(), ::testing::Not(HasSubstr("on grpc")));
+  EXPECT_THAT(fakes[1]->Output(), ::testing::Not(HasSubstr("connection")));
+
+  // The expected user can be named: a sidecar running as uid 65534 is then accepted.
+  ASSERT_EQ(::setenv("COLLSERVE_SIDECAR_UID", "65534", 1), 0);
+  auto named = client::CreateChannel(absl::StrCat("unix:", pub, "/theirs/sidecar.sock"), {}, {});
+  ASSERT_EQ(::unsetenv("COLLSERVE_SIDECAR_UID"), 0);
+  EXPECT_TRUE(named.ok()) << named.status();
 }
 
 }  // namespace

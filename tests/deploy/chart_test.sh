@@ -158,7 +158,7 @@ has etcd "volumeClaimTemplates:" && fail "etcd (the store in etcd) still renders
 # (The sidecar's admin-socket volume is an emptyDir too: look for the coordinator's.)
 grep -A1 -F -- "- name: data" "$work/rendered-etcd.yaml" | grep -qF "emptyDir" &&
   fail "etcd (the store in etcd) still renders a data volume"
-has default "\"--admin_socket=/run/collserve-admin/sidecar-admin.sock\"" ||
+has default "\"--admin_socket=/run/collserve-admin/sidecar/admin.sock\"" ||
   fail "the sidecar renders no --admin_socket on its own emptyDir"
 has default "type: OnDelete" || fail "the sidecar DaemonSet does not default to updateStrategy OnDelete"
 has default "- --drain_timeout=20s" || fail "the sidecar renders no preStop drain"
@@ -192,7 +192,7 @@ readonly PROMETHEUS='pods{app.kubernetes.io/name=prometheus} in ns{}'
 # Defaults: no host namespaces, only the socket directory from the node, Gloo and the
 # listener on the pod IP, plaintext with gRPC probes, NetworkPolicies on, no Certificates.
 fact default "$DS hostNetwork=false" "$DS hostIPC=false" "$STS hostNetwork=false" "$STS hostIPC=false" \
-  "$DS volume socket-dir hostPath=/tmp/collserve" \
+  "$DS volume socket-dir hostPath=/run/collserve" \
   "$SC arg --gloo_hostname=\$(POD_IP)" "$SC arg --listen_address=\$(POD_IP):29500" \
   "$SC probe readinessProbe grpc" "$SC probe livenessProbe grpc" \
   "$CC probe startupProbe grpc" "$CC probe readinessProbe grpc" "$CC probe livenessProbe grpc" \
@@ -385,7 +385,7 @@ fact k8s "$DS hostNetwork=false" "$DS hostIPC=false" "$SC arg --gloo_hostname=\$
   "Certificate/collserve-coordinator" "Certificate/collserve-sidecar"
 nofact_like k8s '^[A-Za-z]+/[^ ]+ host(Network|IPC)=true$'
 nofact_like k8s ' volume shm | mount [^ ]+ /dev/shm |hostPath=/dev/shm'
-fact k8s "Job/collserve-allreduce-example volume socket-dir hostPath=/tmp/collserve"
+fact k8s "Job/collserve-allreduce-example volume socket-dir hostPath=/run/collserve"
 # Credentials: the job tokens Secret mounted whole and read-only, the ranks' tokens from it
 # by secretKeyRef (their job's key only), no token for the sidecars or the coordinator's env.
 readonly EX=Job/collserve-allreduce-example IN=Job/collserve-allreduce-inpod
