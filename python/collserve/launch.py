@@ -102,15 +102,22 @@ def find_binary(name):
                             f"(cmake --build build); looked in {', '.join(candidates)} and PATH")
 
 
+def embedded_token_file(directory, job):
+    """The file embedded_credentials(directory, job) writes job `job`'s token to."""
+    return os.path.join(directory, "job-tokens", job or "default")
+
+
 def embedded_credentials(directory, job):
     """A job token for an embedded coordinator (docs/security.md): writes a fresh random token
     for `job` to <directory>/job-tokens/<job> (the directory 0700, the file 0600) and returns
     (token, the coordinator flags that make it the job's token). The coordinator then refuses
-    calls without it; the ranks get it as COLLSERVE_TOKEN."""
+    calls without it; the ranks read it from that file (COLLSERVE_TOKEN_FILE, see
+    embedded_token_file), never from their environment. `directory` must be private (0700):
+    not a log directory."""
     tokens = os.path.join(directory, "job-tokens")
     os.makedirs(tokens, mode=0o700, exist_ok=True)
     token = secrets.token_urlsafe(32)
-    fd = os.open(os.path.join(tokens, job or "default"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(embedded_token_file(directory, job), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, [f"--job_tokens_dir={tokens}"]
@@ -249,6 +256,11 @@ class Launcher:
         self.watchers = []  # collservectl wait (watch_formation)
         self.own_dir = not args.log_dir
         self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
+        # The job token, the sidecar's sockets and the port files the launcher trusts live in
+        # a private directory (0700) of their own, removed at exit, never in --log_dir: logs
+        # get shipped, and whoever can write a directory can replace a socket or a port file.
+        self.run_dir = tempfile.mkdtemp(prefix="collserve-run-")
+        self.token_file = None
         os.makedirs(os.path.join(self.dir, "exits"), exist_ok=True)
 
     def say(self, text):
@@ -268,25 +280,26 @@ class Launcher:
         tcpstore_port = a.tcpstore_port
         if not coordinator:
             # The embedded coordinator requires the job token it is given; the ranks get it.
-            self.token, credential_flags = embedded_credentials(self.dir, a.job)
+            self.token, credential_flags = embedded_credentials(self.run_dir, a.job)
+            self.token_file = embedded_token_file(self.run_dir, a.job)
             port = self.start_server("coordinator", [
                 find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
-                f"--port_file={self.dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
+                f"--port_file={self.run_dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
                 "--tcpstore_address=127.0.0.1:0", f"--tcpstore_job={a.job}",
-                f"--tcpstore_port_file={self.dir}/tcpstore.port", *credential_flags],
-                f"{self.dir}/coordinator.port")
+                f"--tcpstore_port_file={self.run_dir}/tcpstore.port", *credential_flags],
+                f"{self.run_dir}/coordinator.port")
             coordinator = f"127.0.0.1:{port}"
-            with open(f"{self.dir}/tcpstore.port") as f:  # written before coordinator.port
+            with open(f"{self.run_dir}/tcpstore.port") as f:  # written before coordinator.port
                 tcpstore_port = int(f.read())
         sidecar = a.sidecar
         if not sidecar:
             gloo_hostname = a.gloo_hostname or ("127.0.0.1" if a.nnodes == 1 else _host_address())
-            sock = os.path.join(self.dir, "sidecar.sock")
+            sock = os.path.join(self.run_dir, "sidecar.sock")
             self.start_server("sidecar", [
                 find_binary("collserve-sidecar"), f"--coordinator={coordinator}", f"--unix_socket={sock}",
                 f"--host_id={socket.gethostname()}-node{a.node_rank}-{os.getpid()}", f"--gloo_hostname={gloo_hostname}",
-                "--metrics_address=", "--log_level=warning", f"--port_file={self.dir}/sidecar.port",
-                *a.sidecar_flag], f"{self.dir}/sidecar.port")
+                "--metrics_address=", "--log_level=warning", f"--port_file={self.run_dir}/sidecar.port",
+                *a.sidecar_flag], f"{self.run_dir}/sidecar.port")
             sidecar = f"unix:{sock}"
         return coordinator, sidecar, tcpstore_port
 
@@ -296,6 +309,7 @@ class Launcher:
             if proc.returncode not in (0, -signal.SIGTERM):
                 self.failed_something = True
                 self.say(f"the embedded {name} exited with code {proc.returncode}")
+        shutil.rmtree(self.run_dir, ignore_errors=True)  # the token and the sockets
 
     # ---- ranks ----
     def command(self):
@@ -383,9 +397,9 @@ class Launcher:
         if a.min_nodes < a.nnodes:
             env.update(COLLSERVE_MIN_WORLD_SIZE=str(a.min_nodes * a.nproc_per_node),
                        COLLSERVE_JOIN_WINDOW_S=str(a.join_window_s))
-        if self.token is not None:
-            env["COLLSERVE_TOKEN"] = self.token
-            env.pop("COLLSERVE_TOKEN_FILE", None)
+        if self.token_file is not None:
+            env["COLLSERVE_TOKEN_FILE"] = self.token_file
+            env.pop("COLLSERVE_TOKEN", None)
         proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         self.ranks.append((rank, proc))
@@ -416,8 +430,9 @@ class Launcher:
         except FileNotFoundError:
             return
         env = dict(os.environ)
-        if self.token is not None:
-            env["COLLSERVE_TOKEN"] = self.token
+        if self.token_file is not None:
+            env["COLLSERVE_TOKEN_FILE"] = self.token_file
+            env.pop("COLLSERVE_TOKEN", None)
         timeout = os.environ.get("COLLSERVE_INIT_TIMEOUT_S", "300")
         proc = subprocess.Popen([ctl, f"--coordinator={coordinator}", f"--job={a.job}", f"--wait_timeout={timeout}s",
                                  "--progress_interval=5s", "wait"], env=env, stdin=subprocess.DEVNULL,

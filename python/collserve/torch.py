@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 from . import _collserve_torch
-from .launch import _host_address, _stop, embedded_credentials, find_binary, start_server
+from .launch import _host_address, _stop, embedded_credentials, embedded_token_file, find_binary, start_server
 
 BACKEND = "collserve"
 _KEY = "collserve/embedded"
@@ -107,8 +107,11 @@ def _embedded_sidecar(store, rank, init_timeout_s):
             directory = _embedded["dir"] = tempfile.mkdtemp(prefix="collserve-embedded-")
             # The embedded coordinator requires this job token; the other ranks (on this host,
             # as this user) read it from the directory (mode 0700), never from torch's store.
-            token, credential_flags = embedded_credentials(directory, os.environ.get("COLLSERVE_JOB", ""))
-            os.environ["COLLSERVE_TOKEN"] = token
+            _, credential_flags = embedded_credentials(directory, os.environ.get("COLLSERVE_JOB", ""))
+            # The SDK reads the token from that file (COLLSERVE_TOKEN_FILE): it is in no
+            # process's environment, where env dumps and log shippers would collect it.
+            os.environ.pop("COLLSERVE_TOKEN", None)
+            os.environ["COLLSERVE_TOKEN_FILE"] = embedded_token_file(directory, os.environ.get("COLLSERVE_JOB", ""))
             port = _start("coordinator", [find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
                                           "--metrics_address=", "--log_level=warning", *credential_flags],
                           directory, init_timeout_s)
@@ -120,11 +123,12 @@ def _embedded_sidecar(store, rank, init_timeout_s):
                                f"sidecar are on rank 0's host {owner_host!r}: for ranks on several hosts, set "
                                "COLLSERVE_COORDINATOR to a running coordinator (or COLLSERVE_SIDECAR)")
         if rank != 0:
-            job = os.environ.get("COLLSERVE_JOB", "") or "default"
-            token_file = os.path.join(os.path.dirname(sidecar[len("unix:"):]), "job-tokens", job)
+            token_file = embedded_token_file(os.path.dirname(sidecar[len("unix:"):]), os.environ.get("COLLSERVE_JOB", ""))
             try:
-                with open(token_file) as f:
-                    os.environ["COLLSERVE_TOKEN"] = f.read().strip()
+                with open(token_file):
+                    pass
+                os.environ.pop("COLLSERVE_TOKEN", None)
+                os.environ["COLLSERVE_TOKEN_FILE"] = token_file
             except OSError as e:
                 raise RuntimeError(f"collserve: rank {rank} cannot read the embedded coordinator's job token "
                                    f"{token_file}: {e} (the ranks of an embedded default run as one user)") from e

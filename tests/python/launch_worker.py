@@ -1,5 +1,7 @@
 """A rank program for the launcher tests (test_launch.py). Modes (argv[1]):
   env        prints the rendezvous variables the launcher set
+  token      how the job token reached the rank: whether COLLSERVE_TOKEN is set, the
+             token file, its mode and its directory's mode; then `allreduce` (the token works)
   fail       rank 1 exits with code 3 at once; the others wait in a barrier
   sigterm    prints "ready", then on SIGTERM prints "got SIGTERM" and exits 7
   allreduce  all_reduce of the rank over the world; prints the sum
@@ -23,6 +25,12 @@ def main(mode):
                  "COLLSERVE_SIDECAR", "COLLSERVE_JOB"]
         print(" ".join(f"{n}={os.environ.get(n, '')}" for n in names))
         print("to stderr", file=sys.stderr)
+    elif mode == "token":
+        path = os.environ.get("COLLSERVE_TOKEN_FILE", "")
+        modes = (f"{os.stat(path).st_mode & 0o777:o} {os.stat(os.path.dirname(path)).st_mode & 0o777:o}"
+                 if path else "- -")
+        print(f"COLLSERVE_TOKEN {'set' if 'COLLSERVE_TOKEN' in os.environ else 'unset'} file {path} modes {modes}")
+        main("allreduce")
     elif mode == "fail":
         dist.init_process_group("gloo")
         if dist.get_rank() == 1:

@@ -5,6 +5,7 @@ Every test bounds its time (subprocess timeouts) and checks that the servers the
 started are gone afterwards.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,12 +21,21 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 WORKER = os.path.join(HERE, "launch_worker.py")
 
 
+def launcher_env(log_dir, **extra):
+    """The environment of a launcher run with --log_dir `log_dir` (which this makes): TMPDIR
+    is `log_dir`, so the private directory the launcher keeps its servers' sockets, port files
+    and token in (a tempfile.mkdtemp) is under it too, and every process it started has
+    `log_dir` on its command line for assert_none_left."""
+    os.makedirs(log_dir, exist_ok=True)
+    return {**os.environ, "TMPDIR": log_dir, **extra}
+
+
 def launch(*args, timeout=120, log_dir=None, expect=0):
     """Runs `python -m collserve.launch args`; returns (stdout, stderr). Checks the exit code
     and that no process the launcher started (they all use log_dir) is left."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="collserve-launch-test-")
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=launcher_env(log_dir))
     assert proc.returncode == expect, (proc.returncode, proc.stdout, proc.stderr)
     assert_none_left(log_dir)
     return proc.stdout, proc.stderr
@@ -109,7 +119,8 @@ def test_exit_code_is_the_first_failing_ranks():
 def test_signals_are_forwarded_and_everything_stops():
     log_dir = tempfile.mkdtemp(prefix="collserve-launch-test-")
     proc = subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--nproc_per_node", "2",
-                             WORKER, "sigterm"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             WORKER, "sigterm"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=launcher_env(log_dir))
     try:
         ready = [proc.stdout.readline() for _ in range(2)]
         assert sorted(ready) == ["[rank0]: ready\n", "[rank1]: ready\n"], ready
@@ -133,7 +144,7 @@ def test_two_nodes_against_one_coordinator():
         procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
                                    "--node_rank", str(n), WORKER, "allreduce"], cwd=ROOT, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "COLLSERVE_TOKEN": cluster.token}) for n in range(2)]
+                                  env=launcher_env(logs[n], COLLSERVE_TOKEN=cluster.token)) for n in range(2)]
         outs = []
         for p in procs:
             try:
@@ -165,7 +176,7 @@ def test_torchrun_names_pet_variables_and_redirects(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--rdzv_id", "petjob",
                            "--rdzv_backend", "c10d", "--standalone", "--start_method", "spawn", "--nnodes", "1:1",
                            "--redirects", "3", "--tee", "0:1", WORKER, "env"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PET_NPROC_PER_NODE": "2"})
+                          text=True, timeout=120, env=launcher_env(log_dir, PET_NPROC_PER_NODE="2"))
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert_none_left(log_dir)
     # Rank 0's stdout is teed (console and file); the rest only in the files.
@@ -180,6 +191,36 @@ def test_torchrun_names_pet_variables_and_redirects(tmp_path):
             assert f.read() == "to stderr\n"
     out, _ = launch("--nproc_per_node", "cpu", WORKER, "env")
     assert len([l for l in out.splitlines() if "WORLD_SIZE=" in l]) == os.cpu_count(), out
+
+
+def test_the_job_token_reaches_the_ranks_as_a_private_file_outside_the_log_dir():
+    """Issue 41, finding 3: the embedded coordinator's job token was in every rank's
+    environment (COLLSERVE_TOKEN) and under --log_dir (job-tokens/default). Now the ranks get
+    COLLSERVE_TOKEN_FILE, a 0600 file in a 0700 directory of the launcher's own (removed at
+    exit), and nothing under --log_dir holds it."""
+    log_dir = tempfile.mkdtemp(prefix="collserve-launch-test-")
+    run_tmp = tempfile.mkdtemp(prefix="collserve-launch-test-run-")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--nproc_per_node", "2",
+                               WORKER, "token"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "TMPDIR": run_tmp, "COLLSERVE_TOKEN": "inherited-not-used"})
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert_none_left(log_dir)
+        assert_none_left(run_tmp)
+        files = set()
+        for r in (0, 1):
+            first, sums = lines_of(proc.stdout, r)
+            assert sums == "world 2 sum 1", proc.stdout
+            assert first.startswith("COLLSERVE_TOKEN unset file ") and first.endswith(" modes 600 700"), first
+            path = first.split(" ")[3]
+            assert path.startswith(run_tmp + os.sep) and not path.startswith(log_dir), path
+            files.add(path)
+        assert len(files) == 1 and not os.path.exists(files.pop()), "the token file outlived the launcher"
+        for parent, _, names in os.walk(log_dir):
+            assert "job-tokens" not in parent and not any(n.endswith(".sock") for n in names), (parent, names)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+        shutil.rmtree(run_tmp, ignore_errors=True)
 
 
 def test_a_slow_rendezvous_reports_who_is_missing():

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from test_launch import ROOT, assert_none_left, lines_of
+from test_launch import ROOT, assert_none_left, launcher_env, lines_of
 from daemons import credentials, start_coordinator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +64,7 @@ def launch_secure(secure, nproc, program, token=True, sidecar_tls=True, timeout=
     session with the sidecar is its unix socket). Returns (exit code, stdout, stderr)."""
     d = secure["dir"]
     log_dir = tempfile.mkdtemp(prefix="collserve-secure-launch-")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
+    env = {k: v for k, v in launcher_env(log_dir).items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
     if token:
         env["COLLSERVE_TOKEN"] = secure["token"]
     env.update(COLLSERVE_TLS_CA=f"{d}/ca.pem", COLLSERVE_TLS_CERT=f"{d}/client.pem",
