@@ -282,6 +282,7 @@ def run_hosts(net, build, cmd, nproc, sidecar_flags=()):
         coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
                                   os.path.join(build, "server", "collserve-coordinator"),
                                   f"--listen_address={net.ip(1)}:29400", f"--tcpstore_address={net.ip(1)}:29401",
+                                  f"--tcpstore_allow={net.subnet}0/24",
                                   "--metrics_address=", "--log_level=warning", f"--port_file={d}/coord.port", *flags],
                                  stderr=subprocess.DEVNULL)
         wait_file(f"{d}/coord.port", coord, "collserve-coordinator")

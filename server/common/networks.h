@@ -5,6 +5,7 @@
 #define COLLSERVE_SERVER_COMMON_NETWORKS_H_
 
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include <array>
 #include <cstdint>
@@ -38,6 +39,24 @@ class NetworkList {
   std::vector<Network> networks_;
   std::string text_;
 };
+
+// Whether `addr` (AF_INET or AF_INET6, IPv4-mapped counted as IPv4) is a loopback address
+// (127.0.0.0/8 or ::1). Thread-safe.
+bool IsLoopback(const sockaddr_storage& addr);
+
+// Whether the host part of a listen address "host:port" ("127.0.0.1:0", "[::1]:29500",
+// "localhost:1") can only be reached from this host: a loopback address, or "localhost".
+// The wildcard and every other address are false. Thread-safe.
+bool IsLoopbackListenAddress(absl::string_view host_port);
+
+// The uid owning the other end of the TCP connection `fd` when that end is on this host
+// (a loopback connection): the kernel's socket table looked up by the connection's four
+// addresses over NETLINK_SOCK_DIAG (an exact inet_diag request, as `ss -e` makes; no
+// privilege needed), so it names the peer socket's owner at this moment, not whoever owns a
+// port later. Blocks at most 1 s (the netlink socket's receive timeout).
+// Errors: NOT_FOUND (no such socket any more: the peer closed), UNAVAILABLE (getsockname,
+// getpeername or netlink failed, with the errno text). Thread-safe.
+absl::StatusOr<uid_t> LocalPeerUid(int fd);
 
 }  // namespace collserve::server
 

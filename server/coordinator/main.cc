@@ -69,8 +69,13 @@ ABSL_FLAG(absl::Duration, tcpstore_idle_timeout, absl::ZeroDuration(),
           "keep one connection for the whole job and do not reconnect).");
 ABSL_FLAG(std::string, tcpstore_allow, "",
           "Peers allowed on the TCPStore endpoint: comma-separated IP networks (CIDR, e.g. "
-          "127.0.0.0/8,10.4.0.0/16); empty = any. torch's TCPStore clients send no credentials, so this and "
-          "--tcpstore_address are what keep other hosts off the job's keys.");
+          "127.0.0.0/8,10.4.0.0/16); empty = any, allowed only on a loopback --tcpstore_address (0.0.0.0/0,::/0 "
+          "admits anyone). torch's TCPStore clients send no credentials, so this and --tcpstore_address are what "
+          "keep other hosts off the job's keys.");
+ABSL_FLAG(std::string, tcpstore_local_uids, "",
+          "Who may reach the TCPStore endpoint from this host: comma-separated uids that must own the other end of "
+          "a loopback connection (the kernel's socket table); empty = root and this coordinator's uid; \"any\" = "
+          "no check. Other local users are closed at accept, so they cannot read or write the job's keys.");
 ABSL_FLAG(std::string, tcpstore_port_file, "", "If set, the bound TCPStore port is written here once serving.");
 ABSL_FLAG(int64_t, max_value_bytes, 64 << 20, "Largest value one key may hold, in bytes.");
 ABSL_FLAG(int64_t, max_keys, 1 << 20, "Most keys the store holds, all jobs together.");
@@ -202,6 +207,7 @@ int main(int argc, char** argv) {
   options.tcpstore.frame_timeout = absl::GetFlag(FLAGS_tcpstore_frame_timeout);
   options.tcpstore.idle_timeout = absl::GetFlag(FLAGS_tcpstore_idle_timeout);
   options.tcpstore.allowed_networks = absl::GetFlag(FLAGS_tcpstore_allow);
+  options.tcpstore.local_uids = absl::GetFlag(FLAGS_tcpstore_local_uids);
 
   auto coordinator = collserve::server::Coordinator::Start(options);
   if (!coordinator.ok()) {

@@ -20,6 +20,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -29,6 +30,9 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
@@ -94,10 +98,12 @@ int PeerPort(const sockaddr_storage& addr) {
 
 class TcpStoreServerImpl : public TcpStoreServer {
  public:
-  TcpStoreServerImpl(store::Store& store, TcpStoreOptions options, NetworkList allowed)
+  TcpStoreServerImpl(store::Store& store, TcpStoreOptions options, NetworkList allowed,
+                     std::optional<std::vector<uid_t>> local_uids)
       : store_(store),
         options_(std::move(options)),
         allowed_(std::move(allowed)),
+        local_uids_(std::move(local_uids)),
         prefix_(absl::StrCat(options_.job, "/")) {
     limits_.max_key_bytes = options_.max_key_bytes;
     limits_.max_value_bytes = options_.max_value_bytes;
@@ -349,6 +355,8 @@ class TcpStoreServerImpl : public TcpStoreServer {
         refused = absl::StrCat(max_connections_, " connections are open (the limit)");
       } else if (per_peer[ip] >= options_.max_connections_per_peer) {
         refused = absl::StrCat(per_peer[ip], " connections from ", ip, " are open (the per-peer limit)");
+      } else if (local_uids_.has_value() && IsLoopback(addr)) {
+        refused = RefusedLocalPeer(fd);
       }
       if (!refused.empty()) {
         LOG(WARNING) << "tcpstore: refusing a connection from " << peer << ": " << refused;
@@ -365,6 +373,17 @@ class TcpStoreServerImpl : public TcpStoreServer {
       c.peer_ip = ip;
       c.last_request = absl::Now();
     }
+  }
+
+  // Why a loopback connection is refused ("" = admitted): its other end belongs to a uid not
+  // in local_uids_, or its owner cannot be learned (fail closed).
+  std::string RefusedLocalPeer(int fd) const {
+    absl::StatusOr<uid_t> uid = LocalPeerUid(fd);
+    const std::string allowed = absl::StrCat("uid ", absl::StrJoin(*local_uids_, ", "),
+                                             "; --tcpstore_local_uids names who may connect from this host");
+    if (!uid.ok()) return absl::StrCat("the owner of its socket cannot be learned (", uid.status().message(), "; allowed: ", allowed, ")");
+    if (std::find(local_uids_->begin(), local_uids_->end(), *uid) != local_uids_->end()) return "";
+    return absl::StrCat("its socket belongs to uid ", *uid, " (allowed: ", allowed, ")");
   }
 
   // Reads what is there (non-blocking). False at end of stream or on an error (with no
@@ -646,6 +665,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   store::Store& store_;
   const TcpStoreOptions options_;
   const NetworkList allowed_;  // empty = any peer
+  const std::optional<std::vector<uid_t>> local_uids_;  // nullopt = any local user
   const std::string prefix_;
   tcpstore::Limits limits_;
   int max_connections_ = 0;
@@ -671,7 +691,31 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(store::Sto
   if (!allowed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("tcpstore allowed networks: ", allowed.status().message()));
   }
-  auto server = std::make_unique<TcpStoreServerImpl>(store, options, std::move(*allowed));
+  if (allowed->empty() && !IsLoopbackListenAddress(options.listen_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the TCPStore endpoint ", options.listen_address,
+        " can be reached from other hosts and torch's TCPStore protocol carries no credentials: name the networks "
+        "of the job's hosts with --tcpstore_allow (e.g. 10.244.0.0/16; 0.0.0.0/0,::/0 admits anyone), or listen on "
+        "loopback"));
+  }
+  std::optional<std::vector<uid_t>> local_uids;
+  if (options.local_uids != "any") {
+    local_uids.emplace();
+    if (options.local_uids.empty()) {
+      local_uids->push_back(0);
+      if (geteuid() != 0) local_uids->push_back(geteuid());
+    } else {
+      for (absl::string_view part : absl::StrSplit(options.local_uids, ',')) {
+        uint32_t uid;
+        if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &uid) || uid == static_cast<uint32_t>(-1)) {
+          return absl::InvalidArgumentError(absl::StrCat("--tcpstore_local_uids=", options.local_uids, ": \"", part,
+                                                         "\" is not a decimal uid (or give \"any\")"));
+        }
+        local_uids->push_back(static_cast<uid_t>(uid));
+      }
+    }
+  }
+  auto server = std::make_unique<TcpStoreServerImpl>(store, options, std::move(*allowed), std::move(local_uids));
   if (absl::Status s = server->Listen(); !s.ok()) return s;
   return std::unique_ptr<TcpStoreServer>(std::move(server));
 }

@@ -13,6 +13,8 @@
 // limits or an unknown opcode closes that one connection and logs why (glog WARNING), and
 // so does a request not completed within frame_timeout (a client trickling bytes), a client
 // that stops reading its replies for that long, and (with idle_timeout) an idle one.
+// Connections from this host are admitted only for the uids of TcpStoreOptions::local_uids,
+// from other hosts only from TcpStoreOptions::allowed_networks (required off loopback).
 // Connections are capped in total and per peer address; input buffered across connections is
 // bounded (reading pauses beyond it); an accept that runs out of descriptors (EMFILE) backs
 // off instead of spinning.
@@ -63,6 +65,13 @@ struct TcpStoreOptions {
   // clients carry no credentials, so this and the bind address are what limit who can read
   // and write the job's keys. Others are closed at accept and logged.
   std::string allowed_networks;
+  // Who may connect from this host: a connection from a loopback address is admitted only
+  // when the uid owning its other end (the kernel's socket table, LocalPeerUid in
+  // server/common/networks.h) is one of these. Comma-separated decimal uids; "" = root and
+  // the coordinator's own uid (the launcher's ranks run as the launcher's user); "any" = no
+  // check. Another local user is closed at accept and logged, so a launched job's keys are
+  // out of their reach though torch's clients send no credentials.
+  std::string local_uids;
   // > 0: writes (SET, ADD, COMPARE_SET, APPEND, DELETE_KEY, MULTI_SET) run on this many
   // threads of the endpoint's own instead of its one loop thread, each connection's
   // requests still in order: a durable store's writes, which wait for their fdatasync, then
@@ -73,8 +82,10 @@ struct TcpStoreOptions {
 class TcpStoreServer {
  public:
   // Binds and starts serving `store` (not owned; must outlive the server).
-  // Errors: INVALID_ARGUMENT (bad address, job or allowed_networks), UNAVAILABLE (cannot
-  // bind).
+  // Errors: INVALID_ARGUMENT (bad address, job, allowed_networks or local_uids; a listen
+  // address other hosts can reach, i.e. not loopback, with no allowed_networks: the protocol
+  // carries no credentials, so the networks must be named, "0.0.0.0/0,::/0" for anyone),
+  // UNAVAILABLE (cannot bind).
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(store::Store& store, const TcpStoreOptions& options);
   virtual ~TcpStoreServer() = default;  // Shutdown()
   // The bound port.

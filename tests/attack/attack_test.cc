@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "collserve/v1/collectives.grpc.pb.h"
@@ -893,6 +894,43 @@ std::unique_ptr<Cluster> StartTcpStore(const std::vector<std::string>& flags, in
   return *port > 0 ? std::move(cluster) : nullptr;
 }
 
+// Runs tests/python/tcpstore_get.py (a raw TCPStore client: "got VALUE" or "closed") for
+// `key` on `port`, as uid 65534 when `as_nobody` (its text is passed with -c: that uid may
+// not be able to read the checkout); its output.
+std::string TcpStoreGet(Cluster& cluster, int port, const std::string& key, bool as_nobody, const std::string& name);
+
+// Issue 41, finding 2: the TCPStore endpoint took no credentials, so uid nobody read and
+// overwrote a launched job's keys on 127.0.0.1:$MASTER_PORT. Now a loopback connection is
+// admitted only for root and the coordinator's uid (or --tcpstore_local_uids), and an
+// endpoint off loopback does not start without --tcpstore_allow.
+TEST(AttackTest, AnotherLocalUserCannotReachTheTcpStoreEndpoint) {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "needs root and setpriv";
+  int port = 0;
+  auto cluster = StartTcpStore({}, &port);
+  ASSERT_NE(cluster, nullptr);
+  ExpectStoreServes(cluster->coordinator_address());  // sets "still-serving" = "yes"
+  EXPECT_EQ(TcpStoreGet(*cluster, port, "still-serving", false, "owner"), "got yes\n");
+  EXPECT_EQ(TcpStoreGet(*cluster, port, "still-serving", true, "intruder"), "closed\n");
+  EXPECT_TRUE(WaitFor([&] { return absl::StrContains(cluster->coordinator().Output(), "belongs to uid 65534"); },
+                      absl::Seconds(10)))
+      << cluster->coordinator().Output();
+  // Naming the uid admits it.
+  cluster = StartTcpStore({"--tcpstore_local_uids=0,65534"}, &port);
+  ASSERT_NE(cluster, nullptr);
+  ExpectStoreServes(cluster->coordinator_address());
+  EXPECT_EQ(TcpStoreGet(*cluster, port, "still-serving", true, "named"), "got yes\n");
+  // Off loopback without --tcpstore_allow: no start.
+  auto open = Process::Start({CoordinatorBinary(), "--listen_address=127.0.0.1:0", "--tcpstore_address=0.0.0.0:0",
+                              "--metrics_address=", "--allow_unauthenticated"},
+                             {}, cluster->dir() + "/wildcard-coordinator.log");
+  ASSERT_TRUE(open.ok());
+  auto code = (*open)->Wait(absl::Seconds(20));
+  ASSERT_TRUE(code.ok()) << (*open)->Output();
+  EXPECT_NE(*code, 0);
+  EXPECT_THAT((*open)->Output(), HasSubstr("carries no credentials: name the networks of the job's hosts with "
+                                           "--tcpstore_allow"));
+}
+
 // Finding 5: the TCPStore endpoint took 4096 idle connections (one thread each) and then
 // refused legitimate clients; a client trickling a request held its connection forever.
 TEST(AttackTest, TcpStoreCapsConnectionsPerPeerAndClosesTricklingRequests) {
@@ -1209,6 +1247,18 @@ int RunAsNobody(Cluster& cluster, const std::vector<std::string>& argv, const st
   auto code = (*p)->Wait(absl::Seconds(20));
   EXPECT_TRUE(code.ok() && *code == 0) << name << ": " << (*p)->Output();
   return code.ok() ? *code : -1;
+}
+
+std::string TcpStoreGet(Cluster& cluster, int port, const std::string& key, bool as_nobody, const std::string& name) {
+  std::ifstream in(SourceDir() + "/tests/python/tcpstore_get.py");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.empty()) return "cannot read tests/python/tcpstore_get.py";
+  std::vector<std::string> argv = {"/usr/bin/python3", "-c", text, std::to_string(port), key};
+  auto p = Process::Start(as_nobody ? AsNobody(argv) : argv, {}, cluster.dir() + "/" + name + ".log");
+  if (!p.ok()) return p.status().ToString();
+  auto code = (*p)->Wait(absl::Seconds(20));
+  if (!code.ok() || *code != 0) return absl::StrCat("failed: ", (*p)->Output());
+  return (*p)->Output();
 }
 
 bool CanActAsNobody() { return ::geteuid() == 0 && ::access("/usr/bin/setpriv", X_OK) == 0; }

@@ -335,6 +335,8 @@ expect_rejected "a misspelled key (coordinator.replica)" "replica" --set coordin
 expect_rejected "sidecar.shmDir (removed: shared memory goes by descriptor)" "shmDir" --set sidecar.shmDir=/dev/shm
 expect_rejected "coordinator.tcpstoreAllow=[10.0.0.0]" "coordinator.tcpstoreAllow" \
   --set 'coordinator.tcpstoreAllow={10.0.0.0}'
+expect_rejected "service.tcpstorePort without tcpstoreAllow" "needs coordinator.tcpstoreAllow" \
+  --set coordinator.service.tcpstorePort=29500
 expect_rejected "networkPolicy.nodeCIDRs=[nodes]" "networkPolicy.nodeCIDRs" --set 'networkPolicy.nodeCIDRs={nodes}'
 expect_rejected "a misspelled key (coordinator.tls.clientauth)" "clientauth" --set coordinator.tls.clientauth=true
 expect_rejected "tls.certManager without issuerRef.name" "tls.certManager.issuerRef.name is required" \

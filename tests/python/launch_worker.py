@@ -8,9 +8,13 @@
   late       rank 1 sleeps 7 s before init_process_group; then `allreduce`
   fail_once  rank 1 exits with code 3 in the first attempt (TORCHELASTIC_RESTART_COUNT 0);
              in later ones every rank does `allreduce` and prints the attempt
+  intruder   rank 0 sets the job's key "secret" through the SDK, then reads it with a raw
+             TCPStore GET on MASTER_PORT as itself and as uid 65534 (setpriv), printing
+             "owner: ..." and "nobody: ..." (tcpstore_get.py's "got VALUE" or "closed")
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -68,6 +72,19 @@ def main(mode):
         dist.all_reduce(t)
         print(f"attempt {attempt} of {os.environ['TORCHELASTIC_MAX_RESTARTS']}: world {dist.get_world_size()} "
               f"sum {t[0]}")
+    elif mode == "intruder":
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 0:
+            from collserve.store import Store
+            Store(address=os.environ["COLLSERVE_COORDINATOR"]).set("secret", "v1")
+            with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tcpstore_get.py")) as f:
+                client = f.read()
+            for who, prefix in (("owner", []),
+                                ("nobody", ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"])):
+                p = subprocess.run([*prefix, "/usr/bin/python3", "-c", client, os.environ["MASTER_PORT"], "secret"],
+                                   capture_output=True, text=True, timeout=60)
+                print(f"{who}: {p.stdout.strip() or p.stderr.strip()}")
+        dist.barrier()
     elif mode == "allreduce":
         dist.init_process_group("gloo")
         t = np.array([dist.get_rank()], dtype=np.int64)

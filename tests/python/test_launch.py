@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import numpy as np
+import pytest
 
 from test_sdk import Cluster
 
@@ -221,6 +222,19 @@ def test_the_job_token_reaches_the_ranks_as_a_private_file_outside_the_log_dir()
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
         shutil.rmtree(run_tmp, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (uid 65534)")
+def test_another_user_cannot_reach_a_launched_jobs_tcpstore_endpoint():
+    """Issue 41, finding 2: during an embedded launch, uid nobody read and overwrote the job's
+    keys with raw TCPStore requests on 127.0.0.1:$MASTER_PORT (the coordinator's TCPStore
+    endpoint takes no token). Now the endpoint admits only connections whose other end
+    belongs to the coordinator's uid (or root): the rank reads the key, nobody is closed."""
+    from collserve.launch import torch_without_libuv
+    if torch_without_libuv(sys.executable):
+        pytest.skip("this torch has no libuv: MASTER_PORT is rank 0's own torch TCPStore, not the coordinator's")
+    out, _ = launch("--nproc_per_node", "2", WORKER, "intruder")
+    assert lines_of(out, 0) == ["owner: got v1", "nobody: closed"], out
 
 
 def test_a_slow_rendezvous_reports_who_is_missing():
