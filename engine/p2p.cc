@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/types.h"
@@ -154,7 +155,12 @@ void PointToPoint::DepartLocked(int rank, const absl::Status& why) {
 void PointToPoint::Submit(Submission sub) {
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) {
-    Complete(sub, failure_, observer_);
+    // A peer known to have left is the reason this call cannot complete, whatever broke the
+    // transport since (e.g. telling that peer's host of another departure found it gone).
+    const int peer = sub.args.peer;
+    const bool peer_left = peer >= 0 && (sub.args.op == CollectiveOp::kSend ? WhyLeftLocked(peer) != nullptr
+                                                                            : departed_.count(peer) != 0);
+    Complete(sub, peer_left ? PeerLeftLocked(sub) : failure_, observer_);
     return;
   }
   const int rank = sub.rank;
@@ -282,10 +288,18 @@ void PointToPoint::SendMain() {
     }
     if (announce >= 0) {
       // After every message this thread sent for the rank, so no host hears of the
-      // departure before the rank's earlier messages.
+      // departure before the rank's earlier messages. Not to a host whose ranks have all
+      // left (it may have ended the generation already: nobody there needs to hear).
+      std::vector<bool> listening(topology_.num_hosts, false);
+      {
+        absl::MutexLock lock(&mu_);
+        for (size_t r = 0; r < topology_.rank_host.size(); ++r) {
+          if (departed_.count(static_cast<int>(r)) == 0) listening[topology_.rank_host[r]] = true;
+        }
+      }
       P2PHeader header{kDepartMagic, announce, -1, 0, 0, 0};
       for (int h = 0; h < topology_.num_hosts; ++h) {
-        if (h == topology_.host_index) continue;
+        if (h == topology_.host_index || !listening[h]) continue;
         absl::Status s = comm_->Send(&header, sizeof header, h, kHeaderSlot, op_timeout_);
         if (!s.ok()) {
           on_failure_(absl::Status(s.code(), absl::StrCat("telling host ", topology_.host_ids[h], " that rank ",
