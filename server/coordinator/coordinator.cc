@@ -267,6 +267,10 @@ class CoordinatorImpl : public Coordinator {
       g.push_back({"collserve_tcpstore_protocol_errors_total",
                    "TCPStore connections closed for bad input (a malformed or oversized request).",
                    static_cast<double>(tcpstore_->protocol_errors()), true});
+      g.push_back({"collserve_tcpstore_evicted_connections_total",
+                   "TCPStore connections closed at the connection cap, having sent nothing, to make room for a "
+                   "newcomer.",
+                   static_cast<double>(tcpstore_->evicted()), true});
     }
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     return g;

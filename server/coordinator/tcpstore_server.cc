@@ -75,6 +75,8 @@ struct Connection {
   size_t need = 1;      // decode again once `in` holds this many bytes
   tcpstore::Dialect dialect = tcpstore::Dialect::kUndecided;
   absl::Time last_request;                           // for idle_timeout
+  absl::Time accepted;
+  bool requested = false;  // has sent a whole request; until then it may be evicted at the cap
   absl::Time frame_started = absl::InfiniteFuture();  // first byte of an unfinished request
   absl::Time out_stalled = absl::InfiniteFuture();    // replies waiting since
   std::shared_ptr<Outbox> out = std::make_shared<Outbox>();
@@ -162,6 +164,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
 
   int port() const override { return port_; }
   int64_t protocol_errors() const override { return protocol_errors_.load(); }
+  int64_t evicted() const override { return evicted_.load(); }
   std::vector<int64_t> requests() const override {
     std::vector<int64_t> out;
     for (const auto& r : requests_) out.push_back(r.load(std::memory_order_relaxed));
@@ -351,8 +354,8 @@ class TcpStoreServerImpl : public TcpStoreServer {
       std::string refused;
       if (!allowed_.empty() && !allowed_.Contains(addr)) {
         refused = absl::StrCat(ip, " is outside the allowed networks (", allowed_.ToString(), ")");
-      } else if (static_cast<int>(conns.size()) >= max_connections_) {
-        refused = absl::StrCat(max_connections_, " connections are open (the limit)");
+      } else if (static_cast<int>(conns.size()) >= max_connections_ && !EvictSilent(conns, per_peer)) {
+        refused = absl::StrCat(max_connections_, " connections are open (the limit), each of which has sent a request");
       } else if (per_peer[ip] >= options_.max_connections_per_peer) {
         refused = absl::StrCat(per_peer[ip], " connections from ", ip, " are open (the per-peer limit)");
       } else if (local_uids_.has_value() && IsLoopback(addr)) {
@@ -371,8 +374,27 @@ class TcpStoreServerImpl : public TcpStoreServer {
       c.fd = fd;
       c.peer = peer;
       c.peer_ip = ip;
-      c.last_request = absl::Now();
+      c.last_request = c.accepted = absl::Now();
     }
+  }
+
+  // At the connection cap: closes the oldest connection that has sent nothing since it was
+  // accepted (no byte buffered, no request served), so that idle sockets held open cannot
+  // lock legitimate clients out; one that has sent a request is never evicted. False if
+  // every connection has.
+  bool EvictSilent(std::list<Connection>& conns, std::map<std::string, int>& per_peer) {
+    auto oldest = conns.end();
+    for (auto it = conns.begin(); it != conns.end(); ++it) {
+      if (!it->requested && it->in.empty() && (oldest == conns.end() || it->accepted < oldest->accepted)) oldest = it;
+    }
+    if (oldest == conns.end()) return false;
+    evicted_.fetch_add(1);
+    LOG(WARNING) << "tcpstore: closing the connection from " << oldest->peer << " (job " << options_.job
+                 << "): it has sent nothing in " << absl::FormatDuration(absl::Now() - oldest->accepted) << " and the "
+                 << max_connections_ << " connections of the limit are open (the oldest silent one makes room)";
+    CloseConnection(*oldest, per_peer);
+    conns.erase(oldest);
+    return true;
   }
 
   // Why a loopback connection is refused ("" = admitted): its other end belongs to a uid not
@@ -422,6 +444,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
       pos += r.consumed;
       c.need = 1;
       c.last_request = absl::Now();
+      c.requested = true;
       why = Handle(request, c);
     }
     c.in.erase(0, pos);
@@ -676,6 +699,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   std::thread thread_;
   std::unique_ptr<BlockingPool> writes_;  // write_threads > 0: where writes run
   std::atomic<int64_t> protocol_errors_{0};
+  std::atomic<int64_t> evicted_{0};
   std::atomic<int64_t> requests_[tcpstore::kNumOps] = {};
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -47,7 +47,10 @@ struct TcpStoreOptions {
   // Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (torch 2.x's libuv server: 128 Ki).
   int64_t max_keys_per_request = 128 * 1024;
   // Most connections open at once (also at most half the process's descriptor limit),
-  // and from one peer address; more are closed at accept (and logged).
+  // and from one peer address. At the total cap a newcomer takes the place of the oldest
+  // connection that has sent nothing since accepted (idle sockets cannot lock clients out);
+  // when every open connection has sent a request, and at the per-peer cap, the newcomer is
+  // closed at accept. Each is logged.
   int max_connections = 4096;
   int max_connections_per_peer = 256;
   // A request whose first byte arrived must be complete within this; a reply the client
@@ -95,6 +98,9 @@ class TcpStoreServer {
   virtual void Shutdown() = 0;
   // Connections closed because of bad input so far (for tests and metrics).
   virtual int64_t protocol_errors() const = 0;
+  // Connections closed at the connection cap because they had sent nothing since accepted,
+  // to make room for a newcomer (for tests and metrics).
+  virtual int64_t evicted() const = 0;
   // Requests served so far, by command (tcpstore::Op's value; torch's names: OpName).
   virtual std::vector<int64_t> requests() const = 0;
 };

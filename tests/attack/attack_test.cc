@@ -964,9 +964,6 @@ TEST(AttackTest, TcpStoreCapsConnectionsPerPeerAndClosesTricklingRequests) {
   }
 }
 
-// Finding 5: after one EMFILE on the gRPC listener the coordinator never accepted a gRPC
-// connection again. With 64 descriptors, 150 connections exhaust them; once they close,
-// both endpoints serve again, and the TCPStore accept loop did not spin meanwhile.
 // Replaces `cluster`'s coordinator by one limited to 64 descriptors, serving gRPC on a
 // port it writes to DIR/NAME.port, with `flags`; its log is DIR/NAME-coordinator.log.
 absl::StatusOr<std::unique_ptr<Process>> StartSmallCoordinator(Cluster& cluster, const std::string& name,
@@ -981,6 +978,63 @@ absl::StatusOr<std::unique_ptr<Process>> StartSmallCoordinator(Cluster& cluster,
   return Process::Start(argv, {}, absl::StrCat(cluster.dir(), "/", name, "-coordinator.log"));
 }
 
+// Connects to 127.0.0.1:`port` from the loopback address `source` (e.g. "127.0.0.7"), as
+// hosts of many addresses would; -1 on failure.
+int ConnectTcpFrom(const std::string& source, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, source.c_str(), &from.sin_addr) != 1 ||
+      ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Issue 41, finding 5: idle connections from 16 or more addresses (each under the per-peer
+// cap) filled --tcpstore_max_connections and every legitimate client was closed at accept
+// for as long as they stayed open. Now a newcomer takes the place of the oldest connection
+// that has sent nothing; a connection that has sent a request keeps its place.
+TEST(AttackTest, IdleTcpStoreConnectionsFromManyAddressesDoNotLockClientsOut) {
+  int port = 0;
+  auto cluster = StartTcpStore({"--tcpstore_max_connections=32"}, &port);
+  ASSERT_NE(cluster, nullptr);
+  const int before = ConnectTcp(port);  // a client of the job, connected before the flood
+  ASSERT_GE(before, 0);
+  ASSERT_TRUE(Pings(before));
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ConnectTcpFrom(absl::StrCat("127.0.0.", 2 + i % 16), port);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  // The first idle ones made room for the later ones, oldest first: the first is closed.
+  EXPECT_TRUE(ClosedByServer(idle[0], absl::Seconds(10)));
+  // Newcomers are served, and the earlier client too.
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ConnectTcp(port);
+    ASSERT_GE(fd, 0);
+    EXPECT_TRUE(Pings(fd)) << "newcomer " << i;
+    ::close(fd);
+  }
+  EXPECT_TRUE(Pings(before));
+  ::close(before);
+  for (int fd : idle) ::close(fd);
+  EXPECT_THAT(cluster->coordinator().Output(), HasSubstr("the oldest silent one makes room"));
+}
+
+// Finding 5: after one EMFILE on the gRPC listener the coordinator never accepted a gRPC
+// connection again. With 64 descriptors, 150 connections exhaust them; once they close,
+// both endpoints serve again, and the TCPStore accept loop did not spin meanwhile.
 TEST(AttackTest, RunningOutOfDescriptorsIsSurvived) {
   auto cluster = StartCluster(0);
   ASSERT_NE(cluster, nullptr);
