@@ -25,6 +25,9 @@ namespace {
 constexpr char kLogName[] = "wal";
 constexpr char kSnapshotName[] = "snapshot";
 constexpr char kSnapshotTempName[] = "snapshot.tmp";
+constexpr char kCommittedName[] = "wal.committed";
+// wal.committed: fixed64 length | fixed32 CRC-32 of those 8 bytes.
+constexpr size_t kCommittedBytes = 12;
 constexpr size_t kHeaderBytes = 8;
 // Snapshot writes are buffered up to this size before each write().
 constexpr size_t kSnapshotBufferBytes = 1 << 20;
@@ -230,26 +233,42 @@ bool DecodePayload(absl::string_view payload, std::vector<WalOp>* ops) {
 
 // CRC bytes ValidRecordAfter may check before it gives up and answers "maybe".
 constexpr size_t kResyncBudgetBytes = size_t{64} << 20;
+// NextValidRecord's answers besides an offset.
+constexpr size_t kNoRecord = std::numeric_limits<size_t>::max();
+constexpr size_t kMaybeRecord = kNoRecord - 1;
 
-// Whether a well-formed record (header, checksum and payload) starts anywhere after `pos`.
-// A torn append leaves only a prefix of the last record, so none can follow it; one that
-// does means the bad record at `pos` was damaged in place (say a flipped bit in its length
-// field), and dropping everything after it would lose acknowledged writes. Answers true
-// ("maybe") once it has checksummed kResyncBudgetBytes without an answer.
-bool ValidRecordAfter(absl::string_view data, size_t pos) {
+// The offset of the first well-formed record (header, checksum and payload) that starts
+// after `pos`, kNoRecord if there is none, or kMaybeRecord once it has checksummed `budget`
+// bytes without an answer.
+size_t NextValidRecord(absl::string_view data, size_t pos, size_t budget) {
   std::vector<WalOp> ops;
-  size_t budget = kResyncBudgetBytes;
   for (size_t q = pos + 1; q + kHeaderBytes <= data.size(); ++q) {
     const uint32_t length = GetFixed32(data.data() + q);
     if (length == 0 || length > data.size() - q - kHeaderBytes) continue;
-    if (length > budget) return true;
+    if (length > budget) return kMaybeRecord;
     budget -= length;
     const absl::string_view payload = data.substr(q + kHeaderBytes, length);
     if (RecordCrc(data.data() + q, payload) == GetFixed32(data.data() + q + 4) && DecodePayload(payload, &ops)) {
-      return true;
+      return q;
     }
   }
-  return false;
+  return kNoRecord;
+}
+
+// Whether a well-formed record starts anywhere after `pos` ("maybe" counts as yes). A torn
+// append leaves only a prefix of the last record, so none can follow it; one that does
+// means the bad record at `pos` was damaged in place (say a flipped bit in its length
+// field), and dropping everything after it would lose acknowledged writes.
+bool ValidRecordAfter(absl::string_view data, size_t pos) {
+  return NextValidRecord(data, pos, kResyncBudgetBytes) != kNoRecord;
+}
+
+std::string EncodeCommitted(uint64_t length) {
+  std::string out;
+  PutFixed32(&out, static_cast<uint32_t>(length));
+  PutFixed32(&out, static_cast<uint32_t>(length >> 32));
+  PutFixed32(&out, static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(out.data()), 8)));
+  return out;
 }
 
 // Where replay stopped at a bad record.
@@ -266,9 +285,9 @@ struct BadRecord {
 // well-formed record follows it. A record whose checksum matches but whose payload does not
 // decode is DATA_LOSS at once.
 absl::Status Replay(absl::string_view data, absl::string_view path, KeyValueMap* state, RequestLog* requests,
-                    size_t* valid_bytes, std::optional<BadRecord>* bad) {
+                    size_t* valid_bytes, std::optional<BadRecord>* bad, size_t start = 0) {
   std::vector<WalOp> ops;
-  size_t pos = 0;
+  size_t pos = start;
   while (pos < data.size()) {
     const size_t left = data.size() - pos;
     const char* reason = nullptr;
@@ -382,37 +401,120 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
 
   std::string data;
   COLLSERVE_RETURN_IF_ERROR(ReadAll(log_fd, log_path, &data));
+  // How much of the log was acknowledged (wal.committed, written after each fdatasync):
+  // damage before it is lost data, never a torn tail. Absent (a log of an older build, or a
+  // new one): the log alone decides, as before.
+  const std::string committed_path = JoinPath(options.dir, kCommittedName);
+  size_t committed = 0;
+  bool have_committed = false;
+  {
+    const int fd = ::open(committed_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno != ENOENT) return IoError("cannot open", committed_path, errno);
+    if (fd >= 0) {
+      std::string bytes;
+      absl::Status read = ReadAll(fd, committed_path, &bytes);
+      ::close(fd);
+      COLLSERVE_RETURN_IF_ERROR(read);
+      const uint64_t length =
+          bytes.size() == kCommittedBytes
+              ? GetFixed32(bytes.data()) | (static_cast<uint64_t>(GetFixed32(bytes.data() + 4)) << 32)
+              : 0;
+      if (bytes.size() == kCommittedBytes && EncodeCommitted(length) == bytes) {
+        committed = static_cast<size_t>(std::min<uint64_t>(length, std::numeric_limits<size_t>::max()));
+        have_committed = true;
+      } else if (!bytes.empty()) {
+        Warn(options, absl::StrCat(committed_path, " is damaged (", bytes.size(),
+                                   " bytes): checking the log without the length of its acknowledged writes"));
+      }
+    }
+  }
+  const auto where = [&](size_t offset) { return absl::StrCat(" at offset ", offset, " of ", log_path); };
+  const std::string acknowledged = absl::StrCat("the first ", committed, " bytes were acknowledged (", kCommittedName, ")");
   size_t valid = 0;
-  std::optional<BadRecord> bad;
-  COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, state, requests, &valid, &bad));
-  if (bad.has_value()) {
-    const size_t tail = data.size() - bad->offset;
-    if (!bad->torn_tail && !options.repair) {
+  size_t pos = 0;
+  bool repaired = false;  // damage was moved aside: the log is rewritten below
+  for (;;) {
+    std::optional<BadRecord> bad;
+    COLLSERVE_RETURN_IF_ERROR(Replay(data, log_path, state, requests, &valid, &bad, pos));
+    if (!bad.has_value()) {
+      if (valid < committed) {
+        // Cut short: acknowledged records are missing from the end.
+        if (!options.repair) {
+          return absl::DataLossError(absl::StrCat("the log ends", where(valid), " but ", acknowledged,
+                                                  ": acknowledged writes are missing; restart with repair to "
+                                                  "open it with what is there"));
+        }
+        Warn(options, absl::StrCat("repair: the log ends", where(valid), " but ", acknowledged,
+                                   "; the writes in the missing bytes are lost"));
+        repaired = true;
+      }
+      break;
+    }
+    const size_t offset = bad->offset;
+    const size_t tail = data.size() - offset;
+    const bool was_acknowledged = offset < committed;
+    const bool followed = ValidRecordAfter(data, offset);
+    if (!was_acknowledged && (have_committed ? !followed : bad->torn_tail)) {
+      // After the last acknowledged write with nothing well-formed after it: an append a
+      // crash interrupted, the preallocated zeros, or damage to space never written.
+      if (AllZero(absl::string_view(data).substr(offset))) {
+        // The log's preallocated zeros after its last record: no record was there.
+      } else if (have_committed) {
+        Warn(options, absl::StrCat("dropping a torn last record (", bad->reason, ") of ", tail, " bytes", where(offset),
+                                   ", after the acknowledged writes (", acknowledged,
+                                   "): an append a crash interrupted, or damage to space not yet written; nothing "
+                                   "acknowledged was in it unless the host lost power (", kCommittedName,
+                                   " can then be behind by the last seconds of writes)"));
+      } else {
+        Warn(options, absl::StrCat("dropping a torn last record (", bad->reason, ") of ", tail, " bytes", where(offset),
+                                   ": an append a crash interrupted (this log has no ", kCommittedName,
+                                   ", so whether it had been acknowledged is not known)"));
+      }
+      break;
+    }
+    if (!options.repair) {
       // Never truncated: the operator decides (--wal_repair moves the damage aside).
       return absl::DataLossError(absl::StrCat(
-          bad->reason, " at offset ", bad->offset, " of ", log_path, " (", data.size(), " bytes; ", tail,
-          " bytes from there on were not replayed); the log is left as it is: restart with repair to move ",
-          "the damaged tail aside and lose the writes in it"));
+          bad->reason, where(offset), " (", data.size(), " bytes; ",
+          was_acknowledged ? acknowledged
+          : followed       ? std::string("a well-formed record follows it, so it was damaged in place")
+                           : std::string("it is not a torn last record"),
+          "); the log is left as it is: restart with repair to move the damaged bytes aside, lose the writes in "
+          "them and keep the records after them"));
     }
-    if (bad->torn_tail && AllZero(absl::string_view(data).substr(bad->offset))) {
-      // The log's preallocated zeros after its last record (a crash, or an older build's
-      // torn append that left only zeros): no record was there.
-    } else if (bad->torn_tail) {
-      Warn(options, absl::StrCat("dropping a torn last record (", bad->reason, ") of ", tail, " bytes at offset ",
-                                 bad->offset, " of ", log_path, ": an append a crash interrupted, never acknowledged"));
-    } else {
-      // Repair: keep the damaged bytes in a file of their own, then cut them off.
-      const std::string aside = JoinPath(options.dir, absl::StrCat(kLogName, ".damaged-", bad->offset));
-      const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) return IoError("cannot create", aside, errno);
-      absl::Status written = WriteAll(fd, data.substr(bad->offset), aside);
-      if (written.ok() && ::fsync(fd) != 0) written = IoError("cannot fsync", aside, errno);
-      ::close(fd);
-      COLLSERVE_RETURN_IF_ERROR(written);
-      COLLSERVE_RETURN_IF_ERROR(SyncDir(options.dir));
-      Warn(options, absl::StrCat("repair: ", bad->reason, " at offset ", bad->offset, " of ", log_path, "; moved the ",
-                                 tail, " bytes from there on (their writes are lost) to ", aside));
+    // Repair: keep the damaged bytes (up to the next well-formed record) in a file of their
+    // own, and replay on from that record.
+    const size_t next = NextValidRecord(data, offset, kNoRecord);
+    const size_t damaged_end = next == kNoRecord ? data.size() : next;
+    const std::string aside = JoinPath(options.dir, absl::StrCat(kLogName, ".damaged-", offset));
+    const int fd = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return IoError("cannot create", aside, errno);
+    absl::Status written = WriteAll(fd, absl::string_view(data).substr(offset, damaged_end - offset), aside);
+    if (written.ok() && ::fsync(fd) != 0) written = IoError("cannot fsync", aside, errno);
+    ::close(fd);
+    COLLSERVE_RETURN_IF_ERROR(written);
+    COLLSERVE_RETURN_IF_ERROR(SyncDir(options.dir));
+    Warn(options, absl::StrCat("repair: ", bad->reason, where(offset), "; moved the ", damaged_end - offset,
+                               " bytes up to offset ", damaged_end, " (their writes are lost) to ", aside,
+                               next == kNoRecord ? "; no well-formed record follows them"
+                                                 : absl::StrCat("; replaying on from the record at offset ", next)));
+    repaired = true;
+    if (next == kNoRecord) {
+      valid = offset;
+      break;
     }
+    pos = next;
+  }
+  wal->committed_fd_ = ::open(committed_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (wal->committed_fd_ < 0) return IoError("cannot open", committed_path, errno);
+  if (repaired) {
+    // The log still holds the damage: write what was recovered as a snapshot and start an
+    // empty log (Compact), so that the next start opens it without repair.
+    wal->log_bytes_ = wal->allocated_bytes_ = static_cast<int64_t>(data.size());
+    COLLSERVE_RETURN_IF_ERROR(wal->Compact(*state, requests != nullptr ? *requests : RequestLog{}));
+    return wal;
+  }
+  if (valid < data.size()) {
     // Cut the tail off so that new records follow the last good one.
     if (::ftruncate(log_fd, static_cast<off_t>(valid)) != 0) {
       return IoError("cannot truncate the bad tail of", log_path, errno);
@@ -421,7 +523,8 @@ absl::StatusOr<std::unique_ptr<Wal>> Wal::Open(const Options& options, KeyValueM
   }
   wal->log_bytes_ = static_cast<int64_t>(valid);
   wal->allocated_bytes_ = wal->log_bytes_;
-  // Makes a newly created log file's directory entry durable.
+  COLLSERVE_RETURN_IF_ERROR(wal->WriteCommitted(/*sync=*/true));
+  // Makes a newly created log file's (and wal.committed's) directory entry durable.
   COLLSERVE_RETURN_IF_ERROR(SyncDir(options.dir));
   return wal;
 }
@@ -432,7 +535,19 @@ Wal::Wal(Options options, int log_fd, int64_t log_bytes)
 Wal::~Wal() {
   // Leave the file as long as its records (best effort: Open drops a zero tail anyway).
   if (allocated_bytes_ > log_bytes_ && broken_.ok()) (void)!::ftruncate(log_fd_, static_cast<off_t>(log_bytes_));
+  if (committed_fd_ >= 0) {
+    if (broken_.ok()) WriteCommitted(/*sync=*/true).IgnoreError();  // best effort: it is a lower bound anyway
+    ::close(committed_fd_);
+  }
   ::close(log_fd_);
+}
+
+absl::Status Wal::WriteCommitted(bool sync) {
+  const std::string bytes = EncodeCommitted(static_cast<uint64_t>(log_bytes_));
+  const std::string path = JoinPath(options_.dir, kCommittedName);
+  COLLSERVE_RETURN_IF_ERROR(WriteAllAt(committed_fd_, bytes, 0, path));
+  if (sync && ::fdatasync(committed_fd_) != 0) return IoError("cannot fdatasync", path, errno);
+  return absl::OkStatus();
 }
 
 void Wal::EncodeOps(const std::vector<WalOp>& ops, std::string* payload) {
@@ -489,6 +604,10 @@ absl::Status Wal::WriteAndSync(absl::string_view payload, int64_t count) {
   ++syncs_;
   records_ += count;
   log_bytes_ += static_cast<int64_t>(records.size());
+  // Not synced: the page cache keeps it through a crash of this process, and a power loss
+  // can only leave it behind the log (it is written after the log's fdatasync), so it
+  // stays a lower bound on what was acknowledged. A failure only weakens that bound.
+  WriteCommitted(/*sync=*/false).IgnoreError();
   return absl::OkStatus();
 }
 
@@ -544,8 +663,15 @@ absl::Status Wal::Compact(const KeyValueMap& state, const RequestLog& requests) 
   // both pairs replay to the same state because records are absolute, so the order of the
   // remaining steps only matters for disk space.
   COLLSERVE_RETURN_IF_ERROR(SyncDir(options_.dir));
-  if (::ftruncate(log_fd_, 0) != 0) return IoError("cannot truncate", log_path, errno);
+  // wal.committed goes to 0 durably before the log is emptied, or a power loss could leave
+  // an empty log with the old length acknowledged (DATA_LOSS at the next start).
+  const int64_t records_end = log_bytes_;
   log_bytes_ = 0;
+  if (absl::Status s = WriteCommitted(/*sync=*/true); !s.ok()) {
+    log_bytes_ = records_end;
+    return s;
+  }
+  if (::ftruncate(log_fd_, 0) != 0) return IoError("cannot truncate", log_path, errno);
   allocated_bytes_ = 0;
   if (::fdatasync(log_fd_) != 0) {
     broken_ = IoError("wal is unusable after a failed fdatasync of", log_path, errno);

@@ -33,6 +33,14 @@ namespace collserve::store {
 //
 // Files, inside the data directory:
 //   wal       the log, appended to; started afresh after each compaction
+//   wal.committed  fixed64 length | fixed32 CRC-32 of those 8 bytes: how many bytes of
+//             `wal` were acknowledged. Written after each fdatasync of the log and not
+//             synced itself (one pwrite; the page cache keeps it through a crash of the
+//             process; after a power loss it can only be behind the log, by what was
+//             acknowledged since the kernel last wrote it back, dirty_expire: ~30 s), set
+//             to 0 and synced before a compaction empties the log. So it is a lower bound on
+//             what was acknowledged: damage below it is lost data. Absent for a log of an
+//             older build, which Open then checks as before (the log alone decides).
 //   snapshot  full state (one PUT per key); replaced atomically (write snapshot.tmp, fsync,
 //             rename, fsync the directory)
 // The store's contents: key -> value, ordered, with heterogeneous lookup by string_view.
@@ -62,9 +70,11 @@ class Wal {
     // The log is compacted into a snapshot once it is larger than this many bytes AND more
     // than twice the live data. Default: kDefaultCompactBytes. Tests lower it.
     int64_t compact_bytes = kDefaultCompactBytes;
-    // Open a log with a damaged record that is not a torn tail by moving the bytes from
-    // that record on to "wal.damaged-<offset>" in `dir` and cutting them off the log: the
-    // writes in them are lost, knowingly. Default: refuse (DATA_LOSS) and change nothing.
+    // Open a log with damage (a bad record that is not a torn tail, or a log shorter than
+    // wal.committed) by moving each damaged range, from the bad record up to the next
+    // well-formed one, to "wal.damaged-<offset>" in `dir`, replaying on from that record,
+    // and then writing what was recovered as a snapshot with an empty log: the writes in
+    // the damaged bytes are lost, knowingly. Default: refuse (DATA_LOSS), change nothing.
     bool repair = false;
     // Where Open reports what it dropped or moved aside (a torn tail, a repair), one line
     // each. Default (empty): standard error. Called on the thread that calls Open.
@@ -75,14 +85,15 @@ class Wal {
   // (which must be empty). Holds an flock on the log until destroyed, so a second Wal on
   // the same directory fails.
   //
-  // Only a torn tail is dropped: a bad last record that reaches (or runs past) the end of
-  // the file, or one followed only by zero bytes, and after which no well-formed record
-  // starts anywhere (a crash mid-append leaves a prefix of one record, never a record
-  // after it). It is cut off the file and reported through options.warn with its offset
-  // and size. Any other bad record (a flipped bit in an early record's length field, which
-  // points past the end, included: the records after it are found) is DATA_LOSS naming
-  // the offset, and the files are left untouched, unless options.repair moves the damaged
-  // tail aside. Any bad record in the snapshot is DATA_LOSS, repair or not.
+  // Only a torn tail is dropped: a bad record at or after wal.committed's length after
+  // which no well-formed record starts anywhere (a crash mid-append leaves a prefix of one
+  // record, never a record after it; the preallocated zeros and damage to them count too).
+  // It is cut off the file and reported through options.warn with its offset and size
+  // (not when it is all zeros). Without wal.committed (an older build's log) a torn tail
+  // must also reach the end of the file or be followed by zeros only, as before. Any other
+  // bad record, and a log shorter than wal.committed, is DATA_LOSS naming the offset and the
+  // acknowledged length, and the files are left untouched, unless options.repair moves the
+  // damage aside (above). Any bad record in the snapshot is DATA_LOSS, repair or not.
   // UNAVAILABLE: a file or the directory cannot be created, read, written or locked;
   // RESOURCE_EXHAUSTED: the disk or quota is full.
   // The kRequest records found are appended to `*requests` (oldest first) when it is not
@@ -140,8 +151,12 @@ class Wal {
   // failure leaves it as it was.
   void Preallocate(int64_t bytes);
 
+  // Writes log_bytes_ to wal.committed (fdatasync'd when `sync`).
+  absl::Status WriteCommitted(bool sync);
+
   const Options options_;
   int log_fd_;
+  int committed_fd_ = -1;  // wal.committed
   int64_t log_bytes_;        // end of the last record
   int64_t allocated_bytes_ = 0;  // the file's size: log_bytes_ plus preallocated zeros
   // Do not try to compact again before the log reaches this size (set after a failure).

@@ -101,9 +101,11 @@ ABSL_FLAG(int, store_write_threads, 64,
           "With --data_dir: threads that run gRPC store writes while they wait for their fdatasync; up to this "
           "many concurrent writes share one (group commit).");
 ABSL_FLAG(bool, wal_repair, false,
-          "Start even if --data_dir's log is damaged before its last record: move the damaged tail to "
-          "wal.damaged-<offset> in --data_dir and lose the writes in it. Without it such a log is refused "
-          "(DATA_LOSS naming the offset) and left untouched; a torn last record is always dropped and logged.");
+          "Start even if --data_dir's log is damaged where it was acknowledged (wal.committed) or before a "
+          "well-formed record: move each damaged range, up to the next well-formed record, to "
+          "wal.damaged-<offset> in --data_dir, lose the writes in it, replay the records after it, and rewrite "
+          "the store as a snapshot. Without it such a log is refused (DATA_LOSS naming the offset) and left "
+          "untouched; a torn last record after the acknowledged length is always dropped and logged.");
 ABSL_FLAG(int, max_world_size, 1 << 16,
           "Largest world_size a group may have; a join asking for more is INVALID_ARGUMENT naming this limit.");
 ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
