@@ -359,7 +359,7 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
       // coordinator's ledger says about it names who is missing, and where.
       s = absl::Status(s.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
                                               "\": the argument exchange between hosts failed: ", s.message(),
-                                              DiagnosisSuffix(s)));
+                                              DiagnosisSuffix(s, deadline + kExplainSlack)));
     }
     fail_all(s);
     return;
@@ -441,7 +441,8 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   if (!status.ok()) {
     if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
     status = absl::Status(status.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
-                                                      "\": ", status.message(), FailedMeanwhileSuffix(status)));
+                                                      "\": ", status.message(),
+                                                      FailedMeanwhileSuffix(status, deadline + kExplainSlack)));
   }
   absl::MutexLock lock(&mu_);
   RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
@@ -594,13 +595,15 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
                       "purpose, call it from one function, or set COLLSERVE_CALL_SITES=0)");
 }
 
-std::string Group::FailedMeanwhileSuffix(const absl::Status& error) {
+std::string Group::FailedMeanwhileSuffix(const absl::Status& error, absl::Time explain_by) {
   absl::MutexLock lock(&mu_);
   auto known = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || state_ == State::kFailed || !remote_left_.empty();
   };
   const bool departures = error.code() != absl::StatusCode::kDeadlineExceeded;
-  if (departures && topology_.num_hosts > 1) mu_.AwaitWithTimeout(absl::Condition(&known), kExplainWait);
+  if (departures && topology_.num_hosts > 1) {
+    mu_.AwaitWithDeadline(absl::Condition(&known), std::min(absl::Now() + kExplainWait, explain_by));
+  }
   if (state_ == State::kFailed && !failure_.ok()) {
     return absl::StrCat(" (the group had failed meanwhile: ", failure_.message(), ")");
   }
@@ -610,8 +613,8 @@ std::string Group::FailedMeanwhileSuffix(const absl::Status& error) {
   return left.empty() ? "" : absl::StrCat("; ", absl::StrJoin(left, "; "));
 }
 
-std::string Group::DiagnosisSuffix(const absl::Status& error) {
-  std::string meanwhile = FailedMeanwhileSuffix(error);
+std::string Group::DiagnosisSuffix(const absl::Status& error, absl::Time explain_by) {
+  std::string meanwhile = FailedMeanwhileSuffix(error, explain_by);
   std::string credential;
   {
     absl::MutexLock lock(&mu_);
@@ -622,8 +625,11 @@ std::string Group::DiagnosisSuffix(const absl::Status& error) {
   // Ranks of other hosts left (`meanwhile` names them), or nothing is known: the ledger
   // tells who had not called the collective. A host whose ranks left at their own op
   // timeout (it started waiting earlier, or its timeout is shorter) left because of those.
-  absl::StatusOr<std::string> diagnosis =
-      env_.coordinator->Diagnose(params_.job, params_.name, credential, kDiagnosisTimeout);
+  // Within the explanation's budget: a host cut off from the coordinator as well would
+  // otherwise hold its ranks' error for the whole kDiagnosisTimeout past the op timeout.
+  const absl::Duration budget = std::min(kDiagnosisTimeout, explain_by - absl::Now());
+  if (budget < absl::Milliseconds(10)) return meanwhile;
+  absl::StatusOr<std::string> diagnosis = env_.coordinator->Diagnose(params_.job, params_.name, credential, budget);
   if (!diagnosis.ok() || diagnosis->empty()) return meanwhile;
   return absl::StrCat(meanwhile, "; the coordinator's ledger: ", *diagnosis);
 }

@@ -239,9 +239,11 @@ class Group : public std::enable_shared_from_this<Group> {
   // What explains a failed exchange, for an error message: FailedMeanwhileSuffix alone when
   // the group failed meanwhile (the coordinator ended the generation); otherwise its
   // departures (if any) followed by "; the coordinator's ledger: <its diagnosis of this
-  // group>" (left out when it has none within kDiagnosisTimeout). Blocks; executor thread,
-  // no lock held.
-  std::string DiagnosisSuffix(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // group>" (left out when it has none within kDiagnosisTimeout). Both waits end by
+  // `explain_by` (the collective's deadline + kExplainSlack: every rank's error within its op
+  // timeout + 1 s, though the coordinator is cut off too). Blocks; executor thread, no lock
+  // held.
+  std::string DiagnosisSuffix(const absl::Status& error, absl::Time explain_by) ABSL_LOCKS_EXCLUDED(mu_);
   // Why a collective across hosts failed in the backend, as the coordinator told this host:
   // " (the group had failed meanwhile: <why>)" when the group failed while the executor ran
   // it (the coordinator ended the generation), "; rank R left group ... (the coordinator:
@@ -251,10 +253,12 @@ class Group : public std::enable_shared_from_this<Group> {
   // which answers this host's watch at once), so it waits up to kExplainWait for it.
   // Only for `error`s other than DEADLINE_EXCEEDED: after a timeout, ranks that leave are
   // a consequence (they gave up too), not the cause, which the ledger's diagnosis names.
-  // Blocks; executor thread, no lock held.
-  std::string FailedMeanwhileSuffix(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits no later than `explain_by`. Blocks; executor thread, no lock held.
+  std::string FailedMeanwhileSuffix(const absl::Status& error, absl::Time explain_by) ABSL_LOCKS_EXCLUDED(mu_);
   static constexpr absl::Duration kDiagnosisTimeout = absl::Seconds(3);
   static constexpr absl::Duration kExplainWait = absl::Seconds(1);
+  // How long past a collective's deadline explaining its failure may take.
+  static constexpr absl::Duration kExplainSlack = absl::Milliseconds(600);
 
   // The host a backend error between hosts blames (OnBackendError): the group's only other
   // host, else the one other host whose backend address `message` names; "unknown"

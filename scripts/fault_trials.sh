@@ -13,6 +13,9 @@
 #   link_cut     3 hosts in network namespaces (root), host 2 is cut off (nft drop) mid-all_reduce;
 #                hosts 1 and 3 must re-form without it and go on (multihost_netns_test)
 #   link_heal    as link_cut, then the link heals and host 2's ranks must rejoin (6 ranks again)
+#   cut_timing   2 hosts (root), host 2 cut off from its peer and the coordinator mid-all_reduce
+#                with a 5 s op timeout: every rank on both sides must fail within 6 s of its
+#                call (issue 41); the worst time of each trial is printed
 # A trial that passes its check survived; one that ends otherwise failed; one that does not
 # end within its bound (killed by timeout) hung. Logs: /tmp/collserve-fault-trials/.
 set -uo pipefail
@@ -20,7 +23,7 @@ cd "$(dirname "$0")/.."
 trials="${1:-20}"
 shift || true
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(coordinator rank_kill rank_restart link_cut link_heal)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(coordinator rank_kill rank_restart link_cut link_heal cut_timing)
 build=build
 [ -x "$build/server/collserve-sidecar" ] || { echo "build first: $build/server/collserve-sidecar is missing" >&2; exit 2; }
 logs=/tmp/collserve-fault-trials
@@ -61,6 +64,13 @@ for s in "${scenarios[@]}"; do
         one "$s" "$t" 200 "$build/tests/fault/multihost_netns_test" \
           --gtest_filter=NetnsHosts.CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals &&
           ! grep -q "SKIPPED" "$logs/$s-$t.log" ;;
+      cut_timing)
+        one "$s" "$t" 120 "$build/tests/fault/multihost_netns_test" \
+          --gtest_filter=NetnsHosts.EverySideOfACutFailsWithinTheOpTimeoutPlusOneSecond &&
+          ! grep -q "SKIPPED" "$logs/$s-$t.log"
+        rc=$?
+        grep -h "each rank's error" "$logs/$s-$t.log" | sed "s/^/  trial $t: /"
+        (exit $rc) ;;
       *) echo "unknown scenario $s" >&2; exit 2 ;;
     esac
     rc=$?

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
@@ -272,6 +273,34 @@ TEST_F(NetnsHosts, CutLinkFailsTheOtherHostWithinTheOpTimeout) {
         << out;
   }
   EXPECT_LT(absl::Now() - cut, absl::Seconds(8));
+}
+
+// Issue 41, finding 7: the ranks of the host that is cut off (from its peers and from the
+// coordinator alike) got their error at 7.6-7.8 s with a 5 s op timeout. Every rank, on
+// both sides, fails within op timeout + 1 s of the cut.
+TEST_F(NetnsHosts, EverySideOfACutFailsWithinTheOpTimeoutPlusOneSecond) {
+  std::vector<Process*> ranks = StartLoopRanksAndCutHost2(/*op_timeout=*/"5");
+  if (ranks.empty()) return;
+  const absl::Time cut = absl::Now();
+  std::string times;
+  int64_t worst_ms = 0;
+  for (int r = 0; r < 4; ++r) {
+    // Up to 20 s, so that a late error's time and text are in the failure message.
+    auto code = ranks[r]->Wait(absl::Seconds(20) - (absl::Now() - cut));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within 20 s of the cut:" << LastLines() << Logs();
+    EXPECT_EQ(*code, 3) << ranks[r]->Output();
+    // The time from the failed call to its error, as the rank measured it ("error after N ms").
+    const std::string out = ranks[r]->Output();
+    const size_t at = out.rfind("error after ");
+    int64_t ms = -1;
+    ASSERT_NE(at, std::string::npos) << out;
+    ASSERT_TRUE(absl::SimpleAtoi(out.substr(at + 12, out.find(' ', at + 12) - at - 12), &ms)) << out;
+    worst_ms = std::max(worst_ms, ms);
+    absl::StrAppend(&times, " rank ", r, " (host ", 1 + r % 2, "): ", ms, " ms;");
+  }
+  EXPECT_LE(worst_ms, 6000) << "not every rank failed within op timeout + 1 s of its call:" << times << LastLines()
+                            << Logs();
+  std::printf("each rank's error after its call (op timeout 5 s):%s\n", times.c_str());
 }
 
 // The same cut with an op timeout of 60 s: the coordinator takes host 2 as lost once its
