@@ -8,16 +8,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 #include "common/local_socket.h"
 #include "common/status_macros.h"
 
 namespace collserve::fdchannel {
 namespace {
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Waits until `sock` is ready for `events` or `deadline`.
 absl::Status WaitFor(int sock, short events, absl::Time deadline, const char* what) {

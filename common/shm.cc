@@ -9,14 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 
 namespace collserve {
 namespace {
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/errno_text.h"
 #include "common/status_macros.h"
 
 namespace collserve::store {
@@ -38,18 +39,6 @@ constexpr size_t kSnapshotBufferBytes = 1 << 20;
 // reason. A crash leaves the zeros after the last record, which Open() drops (a zero tail
 // is never a record).
 constexpr int64_t kPreallocateBytes = int64_t{4} << 20;
-
-// strerror_r comes in a GNU (returns char*) and an XSI (returns int) flavour.
-[[maybe_unused]] std::string StrErrorResult(char* buf, int result) {
-  return result == 0 ? std::string(buf) : std::string("unknown error");
-}
-[[maybe_unused]] std::string StrErrorResult(char* buf, char* result) { return std::string(result); }
-
-std::string ErrnoText(int err) {
-  char buf[256];
-  buf[0] = '\0';
-  return StrErrorResult(buf, strerror_r(err, buf, sizeof(buf)));
-}
 
 // UNAVAILABLE, except a full disk or quota: RESOURCE_EXHAUSTED (the store is out of room,
 // not unreachable; clients must not retry it as a network error).

@@ -23,7 +23,6 @@
 #include <exception>
 #include <fstream>
 #include <iterator>
-#include <system_error>
 
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -31,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/errno_text.h"
 #include "common/local_socket.h"
 #include "server/common/metrics.h"
 
@@ -128,7 +128,7 @@ absl::Status WritePortFile(const std::string& path, int port) {
 
 namespace {
 
-std::string ErrnoMessage(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string ErrnoMessage(int err) { return ErrnoText(err); }
 
 // A unix socket address for `path`; false if it does not fit sun_path.
 bool UnixAddress(const std::string& path, sockaddr_un* addr) {

@@ -13,18 +13,17 @@
 
 #include <cerrno>
 #include <cstring>
-#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 
 namespace collserve::server {
 namespace {
 
 constexpr absl::Duration kBackoff = absl::Milliseconds(100);
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 int ListenOn(int family, const sockaddr* addr, socklen_t len, bool dual_stack, int* err) {
   const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -11,17 +11,16 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
-#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 #include "common/fd_channel.h"
 #include "common/shm.h"
 
 namespace collserve::server {
 namespace {
 
-std::string ErrnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 // Replies and waits at most this long for room to do so: a client that does not read its
 // answers is closed rather than allowed to stall the channel.
