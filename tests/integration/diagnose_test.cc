@@ -189,8 +189,18 @@ TEST(DiagnoseTest, ARankDelayed200MsPerStepIsNamedAsTheStragglerWithin5Seconds) 
   std::printf("collservectl dump world:\n%s\n", dump.c_str());
   EXPECT_THAT(dump, HasSubstr("SEQ  OP"));
   EXPECT_THAT(dump, HasSubstr("all_reduce  1000"));
-  auto [jcode, json] = Ctl(cluster, {"--json", "dump", "world"});
-  EXPECT_EQ(jcode, 0) << json;
+  // Each sidecar publishes its host's arrivals with its own progress report, so a dump taken
+  // right after the first collective may hold one host's half; wait until both have arrived.
+  std::string json;
+  const bool both_hosts = WaitFor(
+      [&] {
+        auto [jcode, out] = Ctl(cluster, {"--json", "dump", "world"});
+        json = out;
+        return jcode == 0 && absl::StrContains(out, "{\"rank\":3,\"arrived_unix_us\":\"") &&
+               absl::StrContains(out, "{\"rank\":0,\"arrived_unix_us\":\"");
+      },
+      absl::Seconds(10), absl::Milliseconds(100));
+  EXPECT_TRUE(both_hosts) << json;
   EXPECT_THAT(json, HasSubstr("\"last_rank\":2"));
   // Rank 2 is among the stragglers (a slow start can make another rank last once).
   EXPECT_THAT(json, HasSubstr("{\"rank\":2,\"host_id\":\"host1\",\"last_count\":"));
