@@ -117,7 +117,7 @@ class Coordinator:
     """A collserve coordinator with a gRPC port and a TCPStore endpoint: durable (--data_dir),
     in memory, or with its store in etcd (etcd_endpoint)."""
 
-    def __init__(self, build, work, durable, etcd_endpoint=None):
+    def __init__(self, build, work, durable, etcd_endpoint=None, extra_args=(), env=None):
         sys.path.insert(0, os.path.join(build, "python"))
         from collserve.launch import embedded_credentials
         self.dir = tempfile.mkdtemp(prefix="coord.", dir=work)
@@ -129,7 +129,8 @@ class Coordinator:
             argv.append(f"--data_dir={self.dir}/data")
         if etcd_endpoint:
             argv.append(f"--etcd_endpoints={etcd_endpoint}")
-        self.proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+        argv.extend(extra_args)  # later flags win (absl): e.g. a --metrics_address
+        self.proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 30
         # The TCPStore port file is written first (each is renamed into place whole).
         while not os.path.exists(f"{self.dir}/port"):

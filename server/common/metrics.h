@@ -63,7 +63,9 @@ struct GaugeValue {
 // The process's own metrics under the Prometheus client libraries' standard names
 // (process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
 // process_open_fds, process_max_fds, process_start_time_seconds), read from /proc/self; a
-// value /proc does not give is left out. Defined in daemon.cc.
+// value /proc does not give is left out. Also collserve_heap_allocated_bytes and
+// collserve_heap_free_bytes from glibc's mallinfo2 (bytes), which tell a leak (allocated
+// grows) from allocator retention (free grows). Thread-safe. Defined in daemon.cc.
 std::vector<GaugeValue> ProcessMetrics();
 
 // Gauges (and counters) whose values are read when Prometheus scrapes; consecutive values

@@ -168,6 +168,7 @@ TEST(MonitoringTest, PrometheusScrapesTheDaemonsDuringAJobAndEveryDashboardExpre
       {"collserve_registry_generations_formed_total", 1},
       {"sum(collserve_collective_algorithms_total{op=\"all_reduce\"})", 8},
       {"count(process_resident_memory_bytes)", 3},
+      {"count(collserve_heap_allocated_bytes)", 3},
       {"count(collserve_staging_bytes)", 2},
       {"count(collserve_oldest_collective_age_seconds)", 2},
       {"count(collserve_collectives_in_flight)", 2},

@@ -983,6 +983,10 @@ TEST(CoordinatorMetricsTest, MetricsEndpointCountsRpcs) {
   // The store's gauges, read at the scrape.
   EXPECT_THAT(body, HasSubstr("collserve_store_keys "));
   EXPECT_THAT(body, HasSubstr("collserve_store_max_keys "));
+  // The heap's live and free bytes beside the resident size (issue 41: RSS growth is told
+  // from a leak by these two).
+  EXPECT_THAT(body, HasSubstr("# TYPE collserve_heap_allocated_bytes gauge"));
+  EXPECT_THAT(body, HasSubstr("collserve_heap_free_bytes "));
 }
 
 }  // namespace
