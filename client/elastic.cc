@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <utility>
 #include <vector>
@@ -85,12 +86,15 @@ int IndexOf(const std::vector<std::string>& members, const std::string& me) {
 
 // The members of generation `generation`, agreed through the store (this rank, `me` of an
 // old group of `world` ranks at the coordinator's generation `registry`, among them unless
-// it came after the list closed). Records the new group's coordinator generation for the
-// joiners.
+// it came after the list closed). Records this rank's `completed_seq` (its group's
+// last_completed_seq) before it appends itself, and the new group's coordinator
+// generation for the joiners.
 absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& group, int64_t generation,
                                                 const std::string& me, int world, int64_t registry,
-                                                const ReconfigureOptions& options) {
+                                                int64_t completed_seq, const ReconfigureOptions& options) {
   const std::string p = absl::StrCat(c.prefix, generation, "/");
+  // Before joining the list: whoever reads the closed list finds every member's seq.
+  if (absl::Status s = c.store->Set(p + "completed/" + me, absl::StrCat(completed_seq)); !s.ok()) return s;
   if (absl::Status s = c.store->Append(p + "members", me + ","); !s.ok()) return s;
   const absl::Time start = absl::Now();
   std::string closed;
@@ -133,6 +137,29 @@ absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& g
                                            "]), fewer than min_world_size ", options.min_world_size));
   }
   return members;
+}
+
+// The smallest completed seq the old members of the closed list `members` recorded (each
+// before it appended itself, so every one is there); joiners have none. -1 when none.
+absl::StatusOr<int64_t> LastCommonSeq(Context& c, int64_t generation, const std::vector<std::string>& members) {
+  const std::string p = absl::StrCat(c.prefix, generation, "/completed/");
+  std::vector<std::string> keys;
+  for (const std::string& m : members) {
+    if (!m.empty() && m[0] != 'j') keys.push_back(p + m);
+  }
+  if (keys.empty()) return int64_t{-1};
+  auto values = c.store->MultiGet(keys, c.timeout);
+  if (!values.ok()) return values.status();
+  int64_t common = std::numeric_limits<int64_t>::max();
+  for (size_t i = 0; i < keys.size() && i < values->size(); ++i) {
+    int64_t seq = 0;
+    if (!absl::SimpleAtoi((*values)[i], &seq) || seq < -1) {
+      return absl::DataLossError(absl::StrCat("the store's ", keys[i], " holds \"", (*values)[i],
+                                              "\", not a collective seq"));
+    }
+    common = std::min(common, seq);
+  }
+  return common;
 }
 
 struct Admission {
@@ -214,7 +241,8 @@ absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions
   const int64_t generation = current.generation + 1;
   const std::string me = absl::StrCat(current.group->GetRank());
   const int64_t registry = current.group->generation();
-  auto members = Quorum(*c, init.group, generation, me, current.group->GetWorldSize(), registry, options);
+  auto members = Quorum(*c, init.group, generation, me, current.group->GetWorldSize(), registry,
+                        current.group->last_completed_seq(), options);
   if (!members.ok()) return members.status();
   current.group.reset();  // its session ends: the sidecar drops the old generation's state
   const int index = IndexOf(*members, me);
@@ -224,7 +252,11 @@ absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions
     if (!admitted.ok()) return admitted.status();
     return Form(init, *admitted, c->timeout);
   }
-  return Form(init, Admission{index, static_cast<int>(members->size()), generation, registry + 1}, c->timeout);
+  auto common = LastCommonSeq(*c, generation, *members);
+  if (!common.ok()) return common.status();
+  auto formed = Form(init, Admission{index, static_cast<int>(members->size()), generation, registry + 1}, c->timeout);
+  if (formed.ok()) formed->last_common_seq = *common;
+  return formed;
 }
 
 absl::StatusOr<bool> ShouldReconfigure(const ElasticGroup& current, const InitOptions& init,

@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -373,6 +374,10 @@ class SessionProcessGroup : public ProcessGroup {
   int num_hosts() const override { return num_hosts_; }
   int64_t generation() const override { return generation_; }
   int local_world_size() const override { return local_world_size_; }
+  int64_t last_completed_seq() const override {
+    absl::MutexLock lock(&completed_mu_);
+    return last_completed_seq_;
+  }
 
   std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype, ReduceOpArg op) override {
     if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
@@ -908,6 +913,7 @@ class SessionProcessGroup : public ProcessGroup {
     }
     const int64_t seq = next_seq_++;
     c->set_seq(seq);
+    if (c->op() != pb::SEND && c->op() != pb::RECV) pending->collective_seq = next_collective_seq_++;
     {
       absl::MutexLock plock(&pending_mu_);
       pending_[seq] = std::move(pending);
@@ -996,6 +1002,7 @@ class SessionProcessGroup : public ProcessGroup {
     std::unique_ptr<ShmSegment> segment;
     bool collective = false;  // counts in staged_collectives_ while it holds `segment`
     bool p2p = false;         // send/recv: completes on the point-to-point lane
+    int64_t collective_seq = -1;  // the group's seq of a collective (not send/recv): last_completed_seq
     // Set when the issuing thread writes the input into `segment` after sending the request
     // (Buffer.fill_offset); notified once it is all there. The op completes and the segment
     // is released only after that.
@@ -1193,6 +1200,7 @@ class SessionProcessGroup : public ProcessGroup {
       p->work->SetSourceRank(c.source());
       p->work->SetAlgorithm(c.algorithm());
     }
+    if (p->collective_seq >= 0) NoteCollectiveDone(p->collective_seq, status.ok());
     p->work->Complete(std::move(status));
     // After Complete: a collective waiting for room sees this one completed.
     ReleaseSegment(std::move(p->segment), p->collective);
@@ -1297,6 +1305,22 @@ class SessionProcessGroup : public ProcessGroup {
       if (it == peer_segments_.end()) continue;
       peer_bytes_ -= it->second->size();
       peer_segments_.erase(it);
+    }
+  }
+
+  // Advances last_completed_seq_ over collectives completed OK in seq order; the first
+  // failure freezes it (what follows a failed collective is not in step).
+  void NoteCollectiveDone(int64_t collective_seq, bool ok) {
+    absl::MutexLock lock(&completed_mu_);
+    if (!ok) {
+      collectives_failed_ = true;
+      return;
+    }
+    if (collectives_failed_) return;
+    completed_ahead_.insert(collective_seq);
+    while (!completed_ahead_.empty() && *completed_ahead_.begin() == last_completed_seq_ + 1) {
+      last_completed_seq_ = *completed_ahead_.begin();
+      completed_ahead_.erase(completed_ahead_.begin());
     }
   }
 
@@ -1440,6 +1464,11 @@ class SessionProcessGroup : public ProcessGroup {
 
   absl::Mutex write_mu_;  // orders seq assignment with stream writes
   int64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
+  int64_t next_collective_seq_ ABSL_GUARDED_BY(write_mu_) = 0;  // collectives only (the group's seq)
+  mutable absl::Mutex completed_mu_;
+  int64_t last_completed_seq_ ABSL_GUARDED_BY(completed_mu_) = -1;
+  std::set<int64_t> completed_ahead_ ABSL_GUARDED_BY(completed_mu_);  // completed OK past a gap
+  bool collectives_failed_ ABSL_GUARDED_BY(completed_mu_) = false;
   int64_t next_subgroup_ ABSL_GUARDED_BY(write_mu_) = 0;
   std::vector<int> ranks_;  // GetProcessGroupRanks
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;

@@ -70,6 +70,7 @@ void Engine::ReporterMain() {
   const bool report = options_.progress_interval > absl::ZeroDuration();
   while (!stop_reporter_.WaitForNotificationWithTimeout(report ? options_.progress_interval : absl::Seconds(1))) {
     std::vector<std::shared_ptr<Group>> groups = AllGroups();
+    if (republish_.exchange(false)) published.clear();
     std::map<std::tuple<std::string, std::string, int64_t>, uint64_t> now;
     for (const auto& g : groups) {
       std::string credential;
@@ -184,6 +185,8 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     env.straggler_threshold = options_.straggler_threshold;
     env.lease_renewal = options_.lease_renewal;
+    env.fail_after_data_step_group = options_.fail_after_data_step_group;
+    env.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     env.on_empty = [this](Group* group) { Remove(group); };
     slot = std::make_shared<Group>(std::move(env), params);
     if (observer_ != nullptr) observer_->OnGroups(1);

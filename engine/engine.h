@@ -9,6 +9,7 @@
 #ifndef COLLSERVE_ENGINE_ENGINE_H_
 #define COLLSERVE_ENGINE_ENGINE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -65,6 +66,12 @@ struct EngineOptions {
   // most this long, and the host renews it at once. A host silent for this plus the
   // coordinator's --lease_grace is taken as lost, and the generation ends for every member.
   absl::Duration lease_renewal = absl::Seconds(2);
+  // Fault injection for tests (the sidecar's --testing_fail_after_data_step): collective
+  // `fail_after_data_step_seq` of group `fail_after_data_step_group` (each generation) fails with UNAVAILABLE
+  // on this host after its data step ran, as when the link breaks between another host's
+  // completion and this one's. Empty group = never.
+  std::string fail_after_data_step_group;
+  int64_t fail_after_data_step_seq = -1;
 };
 
 // Thread-safe.
@@ -90,6 +97,11 @@ class Engine {
   // Fails every group with UNAVAILABLE, closes every session and joins every thread.
   // Idempotent.
   void Shutdown();
+
+  // Makes the reporter publish every formed group's ledger at its next tick (within
+  // EngineOptions::progress_interval) even where it did not change: for a change in what
+  // the CoordinatorLink adds to each report (the sidecar's drain). Thread-safe.
+  void RepublishProgress() { republish_.store(true); }
 
   const std::string& host_id() const { return options_.host_id; }
 
@@ -138,6 +150,7 @@ class Engine {
   std::condition_variable janitor_cv_;
   std::thread janitor_;
   absl::Notification stop_reporter_;
+  std::atomic<bool> republish_{false};  // RepublishProgress: clear the reporter's published versions
   std::thread reporter_;
 };
 

@@ -438,6 +438,10 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     status = AwaitFilled(subs, several_hosts, deadline);
     if (status.ok()) status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
   }
+  if (status.ok() && seq == env_.fail_after_data_step_seq && params_.name == env_.fail_after_data_step_group) {
+    status = absl::UnavailableError(absl::StrCat("fault injected after the data step on host ", env_.host_id,
+                                                 " (--testing_fail_after_data_step)"));
+  }
   if (!status.ok()) {
     if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
     status = absl::Status(status.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,

@@ -64,6 +64,9 @@ struct GroupEnv {
   absl::Duration straggler_threshold = absl::Milliseconds(100);
   // How long the coordinator may hold one watch of a generation (EngineOptions::lease_renewal).
   absl::Duration lease_renewal = absl::Seconds(2);
+  // EngineOptions::fail_after_data_step_group/_seq (tests only).
+  std::string fail_after_data_step_group;
+  int64_t fail_after_data_step_seq = -1;
   // Called (once, with the group's lock held: must not block) when the group has no local
   // ranks left; the engine drops it.
   std::function<void(Group* group)> on_empty;

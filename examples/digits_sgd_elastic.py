@@ -73,10 +73,15 @@ def train(epochs, lr, die_rank, die_epoch):
             epoch += 1
         except dist.DistError as e:
             old = (dist.get_rank(), dist.get_world_size())
-            rank, world = dist.reconfigure(join_window=3.0)
+            mine = dist.last_completed_seq()
+            new = dist.reconfigure(join_window=3.0)
+            rank, world = new
+            # Survivors may disagree on the failed collective (done on some, not others):
+            # the epoch is redone from rank 0's state, whose step every survivor had.
             epoch = sync_state(model, optimizer, epoch)
             print(f"reconfigured after {type(e).__name__} in epoch {epoch}: rank {old[0]} of {old[1]} is now "
-                  f"rank {rank} of {world}")
+                  f"rank {rank} of {world}; collectives 0..{new.last_common_seq} of the old group completed on "
+                  f"every survivor, this rank completed 0..{mine}")
     return base.evaluate(model, test)
 
 

@@ -222,6 +222,8 @@ PYBIND11_MODULE(_collserve, m) {
       .def_property_readonly("name", &ProcessGroup::group_name)
       // The generation of the name this group is (InitOptions::generation).
       .def_property_readonly("generation", &ProcessGroup::generation)
+      // ProcessGroup::last_completed_seq: the last collective seq completed OK in order, -1 none.
+      .def_property_readonly("last_completed_seq", &ProcessGroup::last_completed_seq)
       .def("all_reduce",
            [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int op, double factor) {
              py::gil_scoped_release release;

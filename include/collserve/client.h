@@ -269,6 +269,14 @@ class ProcessGroup {
   // The generation of the group's name that this process group is (1 for a name's first
   // formation at the coordinator, then 2, ...; InitOptions::generation).
   virtual int64_t generation() const = 0;
+  // The seq of the last collective this rank completed with OK such that every earlier
+  // one also completed OK: collectives (not send/recv) are numbered 0, 1, 2, ... in the
+  // order this rank issued them, as the sidecar numbers the group's collectives (the
+  // ledger's and `collservectl diagnose`'s "#seq"); -1 before the first. A collective
+  // completes when its Work does (its result copied out). After a failure it stays at the
+  // last good one: Reconfigure takes the smallest over the survivors
+  // (ElasticGroup::last_common_seq). Thread-safe; never blocks.
+  virtual int64_t last_completed_seq() const = 0;
 
   // all_reduce, in place: `data` holds `count` elements of `dtype` and receives the
   // element-wise reduction over all ranks. Every rank must pass the same count, dtype and

@@ -18,6 +18,16 @@
 // re-formations of this launch; the coordinator's generation of the name may be higher
 // when the name was formed before.)
 //
+// Which collectives every survivor completed: a partition can complete a collective on
+// some members and fail it on others (one host finished its data step, another's link
+// broke first). Before appending itself, each member writes its
+// ProcessGroup::last_completed_seq() to ".../<g+1>/completed/<old rank>"; every member of
+// the closed list reads those of the list's old members, and the smallest is
+// ElasticGroup::last_common_seq: the collectives 0..last_common_seq of the old generation
+// completed on every survivor, so the survivors redo the step from there (Python:
+// reconfigure()'s .last_common_seq). Exactly-once agreement on a collective's outcome is
+// impossible in general (two generals); this tells each survivor what the others saw.
+//
 // Thread safety: each function may be called from any thread, but not concurrently with
 // other calls on the group it is given.
 #ifndef COLLSERVE_ELASTIC_H_
@@ -51,6 +61,11 @@ struct ReconfigureOptions {
 struct ElasticGroup {
   std::unique_ptr<ProcessGroup> group;
   int64_t generation = 1;
+  // Set by Reconfigure: the last collective seq of the previous generation that every
+  // member of the new one that was in it completed (the smallest of their
+  // ProcessGroup::last_completed_seq()); -1 when none completed any, or for a joiner
+  // (InitProcessGroup, JoinRunningGroup, or a member admitted late as a joiner).
+  int64_t last_common_seq = -1;
 };
 
 // Re-forms `current` (generation `current.generation` of group `init.group`, which lost a
@@ -66,7 +81,8 @@ struct ElasticGroup {
 // Errors: FAILED_PRECONDITION (no coordinator address in `init`: the protocol needs the
 // store), ABORTED (fewer than options.min_world_size ranks joined; names them),
 // DEADLINE_EXCEEDED (no quorum, no admission, or the new group did not form within the
-// timeout), and InitProcessGroup's errors.
+// timeout), DATA_LOSS (a member's completed seq in the store is not a number), and
+// InitProcessGroup's errors.
 absl::StatusOr<ElasticGroup> Reconfigure(ElasticGroup current, const InitOptions& init,
                                          const ReconfigureOptions& options = {});
 

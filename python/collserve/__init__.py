@@ -16,22 +16,23 @@ see distributed_c10d.py for the calls, store.py for Store, errors.py for the exc
 from .errors import (DistArgumentError, DistAuthError, DistBackendError, DistError, DistNetworkError,
                      DistStoreError, DistStoreTimeoutError, DistTimeoutError)
 from .store import Store
-from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, ReduceOp, Work, _get_default_store,
+from .distributed_c10d import (GroupMember, P2POp, ProcessGroup, Reconfigured, ReduceOp, Work, _get_default_store,
                                _make_nccl_premul_sum, all_gather, all_gather_into_tensor, all_gather_object,
                                all_reduce, all_to_all, all_to_all_single, barrier, batch_isend_irecv, broadcast,
                                broadcast_object_list, destroy_process_group, gather, get_backend, get_global_rank,
                                get_group_rank, get_process_group_ranks, get_rank, get_world_size, group,
-                               init_process_group, irecv, is_available, is_initialized, isend, monitored_barrier,
-                               new_group, reconfigure, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
-                               send, should_reconfigure)
+                               init_process_group, irecv, is_available, is_initialized, isend, last_completed_seq,
+                               monitored_barrier, new_group, reconfigure, recv, reduce, reduce_scatter,
+                               reduce_scatter_tensor, scatter, send, should_reconfigure)
 
 __all__ = [
     "DistArgumentError", "DistAuthError", "DistBackendError", "DistError", "DistNetworkError", "DistStoreError",
-    "DistStoreTimeoutError", "DistTimeoutError", "GroupMember", "P2POp", "ProcessGroup", "ReduceOp", "Store", "Work",
+    "DistStoreTimeoutError", "DistTimeoutError", "GroupMember", "P2POp", "ProcessGroup", "Reconfigured", "ReduceOp",
+    "Store", "Work",
     "all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single",
     "barrier", "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group", "gather",
     "get_backend", "get_global_rank", "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size",
-    "group", "init_process_group", "irecv", "is_available", "is_initialized", "isend", "monitored_barrier",
-    "new_group", "reconfigure", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "send",
-    "should_reconfigure",
+    "group", "init_process_group", "irecv", "is_available", "is_initialized", "isend", "last_completed_seq",
+    "monitored_barrier", "new_group", "reconfigure", "recv", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+    "scatter", "send", "should_reconfigure",
 ]

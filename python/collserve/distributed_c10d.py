@@ -685,6 +685,40 @@ def broadcast_object_list(object_list, src=0, group=None):
         object_list[:] = got
 
 
+class Reconfigured(tuple):
+    """What reconfigure() returns: the tuple (rank, world_size) in the new group, with
+    `last_common_seq`: the last collective seq of the old group that every member of the
+    new one that was in it completed (-1: none, or this rank was admitted as a joiner)."""
+
+    def __new__(cls, rank, world_size, last_common_seq=-1):
+        self = super().__new__(cls, (rank, world_size))
+        self.last_common_seq = last_common_seq
+        return self
+
+    @property
+    def rank(self):
+        return self[0]
+
+    @property
+    def world_size(self):
+        return self[1]
+
+    def __repr__(self):
+        return f"Reconfigured(rank={self[0]}, world_size={self[1]}, last_common_seq={self.last_common_seq})"
+
+
+def last_completed_seq(group=None):
+    """The seq of the last collective of `group` (default: the default group) that this
+    rank completed, with every earlier one, without error: collectives (not send/recv) are
+    numbered 0, 1, ... in the order this rank issued them, as `collservectl diagnose` shows
+    them; -1 before the first. A collective counts once its result is back (wait() returned,
+    or the call did when not async_op). After a failure it stays at the last good one."""
+    g = _group(group)
+    if g is None:
+        raise RuntimeError("last_completed_seq: this process is not a member of the group")
+    return g._live().last_completed_seq
+
+
 def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     """Re-forms the default group in place after it lost members (a rank died or left, its
     host or link failed), or to admit ranks waiting to join (should_reconfigure), without
@@ -710,8 +744,18 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     restarted rank does: the members admit it when they call reconfigure again
     (should_reconfigure tells them).
 
-    Returns (rank, world_size) in the new group (get_rank()/get_world_size() say the same
-    from now on). Raises DistError if fewer than `min_world_size` ranks joined;
+    A partition can complete a collective on some members and fail it on others (one host
+    finished its data step before another's link broke). Each member records its
+    last_completed_seq() next to the list before it joins it, and every member of the new
+    group gets the smallest among the old members on the list: the result's
+    `last_common_seq`. Collectives 0..last_common_seq completed on every survivor, so the
+    survivors redo the work after it (e.g. the step that includes collective
+    last_common_seq + 1) and never continue out of step (docs/guide.md).
+
+    Returns a Reconfigured: the tuple (rank, world_size) in the new group
+    (get_rank()/get_world_size() say the same from now on) with `.last_common_seq` (-1 when
+    no collective completed everywhere, or when this rank was admitted as a joiner). Raises
+    DistError if fewer than `min_world_size` ranks joined;
     DistTimeoutError if the new group does not form, or this rank is not admitted, within
     `timeout` (default: the init timeout); RuntimeError before init_process_group. Not
     thread-safe with other calls on the default group.
@@ -721,13 +765,13 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     registry = _state["registry_generation"] + 1
     timeout_s = _seconds(timeout, init["init_timeout"])
     me = str(_default().rank())
-    members = _quorum(generation, join_window, min_world_size, timeout_s)
+    members, common = _quorum(generation, join_window, min_world_size, timeout_s)
     if me not in members:
         # Too late for this generation (e.g. cut off the network while it formed): join the
         # next one as a newcomer, admitted when the members call reconfigure again.
         destroy_process_group()
-        return _form(*_join_running(timeout_s), timeout_s)
-    return _form(members.index(me), len(members), generation, registry, timeout_s)
+        return Reconfigured(*_form(*_join_running(timeout_s), timeout_s))
+    return Reconfigured(*_form(members.index(me), len(members), generation, registry, timeout_s), common)
 
 
 def should_reconfigure():
@@ -793,15 +837,18 @@ def _order(members):
 
 
 def _quorum(generation, join_window, min_world_size, timeout_s):
-    """reconfigure's agreement: the members of the next generation (this rank's among
-    them). Its references to the old group's store end with it, so that the old group can
-    be destroyed afterwards."""
+    """reconfigure's agreement: (the members of the next generation, this rank's among
+    them; the smallest last_completed_seq its old members recorded, -1 none). Its
+    references to the old group's store end with it, so that the old group can be
+    destroyed afterwards."""
     old = _default()
     store = _elastic_store(old)
     store.set_timeout(timeout_s)
     me, world = str(old.rank()), old.size()
     name = _state["init"]["group_name"]
     prefix = _elastic_prefix() + f"{generation}/"
+    # Before joining the list, so that whoever reads the closed list finds every member's.
+    store.set(prefix + f"completed/{me}", str(old._live().last_completed_seq))
     store.append(prefix + "members", f"{me},")
     start = _time.monotonic()
     closed = None
@@ -825,7 +872,12 @@ def _quorum(generation, join_window, min_world_size, timeout_s):
     if me in members and len(members) < min_world_size:
         raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
                      f"fewer than min_world_size {min_world_size}")
-    return members
+    old_members = [m for m in members if not m.startswith("j")]
+    common = -1
+    if me in members and old_members:
+        seqs = store.multi_get([prefix + f"completed/{m}" for m in old_members])
+        common = min(int(s) for s in seqs)
+    return members, common
 
 
 def _elastic_init(min_world, max_world, join_window, timeout_s):

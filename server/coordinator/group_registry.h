@@ -86,6 +86,7 @@ struct HostLedger {
   std::string failure;  // its error there, when failed
   std::vector<RankLedger> ranks;
   std::vector<FlightRecord> records;  // its latest flight records, with its ranks' arrivals
+  int64_t draining_since_unix_ms = 0;  // its sidecar drains since then (Unix ms); 0 = not draining
   absl::Time received;  // when the coordinator got it
 };
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "common/types.h"
 
 namespace collserve::server {
@@ -32,6 +33,24 @@ std::string HostsOf(const std::vector<int>& ranks, const std::vector<RankDiagnos
     return absl::StrCat("hosts ", absl::StrJoin(hosts, ", "), " and ", more, " more");
   }
   return absl::StrCat(hosts.size() == 1 ? "host " : "hosts ", absl::StrJoin(hosts, ", "));
+}
+
+// "host H's sidecar is draining (collservectl drain) since T: it takes no new sessions",
+// once per draining host of the reported ranks, in rank order: a job that cannot re-form
+// there (reconfigure, a restarted rank) is told why.
+std::vector<std::string> DrainingHosts(const std::vector<RankDiagnosis>& ranks) {
+  std::vector<std::string> out, seen;
+  for (const RankDiagnosis& rd : ranks) {
+    if (!rd.reported || rd.host_draining_since_unix_ms <= 0) continue;
+    if (std::find(seen.begin(), seen.end(), rd.host_id) != seen.end()) continue;
+    seen.push_back(rd.host_id);
+    out.push_back(absl::StrCat("host ", rd.host_id, "'s sidecar is draining (collservectl drain) since ",
+                               absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                                absl::FromUnixMillis(rd.host_draining_since_unix_ms),
+                                                absl::UTCTimeZone()),
+                               ": it takes no new sessions"));
+  }
+  return out;
 }
 
 // The arguments a rank called a collective with, as a person reads them.
@@ -159,6 +178,7 @@ Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, Ho
       rd.progress.completed_age += since;
       rd.host_state = host.state;
       rd.host_failure = host.failure;
+      rd.host_draining_since_unix_ms = host.draining_since_unix_ms;
     }
   }
   // The oldest collective not completed by every reported rank, if any reported rank has
@@ -185,6 +205,7 @@ Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, Ho
     d.summary = absl::StrCat(name, ": no collective in flight; every reported rank completed collective #",
                              oldest - 1);
     if (!d.unknown.empty()) absl::StrAppend(&d.summary, "; no ledger from ranks ", RankList(d.unknown));
+    for (const std::string& drain : DrainingHosts(d.ranks)) absl::StrAppend(&d.summary, "; ", drain);
     return d;
   }
   d.oldest_incomplete_seq = oldest;
@@ -243,6 +264,7 @@ Diagnosis DiagnoseLedgers(const GroupView& group, const std::map<std::string, Ho
       break;
     }
   }
+  for (std::string& drain : DrainingHosts(d.ranks)) parts.push_back(std::move(drain));
   d.summary = absl::StrCat(what, ": ", absl::StrJoin(parts, "; "));
   return d;
 }

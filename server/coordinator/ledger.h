@@ -28,6 +28,7 @@ struct RankDiagnosis {
   absl::Duration report_age;   // how old that report is
   RankLedger progress;         // ages as of the diagnosis
   std::string host_state, host_failure;
+  int64_t host_draining_since_unix_ms = 0;  // its host's sidecar drains since then (Unix ms); 0 = not
 };
 
 // A rank that called collectives last (Registry's StragglerStats).
@@ -66,7 +67,7 @@ struct Diagnosis {
   absl::Duration waiting;     // since the first of `arrived` called it (when known)
   std::string disagreement;   // "" or which ranks called it with which arguments
   std::vector<RankDiagnosis> ranks;  // every member, by rank
-  std::string summary;        // one line: the above for a person (and the stragglers)
+  std::string summary;        // one line: the above for a person (the stragglers, each draining host)
   std::vector<Straggler> stragglers;  // as MergeFlightRecords finds them
 };
 

@@ -541,6 +541,7 @@ grpc::ServerUnaryReactor* RegistryService::ReportProgress(grpc::CallbackServerCo
     ledger.generation = req->generation();
     ledger.state = req->state().substr(0, kMaxReportString);
     ledger.failure = req->failure().substr(0, kMaxReportString);
+    ledger.draining_since_unix_ms = std::max<int64_t>(req->draining_since_unix_ms(), 0);
     for (const pb::RankProgress& r : req->ranks()) ledger.ranks.push_back(FromProto(r));
     if (static_cast<size_t>(req->records_size()) > kMaxReportedFlightRecords) {
       s = absl::InvalidArgumentError(absl::StrCat("a ledger of ", req->records_size(),
@@ -583,6 +584,7 @@ grpc::ServerUnaryReactor* RegistryService::DiagnoseGroup(grpc::CallbackServerCon
         if (rd.reported) RankProgressToProto(rd.progress, out->mutable_progress());
         out->set_host_state(rd.host_state);
         out->set_host_failure(rd.host_failure);
+        out->set_host_draining_since_unix_ms(rd.host_draining_since_unix_ms);
       }
       resp->set_summary(d.summary);
       for (const Straggler& st : d.stragglers) ToProto(st, resp->add_stragglers());

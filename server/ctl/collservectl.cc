@@ -251,7 +251,8 @@ absl::Status Diagnose(const Ctl& c, const std::string& group) {
                     issued ? Ago(p.issued_age_ms()) : "",
                     p.completed_seq() >= 0 ? absl::StrCat("#", p.completed_seq()) : "-",
                     p.completed_seq() < 0 ? "" : (p.completed_status().empty() ? "OK" : p.completed_status()),
-                    absl::StrCat(r.host_state(), ", ", Ago(r.report_age_ms()))});
+                    absl::StrCat(r.host_state(), r.host_draining_since_unix_ms() > 0 ? ", draining" : "", ", ",
+                                 Ago(r.report_age_ms()))});
   }
   PrintTable(rows);
   PrintStragglers(d->stragglers());
@@ -479,19 +480,26 @@ absl::Status Health(const Ctl& c) {
   for (const char* s : {"", "liveness", "collserve.v1.Store", "collserve.v1.Registry", "collserve.v1.Auth"}) {
     services[*s == '\0' ? "(server)" : s] = client::CheckHealth(c.channel(), s, absl::GetFlag(FLAGS_timeout));
   }
-  // The hosts of the job's groups, and the age of each host's freshest ledger.
-  std::map<std::string, std::pair<int64_t, std::vector<std::string>>> hosts;  // host -> (age ms, groups)
+  // The hosts of the job's groups: the age of each host's freshest ledger, the groups, and
+  // since when its sidecar drains (Unix ms, from that ledger; 0 = not draining).
+  struct HostRow {
+    int64_t age_ms = -1;
+    std::vector<std::string> groups;
+    int64_t draining_since_unix_ms = 0;
+  };
+  std::map<std::string, HostRow> hosts;
   auto list = ListCall(c);
   if (list.ok()) {
     for (const pb::GroupInfo& g : list->groups()) {
       auto d = DiagnoseCall(c, g.group());
       for (const pb::Member& m : g.members()) {
-        auto& h = hosts.try_emplace(m.host_id(), std::make_pair(int64_t{-1}, std::vector<std::string>())).first->second;
-        if (std::find(h.second.begin(), h.second.end(), g.group()) == h.second.end()) h.second.push_back(g.group());
+        HostRow& h = hosts[m.host_id()];
+        if (std::find(h.groups.begin(), h.groups.end(), g.group()) == h.groups.end()) h.groups.push_back(g.group());
         if (!d.ok()) continue;
         for (const pb::RankDiagnosis& r : d->ranks()) {
-          if (r.host_id() == m.host_id() && r.reported() && (h.first < 0 || r.report_age_ms() < h.first)) {
-            h.first = r.report_age_ms();
+          if (r.host_id() == m.host_id() && r.reported() && (h.age_ms < 0 || r.report_age_ms() < h.age_ms)) {
+            h.age_ms = r.report_age_ms();
+            h.draining_since_unix_ms = r.host_draining_since_unix_ms();
           }
         }
       }
@@ -542,8 +550,9 @@ absl::Status Health(const Ctl& c) {
     std::cout << "},\"hosts\":[";
     first = true;
     for (const auto& [host, info] : hosts) {
-      std::cout << (first ? "" : ",") << "{\"host_id\":\"" << host << "\",\"ledger_age_ms\":" << info.first
-                << ",\"groups\":[\"" << absl::StrJoin(info.second, "\",\"") << "\"]}";
+      std::cout << (first ? "" : ",") << "{\"host_id\":\"" << host << "\",\"ledger_age_ms\":" << info.age_ms
+                << ",\"draining_since_unix_ms\":" << info.draining_since_unix_ms << ",\"groups\":[\""
+                << absl::StrJoin(info.groups, "\",\"") << "\"]}";
       first = false;
     }
     std::cout << "]" << (list.ok() ? "" : ",\"hosts_error\":\"cannot list groups\"") << "}\n";
@@ -565,9 +574,15 @@ absl::Status Health(const Ctl& c) {
   }
   std::cout << "\nsidecars serving job " << c.job() << " (the age of their last ledger report: a sidecar reports "
             << "while its groups' collectives change)\n";
-  rows = {{"HOST", "LEDGER", "GROUPS"}};
+  rows = {{"HOST", "LEDGER", "DRAINING", "GROUPS"}};
   for (const auto& [host, info] : hosts) {
-    rows.push_back({host, info.first < 0 ? "none" : Ago(info.first), absl::StrJoin(info.second, ",")});
+    rows.push_back({host, info.age_ms < 0 ? "none" : Ago(info.age_ms),
+                    info.draining_since_unix_ms > 0
+                        ? absl::StrCat("since ", absl::FormatTime("%H:%M:%S UTC",
+                                                                  absl::FromUnixMillis(info.draining_since_unix_ms),
+                                                                  absl::UTCTimeZone()))
+                        : "no",
+                    absl::StrJoin(info.groups, ",")});
   }
   PrintTable(rows);
   return verdict;

@@ -281,6 +281,7 @@ void GrpcCoordinatorLink::ReportProgress(const engine::GroupProgress& progress, 
   call->req.set_host_id(host_id_);
   call->req.set_state(progress.state);
   call->req.set_failure(progress.failure);
+  call->req.set_draining_since_unix_ms(draining_since_unix_ms_.load());
   for (const engine::RankProgress& r : progress.ranks) RankProgressToProto(r, call->req.add_ranks());
   for (const FlightRecord& f : progress.records) FlightRecordToProto(f, call->req.add_records());
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <set>
@@ -48,7 +50,11 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   std::unique_ptr<backends::RendezvousStore> RendezvousStoreFor(const std::string& job,
                                                                 const std::string& credential) override;
   // Registry.ReportProgress, asynchronous; deadline 5 s; failures are logged at VLOG(1).
+  // Each report carries draining_since_unix_ms (set_draining_since).
   void ReportProgress(const engine::GroupProgress& progress, const std::string& credential) override;
+  // When this sidecar started draining (Unix ms), sent with every later ledger report so
+  // that diagnose and health name the drain; 0 = not draining. Thread-safe.
+  void set_draining_since(int64_t unix_ms) { draining_since_unix_ms_.store(unix_ms); }
   // Registry.WatchGroup, asynchronous; the call's deadline is the wait plus 5 s, and it
   // waits for a reconnecting channel (wait_for_ready) within it.
   std::function<void()> WatchGroup(const WatchParams& params,
@@ -74,6 +80,7 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
   const std::string host_address_;
   std::string sidecar_address_;  // set before serving, read-only afterwards
   const uint64_t incarnation_;
+  std::atomic<int64_t> draining_since_unix_ms_{0};
 
  public:
   // The asynchronous calls in flight. Each call's Token (declared before its

@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/sidecar/sidecar.h"
@@ -83,6 +84,11 @@ ABSL_FLAG(absl::Duration, lease_renewal, absl::Seconds(2),
           "lease on the group. The coordinator holds one watch at most this long and the sidecar renews it at "
           "once; a host silent for this plus the coordinator's --lease_grace is taken as lost and the group's "
           "generation ends for every member. In [100ms, 60s].");
+ABSL_FLAG(std::string, testing_fail_after_data_step, "",
+          "Tests only: GROUP#SEQ makes collective SEQ of group GROUP (of each of its generations) fail with "
+          "UNAVAILABLE on this host after "
+          "its data step ran (another host completes it): a partition between the hosts' completions. "
+          "Empty = off.");
 
 int main(int argc, char** argv) {
   collserve::server::KeepOpenSslStateUntilExit();
@@ -138,6 +144,16 @@ int main(int argc, char** argv) {
   if (options.lease_renewal < absl::Milliseconds(100) || options.lease_renewal > absl::Seconds(60)) {
     std::cerr << "--lease_renewal must be in [100ms, 60s]\n";
     return 2;
+  }
+  if (const std::string fault = absl::GetFlag(FLAGS_testing_fail_after_data_step); !fault.empty()) {
+    const size_t hash = fault.rfind('#');
+    if (hash == std::string::npos || hash == 0 ||
+        !absl::SimpleAtoi(fault.substr(hash + 1), &options.fail_after_data_step_seq) ||
+        options.fail_after_data_step_seq < 0) {
+      std::cerr << "--testing_fail_after_data_step=" << fault << ": expected GROUP#SEQ (SEQ >= 0)\n";
+      return 2;
+    }
+    options.fail_after_data_step_group = fault.substr(0, hash);
   }
   options.tls = collserve::server::ServerTlsOptionsFromFlags();
   options.coordinator_connect_timeout = absl::GetFlag(FLAGS_coordinator_connect_timeout);

@@ -361,6 +361,12 @@ class SidecarImpl : public Sidecar {
     eo.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     eo.straggler_threshold = options_.straggler_threshold;
     eo.lease_renewal = options_.lease_renewal;
+    eo.fail_after_data_step_group = options_.fail_after_data_step_group;
+    eo.fail_after_data_step_seq = options_.fail_after_data_step_seq;
+    if (!eo.fail_after_data_step_group.empty()) {
+      LOG(WARNING) << "testing: collective #" << eo.fail_after_data_step_seq << " of group \""
+                   << eo.fail_after_data_step_group << "\" fails here after its data step";
+    }
     // CUDA tensors of local clients (docs/gpu.md), when this build and host have CUDA.
     std::string no_device;
     device_ = backends::NewDeviceRuntime(&no_device);
@@ -526,6 +532,10 @@ class SidecarImpl : public Sidecar {
     if (draining_.load() == undrain) {  // the state changes
       draining_since_.store(undrain ? 0 : absl::ToUnixMillis(absl::Now()));
       draining_.store(!undrain);
+      // The coordinator hears of it with the next ledger report of each group here (within
+      // the progress interval), so that diagnose and health name the drain.
+      if (coordinator_ != nullptr) coordinator_->set_draining_since(draining_since_.load());
+      if (engine_ != nullptr) engine_->RepublishProgress();
       LOG(WARNING) << "sidecar " << options_.host_id
                    << (undrain ? ": undrained, accepting sessions again"
                                : ": draining (collservectl drain): no new sessions; those attached run on");

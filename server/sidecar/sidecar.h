@@ -61,6 +61,9 @@ struct SidecarOptions {
   // How long the coordinator may hold one watch of a group spanning hosts, which the sidecar
   // renews at once (engine::EngineOptions::lease_renewal).
   absl::Duration lease_renewal = absl::Seconds(2);
+  // Tests only (--testing_fail_after_data_step): engine::EngineOptions' fields of the same names.
+  std::string fail_after_data_step_group;
+  int64_t fail_after_data_step_seq = -1;
   // Memory gRPC may hold for the sessions' messages in flight, in bytes (LimitRpcMemory);
   // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
   // of remote clients).

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,40 @@ TEST(ReconfigureTest, SurvivorsReformWithoutAKilledRankAndARestartedRankJoinsAga
   EXPECT_NE(ranks[4]->Output().find("done: rank 3 of 4"), std::string::npos) << ranks[4]->Output();
   std::printf("3 survivors re-formed %s after the kill; the restarted rank was admitted and all 4 finished\n",
               absl::FormatDuration(reformed).c_str());
+}
+
+// Issue 41 item 8: a collective that completed on one host and failed on another (the
+// link broke between the two hosts' completions; the sidecar's
+// --testing_fail_after_data_step makes host1 fail all_reduce #7 after its data step, which
+// host0 completes). After reconfigure every survivor is told the last seq all of them
+// completed: 6, whatever it completed itself.
+TEST(ReconfigureTest, APartialCompletionIsReportedAsTheLastCommonSeqToEverySurvivor) {
+  auto started = Cluster::Start(2, {}, {}, {{}, {"--testing_fail_after_data_step=world#7"}});
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& c = **started;
+  // Collective #0 is the broadcast after the formation, #1.. the iterations' all_reduces:
+  // #7 is iteration 6's (before the first ShouldReconfigure, at iteration 10).
+  const std::vector<std::string> args = {"--mode=reconfigure", "--iters=12", "--delay_ms=10", "--admit_every=10"};
+  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "20"}, {"COLLSERVE_RUN_ID", "partial"}};
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = c.StartRank(r, 4, r % 2, args, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[r]->Wait(absl::Seconds(90));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " did not finish: " << ranks[r]->Output() << c.Logs();
+    EXPECT_EQ(*code, 0) << ranks[r]->Output();
+    const std::string out = ranks[r]->Output();
+    // Host 0's ranks (0, 2) completed #7, host 1's (1, 3) failed it; all were told 6.
+    EXPECT_NE(out.find(absl::StrCat("reconfigured: last common seq 6, this rank's last completed seq ",
+                                    r % 2 == 0 ? 7 : 6)),
+              std::string::npos)
+        << "rank " << r << ": " << out << c.Logs();
+    EXPECT_NE(out.find("done: rank"), std::string::npos) << out;
+    EXPECT_EQ(out.find("WRONG"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -635,6 +635,26 @@ TEST(CollservectlTest, DrainLetsTheRunningJobFinishAndRefusesNewSessionsNamingTh
   auto [health_code, health] = Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "health"});
   EXPECT_EQ(health_code, 1) << health;
   EXPECT_THAT(health, HasSubstr("NOT_SERVING"));
+  // The coordinator hears of the drain with the sidecar's next ledger report (its progress
+  // interval is 1 s): diagnose names it, and health's hosts table says since when.
+  std::string diagnosis;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        diagnosis = Ctl(cluster, {"diagnose", "world"}).second;
+        return absl::StrContains(diagnosis, "host host0's sidecar is draining (collservectl drain) since ");
+      },
+      absl::Seconds(10), absl::Milliseconds(200)))
+      << diagnosis << cluster.Logs();
+  EXPECT_THAT(diagnosis, HasSubstr("ready, draining, "));
+  auto [drained_health_code, drained_health] =
+      Ctl(cluster, {absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "health"});
+  EXPECT_EQ(drained_health_code, 1) << drained_health;
+  EXPECT_THAT(drained_health, ::testing::ContainsRegex("since [0-9]+:[0-9]+:[0-9]+ UTC +world"));
+  auto [json_health_code, json_health] =
+      Ctl(cluster, {"--json", absl::StrCat("--sidecar=", cluster.sidecar_address(0)), "health"});
+  EXPECT_EQ(json_health_code, 1) << json_health;
+  EXPECT_THAT(json_health, ::testing::ContainsRegex("\"host_id\":\"host0\",\"ledger_age_ms\":[0-9]+,"
+                                                    "\"draining_since_unix_ms\":[1-9][0-9]*,"));
 
   // The job attached runs to its end, and drain returns then.
   auto [drain_code, drained] = Ctl(cluster, {admin, "--drain_timeout=60s", "--progress_interval=1s", "drain"});

@@ -263,12 +263,15 @@ int main(int argc, char** argv) {
         return 3;
       }
       std::printf("iter %lld: %s; reconfiguring\n", static_cast<long long>(i), StatusLine(s).c_str());
+      const int64_t mine = eg.group->last_completed_seq();
       auto next = collserve::client::Reconfigure(std::move(eg), *options, ro);
       if (!next.ok()) {
         std::printf("reconfigure: %s\n", StatusLine(next.status()).c_str());
         return 3;
       }
       eg = std::move(*next);
+      std::printf("reconfigured: last common seq %lld, this rank's last completed seq %lld\n",
+                  static_cast<long long>(eg.last_common_seq), static_cast<long long>(mine));
       if (!formed().ok()) return 3;
     }
     std::printf("done: rank %d of %d\n", eg.group->GetRank(), eg.group->GetWorldSize());

@@ -91,14 +91,20 @@ def test_three_survivors_reform_and_finish_training():
         cluster.stop()
     report = "\n".join(f"--- rank {r} (exit {code})\n{text}" for r, (code, text) in enumerate(results))
     assert results[2][0] == -9, report  # the one that died
-    new_ranks = set()
+    new_ranks, common = set(), set()
     for r in (0, 1, 3):
         code, text = results[r]
         assert code == 0, report
         m = re.search(r"reconfigured after Dist\w+ in epoch 3: rank \d of 4 is now rank (\d) of 3", text)
         assert m, report
         new_ranks.add(int(m.group(1)))
+        # Every survivor is told the same common seq, at most its own last completed one.
+        seqs = re.search(r"collectives 0\.\.(-?\d+) of the old group completed on every survivor, this rank "
+                         r"completed 0\.\.(-?\d+)", text)
+        assert seqs and 0 <= int(seqs.group(1)) <= int(seqs.group(2)), report
+        common.add(int(seqs.group(1)))
         acc = re.search(r"of 3, test accuracy: ([0-9.]+)%", text)
         assert acc and float(acc.group(1)) >= 90.0, report
         assert "epoch 11:" in text, report
     assert new_ranks == {0, 1, 2}, report
+    assert len(common) == 1, report

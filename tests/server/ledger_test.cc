@@ -123,6 +123,31 @@ TEST(LedgerTest, ARankThatLeftIsNamedAsGoneNotByAnEmptyHost) {
   EXPECT_THAT(d.summary, Not(HasSubstr("(host )")));
 }
 
+TEST(LedgerTest, ADrainingHostIsNamedWithTheTimeItStarted) {
+  const absl::Time now = absl::Now();
+  // 2026-12-03 10:00:00 UTC.
+  const int64_t since = absl::ToUnixMillis(absl::FromCivil(absl::CivilSecond(2026, 12, 3, 10, 0, 0), absl::UTCTimeZone()));
+  std::map<std::string, HostLedger> reports;
+  reports["a"] = Host({Issued(0, 4), Issued(1, 4)}, now);
+  reports["b"] = Host({Issued(2, 4), Issued(3, 3)}, now);
+  reports["b"].ranks[1].completed_seq = 3;
+  reports["b"].draining_since_unix_ms = since;
+  Diagnosis d = Diagnose(FourRanks(), reports, now);
+  EXPECT_EQ(d.ranks[2].host_draining_since_unix_ms, since);
+  EXPECT_EQ(d.ranks[0].host_draining_since_unix_ms, 0);
+  EXPECT_THAT(d.summary, HasSubstr("; host b's sidecar is draining (collservectl drain) since 2026-12-03 10:00:00 UTC: "
+                                   "it takes no new sessions"));
+  EXPECT_THAT(d.summary, Not(HasSubstr("host a's sidecar")));
+  // Named once for its two ranks, and in an idle group too.
+  EXPECT_EQ(d.summary.find("host b's sidecar"), d.summary.rfind("host b's sidecar"));
+  for (auto& [host, ledger] : reports) {
+    for (RankLedger& r : ledger.ranks) r.completed_seq = r.issued_seq = 4;
+  }
+  d = Diagnose(FourRanks(), reports, now);
+  EXPECT_THAT(d.summary, HasSubstr("no collective in flight"));
+  EXPECT_THAT(d.summary, HasSubstr("host b's sidecar is draining (collservectl drain) since 2026-12-03 10:00:00 UTC"));
+}
+
 TEST(LedgerTest, AnIdleGroupHasNothingInFlight) {
   const absl::Time now = absl::Now();
   std::map<std::string, HostLedger> reports;
