@@ -16,6 +16,7 @@
 #   cut_timing   2 hosts (root), host 2 cut off from its peer and the coordinator mid-all_reduce
 #                with a 5 s op timeout: every rank on both sides must fail within 6 s of its
 #                call (issue 41); the worst time of each trial is printed
+#   cut_timing3  the same among 3 hosts (hosts 1 and 3 still reach each other)
 # A trial that passes its check survived; one that ends otherwise failed; one that does not
 # end within its bound (killed by timeout) hung. Logs: /tmp/collserve-fault-trials/.
 set -uo pipefail
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 trials="${1:-20}"
 shift || true
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(coordinator rank_kill rank_restart link_cut link_heal cut_timing)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(coordinator rank_kill rank_restart link_cut link_heal cut_timing cut_timing3)
 build=build
 [ -x "$build/server/collserve-sidecar" ] || { echo "build first: $build/server/collserve-sidecar is missing" >&2; exit 2; }
 logs=/tmp/collserve-fault-trials
@@ -64,9 +65,10 @@ for s in "${scenarios[@]}"; do
         one "$s" "$t" 200 "$build/tests/fault/multihost_netns_test" \
           --gtest_filter=NetnsHosts.CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals &&
           ! grep -q "SKIPPED" "$logs/$s-$t.log" ;;
-      cut_timing)
-        one "$s" "$t" 120 "$build/tests/fault/multihost_netns_test" \
-          --gtest_filter=NetnsHosts.EverySideOfACutFailsWithinTheOpTimeoutPlusOneSecond &&
+      cut_timing|cut_timing3)
+        filter=NetnsHosts.EverySideOfACutFailsWithinTheOpTimeoutPlusOneSecond
+        [ "$s" = cut_timing3 ] && filter=NetnsHosts.EverySideOfACutAmongThreeHostsFailsWithinTheOpTimeoutPlusOneSecond
+        one "$s" "$t" 120 "$build/tests/fault/multihost_netns_test" --gtest_filter="$filter" &&
           ! grep -q "SKIPPED" "$logs/$s-$t.log"
         rc=$?
         grep -h "each rank's error" "$logs/$s-$t.log" | sed "s/^/  trial $t: /"
