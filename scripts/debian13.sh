@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 SRC=$PWD
 JOBS=${JOBS:-2}
 PACKAGES=build-essential,cmake,pkg-config,libbenchmark-dev,libgtest-dev,libgmock-dev,libgrpc++-dev,protobuf-compiler-grpc,libprotobuf-dev,protobuf-compiler,libgloo-dev,libabsl-dev,prometheus-cpp-dev,libmicrohttpd-dev,libgoogle-glog-dev,zlib1g-dev,ccache,lld,pybind11-dev,python3-dev,python3-numpy,python3-pytest,python3-setuptools,python3-torch,libtorch-dev,python3-sklearn,procps,iproute2,openssl,etcd-server,libleveldb-dev,git
-SUITES=(torch_backend torch_pg tcpstore launch elastic sdk security)
+SUITES=(torch_backend torch_pg tcpstore launch elastic sdk security conformance)
 ROOT_ONLY=0
 DO_BUILD=1
 DO_TEST=1

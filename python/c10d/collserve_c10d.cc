@@ -594,20 +594,23 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_coalesced(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const ::c10d::AllgatherOptions& opts) {
   const char* op = "all_gather_coalesced";
-  TORCH_CHECK(outputs.size() == inputs.size(), "collserve ", op, ": ", outputs.size(), " output lists for ",
-              inputs.size(), " inputs");
+  // outputs[r][i] receives rank r's inputs[i], as torch's Gloo and torch.distributed index them.
+  TORCH_CHECK(static_cast<int>(outputs.size()) == getSize(), "collserve ", op, ": ", outputs.size(),
+              " output lists, but the group has ", getSize(), " ranks (output_tensor_lists[r] receives rank r's "
+              "inputs)");
   at::Tensor flat_in = Flatten(inputs, op, "inputs");
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TORCH_CHECK(static_cast<int>(outputs[i].size()) == getSize(), "collserve ", op, ": output list ", i, " has ",
-                outputs[i].size(), " tensors, but the group has ", getSize(), " ranks");
-    for (size_t r = 0; r < outputs[i].size(); ++r) {
-      std::string name = absl::StrCat("outputs[", i, "][", r, "]");
-      CheckTensor(outputs[i][r], name.c_str());
-      TORCH_CHECK(outputs[i][r].scalar_type() == flat_in.scalar_type() && outputs[i][r].numel() == inputs[i].numel(),
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK(outputs[r].size() == inputs.size(), "collserve ", op, ": output list ", r, " has ",
+                outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+    for (size_t i = 0; i < outputs[r].size(); ++i) {
+      std::string name = absl::StrCat("outputs[", r, "][", i, "]");
+      CheckTensor(outputs[r][i], name.c_str());
+      TORCH_CHECK(outputs[r][i].scalar_type() == flat_in.scalar_type() && outputs[r][i].numel() == inputs[i].numel(),
                   "collserve ", op, ": ", name, " must have inputs[", i, "]'s dtype and ", inputs[i].numel(),
                   " elements (every rank passes the same shapes)");
     }
   }
+  // Rank r's block of the gathered buffer holds its inputs back to back.
   at::Tensor flat_out = at::empty({flat_in.numel() * getSize()}, flat_in.options());
   Pending p;
   p.work =
@@ -618,13 +621,12 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::allgather_coalesced(
   std::vector<std::vector<at::Tensor>> targets = outputs;
   int64_t n = flat_in.numel();
   p.on_success = [flat_out, targets, n]() {
-    int64_t offset = 0;
-    for (const std::vector<at::Tensor>& list : targets) {
-      int64_t count = list.empty() ? 0 : list[0].numel();
-      for (size_t r = 0; r < list.size(); ++r) {
-        list[r].copy_(flat_out.narrow(0, static_cast<int64_t>(r) * n + offset, count).view(list[r].sizes()));
+    for (size_t r = 0; r < targets.size(); ++r) {
+      int64_t offset = static_cast<int64_t>(r) * n;
+      for (const at::Tensor& t : targets[r]) {
+        t.copy_(flat_out.narrow(0, offset, t.numel()).view(t.sizes()));
+        offset += t.numel();
       }
-      offset += count;
     }
   };
   return Make(OpType::ALLGATHER_COALESCED, op, std::move(p));

@@ -146,7 +146,8 @@ class CollserveProcessGroup : public TorchBase {
   // all_gather_into_tensor: output.numel() == input.numel() * world_size.
   c10::intrusive_ptr<::c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                    const ::c10d::AllgatherOptions& opts) override;
-  // all_gather_coalesced: outputs[i][r] receives rank r's inputs[i]. Every rank passes
+  // all_gather_coalesced: outputs[r][i] receives rank r's inputs[i] (torch's and Gloo's
+  // order: outputs.size() == world_size, outputs[r].size() == inputs.size()). Every rank passes
   // tensors of the same shapes (as Gloo requires); one dtype per call. One all_gather of
   // the flattened inputs, copied out on success.
   c10::intrusive_ptr<::c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,

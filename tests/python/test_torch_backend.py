@@ -71,10 +71,11 @@ def servers_started_by(pids):
     return [line for line in out.splitlines() if "collserve-" in line and line.split()[1] in pids]
 
 
-def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
-    """Runs torch_worker.py ARGS as `world` ranks (RANK/WORLD_SIZE/MASTER_* set, plus `env`, a
-    dict or a function of the rank); returns their (exit code, output) after checking that
-    nothing was left behind and, with expect_ok, that every rank succeeded."""
+def run_ranks(world, args, env=None, timeout=120, expect_ok=True, program=WORKER, tag=None):
+    """Runs PROGRAM (torch_worker.py) ARGS as `world` ranks (RANK/WORLD_SIZE/MASTER_* set, plus
+    `env`, a dict or a function of the rank); returns their (exit code, output) after checking
+    that nothing was left behind and, with expect_ok, that every rank succeeded (printed
+    "rank R: TAG ok", TAG defaulting to ARGS[0])."""
     port = free_port()
     tmp = private_tmp()
     procs = []
@@ -82,7 +83,7 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
         e = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
         e.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=tmp,
                  **(env(rank) if callable(env) else env or {}))
-        procs.append(forkserver.popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
+        procs.append(forkserver.popen([sys.executable, program, *args], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
     outs = []
     try:
@@ -94,7 +95,7 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True):
                 os.killpg(p.pid, 9)
                 p.wait()
     for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert not expect_ok or (p.returncode == 0 and f"rank {rank}: {args[0]} ok" in out), \
+        assert not expect_ok or (p.returncode == 0 and f"rank {rank}: {tag or args[0]} ok" in out), \
             f"rank {rank} (exit {p.returncode}):\n{out}"
     assert not servers_started_by({str(p.pid) for p in procs})
     try:

@@ -201,12 +201,13 @@ def collectives(rank, world):
                                    [[1.0, 2.0]] if rank < 3 else torch.zeros((0, 2)), (4, 2))
     dist.all_reduce(rows)
     equal(rows.to_dense(), torch.tensor([[1.0, 2.0], [1.0, 2.0], [1.0, 2.0], [0.0, 0.0]]))
-    # all_gather_coalesced: every rank passes the same shapes, one dtype
-    outs = [[torch.zeros(2, 2) for _ in range(world)], [torch.zeros(3) for _ in range(world)]]
+    # all_gather_coalesced: every rank passes the same shapes, one dtype; outputs[r][i] is
+    # rank r's inputs[i] (tests/python/test_conformance.py compares it with Gloo's)
+    outs = [[torch.zeros(2, 2), torch.zeros(3)] for _ in range(world)]
     dist.all_gather_coalesced(outs, [torch.full((2, 2), float(rank)), torch.arange(3.0) + rank])
     for r in range(world):
-        equal(outs[0][r], torch.full((2, 2), float(r)))
-        equal(outs[1][r], torch.arange(3.0) + r)
+        equal(outs[r][0], torch.full((2, 2), float(r)))
+        equal(outs[r][1], torch.arange(3.0) + r)
     if TORCH2:
         torch2_calls(rank, world)
     objs = [None] * world
