@@ -35,8 +35,19 @@ cpu/gpu/auto; --nnodes takes MIN:MAX (elastic formation); --max_restarts restart
 failure (TORCHELASTIC_RESTART_COUNT counts the attempts); --redirects/--tee write the
 ranks' output to LOG_DIR/attempt_<n>/<local_rank>/{stdout,stderr}.log; every option's
 default can come from PET_<OPTION> (PET_NPROC_PER_NODE=4, PET_MAX_RESTARTS=2, ...).
+--master_addr/--master_port (PET_MASTER_ADDR/PET_MASTER_PORT, as Kubeflow's PyTorchJob sets
+them) are torchrun's static rendezvous: with several nodes and no --coordinator, node 0
+starts the coordinator there (every node needs the job's token). --rdzv_conf (join_timeout,
+last_call_timeout), --role, --monitor_interval, --run_path, --local_addr and
+--local_ranks_filter are torchrun's too. The ranks also get GROUP_WORLD_SIZE, ROLE_NAME,
+ROLE_RANK, ROLE_WORLD_SIZE, TORCHELASTIC_ERROR_FILE (LOG_DIR/attempt_<n>/<local_rank>/
+error.json, where torch's @record writes the exception that ended a rank; the launcher
+prints torchrun's "Root Cause" summary from it) and, with several ranks and no
+OMP_NUM_THREADS of the caller's, OMP_NUM_THREADS=1. A job stopped by a signal the launcher
+received (and forwarded) is reported as stopped, not failed.
 """
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -136,7 +147,13 @@ def start_server(name, argv, port_file, log_path, timeout_s, started=None, **pop
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the embedded {name} exited with code {proc.returncode}; its log: {log_path}")
+            try:
+                with open(log_path, errors="replace") as f:
+                    last = [line.strip() for line in f if line.strip()][-1:]
+            except OSError:
+                last = []
+            raise RuntimeError(f"the embedded {name} exited with code {proc.returncode}"
+                               f"{': ' + last[0] if last else ''}; its log: {log_path}")
         try:
             with open(port_file) as f:
                 text = f.read().strip()
@@ -163,6 +180,29 @@ def parse_args(argv):
     p.add_argument("--coordinator", "--rdzv_endpoint", "--rdzv-endpoint", default="",
                    help="HOST:PORT of a running coordinator (default: start one on loopback; required with "
                    "--nnodes > 1); --rdzv_endpoint is torchrun's name")
+    p.add_argument("--master_addr", "--master-addr", default="",
+                   help="torchrun's static rendezvous: without --coordinator and with --nnodes > 1, node 0 starts the "
+                   "job's coordinator on --master_port (every interface) and the other nodes reach it at "
+                   "MASTER_ADDR:MASTER_PORT; every node then needs the same job token (COLLSERVE_TOKEN_FILE or "
+                   "COLLSERVE_TOKEN, e.g. from a Kubernetes Secret). With one node it is loopback (default: "
+                   "PET_MASTER_ADDR, as Kubeflow's PyTorchJob sets it)")
+    p.add_argument("--master_port", "--master-port", type=int, default=0,
+                   help="with --master_addr: the coordinator's port; with one node: the port of the embedded "
+                   "coordinator's TCPStore endpoint, the ranks' MASTER_PORT (default: a free port)")
+    p.add_argument("--rdzv_conf", "--rdzv-conf", default="",
+                   help="torchrun's KEY=VALUE,... rendezvous settings: join_timeout (s) bounds the rendezvous "
+                   "(COLLSERVE_INIT_TIMEOUT_S of the ranks), last_call_timeout (s) is --join_window_s; the others "
+                   "(close_timeout, timeout, read_timeout, is_host, use_libuv, ...) are accepted and have no effect")
+    p.add_argument("--role", default="default", help="the ranks' ROLE_NAME, as torchrun (default 'default')")
+    p.add_argument("--monitor_interval", "--monitor-interval", type=float, default=0.1,
+                   help="seconds between the launcher's checks of its ranks, as torchrun (default 0.1)")
+    p.add_argument("--run_path", "--run-path", action="store_true",
+                   help="accepted for torchrun's command lines: the script runs as `python -u SCRIPT` either way")
+    p.add_argument("--local_addr", "--local-addr", default="",
+                   help="torchrun's address of this node: the default of --gloo_hostname")
+    p.add_argument("--local_ranks_filter", "--local-ranks-filter", default="",
+                   help="show only these local ranks' output on the console (comma list, torchrun's); the files "
+                   "of --redirects/--tee keep everything")
     p.add_argument("--tcpstore_port", type=int, default=0, help="with --coordinator: the port of its TCPStore "
                    "endpoint (collserve-coordinator --tcpstore_address), given to the ranks as MASTER_PORT so "
                    "that torch's env:// rendezvous uses it (the embedded coordinator always has one)")
@@ -236,8 +276,28 @@ def parse_args(argv):
         p.error("--nproc_per_node and --nnodes must be at least 1")
     if not 0 <= args.node_rank < args.nnodes:
         p.error(f"--node_rank {args.node_rank} is out of range for --nnodes {args.nnodes}")
-    if args.nnodes > 1 and not args.coordinator:
-        p.error("--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every host reaches)")
+    if args.nnodes > 1 and not args.coordinator and not (args.master_addr and args.master_port):
+        p.error("--nnodes > 1 needs --coordinator HOST:PORT (a coordinator every host reaches) or --master_addr "
+                "and --master_port (node 0 starts one there)")
+    if args.coordinator and (args.master_addr or args.master_port) and args.nnodes > 1:
+        p.error("--master_addr/--master_port name where node 0 starts the coordinator: they cannot go with "
+                "--coordinator and --nnodes > 1")
+    if not 0 <= args.master_port <= 65535:
+        p.error(f"--master_port {args.master_port} must be a port number (0..65535)")
+    if args.monitor_interval <= 0:
+        p.error("--monitor_interval must be above 0")
+    args.gloo_hostname = args.gloo_hostname or args.local_addr
+    try:
+        args.rdzv_conf = _rdzv_conf(args.rdzv_conf)
+    except ValueError as e:
+        p.error(f"--rdzv_conf {args.rdzv_conf!r}: {e}")
+    if "last_call_timeout" in args.rdzv_conf:
+        args.join_window_s = args.rdzv_conf["last_call_timeout"]
+    try:
+        args.local_ranks_filter = (set(range(args.nproc_per_node)) if not args.local_ranks_filter else
+                                   {int(r) for r in str(args.local_ranks_filter).split(",")})
+    except ValueError:
+        p.error(f"--local_ranks_filter {args.local_ranks_filter!r} must be local ranks joined by ','")
     if args.coordinator and args.coordinator.rpartition(":")[2].isdigit() is False:
         p.error(f"--coordinator {args.coordinator!r} must be HOST:PORT")
     return args
@@ -252,7 +312,10 @@ class Launcher:
         self.pumps = []
         self.failed_something = False
         self.token = None  # the embedded coordinator's job token, handed to the ranks
-        self.no_libuv = False  # torch_without_libuv(), when the ranks get a TCPStore endpoint
+        self.no_libuv = False  # torch_without_libuv()
+        self.attempt = 0  # the restart count of the ranks running now
+        self.signalled = None  # the first signal the launcher forwarded to its ranks
+        self.pids = {}  # rank -> pid of its current process (for the root-cause summary)
         self.watchers = []  # collservectl wait (watch_formation)
         self.own_dir = not args.log_dir
         self.dir = args.log_dir or tempfile.mkdtemp(prefix="collserve-launch-")
@@ -278,14 +341,26 @@ class Launcher:
         a = self.args
         coordinator = a.coordinator
         tcpstore_port = a.tcpstore_port
-        if not coordinator:
+        if not coordinator and a.nnodes > 1:
+            # torchrun's static rendezvous (--master_addr/--master_port): node 0 hosts the
+            # coordinator, every node holds the job's token.
+            self.token, token_flags = self.shared_credentials()
+            coordinator = f"{a.master_addr}:{a.master_port}"
+            if a.node_rank == 0:
+                self.start_server("coordinator", [
+                    find_binary("collserve-coordinator"), f"--listen_address=0.0.0.0:{a.master_port}",
+                    f"--port_file={self.run_dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
+                    *token_flags], f"{self.run_dir}/coordinator.port")
+            else:
+                self.wait_for_coordinator(a.master_addr, a.master_port)
+        elif not coordinator:
             # The embedded coordinator requires the job token it is given; the ranks get it.
             self.token, credential_flags = embedded_credentials(self.run_dir, a.job)
             self.token_file = embedded_token_file(self.run_dir, a.job)
             port = self.start_server("coordinator", [
                 find_binary("collserve-coordinator"), "--listen_address=127.0.0.1:0",
                 f"--port_file={self.run_dir}/coordinator.port", "--metrics_address=", "--log_level=warning",
-                "--tcpstore_address=127.0.0.1:0", f"--tcpstore_job={a.job}",
+                f"--tcpstore_address=127.0.0.1:{a.master_port}", f"--tcpstore_job={a.job}",
                 f"--tcpstore_port_file={self.run_dir}/tcpstore.port", *credential_flags],
                 f"{self.run_dir}/coordinator.port")
             coordinator = f"127.0.0.1:{port}"
@@ -302,6 +377,55 @@ class Launcher:
                 *a.sidecar_flag], f"{self.run_dir}/sidecar.port")
             sidecar = f"unix:{sock}"
         return coordinator, sidecar, tcpstore_port
+
+    def shared_credentials(self):
+        """The job token every node of a --master_addr job holds (COLLSERVE_TOKEN_FILE, else
+        COLLSERVE_TOKEN), written to this launcher's private directory for node 0's
+        coordinator and the ranks; returns (token, the coordinator's credential flags).
+        Raises RuntimeError when there is none: a coordinator every host reaches must not
+        take calls without one."""
+        token = None
+        path = os.environ.get("COLLSERVE_TOKEN_FILE", "")
+        if path:
+            try:
+                with open(path) as f:
+                    token = f.read().strip()
+            except OSError as e:
+                raise RuntimeError(f"cannot read the job token COLLSERVE_TOKEN_FILE={path}: {e}") from e
+        token = token or os.environ.get("COLLSERVE_TOKEN", "").strip()
+        if not token:
+            raise RuntimeError("--master_addr with --nnodes > 1 makes node 0 start a coordinator every host reaches: "
+                               "give every node the same job token (COLLSERVE_TOKEN_FILE, e.g. a Kubernetes Secret, "
+                               "or COLLSERVE_TOKEN)")
+        tokens = os.path.join(self.run_dir, "job-tokens")
+        os.makedirs(tokens, mode=0o700, exist_ok=True)
+        fd = os.open(embedded_token_file(self.run_dir, self.args.job), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        self.token_file = embedded_token_file(self.run_dir, self.args.job)
+        return token, [f"--job_tokens_dir={tokens}"]
+
+    def wait_for_coordinator(self, host, port):
+        """Waits until node 0's coordinator accepts connections at host:port (torchrun's other
+        nodes wait for the master's store alike), at most COLLSERVE_INIT_TIMEOUT_S (default
+        300 s, or --rdzv_conf join_timeout); raises TimeoutError naming the address."""
+        timeout = self.init_timeout()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection((host, port), timeout=2.0):
+                    return
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"node 0's coordinator at {host}:{port} (--master_addr/--master_port) did not "
+                                       f"accept connections within {timeout:g}s: {e}") from e
+            time.sleep(0.2)
+
+    def init_timeout(self):
+        """The rendezvous bound: COLLSERVE_INIT_TIMEOUT_S, else --rdzv_conf join_timeout, else 300 s."""
+        if os.environ.get("COLLSERVE_INIT_TIMEOUT_S"):
+            return float(os.environ["COLLSERVE_INIT_TIMEOUT_S"])
+        return float(self.args.rdzv_conf.get("join_timeout", 300))
 
     def stop_servers(self):
         for name, proc in reversed(self.servers):
@@ -345,9 +469,11 @@ class Launcher:
             os.unlink(os.path.join(exits, name))
         host, _, port = coordinator.rpartition(":")
         torch_store = {}
-        if tcpstore_port and self.no_libuv:
+        if not tcpstore_port or self.no_libuv:
+            # No TCPStore endpoint the ranks reach (a coordinator of another host), or a torch
+            # that cannot use it: rank 0 hosts torch's own store, as under torchrun.
             host, port = self.torch_master(coordinator, attempt)
-            torch_store = {"USE_LIBUV": "0"}
+            torch_store = {"USE_LIBUV": "0"} if self.no_libuv else {}
         elif tcpstore_port:
             # torch's env:// rendezvous reaches the coordinator's TCPStore endpoint, every rank
             # as a client (as under torchrun's agent store).
@@ -370,7 +496,7 @@ class Launcher:
             return "127.0.0.1", str(_free_port())
         from .store import Store
         store = Store(address=coordinator, job=a.job, token=self.token,
-                      timeout=float(os.environ.get("COLLSERVE_INIT_TIMEOUT_S", "300")))
+                      timeout=self.init_timeout())
         key = f"collserve/launch/torch_master/{attempt}"
         if a.node_rank == 0:
             store.set(key, f"{a.gloo_hostname or _host_address()}:{_free_port()}")
@@ -390,10 +516,16 @@ class Launcher:
             env["COLLSERVE_ELASTIC_JOIN"] = "1"
         env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                    LOCAL_WORLD_SIZE=str(a.nproc_per_node), GROUP_RANK=str(a.node_rank),
-                   NODE_RANK=str(a.node_rank), MASTER_ADDR=host, MASTER_PORT=port,
+                   NODE_RANK=str(a.node_rank), GROUP_WORLD_SIZE=str(a.nnodes), ROLE_NAME=a.role,
+                   ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world), MASTER_ADDR=host, MASTER_PORT=port,
                    COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
                    PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
-                   TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job, **torch_store)
+                   TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job,
+                   TORCHELASTIC_ERROR_FILE=self.error_file(local_rank, attempt), **torch_store)
+        if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks of N threads each would overload the host
+        if "join_timeout" in a.rdzv_conf and "COLLSERVE_INIT_TIMEOUT_S" not in os.environ:
+            env["COLLSERVE_INIT_TIMEOUT_S"] = str(a.rdzv_conf["join_timeout"])
         if a.min_nodes < a.nnodes:
             env.update(COLLSERVE_MIN_WORLD_SIZE=str(a.min_nodes * a.nproc_per_node),
                        COLLSERVE_JOIN_WINDOW_S=str(a.join_window_s))
@@ -403,6 +535,7 @@ class Launcher:
         proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         self.ranks.append((rank, proc))
+        self.pids[rank] = proc.pid
         for bit, name, stream, console in ((1, "stdout", proc.stdout, sys.stdout.buffer),
                                            (2, "stderr", proc.stderr, sys.stderr.buffer)):
             to_file = (a.redirects[local_rank] | a.tee[local_rank]) & bit
@@ -412,9 +545,56 @@ class Launcher:
                 os.makedirs(rank_dir, exist_ok=True)
                 log = open(os.path.join(rank_dir, f"{name}.log"), "wb")
             sink = None if a.redirects[local_rank] & bit and not a.tee[local_rank] & bit else console
+            if local_rank not in a.local_ranks_filter:
+                sink = None
             t = threading.Thread(target=self.pump, args=(rank, stream, sink, log), daemon=True)
             t.start()
             self.pumps.append(t)
+
+    def error_file(self, local_rank, attempt):
+        """TORCHELASTIC_ERROR_FILE of a rank: where torch's @record (torch.distributed.elastic.
+        multiprocessing.errors.record) writes the exception that ended it, as JSON."""
+        rank_dir = os.path.join(self.dir, f"attempt_{attempt}", str(local_rank))
+        os.makedirs(rank_dir, exist_ok=True)
+        path = os.path.join(rank_dir, "error.json")
+        if os.path.exists(path):
+            os.unlink(path)
+        return path
+
+    def root_cause(self, rank, code, attempt):
+        """torchrun's failure summary: which rank failed first, when, with what exit code, and
+        the traceback from its error file when torch's @record wrote one."""
+        local_rank = rank - self.args.node_rank * self.args.nproc_per_node
+        path = os.path.join(self.dir, f"attempt_{attempt}", str(local_rank), "error.json")
+        when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime())
+        traceback = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+        error_file = "<N/A>"
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            error_file = path
+            message = data.get("message", {})
+            if isinstance(message, dict):
+                extra = message.get("extraInfo", {})
+                traceback = extra.get("py_callstack") or message.get("message") or traceback
+                stamp = extra.get("timestamp")
+                if stamp and str(stamp).isdigit():
+                    when = time.strftime("%Y-%m-%d_%H:%M:%S", time.localtime(int(stamp)))
+            elif message:
+                traceback = str(message)
+        except (OSError, ValueError, AttributeError):
+            pass
+        how = f"{-code} (signal: {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() \
+            else str(code)
+        script = os.path.basename(self.args.script)
+        lines = ["=" * 60, f"{script} FAILED", "-" * 60, "Failures:", "  <NO_OTHER_FAILURES>", "-" * 60,
+                 "Root Cause (first observed failure):", f"[0]:", f"  time      : {when}",
+                 f"  host      : {socket.gethostname()}", f"  rank      : {rank} (local_rank: {local_rank})",
+                 f"  exitcode  : {how} (pid: {self.pids.get(rank, '?')})", f"  error_file: {error_file}",
+                 "  traceback : " + traceback.rstrip().replace("\n", "\n  "), "=" * 60]
+        with self.out_lock:
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
 
     def watch_formation(self, coordinator):
         """Says every 5 s how far the job's rendezvous got while none of its groups has formed
@@ -447,6 +627,8 @@ class Launcher:
         threading.Thread(target=say_progress, daemon=True).start()
 
     def forward(self, signum, _frame):
+        if self.signalled is None:
+            self.signalled = signum
         for _, proc in self.ranks:
             if proc.poll() is None:
                 try:
@@ -491,7 +673,7 @@ class Launcher:
                     for _, proc in self.ranks:
                         if proc.poll() is None:
                             _stop(proc, 10.0, wait=False)
-                changed.wait(timeout=0.1)
+                changed.wait(timeout=self.args.monitor_interval)
             failures = [e for e in exits if e[1] != 0]
         if not failures:
             return None
@@ -518,10 +700,14 @@ class Launcher:
         previous = {s: signal.signal(s, self.forward) for s in _FORWARDED}
         try:
             coordinator, sidecar, tcpstore_port = self.start_servers()
-            self.no_libuv = bool(tcpstore_port) and torch_without_libuv()
+            self.no_libuv = torch_without_libuv()
+            if self.args.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+                self.say("setting OMP_NUM_THREADS=1 for each rank (as torchrun) so that the host is not "
+                         "overloaded; set it yourself to tune it")
             self.watch_formation(coordinator)
             attempt = 0
             while True:
+                self.attempt = attempt
                 self.start_ranks(coordinator, sidecar, tcpstore_port, attempt)
                 first = self.wait_ranks()
                 for t in self.pumps:
@@ -551,9 +737,15 @@ class Launcher:
             return 0
         rank, code = first
         exit_code = 128 - code if code < 0 else code
-        if rank >= 0:
+        if rank >= 0 and self.signalled is not None:
+            # Stopped from outside (Kubernetes, a scheduler, ^C): not a failure of the job's own.
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            self.say(f"the job was stopped by {signal.Signals(self.signalled).name}, which the launcher forwarded to "
+                     f"its ranks; rank {rank} {how}")
+        elif rank >= 0:
             how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             self.say(f"rank {rank} {how} (the first rank to fail)")
+            self.root_cause(rank, code, self.attempt)
         if self.servers:
             self.say(f"server logs are in {self.dir}")
         return exit_code
@@ -577,6 +769,26 @@ def _nproc_per_node(parser, value):
             parser.error("--nproc_per_node gpu: no CUDA device is visible")
         return os.cpu_count() or 1
     parser.error(f"--nproc_per_node {value!r} must be a number, cpu, gpu or auto")
+
+
+def _rdzv_conf(value):
+    """torchrun's --rdzv_conf KEY=VALUE,...: a dict, join_timeout and last_call_timeout as
+    seconds (float); raises ValueError for a malformed pair or timeout."""
+    conf = {}
+    for pair in filter(None, str(value).split(",")):
+        key, eq, val = pair.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{pair!r} is not KEY=VALUE")
+        conf[key.strip()] = val.strip()
+    for key in ("join_timeout", "last_call_timeout"):
+        if key in conf:
+            try:
+                conf[key] = float(conf[key])
+            except ValueError:
+                raise ValueError(f"{key}={conf[key]!r} must be a number of seconds") from None
+            if conf[key] <= 0:
+                raise ValueError(f"{key} must be above 0")
+    return conf
 
 
 def _std_streams(value, nproc):

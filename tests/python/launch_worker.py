@@ -3,6 +3,8 @@
   token      how the job token reached the rank: whether COLLSERVE_TOKEN is set, the
              token file, its mode and its directory's mode; then `allreduce` (the token works)
   fail       rank 1 exits with code 3 at once; the others wait in a barrier
+  record     rank 1 raises ValueError under torch's @record (which writes TORCHELASTIC_ERROR_FILE);
+             the others exit 0
   sigterm    prints "ready", then on SIGTERM prints "got SIGTERM" and exits 7
   allreduce  all_reduce of the rank over the world; prints the sum
   late       rank 1 sleeps 7 s before init_process_group; then `allreduce`
@@ -26,7 +28,8 @@ import collserve as dist
 def main(mode):
     if mode == "env":
         names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "COLLSERVE_SIDECAR", "COLLSERVE_JOB"]
+                 "COLLSERVE_SIDECAR", "COLLSERVE_JOB", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
+                 "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "COLLSERVE_INIT_TIMEOUT_S"]
         print(" ".join(f"{n}={os.environ.get(n, '')}" for n in names))
         print("to stderr", file=sys.stderr)
     elif mode == "token":
@@ -85,6 +88,15 @@ def main(mode):
                                    capture_output=True, text=True, timeout=60)
                 print(f"{who}: {p.stdout.strip() or p.stderr.strip()}")
         dist.barrier()
+    elif mode == "record":
+        # torch's @record writes the exception that ends a rank to TORCHELASTIC_ERROR_FILE.
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def train():
+            if os.environ["RANK"] == "1":
+                raise ValueError("rank 1 gives up")
+        train()
     elif mode == "allreduce":
         dist.init_process_group("gloo")
         t = np.array([dist.get_rank()], dtype=np.int64)

@@ -47,6 +47,13 @@ def assert_none_left(log_dir):
     assert not left, f"processes left behind: {left}"
 
 
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def lines_of(stdout, rank):
     prefix = f"[rank{rank}]: "
     return [line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix)]
@@ -133,6 +140,9 @@ def test_signals_are_forwarded_and_everything_stops():
     assert proc.returncode == 7, (proc.returncode, out, err)
     for r in (0, 1):
         assert lines_of(out, r) == ["got SIGTERM"], out
+    # Stopped from outside: reported as such, not as a failure.
+    assert "the job was stopped by SIGTERM, which the launcher forwarded to its ranks; rank" in err, err
+    assert "the first rank to fail" not in err and "Root Cause" not in err, err
     assert_none_left(log_dir)
 
 
@@ -160,6 +170,59 @@ def test_two_nodes_against_one_coordinator():
             assert_none_left(logs[n])
     finally:
         cluster.stop()
+
+
+def test_a_kubeflow_pytorchjob_command_line_runs_a_torch_program_on_two_nodes(tmp_path):
+    """What Kubeflow's PyTorchJob gives each replica: PET_NNODES, PET_NPROC_PER_NODE,
+    PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT (and the command `torchrun train.py`),
+    here `collserve launch` with --local_addr; node 0 starts the coordinator at the master's
+    port, every node holds the job token (a Secret in Kubernetes), and an unmodified torch
+    program (every collective, backend "collserve") runs across the two nodes."""
+    pytest.importorskip("torch")
+    token = tmp_path / "token"
+    token.write_text("pytorchjob-token\n")
+    token.chmod(0o600)
+    port = str(_free_port())
+    worker = os.path.join(HERE, "torch_worker.py")
+    logs = [str(tmp_path / f"node{n}") for n in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], "--local_addr",
+                               "127.0.0.1", worker, "collectives", "collserve", "env"], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=launcher_env(logs[n], PET_NNODES="2", PET_NPROC_PER_NODE="2", PET_NODE_RANK=str(n),
+                                               PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port,
+                                               COLLSERVE_TOKEN_FILE=str(token), WORKER_TIMEOUT_S="60"))
+             for n in (1, 0)]  # node 1 first: it waits for node 0's coordinator
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=150))
+        finally:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err), log in zip(procs, outs, reversed(logs)):
+        assert p.returncode == 0, (out, err)
+        assert_none_left(log)
+    for r in range(4):
+        assert f"[rank{r}]: rank {r}: collectives ok" in outs[0][0] + outs[1][0], outs
+    # Without a token on every node there is no coordinator for the other hosts to reach.
+    proc = subprocess.run([sys.executable, "-m", "collserve.launch", WORKER, "env"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**launcher_env(str(tmp_path / "notoken")), "PET_NNODES": "2",
+                                                      "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": port})
+    assert proc.returncode == 1 and "give every node the same job token" in proc.stderr, proc.stderr
+
+
+def test_torch_error_files_give_the_root_cause(tmp_path):
+    """torch's @record writes the exception that ended a rank to TORCHELASTIC_ERROR_FILE; the
+    launcher prints torchrun's summary of the first failure with its traceback."""
+    pytest.importorskip("torch")
+    log_dir = str(tmp_path / "logs")
+    _, err = launch("--nproc_per_node", "2", WORKER, "record", log_dir=log_dir, expect=1)
+    assert "rank 1 exited with code 1 (the first rank to fail)" in err, err
+    summary = err[err.index("Root Cause (first observed failure):"):]
+    assert "  rank      : 1 (local_rank: 1)" in summary and "  exitcode  : 1 (pid: " in summary, summary
+    error_file = os.path.join(log_dir, "attempt_0", "1", "error.json")
+    assert f"  error_file: {error_file}" in summary, summary
+    assert "ValueError: rank 1 gives up" in summary, summary
 
 
 def test_max_restarts_starts_every_rank_again_after_a_failure():
@@ -192,6 +255,23 @@ def test_torchrun_names_pet_variables_and_redirects(tmp_path):
             assert f.read() == "to stderr\n"
     out, _ = launch("--nproc_per_node", "cpu", WORKER, "env")
     assert len([l for l in out.splitlines() if "WORLD_SIZE=" in l]) == os.cpu_count(), out
+    # torchrun's other flags and the variables its ranks get.
+    out, err = launch("--nproc_per_node", "3", "--role", "trainer", "--rdzv_conf", "join_timeout=77,last_call_timeout=2",
+                      "--monitor_interval", "0.5", "--run_path", "--local_ranks_filter", "0,2", WORKER, "env",
+                      log_dir=str(tmp_path / "flags"))
+    assert lines_of(out, 1) == [], out
+    assert "setting OMP_NUM_THREADS=1 for each rank" in err, err
+    for r in (0, 2):
+        (line,) = lines_of(out, r)
+        env = dict(kv.split("=", 1) for kv in line.split())
+        assert (env["GROUP_WORLD_SIZE"], env["ROLE_NAME"], env["ROLE_RANK"], env["ROLE_WORLD_SIZE"]) == (
+            "1", "trainer", str(r), "3"), line
+        assert env["TORCHELASTIC_ERROR_FILE"] == os.path.join(str(tmp_path / "flags"), "attempt_0", str(r),
+                                                              "error.json"), line
+        assert env["OMP_NUM_THREADS"] == "1" and env["COLLSERVE_INIT_TIMEOUT_S"] == "77.0", line
+    out, _ = launch("--nproc_per_node", "2", WORKER, "env", log_dir=str(tmp_path / "omp"))
+    (line,) = lines_of(out, 0)
+    assert "OMP_NUM_THREADS=1" in line, line
 
 
 def test_the_job_token_reaches_the_ranks_as_a_private_file_outside_the_log_dir():
@@ -252,7 +332,12 @@ def test_bad_arguments_are_refused():
                        (["--nproc_per_node", "many", WORKER, "env"], "must be a number, cpu, gpu or auto"),
                        (["--nnodes", "3:2", WORKER, "env"], "MIN must be at least 1 and at most MAX"),
                        (["--standalone", "--coordinator", "h:1", WORKER, "env"], "--standalone"),
-                       (["--redirects", "7", WORKER, "env"], "--redirects '7' must be 0..3")):
+                       (["--redirects", "7", WORKER, "env"], "--redirects '7' must be 0..3"),
+                       (["--rdzv_conf", "join_timeout", WORKER, "env"], "is not KEY=VALUE"),
+                       (["--rdzv_conf", "join_timeout=soon", WORKER, "env"], "must be a number of seconds"),
+                       (["--master_port", "70000", WORKER, "env"], "must be a port number"),
+                       (["--nnodes", "2", "--master_addr", "h", "--master_port", "1", "--coordinator", "h:2", WORKER,
+                         "env"], "cannot go with --coordinator")):
         proc = subprocess.run([sys.executable, "-m", "collserve.launch", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=30)
         assert proc.returncode == 2 and text in proc.stderr, (args, proc.stderr)
