@@ -595,8 +595,9 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
                                  absl::StrJoin(ranks, ", "), "]"));
   }
   return absl::StrCat("ranks called it from different places: ", absl::StrJoin(parts, " but "),
-                      " (a rank skipped or added a collective? If the program calls it from different places on "
-                      "purpose, call it from one function, or set COLLSERVE_CALL_SITES=0)");
+                      " (a rank skipped or added a collective? A Python call site is \"#<earlier calls from this stack> "
+                      "file:line < caller's file:line < ...\"; if the program calls it from different places on purpose, "
+                      "set COLLSERVE_CALL_SITES=0)");
 }
 
 std::string Group::FailedMeanwhileSuffix(const absl::Status& error, absl::Time explain_by) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "python/common/call_sites.h"
 #include "collserve/client.h"
 
 namespace py = pybind11;
@@ -166,6 +167,15 @@ void BindStore(py::module_& m) {
 
   // set_call_site(site): the call site of this thread's next collectives (ScopedCallSite).
   m.def("set_call_site", [](const std::string& site) { collserve::client::SetCallSite(site); });
+  // CallSites: one group's occurrence counts; mark() makes the caller's Python stack the call
+  // site of this thread's next collectives (python/common/call_sites.h). Thread-safe.
+  py::class_<collserve::python::CallSites>(m, "CallSites")
+      .def(py::init<>())
+      .def("mark", [](collserve::python::CallSites& sites) { collserve::client::SetCallSite(sites.Mark()); })
+      .def("site", &collserve::python::CallSites::Mark,
+           "The call site mark() would set (and counts it as one occurrence): for tests and benchmarks.");
+  // set_package_dir(dir): frames under dir (the collserve package) are not call sites.
+  m.def("set_package_dir", [](const std::string& dir) { collserve::python::SetPackageDir(dir); });
 
   // connect_store(address, job, timeout_s, connect_timeout_s, token) -> (code, message, StoreClient);
   // token "" = JobTokenFromEnv()

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -378,7 +379,18 @@ std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char*
                                           ": FAILED_PRECONDITION: this process group was shut down "
                                           "(its session ended at interpreter exit)"));
   }
+  // The sidecars compare call sites of collectives, not of barriers or point-to-point calls
+  // (engine ChecksCallSite); "empty" allocates.
+  static constexpr std::string_view kUnchecked[] = {"barrier", "monitored_barrier", "send", "recv", "empty"};
+  if (std::find(std::begin(kUnchecked), std::end(kUnchecked), std::string_view(op)) == std::end(kUnchecked)) {
+    client::SetCallSite(MarkCallSite());
+  }
   return pg_;
+}
+
+std::string CollserveProcessGroup::MarkCallSite() {
+  if (!python::CallSitesEnabled()) return "";
+  return call_sites_.Mark();
 }
 
 std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSession() {

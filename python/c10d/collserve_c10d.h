@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "collserve/client.h"
+#include "python/common/call_sites.h"
 
 namespace collserve::c10d_backend {
 
@@ -226,6 +227,12 @@ class CollserveProcessGroup : public TorchBase {
   // by ShutdownAll; idempotent. Call it without the GIL (completions may need it to drop
   // tensors). Thread-safe.
   void Shutdown();
+  // The call site of the caller's Python stack for this group's next collective, counted as
+  // one occurrence (python/common/call_sites.h); "" without the GIL or with
+  // COLLSERVE_CALL_SITES=0. Every collective but barriers and point-to-point calls sets it
+  // (client::SetCallSite) before it is issued. Thread-safe; needs the GIL for a non-empty result.
+  std::string MarkCallSite();
+
   // Moves the session out (null once shut down); for Shutdown and ShutdownAll.
   std::shared_ptr<client::ProcessGroup> TakeSession();
 
@@ -235,6 +242,7 @@ class CollserveProcessGroup : public TorchBase {
   // The caller's copy keeps the session alive until the call returns.
   std::shared_ptr<client::ProcessGroup> Session(const char* op);
 
+  python::CallSites call_sites_;
   std::mutex session_mu_;
   std::shared_ptr<client::ProcessGroup> pg_;  // guarded by session_mu_; null once shut down
   std::chrono::milliseconds op_timeout_;

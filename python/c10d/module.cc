@@ -10,6 +10,7 @@
 #include <string>
 
 #include "python/c10d/collserve_c10d.h"
+#include "python/common/call_sites.h"
 
 namespace py = pybind11;
 
@@ -57,6 +58,18 @@ PYBIND11_MODULE(_collserve_torch, m) {
       },
       py::arg("group"), py::arg("bytes"),
       "A uint8 tensor of `bytes` bytes in the group's shared-memory arena (see collserve.torch.empty).");
+  m.def(
+      "set_package_dir", [](const std::string& dir) { collserve::python::SetPackageDir(dir); }, py::arg("dir"),
+      "Frames under `dir` (the collserve package) are not call sites (python/common/call_sites.h).");
+  m.def(
+      "call_site",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+        collserve::c10d_backend::CollserveProcessGroup* pg = collserve::c10d_backend::FromTorchGroup(group);
+        if (pg == nullptr) throw std::invalid_argument("collserve call_site: the group is not a collserve group");
+        return pg->MarkCallSite();
+      },
+      py::arg("group"), "The call site the group's next collective from here would carry (and counts it): for tests "
+      "and benchmarks.");
   m.def("shutdown_all", &collserve::c10d_backend::ShutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Ends the session of every collserve group still alive in this process (operations in flight fail); "
         "later calls on them raise RuntimeError. collserve.torch runs it at interpreter exit.");

@@ -32,17 +32,7 @@ _PACKAGE_DIR = _os.path.dirname(_os.path.abspath(__file__)) + _os.sep
 _CALL_SITES = _os.environ.get("COLLSERVE_CALL_SITES", "1") not in ("0", "false")
 
 
-def _call_site():
-    """Where the program called collserve: the first frame outside this package and outside
-    torch.distributed, as "file.py:line" (the file's base name, so that ranks running the
-    same program from different directories agree)."""
-    f = _sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_PACKAGE_DIR) and _os.sep + _os.path.join("torch", "distributed") + _os.sep not in name:
-            return f"{_os.path.basename(name)}:{f.f_lineno}"
-        f = f.f_back
-    return ""
+_collserve.set_package_dir(_PACKAGE_DIR)
 
 
 class ReduceOp(_enum.IntEnum):
@@ -134,6 +124,7 @@ class ProcessGroup:
     def __init__(self, pg, ranks):
         self._pg = pg
         self.ranks = list(ranks)
+        self._sites = _collserve.CallSites()  # occurrence counts of this group's call sites
 
     def rank(self):
         return self._live().rank
@@ -155,7 +146,7 @@ class ProcessGroup:
         named instead of silently pairing the wrong calls)."""
         pg = self._live()
         if _CALL_SITES:
-            _collserve.set_call_site(_call_site())
+            self._sites.mark()
         return pg
 
     def __repr__(self):

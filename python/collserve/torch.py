@@ -55,6 +55,8 @@ from . import _collserve_torch
 from .launch import _host_address, _stop, embedded_credentials, embedded_token_file, find_binary, start_server
 
 BACKEND = "collserve"
+# Frames of this package are not call sites (python/common/call_sites.h).
+_collserve_torch.set_package_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 _KEY = "collserve/embedded"
 
 # Embedded servers this process started, the directory they live in, and the sidecar address.

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from . import _collserve
 from . import _tensors
-from .distributed_c10d import _CALL_SITES, _call_site
+from .distributed_c10d import _CALL_SITES
 from .errors import raise_for
 
 BACKEND = "collserve"
@@ -215,6 +215,7 @@ class CollserveProcessGroup(dist.ProcessGroup):
         self._group_name = sdk_pg.name
         self._group_desc = ""
         self._pending = []  # works the caller may have dropped: their tensors stay alive
+        self._sites = _collserve.CallSites()  # occurrence counts of this group's call sites
 
     @classmethod
     def connect(cls, rank, world_size, timeout=None, group="torch/0", sidecar=None, coordinator=None, job=None):
@@ -266,7 +267,7 @@ class CollserveProcessGroup(dist.ProcessGroup):
         if self._pg is None:
             raise RuntimeError("collserve: the process group has been shut down")
         if _CALL_SITES:
-            _collserve.set_call_site(_call_site())
+            self._sites.mark()
         return self._pg
 
     def _work(self, op, work, result, keep, finish=None, device=None):
