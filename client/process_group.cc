@@ -1586,6 +1586,17 @@ ScopedCallSite::~ScopedCallSite() { CallSiteOfThisThread() = std::move(previous_
 
 void SetCallSite(std::string call_site) { CallSiteOfThisThread() = std::move(call_site); }
 
+namespace {
+std::string& CallSiteOverrideOfThisThread() {
+  thread_local std::string name;
+  return name;
+}
+}  // namespace
+
+void SetCallSiteOverride(std::string name) { CallSiteOverrideOfThisThread() = std::move(name); }
+
+const std::string& CallSiteOverride() { return CallSiteOverrideOfThisThread(); }
+
 absl::StatusOr<InitOptions> InitOptions::FromEnv() {
   InitOptions o;
   auto rank = EnvInt("RANK", true, -1);

@@ -160,6 +160,23 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
         group->Generation() < params.generation) {
       continue;  // it formed an earlier generation meanwhile: retired on the next pass
     }
+    if (s.code() == absl::StatusCode::kFailedPrecondition && group->Leaving()) {
+      // This host's ranks are still leaving the previous generation (a rank that destroyed
+      // its group and initialized again at once, before its neighbors destroyed theirs), or
+      // the group failed and they have not all left yet: hold this rank until they have,
+      // within its init timeout, then attach it to a fresh group.
+      const absl::Time deadline = absl::Now() + params.init_timeout;
+      bool emptied = false;
+      bool stopping = false;
+      while (!emptied && !stopping && absl::Now() < deadline) {
+        emptied = group->AwaitEmptied(std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+        absl::MutexLock lock(&mu_);
+        stopping = stopping_;  // the next pass says "shutting down"
+      }
+      if (emptied || stopping) continue;
+      return absl::Status(s.code(), absl::StrCat(s.message(), "; they had not all left within the init timeout (",
+                                                 absl::FormatDuration(params.init_timeout), ")"));
+    }
     if (!s.ok()) return s;
     return group;
   }

@@ -597,7 +597,7 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
   return absl::StrCat("ranks called it from different places: ", absl::StrJoin(parts, " but "),
                       " (a rank skipped or added a collective? A Python call site is \"#<earlier calls from this stack> "
                       "file:line < caller's file:line < ...\"; if the program calls it from different places on purpose, "
-                      "set COLLSERVE_CALL_SITES=0)");
+                      "name them as one: with collserve.call_site(\"name\"), or set COLLSERVE_CALL_SITES=0)");
 }
 
 std::string Group::FailedMeanwhileSuffix(const absl::Status& error, absl::Time explain_by) {

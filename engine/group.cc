@@ -522,6 +522,16 @@ void Group::MaybeEmptyLocked() {
   if (env_.on_empty) env_.on_empty(this);
 }
 
+bool Group::Leaving() {
+  absl::MutexLock lock(&mu_);
+  return !departed_.empty() || state_ == State::kFailed || stop_ || emptied_;
+}
+
+bool Group::AwaitEmptied(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithDeadline(absl::Condition(&emptied_), deadline);
+}
+
 int64_t Group::Generation() {
   absl::MutexLock lock(&mu_);
   return formed_ ? topology_.generation : params_.generation;

@@ -103,6 +103,15 @@ class Group : public std::enable_shared_from_this<Group> {
   absl::Status Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
                       const std::string& credential, bool peer_reads = false);
 
+  // Whether this host's ranks are leaving the group: one has left (a rank that attaches
+  // again belongs to the next generation), it failed, or it stops. Attach then refuses
+  // with FAILED_PRECONDITION; Engine::Attach holds the attaching rank in AwaitEmptied and
+  // makes a fresh group once this one is empty.
+  bool Leaving();
+  // Waits until every local rank has left (the group is empty and going away) or
+  // `deadline`; returns whether it emptied. Thread-safe.
+  bool AwaitEmptied(absl::Time deadline);
+
   // A request from a local rank. Completes (possibly with an error) through the rank's
   // session. Never blocks on the data path.
   void Submit(int rank, Request request);

@@ -28,16 +28,19 @@ import digits_sgd as base  # the tutorial's Net, data partitioning and evaluatio
 
 
 def sync_state(model, optimizer, epoch):
-    """Every rank takes rank 0's parameters, momentum buffers and epoch."""
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)
-        state = optimizer.state[p]
-        if "momentum_buffer" not in state or state["momentum_buffer"] is None:
-            state["momentum_buffer"] = torch.zeros_like(p.data)
-        dist.broadcast(state["momentum_buffer"], src=0)
-    e = torch.tensor([epoch], dtype=torch.int64)
-    dist.broadcast(e, src=0)
-    return int(e[0])
+    """Every rank takes rank 0's parameters, momentum buffers and epoch. Joiners and survivors
+    call it from different places on purpose: one call-site name for both (collserve's check
+    for a skipped collective compares the callers' stacks)."""
+    with dist.call_site("sync_state"):
+        for p in model.parameters():
+            dist.broadcast(p.data, src=0)
+            state = optimizer.state[p]
+            if "momentum_buffer" not in state or state["momentum_buffer"] is None:
+                state["momentum_buffer"] = torch.zeros_like(p.data)
+            dist.broadcast(state["momentum_buffer"], src=0)
+        e = torch.tensor([epoch], dtype=torch.int64)
+        dist.broadcast(e, src=0)
+        return int(e[0])
 
 
 def train(epochs, lr, die_rank, die_epoch):

@@ -174,6 +174,11 @@ void BindStore(py::module_& m) {
       .def("mark", [](collserve::python::CallSites& sites) { collserve::client::SetCallSite(sites.Mark()); })
       .def("site", &collserve::python::CallSites::Mark,
            "The call site mark() would set (and counts it as one occurrence): for tests and benchmarks.");
+  // call_site_override() / set_call_site_override(name): client::CallSiteOverride, the name
+  // that stands for the stack in this thread's call sites ("" = none).
+  m.def("call_site_override", []() { return collserve::client::CallSiteOverride(); });
+  m.def("set_call_site_override",
+        [](const std::string& name) { collserve::client::SetCallSiteOverride(name); });
   // set_package_dir(dir): frames under dir (the collserve package) are not call sites.
   m.def("set_package_dir", [](const std::string& dir) { collserve::python::SetPackageDir(dir); });
 

@@ -253,6 +253,14 @@ class ScopedCallSite {
 // for bindings that know it per call. C++ programs use ScopedCallSite. Thread-local.
 void SetCallSite(std::string call_site);
 
+// A name that stands for the caller's Python stack in the call sites the Python bindings
+// make (the Python SDK, collserve.torch) while it is set ("" = none; Python:
+// `with collserve.call_site("name"):`): for a program that issues one collective from
+// different code paths on different ranks on purpose. The bindings count occurrences per
+// name as they do per stack. Thread-local; CallSiteOverride returns this thread's.
+void SetCallSiteOverride(std::string name);
+const std::string& CallSiteOverride();
+
 // A process group (torch.distributed.ProcessGroup) backed by the sidecar.
 // Thread-safe; collectives issued from several threads are ordered by issue time, and
 // every rank must issue the group's collectives in the same order (as with torch).

@@ -13,6 +13,7 @@ Thread safety: the functions may be called from several threads; as with torch, 
 rank must issue a group's collectives in the same order.
 """
 import atexit as _atexit
+import contextlib as _contextlib
 import datetime as _datetime
 import enum as _enum
 import os as _os
@@ -33,6 +34,21 @@ _CALL_SITES = _os.environ.get("COLLSERVE_CALL_SITES", "1") not in ("0", "false")
 
 
 _collserve.set_package_dir(_PACKAGE_DIR)
+
+
+@_contextlib.contextmanager
+def call_site(name):
+    """Within the block, this thread's collectives carry `name` as their call site instead of
+    the caller's stack (counted per name): for a program that issues one collective from
+    different code paths on different ranks on purpose, e.g. rank 0 from a background thread.
+    Works for the Python SDK and for torch programs on the "collserve" backend
+    (collserve.torch). Blocks nest; the innermost name wins."""
+    previous = _collserve.call_site_override()
+    _collserve.set_call_site_override(str(name))
+    try:
+        yield
+    finally:
+        _collserve.set_call_site_override(previous)
 
 
 class ReduceOp(_enum.IntEnum):

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from . import _collserve_torch
+from .distributed_c10d import call_site  # noqa: F401  collserve.torch.call_site: see distributed_c10d
 from .launch import _host_address, _stop, embedded_credentials, embedded_token_file, find_binary, start_server
 
 BACKEND = "collserve"

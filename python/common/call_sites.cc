@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "collserve/client.h"
 
 namespace collserve::python {
 namespace {
@@ -59,6 +60,16 @@ bool CallSitesEnabled() {
 }
 
 std::string CallSites::Mark() {
+  if (const std::string& name = client::CallSiteOverride(); !name.empty()) {
+    const uint64_t key = Fnv(Fnv(kFnvOffset, "name:"), name);
+    uint64_t occurrence;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stacks_.size() >= kMaxStacks && stacks_.find(key) == stacks_.end()) stacks_.clear();
+      occurrence = stacks_[key].count++;
+    }
+    return absl::StrCat("#", occurrence, " ", name.substr(0, kMaxBytes - 24));
+  }
   if (!Py_IsInitialized()) return "";
   if (!PyGILState_Check()) {
     // torch's bindings release the GIL before they call the backend; the thread's Python

@@ -40,7 +40,8 @@ class CallSites {
   static constexpr size_t kMaxStacks = 8192;
 
   // The call site of the calling thread's current Python stack (see the file comment), and
-  // counts this call as one occurrence of it. "" when Python is not initialized, the
+  // counts this call as one occurrence of it; while client::CallSiteOverride() is set, that
+  // name instead of the stack ("#N name"). "" when Python is not initialized, the
   // calling thread has no Python thread state (a collective torch issues from one of its
   // C++ threads, as DDP's reducer does), or no frame is outside torch.distributed and
   // collserve. A thread that released the GIL (torch's bindings do before they call the

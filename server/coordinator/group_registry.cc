@@ -24,6 +24,10 @@ GroupRegistry::~GroupRegistry() {
       for (Watch& w : g.watches) watches.push_back(std::move(w.done));
       g.watches.clear();
     }
+    for (auto& [id, h] : held_) {
+      done.emplace_back(std::move(h.done), absl::UnavailableError("the coordinator is shutting down"));
+    }
+    held_.clear();
     waiter_index_.clear();
     watch_index_.clear();
   }
@@ -61,6 +65,12 @@ std::shared_ptr<const GroupView> GroupRegistry::JoinViewOf(const Group& g) {
 uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& group, int world_size,
                                   const MemberInfo& member, absl::Time deadline, JoinCallback done,
                                   int64_t generation) {
+  return JoinWithId(job, group, world_size, member, deadline, std::move(done), generation, 0);
+}
+
+uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& group, int world_size,
+                                   const MemberInfo& member, absl::Time deadline, JoinCallback done,
+                                   int64_t generation, uint64_t reuse_id) {
   auto fail = [&](absl::Status s) {
     std::move(done)(std::move(s));
     return uint64_t{0};
@@ -130,11 +140,24 @@ uint64_t GroupRegistry::JoinAsync(const std::string& job, const std::string& gro
           group, "\" (from host ", old.host_id, "); duplicate rank from host ", member.host_id)));
     }
     if (g.state != "FORMING") {
-      return fail(absl::FailedPreconditionError(absl::StrCat(
-          "group \"", group, "\" generation ", g.generation, " is ", g.state,
-          "; it can form again once every rank has left")));
+      bool held = false;
+      for (const auto& [held_id, h] : held_) {
+        held |= h.job == job && h.group == group && h.member.rank == member.rank;
+      }
+      if (generation > 0 || held || held_.size() >= kMaxHeldJoins) {
+        return fail(absl::FailedPreconditionError(absl::StrCat(
+            "group \"", group, "\" generation ", g.generation, " is ", g.state,
+            "; it can form again once every rank has left",
+            held ? absl::StrCat(" (rank ", member.rank, " already waits for that)") : std::string())));
+      }
+      // Held until every rank has left this generation (TimerLoop), then joins the next.
+      id = reuse_id != 0 ? reuse_id : next_id_++;
+      held_[id] = HeldJoin{job, group, world_size, member, deadline, std::move(done), g.generation, g.state,
+                           absl::Now()};
+      ++changes_;  // the timer: this deadline may be the earliest
+      return id;
     }
-    id = next_id_++;
+    id = reuse_id != 0 ? reuse_id : next_id_++;
     g.gave_up.erase(member.rank);
     g.members[member.rank] = member;
     g.waiters[member.rank] = Waiter{id, deadline, std::move(done)};
@@ -192,14 +215,19 @@ void GroupRegistry::CancelJoin(uint64_t id) {
   JoinCallback cb;
   {
     absl::MutexLock lock(&mu_);
-    auto idx = waiter_index_.find(id);
-    if (idx == waiter_index_.end()) return;
-    auto [key, rank] = idx->second;
-    waiter_index_.erase(idx);
-    auto it = groups_.find(key);
-    if (it == groups_.end()) return;
-    cb = std::move(it->second.waiters[rank].done);
-    RemoveForming(it, rank);
+    if (auto h = held_.find(id); h != held_.end()) {
+      cb = std::move(h->second.done);
+      held_.erase(h);
+    } else {
+      auto idx = waiter_index_.find(id);
+      if (idx == waiter_index_.end()) return;
+      auto [key, rank] = idx->second;
+      waiter_index_.erase(idx);
+      auto it = groups_.find(key);
+      if (it == groups_.end()) return;
+      cb = std::move(it->second.waiters[rank].done);
+      RemoveForming(it, rank);
+    }
   }
   std::move(cb)(absl::CancelledError("join cancelled"));
 }
@@ -248,6 +276,7 @@ absl::Status GroupRegistry::Leave(const std::string& job, const std::string& gro
         JournalEndedLocked(key, g);
         last_generation_[key] = g.generation;
         groups_.erase(it);
+        if (!held_.empty()) ++changes_;  // the timer: a held join may go on
       }
     }
   }
@@ -686,6 +715,41 @@ void GroupRegistry::TimerLoop() {
     if (!answered.empty()) {
       mu_.Unlock();
       for (auto& [done, events] : answered) std::move(done)(std::move(events));
+      mu_.Lock();
+      continue;
+    }
+    // Held joins (JoinAsync): those whose generation ended join now; late ones fail.
+    std::vector<std::pair<uint64_t, HeldJoin>> go_on;
+    std::vector<Completion> held_late;
+    for (auto h = held_.begin(); h != held_.end();) {
+      auto g = groups_.find(Key(h->second.job, h->second.group));
+      const bool ended = g == groups_.end() || g->second.generation != h->second.held_behind ||
+                         g->second.state == "FORMING";
+      if (ended) {
+        go_on.emplace_back(h->first, std::move(h->second));
+        h = held_.erase(h);
+      } else if (h->second.deadline <= now) {
+        std::vector<int> still;
+        for (const auto& [rank, m] : g->second.members) still.push_back(rank);
+        held_late.emplace_back(
+            std::move(h->second.done),
+            absl::DeadlineExceededError(absl::StrCat(
+                "rendezvous of group \"", h->second.group, "\" timed out after ",
+                absl::FormatDuration(absl::Trunc(now - h->second.since, absl::Milliseconds(1))),
+                ": rank ", h->second.member.rank, " waited for generation ", h->second.held_behind, " (",
+                h->second.state, ") to end, but ranks [", absl::StrJoin(still, ", "), "] had not left it")));
+        h = held_.erase(h);
+      } else {
+        next = std::min(next, h->second.deadline);
+        ++h;
+      }
+    }
+    if (!go_on.empty() || !held_late.empty()) {
+      mu_.Unlock();
+      for (auto& [cb, result] : held_late) std::move(cb)(std::move(result));
+      for (auto& [id, h] : go_on) {
+        JoinWithId(h.job, h.group, h.world_size, h.member, h.deadline, std::move(h.done), 0, id);
+      }
       mu_.Lock();
       continue;
     }

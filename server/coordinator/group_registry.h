@@ -158,7 +158,7 @@ class GroupRegistry {
   // world_size, names; a world_size over limits.max_world_size names the limit),
   // RESOURCE_EXHAUSTED (a new group while limits.max_groups are held; names the limit),
   // ALREADY_EXISTS (rank taken in this generation),
-  // FAILED_PRECONDITION (the group is BROKEN and has not been fully left),
+  // FAILED_PRECONDITION (a generation asked for is over),
   // DEADLINE_EXCEEDED (names the first kMaxNamedMissingRanks missing ranks and counts the
   // rest), CANCELLED (CancelJoin, or the rank left),
   // UNAVAILABLE (registry destroyed).
@@ -183,8 +183,15 @@ class GroupRegistry {
   // means that host's sidecar restarted: first, every rank the earlier process serves in
   // any group departs as lost (host_lost, reason "restarted"; a forming group's waiter gets
   // UNAVAILABLE), as when its lease ends, so the new process's ranks can form again at once.
+  // A join (generation 0) while the group's current generation is past forming (BROKEN:
+  // a rank left or was lost, and its other ranks have not all left yet; a rank that
+  // destroyed its group and initialized again at once gets here) is held until every rank
+  // has left that generation, then joins the next one; its deadline still holds (then
+  // DEADLINE_EXCEEDED naming the generation that had not ended). At most
+  // kMaxHeldJoins are held (then FAILED_PRECONDITION, as before).
   uint64_t JoinAsync(const std::string& job, const std::string& group, int world_size,
                      const MemberInfo& member, absl::Time deadline, JoinCallback done, int64_t generation = 0);
+  static constexpr size_t kMaxHeldJoins = 65536;
   // Withdraws a pending join (its rank leaves the forming group); `done` gets CANCELLED.
   // No-op for unknown or completed ids.
   void CancelJoin(uint64_t id);
@@ -274,6 +281,21 @@ class GroupRegistry {
     absl::Time deadline;
     JoinCallback done;
   };
+  // A join held until its group's current generation has ended (JoinAsync).
+  struct HeldJoin {
+    std::string job;
+    std::string group;
+    int world_size = 0;
+    MemberInfo member;
+    absl::Time deadline;
+    JoinCallback done;
+    int64_t held_behind = 0;  // the generation it waits out
+    std::string state;        // that generation's state when the join came
+    absl::Time since;
+  };
+  // JoinAsync with the id a held join already has (0 = a new one).
+  uint64_t JoinWithId(const std::string& job, const std::string& group, int world_size, const MemberInfo& member,
+                      absl::Time deadline, JoinCallback done, int64_t generation, uint64_t id);
   struct Watch {
     uint64_t id = 0;
     std::string host;
@@ -349,6 +371,7 @@ class GroupRegistry {
   std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
   std::map<uint64_t, Key> watch_index_ ABSL_GUARDED_BY(mu_);  // waiting watches: id -> group
+  std::map<uint64_t, HeldJoin> held_ ABSL_GUARDED_BY(mu_);    // id -> a join held (JoinAsync)
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added

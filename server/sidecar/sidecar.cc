@@ -583,9 +583,10 @@ class SidecarImpl : public Sidecar {
       server_.reset();
     }
     {
-      // Attaches whose credential check is still in flight (no new ones start: the server
-      // is down) use the engine, the descriptor channel and the coordinator link: let them
-      // finish (each is bounded by kAuthenticateTimeout; the engine refuses them now).
+      // Attaches whose credential check or attach is still in flight (no new ones start: the
+      // server is down) use the engine, the descriptor channel and the coordinator link: let
+      // them finish (each is bounded by kAuthenticateTimeout; the engine refuses them now,
+      // and one it holds stops waiting within 200 ms of engine_->Shutdown()).
       absl::MutexLock lock(&attach_mu_);
       auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(attach_mu_) { return attaching_ == 0; };
       attach_mu_.AwaitWithTimeout(absl::Condition(&done), kAuthenticateTimeout + absl::Seconds(1));
@@ -628,11 +629,18 @@ class SidecarImpl : public Sidecar {
                 s.code(), absl::StrCat("the sidecar serves a session only with a credential its coordinator accepts "
                                        "for the job: ",
                                        s.message())));
-          } else {
-            Attach(attach, credential, peer, session);
+            absl::MutexLock lock(&attach_mu_);
+            --attaching_;
+            return;
           }
-          absl::MutexLock lock(&attach_mu_);
-          --attaching_;
+          // On a thread of its own, not this one (the coordinator link's): the engine holds a
+          // rank that attaches again while this host's ranks are still leaving its group's
+          // previous generation (Engine::Attach), and those departures need the link.
+          std::thread([this, attach, credential, peer, session] {
+            Attach(attach, credential, peer, session);
+            absl::MutexLock lock(&attach_mu_);
+            --attaching_;
+          }).detach();
         });
   }
   // The attach itself, once the credential was accepted.

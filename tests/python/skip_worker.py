@@ -13,6 +13,8 @@ Cases:
             after it; rank 1 skips the last iteration's call
   shifted   a loop calls all_reduce from one line; rank 1 skips iteration 1's call and
             issues iteration 2's in its place, the same stack: caught where the loop ends
+  named     rank 0 and the others call all_reduce from different stacks inside
+            collserve.torch.call_site("sync"): not caught, the sum is right
 """
 import datetime
 import os
@@ -74,6 +76,13 @@ def run(case, rank, group):
             if not (skip and i == 1):
                 calls(dist.all_reduce, t, dist.ReduceOp.SUM, group)
         calls(dist.all_reduce, t, dist.ReduceOp.SUM, group)
+    elif case == "named":  # different stacks on purpose, under one name: no error
+        with collserve.torch.call_site("sync"):
+            if rank == 0:
+                calls(ar, t, group)
+            else:
+                calls(dist.all_reduce, t, dist.ReduceOp.SUM, group)
+        assert t.tolist() == [float(dist.get_world_size())] * 2, t
     if calls.caught is None:
         print(f"case {case}: not caught", flush=True)
     else:

@@ -2,7 +2,8 @@
 
     torch_worker.py SCENARIO BACKEND INIT [OUT]
 
-SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero | live_at_exit | reinit.
+SCENARIO: collectives | errors | ddp | fsdp | checkpoint | hosts | idle | arena | monitored_zero | live_at_exit | reinit |
+reinit_loop.
 BACKEND: collserve or gloo. INIT: env
 (env://), tcp (tcp://MASTER_ADDR:MASTER_PORT), file:<path> (file://), store:<path> (an
 explicit FileStore). RANK and WORLD_SIZE come from the environment. Checks raise
@@ -352,12 +353,8 @@ def reinit(rank, world, how):
     so this passes only if destroying the group ended its session at the sidecar."""
     for round_ in (1, 2):
         if round_ == 2:
-            # Every rank has destroyed its group before any inits again: a rank that comes
-            # back while another rank of its host is still in the old generation is refused
-            # today (FAILED_PRECONDITION "rank 0 left generation 1 ... it can join again once
-            # every local rank has left"; seen once in 4 CI runs under ASan). Holding such a
-            # rank until its host's departures finish is issue 41 (re-init at any speed);
-            # this test covers re-init once every rank has left.
+            # Every rank has destroyed its group before any inits again (reinit_loop covers
+            # re-init at full speed, a rank coming back while others are still leaving).
             done = dist.FileStore(how[6:] + ".destroyed", world)
             done.set(f"destroyed/{rank}", "1")
             done.wait([f"destroyed/{r}" for r in range(world)], datetime.timedelta(seconds=60))
@@ -366,6 +363,23 @@ def reinit(rank, world, how):
         dist.all_reduce(t)
         equal(t, torch.full((3,), float(sum(range(world)) + world * round_)))
         dist.destroy_process_group()
+
+
+def reinit_loop(rank, world, how):
+    """REINIT_CYCLES (default 100) cycles of init_process_group, all_reduce, destroy_process_group
+    in a loop, at full speed: a rank that comes back while its host's other ranks are still
+    leaving the previous generation is held until they have, not refused. HOW is env
+    (torch's env://; its TCPStore is made anew each cycle, on the same port) or store:<path>
+    (a FileStore per cycle)."""
+    cycles = int(os.environ.get("REINIT_CYCLES", "100"))
+    for i in range(cycles):
+        if i > 0:  # main() made the first
+            init("collserve", how if how == "env" else f"{how}.{i}")
+        t = torch.full((2,), float(rank + i))
+        dist.all_reduce(t)
+        equal(t, torch.full((2,), float(sum(range(world)) + world * i)))
+        dist.destroy_process_group()
+    print(f"rank {rank}: {cycles} cycles", flush=True)
 
 
 def live_at_exit(rank, world, how):
@@ -490,8 +504,8 @@ def main():
         monitored_zero(rank, world)
         print(f"rank {rank}: {scenario} ok", flush=True)
         return  # the group is unusable after a failed monitored barrier (as torch's)
-    elif scenario == "reinit":
-        reinit(rank, world, how)
+    elif scenario in ("reinit", "reinit_loop"):
+        (reinit if scenario == "reinit" else reinit_loop)(rank, world, how)
         print(f"rank {rank}: {scenario} ok", flush=True)
         return  # destroyed inside
     elif scenario == "live_at_exit":

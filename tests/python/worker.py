@@ -291,8 +291,9 @@ def gil():
     dist.init_process_group(init_method="env://")
     dist.barrier()
 
-    def reduce(t):  # one place in the program for both ranks' all_reduce (its call site)
-        dist.all_reduce(t)
+    def reduce(t):  # rank 0 calls it from a thread, rank 1 from main: one name for both stacks
+        with dist.call_site("reduce"):
+            dist.all_reduce(t)
     if dist.get_rank() == 0:
         done = threading.Event()
         t = np.ones(4)

@@ -907,6 +907,67 @@ TEST(GroupRegistryReformTest, TheNextGenerationOfANameEndsTheEarlierOneForEveryM
   EXPECT_EQ(registry.GroupCounts().groups, 1);
 }
 
+TEST(GroupRegistryReformTest, AJoinWhileItsGenerationIsStillBeingLeftIsHeldUntilItEnds) {
+  // Issue 42, finding 2: a rank that destroyed its group and initialized again at once
+  // joined while its neighbors were still in the old generation (BROKEN, not yet left) and
+  // was refused with FAILED_PRECONDITION. Now it is held, and joins the next generation.
+  server::GroupRegistry registry;
+  FormGroup(registry, "g", {"a", "a"});
+  ASSERT_TRUE(registry.Leave("job", "g", 0).ok());  // generation 1 is BROKEN, rank 1 still in it
+  PendingJoin again;
+  again.Start(registry, "g", 2, 0, "a", 0);
+  EXPECT_FALSE(again.Wait(absl::Milliseconds(100)));  // held: nothing to answer yet
+  EXPECT_EQ(registry.Describe("job", "g")->state, "BROKEN");
+  // A second join of the same rank while the first waits is refused.
+  PendingJoin twice;
+  twice.Start(registry, "g", 2, 0, "a", 0);
+  ASSERT_TRUE(twice.Wait());
+  EXPECT_EQ(twice.view.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(twice.view.status().message()), HasSubstr("rank 0 already waits for that"));
+  ASSERT_TRUE(registry.Leave("job", "g", 1).ok());  // generation 1 ends: rank 0 joins generation 2
+  ASSERT_TRUE(WaitFor([&] {
+    auto d = registry.Describe("job", "g");
+    return d.ok() && d->generation == 2 && d->members.size() == 1;
+  }, absl::Seconds(10)));
+  PendingJoin other;
+  other.Start(registry, "g", 2, 1, "a", 0);
+  ASSERT_TRUE(again.Wait());
+  ASSERT_TRUE(other.Wait());
+  ASSERT_TRUE(again.view.ok()) << again.view.status();
+  EXPECT_EQ((*again.view)->generation, 2);
+  EXPECT_EQ((*again.view)->state, "FORMED");
+
+  // A held join still has its deadline: it names the ranks that never left.
+  ASSERT_TRUE(registry.Leave("job", "g", 1).ok());  // generation 2 BROKEN, rank 0 still in it
+  absl::Notification late;
+  absl::Status status;
+  server::MemberInfo m;
+  m.rank = 1;
+  m.host_id = "a";
+  const absl::Time start = absl::Now();
+  registry.JoinAsync("job", "g", 2, m, absl::Now() + absl::Milliseconds(300),
+                     [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
+                       status = v.status();
+                       late.Notify();
+                     });
+  ASSERT_TRUE(late.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("rank 1 waited for generation 2 (BROKEN) to end, but ranks [0] had not left it"));
+  // A cancelled held join is answered CANCELLED.
+  absl::Notification cancelled;
+  absl::Status cancel_status;
+  const uint64_t id = registry.JoinAsync("job", "g", 2, m, absl::Now() + absl::Seconds(10),
+                                         [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
+                                           cancel_status = v.status();
+                                           cancelled.Notify();
+                                         });
+  registry.CancelJoin(id);
+  ASSERT_TRUE(cancelled.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(cancel_status.code(), absl::StatusCode::kCancelled);
+}
+
 TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
   const std::string group = UniqueName("gen");
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
@@ -946,8 +1007,11 @@ TEST(CoordinatorRegistryTest, LeaveDescribeListAndTheNextGeneration) {
     ASSERT_TRUE(leave(0).ok());
     ASSERT_TRUE(describe(&d).ok());
     EXPECT_EQ(d.group().state(), "BROKEN");
-    // A rank that left cannot rejoin a broken generation.
-    EXPECT_EQ(Join(group, 2, 0, "h", 100).status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    // A rank that left cannot rejoin a broken generation: its join is held until the
+    // generation ends, and times out while rank 1 stays in it.
+    JoinResult held = Join(group, 2, 0, "h", 100);
+    EXPECT_EQ(held.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_THAT(held.status.error_message(), HasSubstr("to end, but ranks [1] had not left it"));
     EXPECT_EQ(leave(0).error_code(), grpc::StatusCode::NOT_FOUND);
     ASSERT_TRUE(leave(1).ok());
     EXPECT_EQ(describe(&d).error_code(), grpc::StatusCode::NOT_FOUND);
