@@ -21,11 +21,14 @@
 namespace collserve::client {
 namespace {
 
-// How often a rank looks at a member list that is still open.
+// How often a rank looks at a member list that is still open, and at which old ranks the
+// coordinator saw leave.
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
+constexpr absl::Duration kLeftPoll = absl::Milliseconds(200);
 
 struct Context {
   std::unique_ptr<StoreClient> store;
+  std::unique_ptr<GroupMembership> membership;
   std::string prefix;  // "collserve/reconfigure/<run_id>/<group>/"
   absl::Duration timeout;
 };
@@ -51,6 +54,9 @@ absl::StatusOr<Context> Open(const InitOptions& init, const ReconfigureOptions& 
   auto store = StoreClient::Connect(init.coordinator_address, so);
   if (!store.ok()) return store.status();
   c.store = std::move(*store);
+  auto membership = GroupMembership::Connect(init.coordinator_address, so);
+  if (!membership.ok()) return membership.status();
+  c.membership = std::move(*membership);
   return c;
 }
 
@@ -86,7 +92,8 @@ int IndexOf(const std::vector<std::string>& members, const std::string& me) {
 
 // The members of generation `generation`, agreed through the store (this rank, `me` of an
 // old group of `world` ranks at the coordinator's generation `registry`, among them unless
-// it came after the list closed). Records this rank's `completed_seq` (its group's
+// it came after the list closed). The list closes once every old rank is on it or has left
+// generation `registry` at the coordinator, else after the join window. Records this rank's `completed_seq` (its group's
 // last_completed_seq) before it appends itself, and the new group's coordinator
 // generation for the joiners.
 absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& group, int64_t generation,
@@ -98,6 +105,8 @@ absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& g
   if (absl::Status s = c.store->Append(p + "members", me + ","); !s.ok()) return s;
   const absl::Time start = absl::Now();
   std::string closed;
+  std::set<int> left;  // old ranks the coordinator saw leave generation `registry`
+  absl::Time next_left_check = start;
   for (;;) {
     auto done = c.store->Check({p + "closed"});
     if (!done.ok()) return done.status();
@@ -110,8 +119,16 @@ absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& g
     auto appended = c.store->Get(p + "members");
     if (!appended.ok()) return appended.status();
     const std::vector<std::string> members = Order(Split(*appended));
+    if (absl::Now() >= next_left_check) {
+      // An error leaves the list to the join window, as without this check.
+      auto gone = c.membership->LeftRanks(group, registry, world);
+      if (gone.ok()) left = std::set<int>(gone->begin(), gone->end());
+      next_left_check = absl::Now() + kLeftPoll;
+    }
     bool everyone = true;
-    for (int r = 0; r < world && everyone; ++r) everyone = IndexOf(members, absl::StrCat(r)) >= 0;
+    for (int r = 0; r < world && everyone; ++r) {
+      everyone = IndexOf(members, absl::StrCat(r)) >= 0 || left.count(r) > 0;
+    }
     const absl::Duration waited = absl::Now() - start;
     if (everyone ||
         (waited >= options.join_window && static_cast<int>(members.size()) >= options.min_world_size)) {
@@ -129,6 +146,8 @@ absl::StatusOr<std::vector<std::string>> Quorum(Context& c, const std::string& g
     absl::SleepFor(kPoll);
   }
   std::vector<std::string> members = Split(closed);
+  if (IndexOf(members, me) < 0) return members;  // too late: the members may be at a later generation
+  // The new group's coordinator generation, for the joiners on the list.
   if (absl::Status s = c.store->Set(p + "registry", absl::StrCat(registry + 1)); !s.ok()) return s;
   if (absl::Status s = c.store->Set(c.prefix + "current", absl::StrCat(generation)); !s.ok()) return s;
   if (IndexOf(members, me) >= 0 && static_cast<int>(members.size()) < options.min_world_size) {

@@ -17,6 +17,7 @@ joins at the start of the next epoch (should_reconfigure) and the job ends with 
 import argparse
 import os
 import signal
+import time
 from math import ceil
 
 import torch
@@ -43,7 +44,7 @@ def sync_state(model, optimizer, epoch):
         return int(e[0])
 
 
-def train(epochs, lr, die_rank, die_epoch):
+def train(epochs, lr, die_rank, die_epoch, epoch_time=0.0):
     torch.manual_seed(1234)
     train_data, test = base.digits()
     model = base.Net()
@@ -55,6 +56,7 @@ def train(epochs, lr, die_rank, die_epoch):
         epoch = sync_state(model, optimizer, epoch)
         print(f"joined the running job at epoch {epoch} as rank {dist.get_rank()} of {dist.get_world_size()}")
     while epoch < epochs:
+        started = time.monotonic()
         try:
             if dist.should_reconfigure():  # a restarted rank waits to join
                 rank, world = dist.reconfigure(join_window=3.0)
@@ -74,6 +76,7 @@ def train(epochs, lr, die_rank, die_epoch):
                 optimizer.step()
             print(f"Rank {dist.get_rank()} of {dist.get_world_size()}, epoch {epoch}: {epoch_loss / num_batches}")
             epoch += 1
+            time.sleep(max(0.0, epoch_time - (time.monotonic() - started)))
         except dist.DistError as e:
             old = (dist.get_rank(), dist.get_world_size())
             mine = dist.last_completed_seq()
@@ -94,11 +97,14 @@ def main():
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--die_rank", type=int, default=-1, help="this rank kills itself (SIGKILL) ...")
     p.add_argument("--die_epoch", type=int, default=5, help="... halfway through this epoch")
+    p.add_argument("--epoch_time", type=float, default=0.0,
+                   help="seconds each epoch takes at least (sleeps the rest): the digits model's epochs take a "
+                   "fraction of a second, a restarted rank needs seconds to start")
     p.add_argument("--min_accuracy", type=float, default=0.0, help="exit 1 if the test accuracy is lower (0-1)")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    accuracy = train(args.epochs, args.lr, args.die_rank, args.die_epoch)
+    accuracy = train(args.epochs, args.lr, args.die_rank, args.die_epoch, args.epoch_time)
     print(f"Rank {dist.get_rank()} of {dist.get_world_size()}, test accuracy: {100 * accuracy:.2f}%")
     dist.destroy_process_group()
     if accuracy < args.min_accuracy:

@@ -15,6 +15,7 @@
 
 #include "python/common/call_sites.h"
 #include "collserve/client.h"
+#include "collserve/elastic.h"
 
 namespace py = pybind11;
 using collserve::DataType;
@@ -58,6 +59,24 @@ collserve::client::ReduceOpArg Op(int op, double factor) {
   collserve::client::ReduceOpArg r(static_cast<ReduceOp>(op));
   r.premul_factor = factor;
   return r;
+}
+
+// A coordinator client's options: `job` ("" = the default), the store's wait timeout,
+// connect timeout, the environment's TLS settings (COLLSERVE_TLS_*) and the token (`token`,
+// or "" for COLLSERVE_TOKEN / COLLSERVE_TOKEN_FILE). Errors: those of reading them.
+absl::StatusOr<collserve::client::StoreClientOptions> ClientOptions(const std::string& job, double timeout_s,
+                                                                   double connect_timeout_s, const std::string& token) {
+  collserve::client::StoreClientOptions o;
+  if (!job.empty()) o.job = job;
+  o.timeout = Seconds(timeout_s);
+  o.connect_timeout = Seconds(connect_timeout_s);
+  absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();
+  if (!tls.ok()) return tls.status();
+  absl::StatusOr<std::string> t = token.empty() ? collserve::client::JobTokenFromEnv() : token;
+  if (!t.ok()) return t.status();
+  o.tls = std::move(*tls);
+  o.token = std::move(*t);
+  return o;
 }
 
 void BindStore(py::module_& m) {
@@ -186,25 +205,41 @@ void BindStore(py::module_& m) {
   // token "" = JobTokenFromEnv()
   m.def("connect_store", [](const std::string& address, const std::string& job, double timeout_s,
                             double connect_timeout_s, const std::string& explicit_token) {
-    collserve::client::StoreClientOptions o;
-    if (!job.empty()) o.job = job;
-    o.timeout = Seconds(timeout_s);
-    o.connect_timeout = Seconds(connect_timeout_s);
+    absl::StatusOr<collserve::client::StoreClientOptions> o =
+        ClientOptions(job, timeout_s, connect_timeout_s, explicit_token);
     absl::StatusOr<std::unique_ptr<StoreClient>> r;
-    absl::StatusOr<collserve::client::TlsOptions> tls = collserve::client::TlsOptions::FromEnv();  // COLLSERVE_TLS_*
-    absl::StatusOr<std::string> token =
-        explicit_token.empty() ? collserve::client::JobTokenFromEnv() : explicit_token;  // COLLSERVE_TOKEN(_FILE)
-    if (!tls.ok()) {
-      r = tls.status();
-    } else if (!token.ok()) {
-      r = token.status();
+    if (!o.ok()) {
+      r = o.status();
     } else {
-      o.tls = std::move(*tls);
-      o.token = std::move(*token);
       py::gil_scoped_release release;
-      r = StoreClient::Connect(address, o);
+      r = StoreClient::Connect(address, *o);
     }
     return Result(std::move(r), [](std::unique_ptr<StoreClient> s) { return py::cast(std::move(s)); });
+  });
+
+  using collserve::client::GroupMembership;
+  py::class_<GroupMembership>(m, "GroupMembership")
+      // left_ranks(group, generation, world_size) -> (code, message, [rank, ...])
+      .def("left_ranks", [](GroupMembership& g, const std::string& group, int64_t generation, int world_size) {
+        absl::StatusOr<std::vector<int>> r;
+        {
+          py::gil_scoped_release release;
+          r = g.LeftRanks(group, generation, world_size);
+        }
+        return Result(std::move(r), [](std::vector<int> v) { return py::cast(std::move(v)); });
+      });
+  // connect_membership(address, job, connect_timeout_s) -> (code, message, GroupMembership),
+  // with the environment's TLS settings and job token (as connect_store with token "").
+  m.def("connect_membership", [](const std::string& address, const std::string& job, double connect_timeout_s) {
+    absl::StatusOr<collserve::client::StoreClientOptions> o = ClientOptions(job, -1, connect_timeout_s, "");
+    absl::StatusOr<std::unique_ptr<GroupMembership>> r;
+    if (!o.ok()) {
+      r = o.status();
+    } else {
+      py::gil_scoped_release release;
+      r = GroupMembership::Connect(address, *o);
+    }
+    return Result(std::move(r), [](std::unique_ptr<GroupMembership> g) { return py::cast(std::move(g)); });
   });
 }
 

@@ -28,6 +28,13 @@
 // reconfigure()'s .last_common_seq). Exactly-once agreement on a collective's outcome is
 // impossible in general (two generals); this tells each survivor what the others saw.
 //
+// Ranks known to be gone are not waited for: the list also closes once every member of
+// generation g is on it or has left generation g at the coordinator (GroupMembership: its
+// session ended, it exited or died, or its host was lost), so a re-formation after a rank
+// died takes about the time the survivors need to notice, not the join window. A rank that
+// is alive but does not come (hung, or cut off without its host being lost yet) is still
+// waited for up to the join window.
+//
 // Thread safety: each function may be called from any thread, but not concurrently with
 // other calls on the group it is given.
 #ifndef COLLSERVE_ELASTIC_H_
@@ -36,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -66,6 +74,26 @@ struct ElasticGroup {
   // ProcessGroup::last_completed_seq()); -1 when none completed any, or for a joiner
   // (InitProcessGroup, JoinRunningGroup, or a member admitted late as a joiner).
   int64_t last_common_seq = -1;
+};
+
+// The coordinator's view of a group's membership (Registry.Describe), for closing a member
+// list without waiting out the join window for ranks that are gone.
+class GroupMembership {
+ public:
+  // A client of the coordinator at `coordinator_address` for the job options.job, with
+  // options.tls and options.token (connect_timeout bounds the connection; every call has its
+  // own 5 s deadline). Errors: INVALID_ARGUMENT (empty address, bad TLS files), UNAVAILABLE
+  // (not reachable within connect_timeout).
+  static absl::StatusOr<std::unique_ptr<GroupMembership>> Connect(const std::string& coordinator_address,
+                                                                  const StoreClientOptions& options);
+  virtual ~GroupMembership() = default;
+  // The ranks in [0, world_size) that have left generation `generation` of `group` (their
+  // session ended, or their host was lost), ascending. Empty when the coordinator is at
+  // another generation of the name or has none (nothing is known of `generation` then).
+  // Errors: PERMISSION_DENIED (the token is not the job's), UNAVAILABLE or
+  // DEADLINE_EXCEEDED (the coordinator did not answer within 5 s). Blocks; thread-safe.
+  virtual absl::StatusOr<std::vector<int>> LeftRanks(const std::string& group, int64_t generation,
+                                                     int world_size) = 0;
 };
 
 // Re-forms `current` (generation `current.generation` of group `init.group`, which lost a

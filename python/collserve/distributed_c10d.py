@@ -22,6 +22,7 @@ import sys as _sys
 import time as _time
 
 from . import _collserve
+from . import _elastic
 from . import _tensors
 from .errors import DistArgumentError, raise_for
 from .store import Store
@@ -738,7 +739,10 @@ def reconfigure(join_window=5.0, min_world_size=1, timeout=None):
     next generation's member list, where ranks started to join a running job (a restarted
     rank: COLLSERVE_ELASTIC_JOIN=1, see init_process_group) also wait. The list is closed
     (compare_set, so every rank reads the same one) as soon as every member of the current
-    group is on it, else once `join_window` seconds passed since this rank's call. The
+    group is on it or has left the group at the coordinator (its process exited or died, or
+    its host was lost: a re-formation after a crash does not wait for the dead), else once
+    `join_window` seconds passed since this rank's call (a rank that is alive but does not
+    come, e.g. hung). The
     closed list is the new group: the current members in the order of their ranks, then
     the joiners in the order they came. It forms as the next generation of the same group
     name at the coordinator (which ends the old generation there for every member),
@@ -789,9 +793,7 @@ def should_reconfigure():
     g = _default()
     waiting = 0
     if g.rank() == 0:
-        store = _elastic_store(g)
-        key = _elastic_prefix() + f"{_state['generation'] + 1}/members"
-        waiting = int(store.check([key]) and bool(store.get(key)))
+        waiting = int(_elastic.joiners_waiting(_elastic_store(g), _elastic_prefix(), _state["generation"] + 1))
     flag = _numpy().array([waiting], dtype=_numpy().int64)
     broadcast(flag, 0)
     return bool(flag[0])
@@ -800,7 +802,7 @@ def should_reconfigure():
 def _elastic_prefix():
     """Where reconfigure's lists live: per launch (COLLSERVE_RUN_ID, set by collserve
     launch) and default group."""
-    return f"collserve/reconfigure/{_os.environ.get('COLLSERVE_RUN_ID', '')}/{_state['init']['group_name']}/"
+    return _elastic.prefix(_state["init"]["group_name"])
 
 
 def _elastic_store(group):
@@ -826,65 +828,19 @@ def _form(rank, size, generation, registry, timeout_s):
     return rank, size
 
 
-def _closed_members(store, prefix, timeout_s):
-    """The closed member list of one generation (waits up to timeout_s for it)."""
-    store.wait([prefix + "closed"], timeout_s)
-    return [m for m in store.get(prefix + "closed").decode().split(",") if m]
-
-
-def _order(members):
-    """Current members (their ranks, as text) by rank, then joiners ("j...") in arrival order."""
-    members = [m for m in members if m]
-    seen, joiners = set(), []
-    for m in members:
-        if m.startswith("j") and m not in seen:
-            joiners.append(m)
-        seen.add(m)
-    return sorted({m for m in members if not m.startswith("j")}, key=int) + joiners
-
-
 def _quorum(generation, join_window, min_world_size, timeout_s):
-    """reconfigure's agreement: (the members of the next generation, this rank's among
-    them; the smallest last_completed_seq its old members recorded, -1 none). Its
-    references to the old group's store end with it, so that the old group can be
-    destroyed afterwards."""
+    """reconfigure's agreement (_elastic.quorum): (the members of the next generation, the
+    smallest last_completed_seq its old members recorded, -1 none). Its references to the
+    old group's store end with it, so that the old group can be destroyed afterwards."""
     old = _default()
     store = _elastic_store(old)
     store.set_timeout(timeout_s)
-    me, world = str(old.rank()), old.size()
-    name = _state["init"]["group_name"]
-    prefix = _elastic_prefix() + f"{generation}/"
-    # Before joining the list, so that whoever reads the closed list finds every member's.
-    store.set(prefix + f"completed/{me}", str(old._live().last_completed_seq))
-    store.append(prefix + "members", f"{me},")
-    start = _time.monotonic()
-    closed = None
-    while closed is None:
-        if store.check([prefix + "closed"]):
-            closed = store.get(prefix + "closed")
-            break
-        members = _order(store.get(prefix + "members").decode().split(","))
-        everyone = all(str(r) in members for r in range(world))
-        if everyone or (_time.monotonic() - start >= join_window and len(members) >= min_world_size):
-            closed = store.compare_set(prefix + "closed", "", ",".join(members))
-            break
-        if _time.monotonic() - start >= join_window + timeout_s:
-            raise_for(4, f"reconfigure: only {len(members)} of at least {min_world_size} ranks joined generation "
-                         f"{generation} of group {name!r}: {members}")
-        _time.sleep(0.05)
-    members = [m for m in closed.decode().split(",") if m]
-    # The new group's generation at the coordinator, for the joiners on the list.
-    store.set(prefix + "registry", str(_state["registry_generation"] + 1))
-    store.set(_elastic_prefix() + "current", str(generation))
-    if me in members and len(members) < min_world_size:
-        raise_for(9, f"reconfigure: generation {generation} of group {name!r} has {len(members)} ranks ({members}), "
-                     f"fewer than min_world_size {min_world_size}")
-    old_members = [m for m in members if not m.startswith("j")]
-    common = -1
-    if me in members and old_members:
-        seqs = store.multi_get([prefix + f"completed/{m}" for m in old_members])
-        common = min(int(s) for s in seqs)
-    return members, common
+    init = _state["init"]
+    gone = _elastic.left_ranks(init["coordinator"], init["job"], init["group_name"], _state["registry_generation"],
+                               old.size())
+    return _elastic.quorum(store, _elastic_prefix(), generation, str(old.rank()), old.size(),
+                           old._live().last_completed_seq, _state["registry_generation"], join_window,
+                           min_world_size, timeout_s, init["group_name"], gone)
 
 
 def _elastic_init(min_world, max_world, join_window, timeout_s):
@@ -925,23 +881,7 @@ def _join_running(timeout_s):
     generation, coordinator generation) of the group it was admitted to."""
     init = _state["init"]
     store = Store(address=init["coordinator"], job=init["job"] or None, timeout=timeout_s)
-    me = f"j{_os.environ.get('RANK', '')}.{_os.getpid()}.{_time.time_ns() % 1000000}"
-    current = _elastic_prefix() + "current"
-    generation = int(store.get(current)) + 1 if store.check([current]) else 1
-    deadline = _time.monotonic() + timeout_s
-    while True:
-        prefix = _elastic_prefix() + f"{generation}/"
-        store.append(prefix + "members", f"{me},")
-        left = deadline - _time.monotonic()
-        if left <= 0:
-            raise_for(4, f"init_process_group: not admitted to group {init['group_name']!r} within {timeout_s} s "
-                         "(the running ranks admit joiners when they call reconfigure)")
-        members = _closed_members(store, prefix, left)
-        if me in members:
-            # The members write it right after the list closed.
-            store.wait([prefix + "registry"], max(deadline - _time.monotonic(), 0.001))
-            return members.index(me), len(members), generation, int(store.get(prefix + "registry"))
-        generation += 1
+    return _elastic.join_running(store, _elastic_prefix(), timeout_s, init["group_name"])
 
 
 def _get_default_store():

@@ -644,17 +644,20 @@ class Launcher:
         def waiter(rank, proc):
             code = proc.wait()
             with changed:
-                exits.append((rank, code, time.monotonic()))
+                exits.append((rank, code, time.monotonic(), proc.pid))
                 changed.notify_all()
         for rank, proc in self.ranks:
             threading.Thread(target=waiter, args=(rank, proc), daemon=True).start()
         terminated = False
         failed_at = None
         restarted = 0
+        joiners = []  # (rank, process) of the ranks started again into the running job
+        unadmitted = set()  # pids of joiners stopped because the job ended before admitting them
         with changed:
             while len(exits) < len(self.ranks):
-                failures = [e for e in exits if e[1] != 0]
+                failures = [e for e in exits if e[1] != 0 and e[3] not in unadmitted]
                 if self.args.survive_failures:
+                    self.stop_unadmitted(joiners, unadmitted)
                     # Restart failed ranks in place, into the running job (it admits them
                     # through collserve.should_reconfigure / reconfigure).
                     while restarted < min(len(failures), self.args.max_restarts):
@@ -663,6 +666,7 @@ class Launcher:
                         self.say(f"rank {rank} failed (exit code {failures[restarted - 1][1]}); starting it again to "
                                  f"join the running ranks (restart {restarted} of {self.args.max_restarts})")
                         self.spawn(rank - self.args.node_rank * self.args.nproc_per_node, restarted, join=True)
+                        joiners.append(self.ranks[-1])
                         threading.Thread(target=waiter, args=self.ranks[-1], daemon=True).start()
                 if failures and failed_at is None:
                     failed_at = time.monotonic()
@@ -674,11 +678,11 @@ class Launcher:
                         if proc.poll() is None:
                             _stop(proc, 10.0, wait=False)
                 changed.wait(timeout=self.args.monitor_interval)
-            failures = [e for e in exits if e[1] != 0]
+            failures = [e for e in exits if e[1] != 0 and e[3] not in unadmitted]
         if not failures:
             return None
         if self.args.survive_failures and len(failures) < len(exits):
-            for rank, code, _ in failures:
+            for rank, code, *_ in failures:
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 self.say(f"rank {rank} {how}; the other ranks went on without it (--survive_failures)")
             return None
@@ -686,8 +690,26 @@ class Launcher:
         # and they may finish exiting first. As torchrun orders error files by time, order by
         # when each rank began to exit: the time the collserve package's atexit hook wrote
         # (see distributed_c10d._note_exit), else when the launcher saw it gone.
-        rank, code, _ = min(failures, key=lambda e: min(e[2], self.exit_time(e[0])))
+        rank, code, *_ = min(failures, key=lambda e: min(e[2], self.exit_time(e[0])))
         return rank, code
+
+    def stop_unadmitted(self, joiners, unadmitted):
+        """--survive_failures: once every rank but the restarted ones has exited and one of
+        them succeeded, the job is over; a restarted rank that the others never admitted
+        (it wrote no COLLSERVE_EXIT_DIR/admitted-<pid>, see collserve._elastic) would wait
+        for them until its init timeout: stop it, and do not count its exit as a failure."""
+        ended = {proc.pid for _, proc in self.ranks if proc.poll() is not None}
+        others = [(rank, proc) for rank, proc in self.ranks if all(proc is not j for _, j in joiners)]
+        if not joiners or any(proc.pid not in ended for _, proc in others) or \
+                not any(proc.returncode == 0 for _, proc in others):
+            return
+        for rank, proc in joiners:
+            admitted = os.path.exists(os.path.join(self.rank_env["exits"], f"admitted-{proc.pid}"))
+            if proc.poll() is None and not admitted and proc.pid not in unadmitted:
+                self.say(f"rank {rank}, started again, had not been admitted when the other ranks finished; "
+                         "stopping it")
+                _stop(proc, 10.0, wait=False)
+                unadmitted.add(proc.pid)
 
     def exit_time(self, rank):
         try:
