@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -262,7 +263,8 @@ class HeapBuffer : public SharedBuffer {
 
 class SessionProcessGroup : public ProcessGroup {
  public:
-  explicit SessionProcessGroup(InitOptions options) : options_(std::move(options)) {
+  explicit SessionProcessGroup(InitOptions options)
+      : options_(std::move(options)), op_timeout_ms_(absl::ToInt64Milliseconds(options_.op_timeout)) {
     for (int r = 0; r < options_.world_size; ++r) ranks_.push_back(r);
   }
 
@@ -377,6 +379,15 @@ class SessionProcessGroup : public ProcessGroup {
   int64_t last_completed_seq() const override {
     absl::MutexLock lock(&completed_mu_);
     return last_completed_seq_;
+  }
+
+  absl::Status SetOpTimeout(absl::Duration timeout) override {
+    if (timeout <= absl::ZeroDuration() || timeout == absl::InfiniteDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat("op timeout ", absl::FormatDuration(timeout),
+                                                     ": must be positive and finite"));
+    }
+    op_timeout_ms_.store(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)), std::memory_order_relaxed);
+    return absl::OkStatus();
   }
 
   std::shared_ptr<Work> AllReduce(void* data, int64_t count, DataType dtype, ReduceOpArg op) override {
@@ -738,7 +749,7 @@ class SessionProcessGroup : public ProcessGroup {
     c->set_root(r.root);
     for (int64_t v : r.input_splits) c->add_input_splits(v);
     for (int64_t v : r.output_splits) c->add_output_splits(v);
-    c->set_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
+    c->set_timeout_ms(op_timeout_ms_.load(std::memory_order_relaxed));
     const auto name = [](pb::Buffer* b, const ExportedTensor& e) {
       b->set_cuda_ipc_handle(e.ipc_handle);
       b->set_cuda_device_uuid(e.device_uuid);
@@ -811,7 +822,8 @@ class SessionProcessGroup : public ProcessGroup {
     c->set_wait_all_ranks(r.wait_all_ranks);
     for (int64_t v : r.input_splits) c->add_input_splits(v);
     for (int64_t v : r.output_splits) c->add_output_splits(v);
-    c->set_timeout_ms(absl::ToInt64Milliseconds(r.timeout > absl::ZeroDuration() ? r.timeout : options_.op_timeout));
+    c->set_timeout_ms(r.timeout > absl::ZeroDuration() ? absl::ToInt64Milliseconds(r.timeout)
+                                                      : op_timeout_ms_.load(std::memory_order_relaxed));
 
     auto pending = std::make_unique<Pending>();
     pending->p2p = r.op == pb::SEND || r.op == pb::RECV;
@@ -1257,7 +1269,8 @@ class SessionProcessGroup : public ProcessGroup {
                                               offset + p.out_bytes, ")"));
     }
     const uint64_t* count = reinterpret_cast<const uint64_t*>(base + at);
-    const absl::Time deadline = absl::Now() + options_.op_timeout;
+    const absl::Duration op_timeout = OpTimeout();
+    const absl::Time deadline = absl::Now() + op_timeout;
     size_t done = 0;
     int idle = 0;
     while (done < p.out_bytes) {
@@ -1277,7 +1290,7 @@ class SessionProcessGroup : public ProcessGroup {
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("rank ", source.rank(), " had written ", done, " of its ",
                                                         p.out_bytes, "-byte broadcast tensor within the op timeout (",
-                                                        absl::FormatDuration(options_.op_timeout), ")"));
+                                                        absl::FormatDuration(op_timeout), ")"));
       }
       absl::SleepFor(absl::Microseconds(std::min(idle - 63, 1000)));
     }
@@ -1343,7 +1356,7 @@ class SessionProcessGroup : public ProcessGroup {
     }
     // The sidecar's channel thread reads continuously: waiting the op timeout for room means
     // it is stuck.
-    absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + options_.op_timeout);
+    absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + OpTimeout());
     if (!s.ok()) {
       std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
       closed_ = true;
@@ -1440,7 +1453,12 @@ class SessionProcessGroup : public ProcessGroup {
     }
   }
 
+  absl::Duration OpTimeout() const { return absl::Milliseconds(op_timeout_ms_.load(std::memory_order_relaxed)); }
+
   InitOptions options_;
+  // The deadline of each operation issued from now on (SetOpTimeout); options_.op_timeout
+  // is the one the session attached with.
+  std::atomic<int64_t> op_timeout_ms_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Collectives::Stub> stub_;
   grpc::ClientContext ctx_;

@@ -285,6 +285,11 @@ class ProcessGroup {
   // last good one: Reconfigure takes the smallest over the survivors
   // (ElasticGroup::last_common_seq). Thread-safe; never blocks.
   virtual int64_t last_completed_seq() const = 0;
+  // The deadline of every operation issued after this call (InitOptions::op_timeout until
+  // then; torch's _set_pg_timeout / Backend::setTimeout). Operations in flight keep theirs;
+  // a monitored barrier's own timeout still wins. Errors: INVALID_ARGUMENT for a zero,
+  // negative or infinite timeout. Thread-safe; never blocks.
+  virtual absl::Status SetOpTimeout(absl::Duration timeout) = 0;
 
   // all_reduce, in place: `data` holds `count` elements of `dtype` and receives the
   // element-wise reduction over all ranks. Every rank must pass the same count, dtype and

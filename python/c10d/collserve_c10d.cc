@@ -353,7 +353,10 @@ std::vector<CollserveProcessGroup*>& Registry() {
 
 CollserveProcessGroup::CollserveProcessGroup(std::unique_ptr<client::ProcessGroup> pg,
                                              std::chrono::milliseconds op_timeout)
-    : TorchBase(pg->GetRank(), pg->GetWorldSize()), pg_(std::move(pg)), op_timeout_(op_timeout) {
+    : TorchBase(pg->GetRank(), pg->GetWorldSize()),
+      pg_(std::move(pg)),
+      generation_(pg_->generation()),
+      op_timeout_ms_(op_timeout.count()) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   Registry().push_back(this);
 }
@@ -372,13 +375,15 @@ CollserveProcessGroup::~CollserveProcessGroup() {
   if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
+std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Live(const char* op) {
+  std::lock_guard<std::mutex> lock(session_mu_);
+  if (pg_ == nullptr) throw std::runtime_error(absl::StrCat("collserve ", op, ": FAILED_PRECONDITION: ", ended_));
+  return pg_;
+}
+
 std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::Session(const char* op) {
   std::lock_guard<std::mutex> lock(session_mu_);
-  if (pg_ == nullptr) {
-    throw std::runtime_error(absl::StrCat("collserve ", op,
-                                          ": FAILED_PRECONDITION: this process group was shut down "
-                                          "(its session ended at interpreter exit)"));
-  }
+  if (pg_ == nullptr) throw std::runtime_error(absl::StrCat("collserve ", op, ": FAILED_PRECONDITION: ", ended_));
   // The sidecars compare call sites of collectives, not of barriers or point-to-point calls
   // (engine ChecksCallSite); "empty" allocates.
   static constexpr std::string_view kUnchecked[] = {"barrier", "monitored_barrier", "send", "recv", "empty"};
@@ -393,13 +398,81 @@ std::string CollserveProcessGroup::MarkCallSite() {
   return call_sites_.Mark();
 }
 
+std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSessionLocked() {
+  if (pg_ != nullptr) last_completed_seq_ = pg_->last_completed_seq();
+  return std::move(pg_);
+}
+
 std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSession() {
   std::lock_guard<std::mutex> lock(session_mu_);
-  return std::move(pg_);
+  return TakeSessionLocked();
 }
 
 void CollserveProcessGroup::Shutdown() {
   TakeSession().reset();  // ends the session here unless a call on another thread still holds it
+}
+
+void GroupHealth::Track(const std::shared_ptr<GroupHealth>& health, const std::shared_ptr<client::Work>& work) {
+  {
+    std::lock_guard<std::mutex> lock(health->mu);
+    ++health->in_flight;
+  }
+  // The callback owns the record: it may run after the group is gone.
+  work->OnCompletion([health](const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(health->mu);
+    if (!s.ok() && health->first_error.ok()) health->first_error = s;
+    --health->in_flight;
+    health->cv.notify_all();
+  });
+}
+
+void CollserveProcessGroup::Abort() {
+  std::shared_ptr<client::ProcessGroup> session;
+  {
+    std::lock_guard<std::mutex> lock(session_mu_);
+    session = TakeSessionLocked();
+    ended_ = "this process group was aborted (collserve.torch.abort or torch's _abort_process_group)";
+  }
+  {
+    std::lock_guard<std::mutex> lock(health_->mu);
+    if (health_->first_error.ok()) health_->first_error = absl::AbortedError("the process group was aborted");
+  }
+  session.reset();
+}
+
+bool CollserveProcessGroup::GracefulShutdown(std::chrono::milliseconds timeout) {
+  std::shared_ptr<client::ProcessGroup> session;
+  {
+    std::lock_guard<std::mutex> lock(session_mu_);
+    session = TakeSessionLocked();
+    ended_ = "this process group was shut down (collserve.torch.shutdown)";
+  }
+  bool drained;
+  {
+    std::unique_lock<std::mutex> lock(health_->mu);
+    drained = health_->cv.wait_for(lock, timeout, [&] { return health_->in_flight == 0; });
+  }
+  session.reset();
+  return drained;
+}
+
+absl::Status CollserveProcessGroup::FirstError() {
+  std::lock_guard<std::mutex> lock(health_->mu);
+  return health_->first_error;
+}
+
+void CollserveProcessGroup::SetTimeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    throw std::invalid_argument(absl::StrCat("collserve set_timeout: ", timeout.count(), " ms (must be > 0)"));
+  }
+  absl::Status s = Live("set_timeout")->SetOpTimeout(absl::Milliseconds(timeout.count()));
+  if (!s.ok()) throw std::invalid_argument(absl::StrCat("collserve set_timeout: ", s.message()));
+  op_timeout_ms_.store(timeout.count());
+}
+
+int64_t CollserveProcessGroup::LastCompletedSeq() {
+  std::lock_guard<std::mutex> lock(session_mu_);
+  return pg_ != nullptr ? pg_->last_completed_seq() : last_completed_seq_;
 }
 
 void ShutdownAll() {
@@ -427,6 +500,7 @@ at::Tensor CollserveProcessGroup::EmptyShared(int64_t bytes) {
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::Make(OpType type, const char* op_name, Pending pending) {
   issued_.fetch_add(1, std::memory_order_relaxed);
+  GroupHealth::Track(health_, pending.work);
   c10::intrusive_ptr<CollserveWork> work = c10::make_intrusive<CollserveWork>(getRank(), type, op_name, std::move(pending));
   std::lock_guard<std::mutex> lock(coalescing_mu_);
   if (coalescing_) coalesced_.push_back(work);
@@ -833,12 +907,14 @@ c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::barrier(const ::c10d::Ba
 }
 
 void CollserveProcessGroup::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) {
-  std::chrono::milliseconds timeout = opts.timeout == ::c10d::kUnsetTimeout ? op_timeout_ : opts.timeout;
+  std::chrono::milliseconds timeout = opts.timeout == ::c10d::kUnsetTimeout ? OpTimeout() : opts.timeout;
   // Gloo's monitored barrier with a zero timeout fails at once unless every rank has
   // arrived; the SDK takes positive timeouts only, so that is its shortest one.
   timeout = std::max(timeout, std::chrono::milliseconds(1));
-  WaitStep(Session("monitored_barrier")->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks),
-           "monitored_barrier");
+  std::shared_ptr<client::Work> work =
+      Session("monitored_barrier")->MonitoredBarrier(absl::Milliseconds(timeout.count()), wait_all_ranks);
+  GroupHealth::Track(health_, work);
+  WaitStep(work, "monitored_barrier");
 }
 
 c10::intrusive_ptr<::c10d::Work> CollserveProcessGroup::send(std::vector<at::Tensor>& tensors, int dst_rank,

@@ -52,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "collserve/client.h"
 #include "python/common/call_sites.h"
 
@@ -71,6 +72,18 @@ using TorchBase = ::c10d::ProcessGroup;
 #else
 #error "the collserve c10d backend supports torch 1.13 and 2.2 or later"
 #endif
+
+// What a group's operations report back to it: the first failure (getError) and how many
+// are in flight (Shutdown waits for them). Shared with the operations' completion callbacks,
+// which may run after the group is gone. Thread-safe.
+struct GroupHealth {
+  std::mutex mu;
+  std::condition_variable cv;
+  absl::Status first_error;  // OK until an operation of the group fails
+  int64_t in_flight = 0;
+  // Counts `work` in flight in `health` until it completes, and notes its error there.
+  static void Track(const std::shared_ptr<GroupHealth>& health, const std::shared_ptr<client::Work>& work);
+};
 
 // One operation in flight: the SDK's Work, the tensors it reads and writes (kept alive until
 // it completes), the tensors its Future yields, and what to do on success before completing
@@ -118,7 +131,7 @@ class CollserveWork : public ::c10d::Work {
 class CollserveProcessGroup : public TorchBase {
  public:
   // Takes a session from client::InitProcessGroup. op_timeout is the default deadline of
-  // monitoredBarrier (torch passes kUnsetTimeout there).
+  // monitoredBarrier (torch passes kUnsetTimeout there) until SetTimeout.
   CollserveProcessGroup(std::unique_ptr<client::ProcessGroup> pg, std::chrono::milliseconds op_timeout);
   ~CollserveProcessGroup() override;
 
@@ -236,16 +249,53 @@ class CollserveProcessGroup : public TorchBase {
   // Moves the session out (null once shut down); for Shutdown and ShutdownAll.
   std::shared_ptr<client::ProcessGroup> TakeSession();
 
+  // ---- lifecycle (collserve.torch's abort, shutdown, get_error, set_timeout; torch's
+  // _abort_process_group, destroy_process_group and _set_pg_timeout on 2.x) ----
+
+  // Ends the session now, as Shutdown, and says "aborted" in later calls' errors: operations
+  // in flight fail (their Works complete with the error). Idempotent. Call without the GIL.
+  // Thread-safe.
+  void Abort();
+  // Waits up to `timeout` for the operations issued so far to complete, then ends the
+  // session as Abort does (what is still in flight then fails); later calls throw "... shut
+  // down". Returns true when nothing was in flight at the end. Call without the GIL.
+  // Thread-safe.
+  bool GracefulShutdown(std::chrono::milliseconds timeout);
+  // The first failure of an operation of this group (OK while none failed): the group is
+  // unusable after one (every later operation fails too) until it is re-formed
+  // (collserve.torch.reconfigure). Thread-safe; never blocks.
+  absl::Status FirstError();
+  // The deadline of operations issued from now on, and monitored_barrier's default
+  // (client::ProcessGroup::SetOpTimeout). Throws std::invalid_argument for timeout <= 0.
+  // Thread-safe.
+  void SetTimeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds OpTimeout() const { return std::chrono::milliseconds(op_timeout_ms_.load()); }
+  // The coordinator's generation of this group (client::ProcessGroup::generation) and this
+  // rank's last completed collective seq (last_completed_seq; after the session ended, the
+  // one it had then); reconfigure needs both. Thread-safe; never block.
+  int64_t Generation() const { return generation_; }
+  int64_t LastCompletedSeq();
+
  private:
   c10::intrusive_ptr<::c10d::Work> Make(::c10d::OpType type, const char* op_name, Pending pending);
   // The session for one call of `op`; throws (see Shutdown) once the group is shut down.
   // The caller's copy keeps the session alive until the call returns.
   std::shared_ptr<client::ProcessGroup> Session(const char* op);
 
+  // The session, or an error naming why it ended (once pg_ is null).
+  std::shared_ptr<client::ProcessGroup> Live(const char* op);
+  // Moves the session out, keeping its last_completed_seq. REQUIRES: session_mu_ held.
+  std::shared_ptr<client::ProcessGroup> TakeSessionLocked();
+
   python::CallSites call_sites_;
   std::mutex session_mu_;
   std::shared_ptr<client::ProcessGroup> pg_;  // guarded by session_mu_; null once shut down
-  std::chrono::milliseconds op_timeout_;
+  // guarded by session_mu_: why pg_ is null, for later calls' errors.
+  std::string ended_ = "this process group was shut down (its session ended at interpreter exit)";
+  const int64_t generation_;
+  int64_t last_completed_seq_ = -1;  // guarded by session_mu_: pg_'s when it was taken
+  std::atomic<int64_t> op_timeout_ms_;
+  std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
   std::atomic<uint64_t> issued_{0};
   std::mutex coalescing_mu_;
   bool coalescing_ = false;          // guarded by coalescing_mu_

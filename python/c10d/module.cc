@@ -6,8 +6,11 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "python/c10d/collserve_c10d.h"
 #include "python/common/call_sites.h"
@@ -19,11 +22,12 @@ namespace {
 absl::Duration Seconds(double s) { return s < 0 ? absl::InfiniteDuration() : absl::Seconds(s); }
 
 // Blocks (with the GIL released) until every rank of `group` has joined; raises
-// RuntimeError with the SDK's status on failure.
+// RuntimeError with the SDK's status on failure. `generation`: the coordinator's generation
+// of the group's name to form (InitOptions::generation; 0 = whichever forms next).
 c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int world_size, int local_rank,
                                                               const std::string& sidecar, const std::string& job,
                                                               const std::string& group, double init_timeout_s,
-                                                              double op_timeout_s) {
+                                                              double op_timeout_s, int64_t generation) {
   collserve::client::InitOptions options;
   options.rank = rank;
   options.world_size = world_size;
@@ -33,10 +37,20 @@ c10::intrusive_ptr<collserve::c10d_backend::TorchBase> Create(int rank, int worl
   options.group = group;
   options.init_timeout = Seconds(init_timeout_s);
   options.op_timeout = Seconds(op_timeout_s);
+  options.generation = generation;
   // COLLSERVE_SHARED_MEMORY, _PEER_READS, _OPS_CHANNEL, _MAX_STAGING_BYTES,
   // _STAGING_WINDOW_BYTES, _TLS_*, _TOKEN(_FILE)
   if (absl::Status s = options.ReadTuningFromEnv(); !s.ok()) throw std::invalid_argument(std::string(s.message()));
   return collserve::c10d_backend::CreateProcessGroup(options);
+}
+
+using collserve::c10d_backend::CollserveProcessGroup;
+
+// The collserve backend of `group`, or std::invalid_argument (ValueError) naming `op`.
+CollserveProcessGroup* Collserve(const c10::intrusive_ptr<::c10d::ProcessGroup>& group, const char* op) {
+  CollserveProcessGroup* pg = collserve::c10d_backend::FromTorchGroup(group);
+  if (pg == nullptr) throw std::invalid_argument(std::string("collserve ") + op + ": the group is not a collserve group");
+  return pg;
 }
 
 }  // namespace
@@ -46,7 +60,7 @@ PYBIND11_MODULE(_collserve_torch, m) {
   py::module_::import("torch.distributed");
   m.def("create", &Create, py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("sidecar"),
         py::arg("job"), py::arg("group"), py::arg("init_timeout_s"), py::arg("op_timeout_s"),
-        py::call_guard<py::gil_scoped_release>(),
+        py::arg("generation") = 0, py::call_guard<py::gil_scoped_release>(),
         "Attaches to the sidecar as (group, rank) and returns a torch.distributed ProcessGroup; "
         "raises RuntimeError on failure.");
   m.def(
@@ -70,6 +84,50 @@ PYBIND11_MODULE(_collserve_torch, m) {
       },
       py::arg("group"), "The call site the group's next collective from here would carry (and counts it): for tests "
       "and benchmarks.");
+  // The lifecycle calls (collserve.torch's abort, shutdown, get_error, set_timeout,
+  // reconfigure) take torch's ProcessGroup; ValueError for a group of another backend.
+  m.def(
+      "group_info",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+        CollserveProcessGroup* pg = Collserve(group, "group_info");
+        py::gil_scoped_release release;
+        return std::make_tuple(pg->getRank(), pg->getSize(), pg->Generation(), pg->LastCompletedSeq());
+      },
+      py::arg("group"),
+      "(rank, world_size, the coordinator's generation, last completed collective seq) of a collserve group; "
+      "RuntimeError once its session ended.");
+  m.def(
+      "abort",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+        CollserveProcessGroup* pg = Collserve(group, "abort");
+        py::gil_scoped_release release;
+        pg->Abort();
+      },
+      py::arg("group"), "Ends the group's session now: operations in flight fail, later calls raise.");
+  m.def(
+      "shutdown",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s) {
+        CollserveProcessGroup* pg = Collserve(group, "shutdown");
+        py::gil_scoped_release release;
+        return pg->GracefulShutdown(std::chrono::milliseconds(static_cast<int64_t>(std::max(timeout_s, 0.0) * 1000)));
+      },
+      py::arg("group"), py::arg("timeout_s"),
+      "Waits up to timeout_s for the operations in flight, then ends the session; True when none was left.");
+  m.def(
+      "get_error",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group) -> py::object {
+        absl::Status s = Collserve(group, "get_error")->FirstError();
+        if (s.ok()) return py::none();
+        return py::make_tuple(absl::StatusCodeToString(s.code()), std::string(s.message()));
+      },
+      py::arg("group"), "None, or (status code name, message) of the group's first failed operation.");
+  m.def(
+      "set_timeout",
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s) {
+        CollserveProcessGroup* pg = Collserve(group, "set_timeout");
+        pg->SetTimeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+      },
+      py::arg("group"), py::arg("timeout_s"), "The deadline of the group's operations issued from now on.");
   m.def("shutdown_all", &collserve::c10d_backend::ShutdownAll, py::call_guard<py::gil_scoped_release>(),
         "Ends the session of every collserve group still alive in this process (operations in flight fail); "
         "later calls on them raise RuntimeError. collserve.torch runs it at interpreter exit.");

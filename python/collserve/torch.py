@@ -32,6 +32,10 @@ rendezvous and each operation; COLLSERVE_INIT_TIMEOUT_S and COLLSERVE_OP_TIMEOUT
 Errors surface as RuntimeError, as torch's own backends raise them; messages start with
 "collserve <op>: <status code>:".
 
+Recovery in place and the group lifecycle (reconfigure, should_reconfigure,
+join_running_group, abort, shutdown, get_error, set_timeout, split_group, shrink_group):
+collserve/torch_elastic.py and docs/torch.md.
+
 Zero-copy tensors: `collserve.torch.empty(size, dtype=..., group=None)` allocates a tensor
 in the group's shared-memory arena, which the sidecar maps; that group's collectives on it
 move no bytes between the process and the sidecar. Other tensors are copied through a
@@ -51,8 +55,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import _collserve_torch
+from . import _collserve_torch, torch_elastic
 from .distributed_c10d import call_site  # noqa: F401  collserve.torch.call_site: see distributed_c10d
+# In-place recovery and the lifecycle calls (torch_elastic's docstring).
+from .torch_elastic import (GroupError, abort, get_error, join_running_group, joining,  # noqa: F401
+                            last_completed_seq, reconfigure, set_timeout, should_reconfigure, shrink_group, shutdown,
+                            split_group)
 from .launch import _host_address, _stop, embedded_credentials, embedded_token_file, find_binary, start_server
 
 BACKEND = "collserve"
@@ -207,9 +215,13 @@ def _create(options, pg_options=None):
     init_timeout_s = _seconds(options.timeout, "COLLSERVE_INIT_TIMEOUT_S")
     op_timeout_s = _seconds(options.timeout, "COLLSERVE_OP_TIMEOUT_S")
     sidecar = _sidecar(options.store, options.group_rank, init_timeout_s, op_timeout_s)
+    name = f"torch/{options.group_id}"
+    # The default group (torch sets it once its creator returns) may be a re-formation's,
+    # at the generation reconfigure agreed on (torch_elastic).
+    generation = torch_elastic._note_created(name, options.timeout, default=not dist.is_initialized())
     return _collserve_torch.create(options.group_rank, options.group_size, int(os.environ.get("LOCAL_RANK", "-1")),
-                                   sidecar, os.environ.get("COLLSERVE_JOB", ""), f"torch/{options.group_id}",
-                                   init_timeout_s, op_timeout_s)
+                                   sidecar, os.environ.get("COLLSERVE_JOB", ""), name, init_timeout_s, op_timeout_s,
+                                   generation=generation)
 
 
 def empty(*size, dtype=None, group=None):
@@ -240,6 +252,7 @@ def _register():
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
     else:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True)
+    torch_elastic._patch_torch()
     atexit.register(_stop_embedded)
     # Runs first (atexit is last in, first out): every collserve group still alive, such as
     # one DistributedDataParallel keeps past destroy_process_group, ends its session while

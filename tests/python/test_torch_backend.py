@@ -521,3 +521,22 @@ def test_blog_training_with_only_the_backend_changed(tmp_path):
                       "--world-size=4", "--num-iter=10")
     assert "Finished training!" in out
 
+
+
+LIFECYCLE_WORKER = os.path.join(HERE, "torch_lifecycle_worker.py")
+
+
+@pytest.mark.parametrize("scenario", ["lifecycle", "abort", "monitored"])
+def test_the_group_lifecycle_and_recovery_in_place(scenario, start_daemons, daemon_dir):
+    """Issue 42, finding 5 (collserve.torch; torch's _set_pg_timeout, _abort_process_group
+    and destroy_process_group on 2.x): split_group, set_timeout and get_error, shrink_group
+    after a rank left; abort and shutdown with operations in flight; a monitored_barrier
+    that names its missing rank leaves the group to reconfigure, and the late rank is
+    admitted again (tests/python/torch_lifecycle_worker.py says each scenario)."""
+    d = daemon_dir
+    flags, tokens = credentials(d)
+    port = start_daemons.coordinator(d, *flags).port
+    start_daemons.sidecar(d, port, f"--unix_socket={d}/s.sock")
+    run_ranks(4, [scenario, d], program=LIFECYCLE_WORKER, timeout=120,
+              env={"COLLSERVE_SIDECAR": f"unix:{d}/s.sock", "COLLSERVE_COORDINATOR": f"127.0.0.1:{port}",
+                   "COLLSERVE_TOKEN": tokens["default"], "COLLSERVE_RUN_ID": scenario})
