@@ -8,8 +8,8 @@ Each trial runs examples/ddp_elastic.py as 4 ranks under `collserve launch` on t
 rank of launch rank 2 kills itself with SIGKILL at the start of step 100 (--die_step).
   in place: --survive_failures --max_restarts 1 (the restarted rank joins at a later step)
   restart:  --max_restarts 3, checkpoints every --checkpoint_every steps (rank 0, torch.save)
-For each trial it prints the pause (from the kill to the moment every rank of the job has
-completed its next step), the steps redone (completed before the kill and computed again),
+For each trial it prints the pause (from the kill until every survivor, or every restarted
+rank, has completed a step after its recovery), the steps redone (completed before the kill and computed again),
 the step the restarted rank joined at (in place), the final accuracy, and whether every step
 is consistent (summarize() below: each step's parameter checksum the same on every rank and
 every time it was computed, each rank's steps in order with none skipped or applied twice
@@ -76,18 +76,22 @@ def summarize(text, steps):
     if kills:
         kill = kills[0]
         result["kill_step"] = kill["step"]
-        before = [e["step"] for e in done if e["time"] < kill["time"]]
-        last_before = max(before) if before else -1
-        after = [e for e in done if e["time"] > kill["time"]]
-        # The pause: until every rank of the first world after the kill completed a step.
+        # Each surviving or restarted rank's recovery ("recovered" in place, "resumed" after a
+        # restart), and the first step it completed after it. The pause ends when every one
+        # of them has completed that step.
+        recovery = {}
+        for e in ev:
+            if e["kind"] in ("recovered", "resumed") and e["time"] > kill["time"]:
+                recovery.setdefault(e["launch_rank"], e["time"])
         firsts = {}
-        for e in after:
-            firsts.setdefault(e["launch_rank"], e)
+        for e in done:
+            if e["launch_rank"] in recovery and e["time"] > recovery[e["launch_rank"]]:
+                firsts.setdefault(e["launch_rank"], e)
+        # Steps completed before any recovery (a rank may log a step just after the kill).
+        before = [e["step"] for e in done if e["time"] < min(recovery.values(), default=float("inf"))]
         if firsts:
-            world = min(e["world"] for e in firsts.values())
-            resumed = sorted(firsts.values(), key=lambda e: e["time"])[:world]
-            result["pause_s"] = max(e["time"] for e in resumed) - kill["time"]
-            result["redone"] = last_before + 1 - min(e["step"] for e in resumed)
+            result["pause_s"] = max(e["time"] for e in firsts.values()) - kill["time"]
+            result["redone"] = (max(before) if before else -1) + 1 - min(e["step"] for e in firsts.values())
     joins = [e for e in ev if e["kind"] == "joined"]
     if joins:
         result["joined_step"] = joins[0]["step"]

@@ -395,7 +395,9 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
       if (!a.arrived) missing.push_back(a.rank);
     }
     if (!missing.empty()) {
-      if (!args.wait_all_ranks) missing.resize(1);
+      // The first only (erase, not resize(1): GCC 14's -Warray-bounds misreads resize's
+      // growing path here).
+      if (!args.wait_all_ranks) missing.erase(missing.begin() + 1, missing.end());
       fail_all(absl::DeadlineExceededError(absl::StrCat(
           "monitored_barrier #", seq, " of group \"", params_.name, "\": rank", missing.size() > 1 ? "s " : " ",
           absl::StrJoin(missing, ", "), " failed to pass monitored_barrier within ",

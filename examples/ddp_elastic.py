@@ -103,6 +103,8 @@ def main():
     p.add_argument("--die_rank", type=int, default=-1, help="this launch rank kills itself (SIGKILL) ...")
     p.add_argument("--die_step", type=int, default=100, help="... at the start of this step")
     p.add_argument("--recovery", choices=["inplace", "restart"], default="inplace")
+    p.add_argument("--join_window", type=float, default=5.0,
+                   help="reconfigure's join window: how long it waits for a rank that is alive but does not come")
     p.add_argument("--rejoin_every", type=int, default=10, help="steps between checks for ranks waiting to join")
     p.add_argument("--checkpoint_dir", default="", help="--recovery restart: where rank 0 checkpoints")
     p.add_argument("--checkpoint_every", type=int, default=30, help="--recovery restart: steps between checkpoints")
@@ -141,7 +143,7 @@ def main():
             if args.recovery == "inplace" and step % args.rejoin_every == 0 and step != checked:
                 checked = step
                 if cst.should_reconfigure():
-                    new = cst.reconfigure(join_window=5.0)
+                    new = cst.reconfigure(join_window=args.join_window)
                     ddp = make_ddp(model)
                     step = checked = sync(step, optimizer)
                     event("admitted", step=step, rank=new.rank, world=new.world_size)
@@ -166,7 +168,7 @@ def main():
                 raise
             failed = time.time()
             old = (dist.get_rank(), dist.get_world_size())
-            new = cst.reconfigure(join_window=5.0)
+            new = cst.reconfigure(join_window=args.join_window)
             ddp = make_ddp(model)
             step = checked = sync(step, optimizer)
             event("recovered", step=step, rank=new.rank, world=new.world_size, old_rank=old[0], old_world=old[1],

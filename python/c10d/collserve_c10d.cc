@@ -403,8 +403,9 @@ std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSessionLocked()
   return std::move(pg_);
 }
 
-std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSession() {
+std::shared_ptr<client::ProcessGroup> CollserveProcessGroup::TakeSession(const std::string& why) {
   std::lock_guard<std::mutex> lock(session_mu_);
+  if (pg_ != nullptr && !why.empty()) ended_ = why;
   return TakeSessionLocked();
 }
 
@@ -426,27 +427,27 @@ void GroupHealth::Track(const std::shared_ptr<GroupHealth>& health, const std::s
   });
 }
 
-void CollserveProcessGroup::Abort() {
+void CollserveProcessGroup::Abort(const std::string& why) {
   std::shared_ptr<client::ProcessGroup> session;
   {
     std::lock_guard<std::mutex> lock(session_mu_);
+    if (pg_ == nullptr) return;  // ended already: keep the first reason
     session = TakeSessionLocked();
-    ended_ = "this process group was aborted (collserve.torch.abort or torch's _abort_process_group)";
+    ended_ = why.empty() ? "this process group was aborted (collserve.torch.abort or torch's _abort_process_group)"
+                         : why;
   }
   {
     std::lock_guard<std::mutex> lock(health_->mu);
-    if (health_->first_error.ok()) health_->first_error = absl::AbortedError("the process group was aborted");
+    if (health_->first_error.ok()) {
+      health_->first_error = absl::CancelledError("the process group was aborted in this process");
+    }
   }
   session.reset();
 }
 
 bool CollserveProcessGroup::GracefulShutdown(std::chrono::milliseconds timeout) {
-  std::shared_ptr<client::ProcessGroup> session;
-  {
-    std::lock_guard<std::mutex> lock(session_mu_);
-    session = TakeSessionLocked();
-    ended_ = "this process group was shut down (collserve.torch.shutdown)";
-  }
+  std::shared_ptr<client::ProcessGroup> session =
+      TakeSession("this process group was shut down (collserve.torch.shutdown)");
   bool drained;
   {
     std::unique_lock<std::mutex> lock(health_->mu);
@@ -475,11 +476,11 @@ int64_t CollserveProcessGroup::LastCompletedSeq() {
   return pg_ != nullptr ? pg_->last_completed_seq() : last_completed_seq_;
 }
 
-void ShutdownAll() {
+void ShutdownAll(const std::string& why) {
   std::vector<std::shared_ptr<client::ProcessGroup>> sessions;
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
-    for (CollserveProcessGroup* group : Registry()) sessions.push_back(group->TakeSession());
+    for (CollserveProcessGroup* group : Registry()) sessions.push_back(group->TakeSession(why));
   }
   sessions.clear();  // ends them with no lock held: their completions may run Python callbacks
 }

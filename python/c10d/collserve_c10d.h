@@ -246,16 +246,18 @@ class CollserveProcessGroup : public TorchBase {
   // (client::SetCallSite) before it is issued. Thread-safe; needs the GIL for a non-empty result.
   std::string MarkCallSite();
 
-  // Moves the session out (null once shut down); for Shutdown and ShutdownAll.
-  std::shared_ptr<client::ProcessGroup> TakeSession();
+  // Moves the session out (null once shut down); for Shutdown and ShutdownAll. `why`, when
+  // not empty and the session was live, is what later calls' errors say (the default:
+  // "shut down ... at interpreter exit").
+  std::shared_ptr<client::ProcessGroup> TakeSession(const std::string& why = "");
 
   // ---- lifecycle (collserve.torch's abort, shutdown, get_error, set_timeout; torch's
   // _abort_process_group, destroy_process_group and _set_pg_timeout on 2.x) ----
 
-  // Ends the session now, as Shutdown, and says "aborted" in later calls' errors: operations
-  // in flight fail (their Works complete with the error). Idempotent. Call without the GIL.
-  // Thread-safe.
-  void Abort();
+  // Ends the session now, as Shutdown, and says `why` in later calls' errors ("" = that the
+  // group was aborted): operations in flight fail (their Works complete with the error).
+  // Idempotent. Call without the GIL. Thread-safe.
+  void Abort(const std::string& why = "");
   // Waits up to `timeout` for the operations issued so far to complete, then ends the
   // session as Abort does (what is still in flight then fails); later calls throw "... shut
   // down". Returns true when nothing was in flight at the end. Call without the GIL.
@@ -320,7 +322,8 @@ c10::intrusive_ptr<TorchBase> CreateProcessGroup(const client::InitOptions& opti
 // finalization, and dropping that operation's tensors asks for the GIL, which ends the
 // thread with pthread_exit in a noexcept destructor: std::terminate ("terminate called
 // without an active exception"). Call it without the GIL. Thread-safe.
-void ShutdownAll();
+// `why` (when not empty) is what later calls on those groups say in their errors.
+void ShutdownAll(const std::string& why = "");
 
 }  // namespace collserve::c10d_backend
 

@@ -98,12 +98,14 @@ PYBIND11_MODULE(_collserve_torch, m) {
       "RuntimeError once its session ended.");
   m.def(
       "abort",
-      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group) {
+      [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, const std::string& reason) {
         CollserveProcessGroup* pg = Collserve(group, "abort");
         py::gil_scoped_release release;
-        pg->Abort();
+        pg->Abort(reason);
       },
-      py::arg("group"), "Ends the group's session now: operations in flight fail, later calls raise.");
+      py::arg("group"), py::arg("reason") = "",
+      "Ends the group's session now: operations in flight fail, later calls raise naming `reason` (default: "
+      "that it was aborted).");
   m.def(
       "shutdown",
       [](const c10::intrusive_ptr<::c10d::ProcessGroup>& group, double timeout_s) {
@@ -128,7 +130,9 @@ PYBIND11_MODULE(_collserve_torch, m) {
         pg->SetTimeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
       },
       py::arg("group"), py::arg("timeout_s"), "The deadline of the group's operations issued from now on.");
-  m.def("shutdown_all", &collserve::c10d_backend::ShutdownAll, py::call_guard<py::gil_scoped_release>(),
+  m.def("shutdown_all", &collserve::c10d_backend::ShutdownAll, py::arg("reason") = "",
+        py::call_guard<py::gil_scoped_release>(),
         "Ends the session of every collserve group still alive in this process (operations in flight fail); "
-        "later calls on them raise RuntimeError. collserve.torch runs it at interpreter exit.");
+        "later calls on them raise RuntimeError naming `reason` (default: the interpreter's exit). collserve.torch "
+        "runs it at interpreter exit, and reconfigure before it forms the new group.");
 }

@@ -161,7 +161,8 @@ def _group(group):
 
 def _end_every_group():
     """Ends every collserve session of this process and torch's bookkeeping of its groups."""
-    _collserve_torch.shutdown_all()
+    _collserve_torch.shutdown_all("this process group was replaced by collserve.torch.reconfigure (use the new "
+                                  "default group: build DDP and subgroups again)")
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -415,7 +416,8 @@ def _patch_torch():
     if shutdown_backend is not None:
         def _shutdown_backend(pg):
             if _is_collserve(pg):
-                _collserve_torch.abort(pg)  # destroy_process_group: end the session now
+                # destroy_process_group: end the session now, as torch shuts NCCL down here
+                _collserve_torch.abort(pg, "this process group was destroyed (destroy_process_group)")
                 return None
             return shutdown_backend(pg)
         c10d._shutdown_backend = _shutdown_backend

@@ -58,6 +58,7 @@ ABSL_FLAG(int64_t, hold_s, 0, "loop: after an error, keep the process (and its s
 ABSL_FLAG(bool, elastic_join, false,
           "reconfigure: join the running job (collserve::client::JoinRunningGroup) instead of initializing");
 ABSL_FLAG(int64_t, admit_every, 10, "reconfigure: members ask ShouldReconfigure every this many iterations");
+ABSL_FLAG(int64_t, join_window_s, 3, "reconfigure: ReconfigureOptions::join_window, seconds");
 ABSL_FLAG(std::string, key_prefix, "t", "store_loop: prefix of the store keys it writes");
 
 namespace {
@@ -205,7 +206,7 @@ int main(int argc, char** argv) {
     // size); a failed one re-forms the group among the ranks left (join window 3 s) and is
     // retried; every --admit_every iterations the members admit waiting joiners.
     collserve::client::ReconfigureOptions ro;
-    ro.join_window = absl::Seconds(3);
+    ro.join_window = absl::Seconds(absl::GetFlag(FLAGS_join_window_s));
     collserve::client::ElasticGroup eg;
     if (absl::GetFlag(FLAGS_elastic_join)) {
       auto joined = collserve::client::JoinRunningGroup(*options, ro);

@@ -130,7 +130,8 @@ def test_ddp_survivors_recover_in_place_and_the_restarted_rank_joins_later():
     steps = 800
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "4", "--survive_failures",
                            "--max_restarts", "1", os.path.join(ROOT, "examples", "ddp_elastic.py"), "--die_rank", "2",
-                           "--die_step", "100", "--steps", str(steps), "--step_time", "0.01", "--min_accuracy", "0.9"],
+                           "--die_step", "100", "--steps", str(steps), "--step_time", "0.01", "--join_window", "60",
+                           "--min_accuracy", "0.9"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     report = proc.stdout[-6000:] + proc.stderr[-6000:]
     assert proc.returncode == 0, report
@@ -143,6 +144,8 @@ def test_ddp_survivors_recover_in_place_and_the_restarted_rank_joins_later():
     # The survivors, not restarted: the same processes went from world 4 to 3 at step 100.
     assert sorted(e["launch_rank"] for e in recovered) == [0, 1, 3], report
     assert all(e["step"] == 100 and e["world"] == 3 and e["old_world"] == 4 for e in recovered), report
+    # The member list closed once the killed rank had left, not after the 60 s join window.
+    assert all(e["reconfigure_s"] < 30 for e in recovered), report
     assert not [e for e in events if e["kind"] == "resumed"], report
     assert "restarting the 4 ranks" not in proc.stderr, report
     joined = [e for e in events if e["kind"] == "joined"]

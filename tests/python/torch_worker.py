@@ -383,8 +383,9 @@ def reinit_loop(rank, world, how):
 
 
 def live_at_exit(rank, world, how):
-    """A collserve group that outlives destroy_process_group (DistributedDataParallel keeps a
-    reference to its group), with an operation left in flight on rank 0. HOW=call: rank 0
+    """A collserve group alive at exit (on 1.13 one that outlives destroy_process_group:
+    DistributedDataParallel keeps a reference to its group), with an operation left in
+    flight on rank 0. HOW=call: rank 0
     runs _collserve_torch.shutdown_all (what collserve.torch's atexit hook runs) itself: the
     operation fails (as when the group is destroyed) and later calls
     raise FAILED_PRECONDITION. HOW=exit: the
@@ -395,7 +396,10 @@ def live_at_exit(rank, world, how):
     model = nn.parallel.DistributedDataParallel(nn.Linear(16, 4))
     train(model, rank, 2)
     group = dist.distributed_c10d._get_default_group()
-    dist.destroy_process_group()
+    if not TORCH2:
+        # torch 1.13's destroy leaves the group to its references (DDP's); on 2.x collserve.torch
+        # ends it at destroy, as torch shuts NCCL down there: there the group stays registered.
+        dist.destroy_process_group()
     if rank != 0:
         return
     t = torch.ones(1024)
