@@ -32,8 +32,19 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
   reporter_ = std::thread([this] { ReporterMain(); });
 }
 
-Engine::Stats Engine::GetStats() {
+Engine::Stats Engine::GetStats() { return StatsOf(""); }
+
+Engine::Stats Engine::JobStats(const std::string& job) { return StatsOf(job.empty() ? "default" : job); }
+
+Engine::Stats Engine::StatsOf(const std::string& job) {
   std::vector<std::shared_ptr<Group>> groups = AllGroups();
+  if (!job.empty()) {
+    groups.erase(std::remove_if(groups.begin(), groups.end(),
+                                [&](const std::shared_ptr<Group>& g) {
+                                  return (g->params().job.empty() ? "default" : g->params().job) != job;
+                                }),
+                 groups.end());
+  }
   Stats s;
   s.groups = static_cast<int64_t>(groups.size());
   const absl::Time now = absl::Now();

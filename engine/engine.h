@@ -114,6 +114,9 @@ class Engine {
     int64_t mapped_bytes = 0;  // shared memory the local ranks registered, mapped here
   };
   Stats GetStats();
+  // The same for the groups of one job ("" = "default"): what its sessions hold on this host
+  // (the sidecar's per-job quotas). Thread-safe.
+  Stats JobStats(const std::string& job);
   // Every group with local ranks attached (current and earlier generations), as its ledger
   // would report it (Group::Progress: job, group, generation, state, its local ranks), for
   // a drain's report. Thread-safe.
@@ -130,6 +133,8 @@ class Engine {
   void Remove(Group* group);
   // The current and retired groups.
   std::vector<std::shared_ptr<Group>> AllGroups();
+  // GetStats over the groups of `job` ("": every group).
+  Stats StatsOf(const std::string& job);
   // Destroys removed groups (joining their executors) off the callers' threads.
   void JanitorMain();
   // Publishes the groups' ledgers every options_.progress_interval until Shutdown.

@@ -131,7 +131,8 @@ class CoordinatorImpl : public Coordinator {
     store_service_ = std::make_unique<StoreService>(*store_, *credentials_, *rpc_metrics_, write_threads);
     registry_service_ =
         std::make_unique<RegistryService>(*registry_, *store_, *credentials_, *rpc_metrics_, replication_.get());
-    auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_);
+    job_policies_ = options.job_policies;
+    auth_service_ = std::make_unique<AuthService>(*credentials_, *rpc_metrics_, job_policies_);
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();  // grpc_cli / grpcurl can list and call
@@ -310,6 +311,7 @@ class CoordinatorImpl : public Coordinator {
   std::unique_ptr<RpcMetrics> rpc_metrics_;
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<RegistryService> registry_service_;
+  collserve::v1::JobPolicies job_policies_;  // AuthService reads it
   std::unique_ptr<AuthService> auth_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<GrpcListener> listener_;  // hands its connections to server_

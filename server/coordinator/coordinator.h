@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/common/tls.h"
+#include "collserve/v1/auth.pb.h"
 #include "server/coordinator/credentials.h"
 #include "server/coordinator/etcd_store.h"
 #include "server/coordinator/registry_replication.h"
@@ -62,6 +63,10 @@ struct CoordinatorOptions {
   // refuses: set a token source or allow_unauthenticated. The TCPStore endpoint takes no
   // credentials (torch's clients send none): it serves tcpstore_job to whoever reaches it.
   CredentialsOptions credentials;
+  // Each job's limits on every sidecar (auth.proto's JobPolicy; --job_policies_file, read
+  // by LoadJobPolicies), handed to the sidecars with Auth.Authenticate's answer. Default:
+  // none (no limits).
+  collserve::v1::JobPolicies job_policies;
 };
 
 // Thread-safe.

@@ -14,6 +14,7 @@
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/job_policies.h"
 
 ABSL_FLAG(std::string, listen_address, "0.0.0.0:29400",
           "host:port for the gRPC API (Store, Registry, health); port 0 picks a free port.");
@@ -128,6 +129,9 @@ ABSL_FLAG(std::string, admin_token_file, "",
 ABSL_FLAG(std::string, job_tokens_dir, "",
           "Directory of job tokens: the file named <job> holds that job's token (a Kubernetes Secret mounted "
           "whole has this shape); re-read every --token_refresh_interval. At least 16 bytes each.");
+ABSL_FLAG(std::string, job_policies_file, "",
+          "JSON file of each job's limits on every sidecar (max_sessions, max_segment_bytes; auth.proto's "
+          "JobPolicies, docs/operations.md \"Per-job quotas\"); read at start. Default: no limits.");
 ABSL_FLAG(absl::Duration, token_refresh_interval, absl::Seconds(10),
           "How often --admin_token_file and --job_tokens_dir are re-read (a rotated Secret needs no restart).");
 
@@ -201,6 +205,14 @@ int main(int argc, char** argv) {
   options.credentials.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
   options.credentials.job_tokens_dir = absl::GetFlag(FLAGS_job_tokens_dir);
   options.credentials.refresh_interval = absl::GetFlag(FLAGS_token_refresh_interval);
+  if (const std::string file = absl::GetFlag(FLAGS_job_policies_file); !file.empty()) {
+    auto policies = collserve::server::LoadJobPolicies(file);
+    if (!policies.ok()) {
+      LOG(ERROR) << "coordinator failed to start: " << policies.status();
+      return 1;
+    }
+    options.job_policies = std::move(*policies);
+  }
   options.store.log_warning = [](const std::string& line) { LOG(WARNING) << line; };
   options.tcpstore_address = absl::GetFlag(FLAGS_tcpstore_address);
   options.tcpstore_job = absl::GetFlag(FLAGS_tcpstore_job);

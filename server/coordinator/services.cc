@@ -1,5 +1,7 @@
 #include "server/coordinator/services.h"
 
+#include "server/coordinator/job_policies.h"
+
 #include <glog/logging.h>
 
 #include <map>
@@ -660,6 +662,7 @@ grpc::ServerUnaryReactor* AuthService::Authenticate(grpc::CallbackServerContext*
       }
     }
     s = p.status();
+    if (s.ok()) *resp->mutable_policy() = PolicyFor(policies_, req->job());
   }
   return FinishNow(ctx, metrics_, "Authenticate", start, s);
 }

@@ -143,7 +143,10 @@ class RegistryService final : public collserve::v1::Registry::CallbackService {
 // Authenticate, MintJobToken, RevokeJobTokens (auth.proto).
 class AuthService final : public collserve::v1::Auth::CallbackService {
  public:
-  AuthService(JobCredentials& credentials, RpcMetrics& metrics) : credentials_(credentials), metrics_(metrics) {}
+  // `policies`: each job's limits on the sidecars (job_policies.h), sent with every
+  // Authenticate answer; it must outlive the service.
+  AuthService(JobCredentials& credentials, RpcMetrics& metrics, const collserve::v1::JobPolicies& policies)
+      : credentials_(credentials), metrics_(metrics), policies_(policies) {}
 
   grpc::ServerUnaryReactor* Authenticate(grpc::CallbackServerContext* ctx,
                                          const collserve::v1::AuthenticateRequest* req,
@@ -158,6 +161,7 @@ class AuthService final : public collserve::v1::Auth::CallbackService {
  private:
   JobCredentials& credentials_;
   RpcMetrics& metrics_;
+  const collserve::v1::JobPolicies& policies_;
 };
 
 // The value of the call's "authorization" metadata ("" when absent).

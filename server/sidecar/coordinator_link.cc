@@ -357,7 +357,7 @@ absl::StatusOr<std::string> GrpcCoordinatorLink::Diagnose(const std::string& job
 }
 
 void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
-                                       std::function<void(absl::Status)> done) {
+                                       std::function<void(absl::StatusOr<pb::JobPolicy>)> done) {
   auto call = std::make_shared<RetriedCall<pb::AuthenticateRequest, pb::AuthenticateResponse>>(calls_);
   call->start = [stub = auth_.get()](grpc::ClientContext* ctx, const pb::AuthenticateRequest* req,
                                      pb::AuthenticateResponse* resp, std::function<void(grpc::Status)> cb) {
@@ -367,7 +367,13 @@ void GrpcCoordinatorLink::Authenticate(const std::string& job, const std::string
   call->what = " to check the job token";
   call->credential = credential;
   call->deadline = absl::Now() + timeout;
-  call->done = [done = std::move(done)](absl::Status s, const pb::AuthenticateResponse&) { done(std::move(s)); };
+  call->done = [done = std::move(done)](absl::Status s, const pb::AuthenticateResponse& resp) {
+    if (!s.ok()) {
+      done(std::move(s));
+      return;
+    }
+    done(resp.policy());
+  };
   call->req.set_job(job);
   call->Attempt();
 }

@@ -64,12 +64,13 @@ class GrpcCoordinatorLink : public engine::CoordinatorLink {
                                        const std::string& credential, absl::Duration timeout) override;
 
   // Asks the coordinator whether `credential` grants `job` (Auth.Authenticate); `done` runs
-  // once, on a gRPC thread, with OK or the coordinator's UNAUTHENTICATED / PERMISSION_DENIED
-  // (or UNAVAILABLE naming the coordinator and the attempts), within `timeout`. An attempt
-  // that a coordinator restart fails (UNAVAILABLE) is retried within `timeout`, as Join's
-  // are. Never blocks.
+  // once, on a gRPC thread, with the job's policy on this sidecar (its quotas; all zero from
+  // a coordinator without --job_policies_file) or the coordinator's UNAUTHENTICATED /
+  // PERMISSION_DENIED (or UNAVAILABLE naming the coordinator and the attempts), within
+  // `timeout`. An attempt that a coordinator restart fails (UNAVAILABLE) is retried within
+  // `timeout`, as Join's are. Never blocks.
   void Authenticate(const std::string& job, const std::string& credential, absl::Duration timeout,
-                    std::function<void(absl::Status)> done);
+                    std::function<void(absl::StatusOr<collserve::v1::JobPolicy>)> done);
 
  private:
   std::unique_ptr<collserve::v1::Registry::Stub> registry_;

@@ -8,7 +8,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -89,11 +91,11 @@ std::string FdChannelServer::NewToken() {
 }
 
 void FdChannelServer::Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank,
-                           std::weak_ptr<OpsHandler> ops) {
+                           std::weak_ptr<OpsHandler> ops, SegmentAdmission admit) {
   absl::MutexLock lock(&mu_);
   auto it = tokens_.find(token);
   if (it == tokens_.end()) return;
-  it->second = Binding{std::move(group), rank, true, std::move(ops), {}};
+  it->second = Binding{std::move(group), rank, true, std::move(ops), {}, std::move(admit)};
 }
 
 void FdChannelServer::Forget(const std::string& token) {
@@ -348,8 +350,18 @@ bool FdChannelServer::Serve(Connection& conn) {
   const size_t name_len = strnlen(r.name, sizeof(r.name));
   if (name_len == 0 || name_len == sizeof(r.name)) return reply(absl::InvalidArgumentError("malformed segment name"));
   int rank = -1;
-  absl::StatusOr<std::shared_ptr<engine::Group>> group = GroupOf(conn.token, &rank);
+  SegmentAdmission admit;
+  absl::StatusOr<std::shared_ptr<engine::Group>> group = GroupOf(conn.token, &rank, &admit);
   if (!group.ok()) return reply(group.status());
+  if (admit != nullptr) {
+    // The job's quota (JobQuotas): refused before the descriptor is mapped. The requests of
+    // every session come through this one thread, so checks do not race each other.
+    if (absl::Status s = admit(static_cast<int64_t>(std::min<uint64_t>(r.bytes, INT64_MAX))); !s.ok()) {
+      // Keeps serving: a refusal is an answer (the connection stays for later segments).
+      const fdchannel::Reply rep = fdchannel::ReplyFor(s);
+      return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
+    }
+  }
   // A read-only descriptor is kept so that peers of the rank can be handed it (Open).
   auto segment = ShmSegment::FromFd(std::string(r.name, name_len), fd, r.bytes, {.share = true});
   fd = -1;  // FromFd took it
@@ -363,7 +375,8 @@ bool FdChannelServer::Serve(Connection& conn) {
   return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
 }
 
-absl::StatusOr<std::shared_ptr<engine::Group>> FdChannelServer::GroupOf(const std::string& token, int* rank) {
+absl::StatusOr<std::shared_ptr<engine::Group>> FdChannelServer::GroupOf(const std::string& token, int* rank,
+                                                                         SegmentAdmission* admit) {
   Binding binding;
   {
     absl::MutexLock lock(&mu_);
@@ -376,6 +389,7 @@ absl::StatusOr<std::shared_ptr<engine::Group>> FdChannelServer::GroupOf(const st
     return absl::UnavailableError("the session is not attached to a group (yet or any more)");
   }
   *rank = binding.rank;
+  if (admit != nullptr) *admit = binding.admit;
   return group;
 }
 

@@ -16,6 +16,7 @@
 #define COLLSERVE_SERVER_SIDECAR_FD_CHANNEL_SERVER_H_
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -103,10 +104,14 @@ class FdChannelServer {
   // A fresh random token (fdchannel::kTokenBytes) for a session; Register requests made
   // with it fail until Bind.
   std::string NewToken();
-  // Segments registered with `token` go to `rank` of `group` from now on; its ops channel
-  // (if the client opens one) goes to `ops` (null: none is offered).
+  // Whether a segment of `bytes` may be registered (the job's quota, JobQuotas): OK or the
+  // error the Register is answered with. Runs on the server's thread; must not block.
+  using SegmentAdmission = std::function<absl::Status(int64_t bytes)>;
+  // Segments registered with `token` go to `rank` of `group` from now on, each once `admit`
+  // (when set) accepts it; its ops channel (if the client opens one) goes to `ops` (null:
+  // none is offered).
   void Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank,
-            std::weak_ptr<OpsHandler> ops = {});
+            std::weak_ptr<OpsHandler> ops = {}, SegmentAdmission admit = nullptr);
   // The session ended: its token is refused from now on (and a connection that uses it
   // again is closed); its ops channel is shut down.
   void Forget(const std::string& token);
@@ -118,6 +123,7 @@ class FdChannelServer {
     bool bound = false;
     std::weak_ptr<OpsHandler> ops;
     std::weak_ptr<OpsLink> ops_link;  // once the session opened its ops channel
+    SegmentAdmission admit;           // null: every segment
   };
   struct Connection {
     int fd = -1;
@@ -136,8 +142,8 @@ class FdChannelServer {
   bool Serve(Connection& conn);
   // The group and rank the session holding `token` is bound to: FAILED_PRECONDITION when
   // the session ended, UNAVAILABLE when it is not attached (yet or any more).
-  absl::StatusOr<std::shared_ptr<engine::Group>> GroupOf(const std::string& token, int* rank)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<engine::Group>> GroupOf(const std::string& token, int* rank,
+                                                          SegmentAdmission* admit = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Answers an Open (a peer's segment, read-only) of `conn`, the datagram in `buf`;
   // false if the connection must be closed.
   bool ServeOpen(Connection& conn, const char* buf, absl::Time deadline);

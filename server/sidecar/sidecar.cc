@@ -41,6 +41,7 @@
 #include "server/common/metrics.h"
 #include "server/sidecar/coordinator_link.h"
 #include "server/sidecar/fd_channel_server.h"
+#include "server/sidecar/job_quotas.h"
 #include "server/sidecar/metrics_observer.h"
 #include "server/sidecar/translate.h"
 
@@ -117,6 +118,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
     std::shared_ptr<engine::Group> group;
     int rank = -1;
     std::string fd_token;  // the shared-memory channel token, if granted
+    std::string job;       // counted in the sidecar's JobQuotas until the session ends
   };
   // Records the attach's outcome. False when the session already ended: the caller then
   // undoes the attach itself (the group and the token would otherwise outlive the session).
@@ -380,6 +382,7 @@ class SidecarImpl : public Sidecar {
     auto created = engine::Engine::Create(std::move(eo), coordinator_.get(), &backends_, observer_.get());
     if (!created.ok()) return created.status();
     engine_ = std::move(*created);
+    quotas_ = std::make_unique<JobQuotas>(engine_->host_id());
 
     service_ = std::make_unique<CollectivesService>(this);
     grpc::EnableDefaultHealthCheckService(true);
@@ -623,8 +626,10 @@ class SidecarImpl : public Sidecar {
       ++attaching_;
     }
     coordinator_->Authenticate(
-        attach.job(), credential, kAuthenticateTimeout, [this, attach, credential, peer, session](absl::Status s) {
-          if (!s.ok()) {
+        attach.job(), credential, kAuthenticateTimeout,
+        [this, attach, credential, peer, session](absl::StatusOr<pb::JobPolicy> policy) {
+          if (!policy.ok()) {
+            const absl::Status& s = policy.status();
             session->Close(absl::Status(
                 s.code(), absl::StrCat("the sidecar serves a session only with a credential its coordinator accepts "
                                        "for the job: ",
@@ -636,16 +641,21 @@ class SidecarImpl : public Sidecar {
           // On a thread of its own, not this one (the coordinator link's): the engine holds a
           // rank that attaches again while this host's ranks are still leaving its group's
           // previous generation (Engine::Attach), and those departures need the link.
-          std::thread([this, attach, credential, peer, session] {
-            Attach(attach, credential, peer, session);
+          std::thread([this, attach, credential, peer, session, policy = *std::move(policy)] {
+            Attach(attach, credential, peer, session, policy);
             absl::MutexLock lock(&attach_mu_);
             --attaching_;
           }).detach();
         });
   }
-  // The attach itself, once the credential was accepted.
+  // The attach itself, once the credential was accepted and `policy` came with it: the
+  // job's quotas on this sidecar (JobQuotas), checked first.
   void Attach(const pb::Attach& attach, const std::string& credential, const std::string& peer,
-              std::shared_ptr<SessionHandle> session) {
+              std::shared_ptr<SessionHandle> session, const pb::JobPolicy& policy) {
+    if (absl::Status s = quotas_->ReserveSession(attach.job(), policy); !s.ok()) {
+      session->Close(s);
+      return;
+    }
     engine::AttachRequest request = FromProto(attach);
     request.credential = credential;
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
@@ -655,19 +665,31 @@ class SidecarImpl : public Sidecar {
     auto group = engine_->Attach(request, session);
     if (!group.ok()) {
       if (!token.empty()) fd_channel_->Forget(token);
+      quotas_->ReleaseSession(attach.job());
       session->Close(group.status());
       return;
     }
-    if (!token.empty()) fd_channel_->Bind(token, *group, attach.rank(), session);
-    if (!session->SetAttached({*group, attach.rank(), token})) {
+    if (!token.empty()) {
+      FdChannelServer::SegmentAdmission admit;
+      if (policy.max_segment_bytes() > 0) {
+        admit = [this, job = attach.job(), policy](int64_t bytes) {
+          return quotas_->AdmitSegment(job, policy, engine_->JobStats(job).mapped_bytes, bytes);
+        };
+      }
+      fd_channel_->Bind(token, *group, attach.rank(), session, std::move(admit));
+    }
+    if (!session->SetAttached({*group, attach.rank(), token, attach.job()})) {
       // The client hung up while this attach ran.
       (*group)->OnSessionClosed(attach.rank());
-      SessionEnded(token);
+      SessionEnded(token, attach.job());
       return;
     }
     session->Ready(fd_channel_ != nullptr ? fd_channel_->path() : "", token);
   }
-  void SessionEnded(const std::string& token) {
+  // A session that was attached ended: forgets its shared-memory token and stops counting
+  // it against its job's quota.
+  void SessionEnded(const std::string& token, const std::string& job) {
+    quotas_->ReleaseSession(job);
     if (token.empty()) return;
     absl::MutexLock lock(&attach_mu_);  // against Shutdown's reset of fd_channel_
     if (fd_channel_ != nullptr) fd_channel_->Forget(token);
@@ -694,6 +716,7 @@ class SidecarImpl : public Sidecar {
   std::unique_ptr<GrpcServerMetrics> grpc_metrics_;  // outlives server_
   std::unique_ptr<InfoService> info_service_;  // outlives server_
   std::unique_ptr<PrometheusObserver> observer_;
+  std::unique_ptr<JobQuotas> quotas_;  // what each job holds here against its policy
   std::unique_ptr<engine::Engine> engine_;  // destroyed before what it points to
   std::unique_ptr<CollectivesService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -771,8 +794,9 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx, 
 void SessionReactor::EndSession() {
   std::optional<SessionHandle::Attachment> a = handle_->End();
   if (!a.has_value()) return;
-  if (a->group != nullptr) a->group->OnSessionClosed(a->rank);
-  sidecar_->SessionEnded(a->fd_token);
+  if (a->group == nullptr) return;  // never attached: nothing counted, no token bound
+  a->group->OnSessionClosed(a->rank);
+  sidecar_->SessionEnded(a->fd_token, a->job);
 }
 
 void SessionReactor::OnDone() {

@@ -108,3 +108,52 @@ def test_without_the_token_or_without_tls_the_job_is_refused(secure):
     code, out, err = launch_secure(secure, 2, ["examples/digits_sgd.py"], sidecar_tls=False, timeout=120)
     assert code != 0, (out, err)
     assert "accuracy" not in out, out
+
+
+def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
+    """Issue 43: the operator's --job_policies_file limits job "capped" to 2 sessions and
+    3,000,000 bytes of shared memory on each sidecar. Its third session is refused with
+    RESOURCE_EXHAUSTED naming max_sessions (and admitted once the others left), its 4 MiB
+    staging segment is refused naming max_segment_bytes while its small collectives run,
+    and job "other", with no limits, runs 4 MiB all_reduces beside it untouched."""
+    import json
+    from daemons import start_sidecar
+    d = tempfile.mkdtemp(prefix="collserve-quota-")
+    daemons = []
+    procs = []
+    try:
+        flags, tokens = credentials(d, ("capped", "other"))
+        with open(os.path.join(d, "policies.json"), "w") as f:
+            json.dump({"jobs": {"capped": {"max_sessions": 2, "max_segment_bytes": "3000000"}}}, f)
+        daemons.append(start_coordinator(d, *flags, f"--job_policies_file={d}/policies.json"))
+        port = daemons[0].port
+        daemons.append(start_sidecar(d, port, f"--unix_socket={d}/s.sock"))
+        worker = os.path.join(HERE, "quota_worker.py")
+
+        def start(mode, job, rank, world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), COLLSERVE_SIDECAR=f"unix:{d}/s.sock",
+                       COLLSERVE_JOB=job, COLLSERVE_TOKEN=tokens[job], COLLSERVE_COORDINATOR=f"127.0.0.1:{port}",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), COLLSERVE_INIT_TIMEOUT_S="30",
+                       COLLSERVE_OP_TIMEOUT_S="30")
+            procs.append(subprocess.Popen([sys.executable, worker, mode], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        for r in range(4):
+            start("other", "other", r, 4)
+        for r in range(2):
+            start("capped", "capped", r, 2)
+        start("third", "capped", 0, 1)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for daemon in reversed(daemons):
+            daemon.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    report = "\n".join(f"--- {i} (exit {p.returncode})\n{o}" for i, (p, o) in enumerate(zip(procs, outs)))
+    modes = ["other"] * 4 + ["capped"] * 2 + ["third"]
+    for p, out, mode in zip(procs, outs, modes):
+        assert p.returncode == 0 and f"{mode} ok" in out, report
+    assert "sessions on sidecar" in outs[6] and "its quota (max_sessions 2" in outs[6], report
+    assert "shared memory registered with sidecar" in outs[4], report
