@@ -289,6 +289,13 @@ fact auth "$CC arg --admin_token_file=$ADM/admin-token" "$CC arg --job_tokens_di
   "$STS volume admin-token secret=collserve-admin-token" "$CC mount admin-token $ADM readOnly=true subPath=-" \
   "$STS volume job-tokens secret=collserve-job-tokens" "$CC mount job-tokens $JOBS readOnly=true subPath=-"
 nofact_like auth " arg --allow_unauthenticated"
+# Per-job quotas (coordinator.jobPolicies): the ConfigMap mounted read-only, its file the flag.
+fact auth "$CC arg --job_policies_file=/etc/collserve/job-policies/policies.json" \
+  "$STS volume job-policies configMap=collserve-coordinator-job-policies" \
+  "$CC mount job-policies /etc/collserve/job-policies readOnly=true subPath=-"
+grep -qF '\"train-a\":{\"max_segment_bytes\":1073741824,\"max_sessions\":8}' "$work/rendered-auth.yaml" ||
+  fail "auth: the job policies ConfigMap does not hold train-a's limits as JSON"
+nofact_like default " arg --job_policies_file=| volume job-policies "
 fact unauthenticated "$CC arg --allow_unauthenticated=true"
 nofact_like unauthenticated " arg --(admin_token_file|job_tokens_dir)=| volume (admin-token|job-tokens) | mount (admin-token|job-tokens) "
 fact tls "$CC arg --admin_token_file=$ADM/token" "$STS volume admin-token secret=collserve-admin-token" \
@@ -362,6 +369,10 @@ expect_rejected "coordinator.auth.allowUnauthenticated=yes (a string)" "coordina
   --set-string coordinator.auth.allowUnauthenticated=yes
 expect_rejected "a misspelled key (coordinator.auth.jobTokenSecret)" "jobTokenSecret" \
   --set coordinator.auth.jobTokenSecret=collserve-job-tokens
+expect_rejected "coordinator.jobPolicies with a negative limit" "max_sessions" \
+  --set coordinator.jobPolicies.jobs.a.max_sessions=-1
+expect_rejected "a misspelled key (coordinator.jobPolicies.jobs.a.max_session)" "max_session" \
+  --set coordinator.jobPolicies.jobs.a.max_session=2
 expect_rejected "coordinator.etcd.endpoints=[http://etcd:2379] (a URL, not host:port)" "coordinator.etcd.endpoints" \
   --set 'coordinator.etcd.endpoints={http://etcd:2379}'
 expect_rejected "coordinator.etcd.tls.enabled without a Secret" "needs coordinator.etcd.tls.secretName" \
