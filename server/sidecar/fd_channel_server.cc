@@ -353,20 +353,19 @@ bool FdChannelServer::Serve(Connection& conn) {
   SegmentAdmission admit;
   absl::StatusOr<std::shared_ptr<engine::Group>> group = GroupOf(conn.token, &rank, &admit);
   if (!group.ok()) return reply(group.status());
-  if (admit != nullptr) {
-    // The job's quota (JobQuotas): refused before the descriptor is mapped. The requests of
-    // every session come through this one thread, so checks do not race each other.
-    if (absl::Status s = admit(static_cast<int64_t>(std::min<uint64_t>(r.bytes, INT64_MAX))); !s.ok()) {
-      // Keeps serving: a refusal is an answer (the connection stays for later segments).
-      const fdchannel::Reply rep = fdchannel::ReplyFor(s);
-      return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
-    }
-  }
   // A read-only descriptor is kept so that peers of the rank can be handed it (Open).
   auto segment = ShmSegment::FromFd(std::string(r.name, name_len), fd, r.bytes, {.share = true});
   fd = -1;  // FromFd took it
+  if (segment.ok() && admit != nullptr) {
+    // The job's quota (JobQuotas), on the size of the file as mapped, not the size the
+    // client claims (a file may be larger). The requests of every session come through this
+    // one thread, so checks do not race each other. A refused segment is unmapped here.
+    if (absl::Status s = admit(static_cast<int64_t>(std::min<size_t>((*segment)->size(), INT64_MAX))); !s.ok()) {
+      segment = s;
+    }
+  }
   if (!segment.ok()) {
-    // Keeps serving: a bad descriptor is an answer, not a broken connection.
+    // Keeps serving: a bad descriptor or a refusal is an answer, not a broken connection.
     const fdchannel::Reply rep = fdchannel::ReplyFor(segment.status());
     return fdchannel::SendMessage(conn.fd, &rep, sizeof(rep), -1, deadline).ok();
   }

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -584,6 +585,38 @@ TEST(AttackTest, DescriptorChannelRefusesStrangersAndShrinkableFiles) {
   EXPECT_EQ(c.code(), 0) << c.message();
   EXPECT_EQ(std::memcmp((*seg)->data(), v, sizeof(v)), 0);
   close(*sock);
+}
+
+// Per-job quotas count what the sidecar maps, not what the client claims: a sealed memfd
+// far larger than its Register says is charged its real size and refused past the job's
+// max_segment_bytes (the coordinator's --job_policies_file), and the channel keeps serving.
+TEST(AttackTest, ASegmentLargerThanClaimedIsChargedItsRealSizeAgainstTheJobsQuota) {
+  const std::string policies = ::testing::TempDir() + "/attack-job-policies.json";
+  std::ofstream(policies) << R"({"default_policy": {"max_segment_bytes": 1048576}})";
+  auto cluster = StartCluster(1, {"--job_policies_file=" + policies});
+  ASSERT_NE(cluster, nullptr);
+  RawSession session(cluster->sidecar_address(0), "quota-lie", /*shared_memory=*/true);
+  ASSERT_TRUE(session.attached());
+  ASSERT_TRUE(session.info().shared_memory());
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto sock = fdchannel::Connect(session.info().fd_socket(), session.info().session_token(), deadline);
+  ASSERT_TRUE(sock.ok()) << sock.status();
+  auto big = ShmSegment::Create(8 << 20);
+  ASSERT_TRUE(big.ok()) << big.status();
+  absl::Status s = fdchannel::RegisterSegment(*sock, (*big)->name(), 4096, (*big)->fd(), deadline);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("max_segment_bytes 1048576")) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("8388608 bytes")) << s;
+  // Within the quota: registers, and a collective on it works.
+  auto small = ShmSegment::Create(64 << 10);
+  ASSERT_TRUE(small.ok());
+  const float v[2] = {1.5f, 2.0f};
+  std::memcpy((*small)->data(), v, sizeof(v));
+  ASSERT_TRUE(fdchannel::RegisterSegment(*sock, (*small)->name(), 64 << 10, (*small)->fd(), deadline).ok());
+  pb::Completion c = session.Call(SegmentAllReduce((*small)->name(), 2));
+  EXPECT_EQ(c.code(), 0) << c.message();
+  close(*sock);
+  std::remove(policies.c_str());
 }
 
 // Peer reads: a rank's client is handed a read-only descriptor of another rank's segment
