@@ -90,6 +90,22 @@ def sync(step, optimizer):
         return int(s[0])
 
 
+def wait_for_joiners(world, timeout):
+    """Whether ranks wait to join, polling (should_reconfigure) until one does while the group
+    has fewer than `world` ranks, for at most `timeout` seconds of rank 0's clock (it decides
+    for every rank, so all stop polling together). False at once when the group is complete."""
+    deadline = time.monotonic() + timeout
+    while dist.get_world_size() < world:
+        if cst.should_reconfigure():
+            return True
+        give_up = torch.tensor([int(time.monotonic() >= deadline)], dtype=torch.int64)
+        dist.broadcast(give_up, src=0)
+        if give_up[0]:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def save(path, model, optimizer, step):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
@@ -106,6 +122,10 @@ def main():
     p.add_argument("--join_window", type=float, default=5.0,
                    help="reconfigure's join window: how long it waits for a rank that is alive but does not come")
     p.add_argument("--rejoin_every", type=int, default=10, help="steps between checks for ranks waiting to join")
+    p.add_argument("--wait_for_world", type=int, default=0,
+                   help="at the last check for joiners, wait (up to --wait_timeout s) for ranks to join while the "
+                        "group has fewer than this many (a restarted rank then always rejoins before the end)")
+    p.add_argument("--wait_timeout", type=float, default=120.0, help="see --wait_for_world")
     p.add_argument("--checkpoint_dir", default="", help="--recovery restart: where rank 0 checkpoints")
     p.add_argument("--checkpoint_every", type=int, default=30, help="--recovery restart: steps between checkpoints")
     p.add_argument("--step_time", type=float, default=0.0,
@@ -142,7 +162,9 @@ def main():
             # (recovery, admission) does not check again at s.
             if args.recovery == "inplace" and step % args.rejoin_every == 0 and step != checked:
                 checked = step
-                if cst.should_reconfigure():
+                last_check = step + args.rejoin_every >= args.steps
+                if cst.should_reconfigure() or (last_check and wait_for_joiners(args.wait_for_world,
+                                                                                 args.wait_timeout)):
                     new = cst.reconfigure(join_window=args.join_window)
                     ddp = make_ddp(model)
                     step = checked = sync(step, optimizer)

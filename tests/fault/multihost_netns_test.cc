@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
@@ -26,20 +27,7 @@ namespace {
 
 // A sanitized build's Python module needs its runtime preloaded into python, which
 // scripts/sanitizers.sh does for the Python suites only (their ranks cover reconfigure):
-// the tests with Python ranks skip there.
-// (GCC defines __SANITIZE_*__; clang, which builds the ASan tree, has __has_feature.)
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define COLLSERVE_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define COLLSERVE_TEST_SANITIZED 1
-#endif
-#endif
-#ifdef COLLSERVE_TEST_SANITIZED
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+// the tests with Python ranks skip there (kSanitized, tests/testing/sanitizers.h).
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
 

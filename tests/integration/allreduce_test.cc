@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sanitizers.h"
 
 namespace collserve::testing {
 namespace {
@@ -23,10 +24,22 @@ void PrintTo(const Config& c, std::ostream* os) {
   *os << "world_size=" << c.world_size << " sidecars=" << c.sidecars;
 }
 
+// Under TSan the sweeps' largest count is 1/8 of Release's (the 1M-element all_reduces were
+// 80-150 s a test there, most of it page faults on TSan's shadow of the copied buffers), and
+// the sidecars' algorithm thresholds and ring pieces are 1/8 too: every dtype at every count
+// takes the algorithm (direct, ring) and the number of ring pieces it takes in Release.
+constexpr const char* kSweepCounts = UnderTsan("0,1,7,1000,1048576", "0,1,7,1000,131072");
+constexpr const char* kMixedSweepCounts = UnderTsan("0,7,1048576", "0,7,131072");
+
+std::vector<std::string> SweepSidecarFlags() {
+  if (!kThreadSanitized) return {};
+  return {"--direct_max_bytes=131072", "--ring_min_bytes=131072", "--ring_segment_bytes=1048576"};
+}
+
 // Runs one rank process per rank (round-robin over the sidecars, so a host's ranks are
 // not contiguous) with `args`, and expects every rank to exit 0 printing `expect`.
 void RunRanksAndExpect(const Config& cfg, const std::vector<std::string>& args, const std::string& expect) {
-  auto cluster = Cluster::Start(cfg.sidecars);
+  auto cluster = Cluster::Start(cfg.sidecars, {}, SweepSidecarFlags());
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < cfg.world_size; ++r) {
@@ -46,7 +59,8 @@ class AllReduceSweepTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(AllReduceSweepTest, EveryDtypeOpAndCountMatchesReference) {
   // 26 dtype x op pairs x 5 counts, all checked.
-  RunRanksAndExpect(GetParam(), {"--mode=sweep"}, "sweep done: 130 collectives, 0 wrong elements");
+  RunRanksAndExpect(GetParam(), {"--mode=sweep", absl::StrCat("--counts=", kSweepCounts)},
+                    "sweep done: 130 collectives, 0 wrong elements");
 }
 
 std::vector<Config> AllConfigs() {
@@ -85,11 +99,11 @@ namespace {
 // Four ranks on two hosts (ranks 0, 1 on the first) run the sweep with the environment
 // `env_of(rank)` adds; every rank must get every result right.
 void RunMixedSweep(const std::function<std::map<std::string, std::string>(const Cluster&, int)>& env_of) {
-  auto cluster = Cluster::Start(2);
+  auto cluster = Cluster::Start(2, {}, SweepSidecarFlags());
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 4; ++r) {
-    auto p = (*cluster)->StartRank(r, 4, r / 2, {"--mode=sweep", "--counts=0,7,1048576"}, env_of(**cluster, r));
+    auto p = (*cluster)->StartRank(r, 4, r / 2, {"--mode=sweep", absl::StrCat("--counts=", kMixedSweepCounts)}, env_of(**cluster, r));
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }

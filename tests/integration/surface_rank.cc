@@ -17,7 +17,7 @@
 //                prints "status: <code>: <message>".
 //   monitored    the last rank skips a monitored_barrier(--timeout_ms, wait_all_ranks);
 //                prints "status: <code>: <message>".
-//   big_broadcast 8 MiB broadcasts of ordinary float32 vectors from every root, one waited
+//   big_broadcast --big_broadcast_bytes broadcasts of ordinary float32 vectors from every root, one waited
 //                for at once and three back to back (the SDK's pipelined broadcast: the root
 //                copies after its request); prints "big_broadcast done: <n> checked, <w> wrong".
 // Exit codes: 0 ok, 1 wrong result, 2 usage, 3 an operation failed unexpectedly.
@@ -46,6 +46,9 @@ ABSL_FLAG(int, skip, 1, "monitored: how many of the last ranks skip the barrier"
 ABSL_FLAG(bool, arena, false,
           "collectives: every other tensor lives in the group's shared-memory arena "
           "(ProcessGroup::AllocateShared), so zero-copy and copied tensors meet in one call");
+ABSL_FLAG(int64_t, big_broadcast_bytes, int64_t{8} << 20,
+          "big_broadcast: bytes of each broadcast (a multiple of 4; above the SDK's "
+          "kPipelinedBroadcastMinBytes, 4 MiB, for the pipelined broadcast)");
 
 namespace {
 
@@ -788,7 +791,7 @@ int Monitored(ProcessGroup& pg) {
 int BigBroadcast(ProcessGroup& pg) {
   Checker c{pg};
   const int rank = pg.GetRank(), world = pg.GetWorldSize();
-  const size_t n = size_t{2} << 20;  // 8 MiB of float32: above kPipelinedBroadcastMinBytes
+  const size_t n = static_cast<size_t>(absl::GetFlag(FLAGS_big_broadcast_bytes)) / sizeof(float);
   auto value = [](int root, int i, size_t j) { return static_cast<float>((j % 1000003) * (root + 1) + i); };
   for (int root = 0; root < world; ++root) {
     std::vector<std::vector<float>> t(4, std::vector<float>(n, -1.0f));
@@ -797,7 +800,7 @@ int BigBroadcast(ProcessGroup& pg) {
         for (size_t j = 0; j < n; ++j) t[i][j] = value(root, i, j);
       }
     }
-    const std::string what = absl::StrCat("broadcast(8 MiB, root=", root, ")");
+    const std::string what = absl::StrCat("broadcast(", n * sizeof(float), " bytes, root=", root, ")");
     c.Ok(pg.Broadcast(t[0].data(), static_cast<int64_t>(n), DataType::kFloat32, root), what);
     std::vector<std::shared_ptr<Work>> works;
     for (int i = 1; i < 4; ++i) {

@@ -126,12 +126,14 @@ def test_ddp_survivors_recover_in_place_and_the_restarted_rank_joins_later():
     100; the 3 survivors re-form in place (collserve.torch.reconfigure: no process restarts),
     redo step 100 and go on; the launcher starts rank 2 again, which joins at a later step;
     the job ends with 4 ranks and >= 90% accuracy, and no step is wrong (every step's
-    parameters equal on every rank, each rank's steps in order, none skipped or repeated)."""
+    parameters equal on every rank, each rank's steps in order, none skipped or repeated).
+    The survivors wait for it at their last check (--wait_for_world): on a loaded machine the
+    new process's start (torch's import) took longer than their remaining 700 steps."""
     steps = 800
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "4", "--survive_failures",
                            "--max_restarts", "1", os.path.join(ROOT, "examples", "ddp_elastic.py"), "--die_rank", "2",
                            "--die_step", "100", "--steps", str(steps), "--step_time", "0.01", "--join_window", "60",
-                           "--min_accuracy", "0.9"],
+                           "--min_accuracy", "0.9", "--wait_for_world", "4", "--wait_timeout", "150"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     report = proc.stdout[-6000:] + proc.stderr[-6000:]
     assert proc.returncode == 0, report

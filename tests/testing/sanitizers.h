@@ -1,0 +1,50 @@
+// Whether this test binary is built with a sanitizer, for tests that scale their work to it.
+//
+// A sanitized build runs the same paths several times slower (TSan: 5-15x on the large
+// copies of the sweeps, most of it page faults on its shadow memory), so tests whose point
+// under a sanitizer is the threads and not the volume of bytes run smaller sizes there
+// (UnderTsan), keeping every code path they cover (docs/testing.md "Sanitizers").
+// GCC defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang, which builds the ASan tree,
+// has __has_feature.
+#ifndef COLLSERVE_TESTS_TESTING_SANITIZERS_H_
+#define COLLSERVE_TESTS_TESTING_SANITIZERS_H_
+
+#if defined(__SANITIZE_THREAD__)
+#define COLLSERVE_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define COLLSERVE_TEST_TSAN 1
+#endif
+#endif
+
+#if defined(__SANITIZE_ADDRESS__) || defined(COLLSERVE_TEST_TSAN)
+#define COLLSERVE_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COLLSERVE_TEST_SANITIZED 1
+#endif
+#endif
+
+namespace collserve::testing {
+
+#ifdef COLLSERVE_TEST_SANITIZED
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+#ifdef COLLSERVE_TEST_TSAN
+inline constexpr bool kThreadSanitized = true;
+#else
+inline constexpr bool kThreadSanitized = false;
+#endif
+
+// `release` in an unsanitized or ASan build, `tsan` under ThreadSanitizer.
+template <typename T>
+constexpr T UnderTsan(T release, T tsan) {
+  return kThreadSanitized ? tsan : release;
+}
+
+}  // namespace collserve::testing
+
+#endif  // COLLSERVE_TESTS_TESTING_SANITIZERS_H_
