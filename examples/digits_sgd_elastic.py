@@ -44,7 +44,24 @@ def sync_state(model, optimizer, epoch):
         return int(e[0])
 
 
-def train(epochs, lr, die_rank, die_epoch, epoch_time=0.0):
+def wait_for_joiners(world, timeout):
+    """Whether ranks wait to join, polling (should_reconfigure) until one does while the group
+    has fewer than `world` ranks, for at most `timeout` seconds of rank 0's clock (it decides
+    for every rank, so all stop polling together). False at once when the group is complete."""
+    deadline = time.monotonic() + timeout
+    while dist.get_world_size() < world:
+        if dist.should_reconfigure():
+            return True
+        give_up = torch.tensor([int(time.monotonic() >= deadline)], dtype=torch.int64)
+        with dist.call_site("wait_for_joiners"):
+            dist.broadcast(give_up, src=0)
+        if give_up[0]:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def train(epochs, lr, die_rank, die_epoch, epoch_time=0.0, wait_for_world=0, wait_timeout=120.0):
     torch.manual_seed(1234)
     train_data, test = base.digits()
     model = base.Net()
@@ -58,7 +75,8 @@ def train(epochs, lr, die_rank, die_epoch, epoch_time=0.0):
     while epoch < epochs:
         started = time.monotonic()
         try:
-            if dist.should_reconfigure():  # a restarted rank waits to join
+            # A restarted rank waits to join; at the last epoch the group may wait for it.
+            if dist.should_reconfigure() or (epoch == epochs - 1 and wait_for_joiners(wait_for_world, wait_timeout)):
                 rank, world = dist.reconfigure(join_window=3.0)
                 epoch = sync_state(model, optimizer, epoch)
                 print(f"admitted a joiner at epoch {epoch}: now rank {rank} of {world}")
@@ -100,11 +118,16 @@ def main():
     p.add_argument("--epoch_time", type=float, default=0.0,
                    help="seconds each epoch takes at least (sleeps the rest): the digits model's epochs take a "
                    "fraction of a second, a restarted rank needs seconds to start")
+    p.add_argument("--wait_for_world", type=int, default=0,
+                   help="at the start of the last epoch, wait (up to --wait_timeout s) for ranks to join while the "
+                        "group has fewer than this many (a restarted rank then always rejoins before the end)")
+    p.add_argument("--wait_timeout", type=float, default=120.0, help="see --wait_for_world")
     p.add_argument("--min_accuracy", type=float, default=0.0, help="exit 1 if the test accuracy is lower (0-1)")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    accuracy = train(args.epochs, args.lr, args.die_rank, args.die_epoch, args.epoch_time)
+    accuracy = train(args.epochs, args.lr, args.die_rank, args.die_epoch, args.epoch_time,
+                     args.wait_for_world, args.wait_timeout)
     print(f"Rank {dist.get_rank()} of {dist.get_world_size()}, test accuracy: {100 * accuracy:.2f}%")
     dist.destroy_process_group()
     if accuracy < args.min_accuracy:

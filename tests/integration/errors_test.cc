@@ -429,7 +429,7 @@ TEST(StagingTest, OpsInFlightReuseTheirSegments) {
   EXPECT_EQ(Sample(body, "collserve_segment_bytes_registered_total"), segments * (1 << 20)) << body;
 }
 
-// GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 5 s.
+// GET http://127.0.0.1:<port><path> (HTTP/1.0); "" when nothing answers within 30 s.
 // The sidecar serves /metrics (it once could not: 128 KiB of static TLS left civetweb's
 // 100 KiB thread stacks no room) and counts collectives and tensor bytes by path.
 TEST(SidecarMetricsTest, CountsCollectivesAndStagedBytes) {

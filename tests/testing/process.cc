@@ -328,7 +328,8 @@ std::string HttpGet(int port, const std::string& path) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   std::string body;
-  timeval tv{5, 0};
+  // 30 s: a sanitized daemon on a loaded CI machine once took more than 5 s to answer.
+  timeval tv{30, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
     const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: localhost\r\n\r\n");

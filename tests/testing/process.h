@@ -102,7 +102,7 @@ class Cluster {
 };
 
 // The body of an HTTP/1.0 GET of `path` on 127.0.0.1:`port` (with headers), "" on failure;
-// at most 5 s per read.
+// at most 30 s per read.
 std::string HttpGet(int port, const std::string& path);
 
 // The value of the sample `sample` (a metric's name and labels, as /metrics prints them:
