@@ -30,7 +30,11 @@
 #include "absl/synchronization/notification.h"
 #include "collserve/client.h"
 #include "client/channel.h"
+#include "client/completion_lane.h"
 #include "client/cuda_tensors.h"
+#include "client/request_builder.h"
+#include "client/staging_pool.h"
+#include "client/work_impl.h"
 #include "collserve/v1/collectives.grpc.pb.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
@@ -52,19 +56,6 @@ std::string& CallSiteOfThisThread() {
 
 // Past the op deadline the sidecar must have answered; this much later Work::Wait gives up.
 constexpr absl::Duration kClientGrace = absl::Seconds(10);
-// Segments are rounded up to this, so tensors of similar size reuse one.
-constexpr size_t kSegmentGranularity = 1 << 20;
-// Free segments kept for reuse: at most this many, and at most max_staging_bytes of them
-// (kDefaultFreeBytes when that is unbounded), so that the ops a caller keeps in flight find
-// their segments mapped and touched (on both sides) the next time round instead of creating
-// new ones: a new segment costs memfd_create, ftruncate, mmap and a page fault per 4 KiB
-// page in the rank and again in the sidecar. 128 is the default max_staging_bytes in
-// segments of the smallest size (kSegmentGranularity): every op in flight under the default
-// limit finds its segment again (32 made 1 MiB ops deeper than 32 recreate theirs each round).
-// With the sidecar's 1024 mapped segments per rank (engine/buffers.h) this leaves room for
-// the ops in flight and the shared buffers.
-constexpr size_t kMaxFreeSegments = 128;
-constexpr size_t kDefaultFreeBytes = size_t{128} << 20;
 constexpr int64_t kMaxMessageBytes = 1 << 30;
 // Peers' segments a rank keeps mapped for peer reads (broadcast results it copies straight
 // out of the root's staging segment): the root's free segments are reused op after op, so
@@ -76,108 +67,6 @@ constexpr size_t kMaxPeerSegments = 256;
 // readers' with it).
 constexpr size_t kFillPieceBytes = size_t{1} << 20;
 
-class WorkImpl : public Work {
- public:
-  explicit WorkImpl(absl::Time deadline) : deadline_(deadline) {}
-
-  static std::shared_ptr<WorkImpl> Failed(absl::Status status) {
-    auto w = std::make_shared<WorkImpl>(absl::InfiniteFuture());
-    w->Complete(std::move(status));
-    return w;
-  }
-
-  absl::Status Wait(absl::Duration timeout) override {
-    std::function<absl::Status()> after_wait;
-    {
-      absl::MutexLock lock(&mu_);
-      const absl::Time user_deadline =
-          timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-      const absl::Time until = std::min(user_deadline, deadline_);
-      mu_.AwaitWithDeadline(absl::Condition(&done_), until);
-      if (done_ && (!status_.ok() || !after_wait_)) return status_;
-      if (done_) {
-        after_wait = after_wait_;
-      } else {
-        return TimedOut(until, timeout);
-      }
-    }
-    // CUDA: the caller's stream waits for the sidecar's done event.
-    return after_wait();
-  }
-
-  // Runs after every successful Wait (before it returns). Set before the Work is shared.
-  void SetAfterWait(std::function<absl::Status()> f) {
-    absl::MutexLock lock(&mu_);
-    after_wait_ = std::move(f);
-  }
-
-  absl::Status TimedOut(absl::Time until, absl::Duration timeout) const {
-    if (until == deadline_) {
-      return absl::DeadlineExceededError(
-          "no answer from the sidecar within the op timeout (plus grace); the sidecar may be "
-          "hung or overloaded");
-    }
-    return absl::DeadlineExceededError(absl::StrCat("Work::Wait timed out after ",
-                                                    absl::FormatDuration(timeout),
-                                                    "; the operation is still running"));
-  }
-
-  bool IsCompleted() override {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-
-  int SourceRank() override {
-    absl::MutexLock lock(&mu_);
-    return done_ && status_.ok() ? source_ : -1;
-  }
-  void SetSourceRank(int source) {
-    absl::MutexLock lock(&mu_);
-    source_ = source;
-  }
-  std::string Algorithm() override {
-    absl::MutexLock lock(&mu_);
-    return done_ && status_.ok() ? algorithm_ : std::string();
-  }
-  void SetAlgorithm(std::string algorithm) {
-    absl::MutexLock lock(&mu_);
-    algorithm_ = std::move(algorithm);
-  }
-
-  void OnCompletion(std::function<void(const absl::Status&)> callback) override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!done_) {
-        callbacks_.push_back(std::move(callback));
-        return;
-      }
-    }
-    callback(status_);
-  }
-
-  void Complete(absl::Status status) {
-    std::vector<std::function<void(const absl::Status&)>> callbacks;
-    {
-      absl::MutexLock lock(&mu_);
-      if (done_) return;
-      status_ = std::move(status);
-      done_ = true;
-      callbacks.swap(callbacks_);
-    }
-    for (auto& cb : callbacks) cb(status_);
-  }
-
- private:
-  absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_;  // written once before done_ is set
-  int source_ ABSL_GUARDED_BY(mu_) = -1;
-  std::string algorithm_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(const absl::Status&)>> callbacks_ ABSL_GUARDED_BY(mu_);
-  std::function<absl::Status()> after_wait_ ABSL_GUARDED_BY(mu_);
-  const absl::Time deadline_;
-};
-
 grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
@@ -186,80 +75,6 @@ grpc::ChannelArguments ChannelArgs() {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return args;
 }
-
-// The arena of one group: its SharedBuffers by address. Shared with the buffers, which may
-// outlive the group. Thread-safe.
-class Arena {
- public:
-  struct Ref {
-    const ShmSegment* segment = nullptr;
-    size_t offset = 0;
-  };
-  void Add(const ShmSegment* seg) {
-    absl::MutexLock lock(&mu_);
-    by_start_[reinterpret_cast<uintptr_t>(seg->data())] = seg;
-  }
-  void Remove(const ShmSegment* seg) {
-    absl::MutexLock lock(&mu_);
-    by_start_.erase(reinterpret_cast<uintptr_t>(seg->data()));
-    released_.push_back(seg->name());
-  }
-  // The segment holding all of [p, p + bytes), if any.
-  bool Find(const void* p, size_t bytes, Ref* ref) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    absl::MutexLock lock(&mu_);
-    auto it = by_start_.upper_bound(a);
-    if (it == by_start_.begin()) return false;
-    --it;
-    const ShmSegment* seg = it->second;
-    if (a - it->first > seg->size() || bytes > seg->size() - (a - it->first)) return false;
-    ref->segment = seg;
-    ref->offset = a - it->first;
-    return true;
-  }
-  // Names of destroyed buffers the sidecar has not been told about yet.
-  void TakeReleased(std::vector<std::string>* out) {
-    absl::MutexLock lock(&mu_);
-    for (std::string& name : released_) out->push_back(std::move(name));
-    released_.clear();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<uintptr_t, const ShmSegment*> by_start_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
-};
-
-class ArenaBuffer : public SharedBuffer {
- public:
-  ArenaBuffer(std::shared_ptr<Arena> arena, std::unique_ptr<ShmSegment> segment, size_t size)
-      : arena_(std::move(arena)), segment_(std::move(segment)), size_(size) {
-    arena_->Add(segment_.get());
-  }
-  ~ArenaBuffer() override { arena_->Remove(segment_.get()); }
-  void* data() override { return segment_->data(); }
-  size_t size() const override { return size_; }
-
- private:
-  std::shared_ptr<Arena> arena_;
-  std::unique_ptr<ShmSegment> segment_;
-  size_t size_;
-};
-
-// Without shared memory: ordinary (64-byte aligned, zeroed) memory.
-class HeapBuffer : public SharedBuffer {
- public:
-  explicit HeapBuffer(size_t size) : storage_(size + 64, 0), size_(size) {}
-  void* data() override {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(storage_.data());
-    return storage_.data() + ((64 - a % 64) % 64);
-  }
-  size_t size() const override { return size_; }
-
- private:
-  std::vector<char> storage_;
-  size_t size_;
-};
 
 class SessionProcessGroup : public ProcessGroup {
  public:
@@ -602,74 +417,7 @@ class SessionProcessGroup : public ProcessGroup {
   const std::vector<int>& GetProcessGroupRanks() const override { return ranks_; }
 
  private:
-  // One request, built by the public calls: inputs are concatenated into the input region
-  // of a segment (or the inline bytes); outputs are filled, in order, from the output
-  // region (in-place ops: the input region) when the sidecar answers.
   struct Pending;
-  struct Request {
-    Request(pb::CollectiveOp op, DataType dtype) : op(op), dtype(dtype) {}
-    pb::CollectiveOp op;
-    DataType dtype;
-    ReduceOpArg reduce = static_cast<ReduceOp>(0);
-    int root = 0;
-    int peer = 0;
-    int64_t tag = 0;
-    bool wait_all_ranks = false;
-    absl::Duration timeout = absl::ZeroDuration();  // 0 = the op timeout
-    bool in_place = false;
-    bool input_unused = false;  // the op ignores this rank's input bytes: stage without copying
-    int64_t count = 0;         // input elements
-    int64_t output_count = 0;  // output elements (out-of-place)
-    std::vector<std::pair<const void*, size_t>> inputs;
-    std::vector<std::pair<void*, size_t>> outputs;
-    std::vector<int64_t> input_splits, output_splits;
-
-    size_t Bytes(int64_t n) const { return static_cast<size_t>(n) * ElementSize(dtype); }
-    absl::Status Check(const void* p, int64_t n) const {
-      if (!IsValidDataType(static_cast<int>(dtype))) {
-        return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
-      }
-      if (n < 0) return absl::InvalidArgumentError(absl::StrCat("count ", n, " < 0"));
-      if (n > 0 && p == nullptr) return absl::InvalidArgumentError("null data with a non-zero count");
-      return absl::OkStatus();
-    }
-    void InPlace(void* data, int64_t n) {
-      in_place = true;
-      count = n;
-      inputs.emplace_back(data, Bytes(std::max<int64_t>(n, 0)));
-      outputs.emplace_back(data, Bytes(std::max<int64_t>(n, 0)));
-    }
-    absl::Status Input(const void* data, int64_t n) {
-      COLLSERVE_RETURN_IF_ERROR(Check(data, n));
-      count += n;
-      inputs.emplace_back(data, Bytes(n));
-      return absl::OkStatus();
-    }
-    absl::Status Output(void* data, int64_t n) {
-      COLLSERVE_RETURN_IF_ERROR(Check(data, n));
-      output_count += n;
-      outputs.emplace_back(data, Bytes(n));
-      return absl::OkStatus();
-    }
-    absl::Status InputList(const std::vector<const void*>& ptrs, const std::vector<int64_t>& counts, int world,
-                           const char* what) {
-      if (ptrs.size() != static_cast<size_t>(world) || counts.size() != static_cast<size_t>(world)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", ptrs.size(), " tensors and ", counts.size(),
-                                                       " counts, but world_size is ", world));
-      }
-      for (int i = 0; i < world; ++i) COLLSERVE_RETURN_IF_ERROR(Input(ptrs[i], counts[i]));
-      return absl::OkStatus();
-    }
-    absl::Status OutputList(const std::vector<void*>& ptrs, const std::vector<int64_t>& counts, int world,
-                            const char* what) {
-      if (ptrs.size() != static_cast<size_t>(world) || counts.size() != static_cast<size_t>(world)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": ", ptrs.size(), " tensors and ", counts.size(),
-                                                       " counts, but world_size is ", world));
-      }
-      for (int i = 0; i < world; ++i) COLLSERVE_RETURN_IF_ERROR(Output(ptrs[i], counts[i]));
-      return absl::OkStatus();
-    }
-  };
 
   absl::Status CheckRoot(const char* op, int root) const {
     if (root < 0 || root >= options_.world_size) {
@@ -740,16 +488,7 @@ class SessionProcessGroup : public ProcessGroup {
     }
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
-    c->set_op(r.op);
-    c->set_dtype(static_cast<pb::DataType>(r.dtype));
-    c->set_count(r.count);
-    c->set_output_count(r.output_count);
-    c->set_reduce_op(static_cast<pb::ReduceOp>(r.reduce.op));
-    c->set_premul_factor(r.reduce.premul_factor);
-    c->set_root(r.root);
-    for (int64_t v : r.input_splits) c->add_input_splits(v);
-    for (int64_t v : r.output_splits) c->add_output_splits(v);
-    c->set_timeout_ms(op_timeout_ms_.load(std::memory_order_relaxed));
+    EncodeCollective(r, op_timeout_ms_.load(std::memory_order_relaxed), c);
     const auto name = [](pb::Buffer* b, const ExportedTensor& e) {
       b->set_cuda_ipc_handle(e.ipc_handle);
       b->set_cuda_device_uuid(e.device_uuid);
@@ -775,65 +514,24 @@ class SessionProcessGroup : public ProcessGroup {
   // Sends one request on the session; the Work completes with the sidecar's answer.
   std::shared_ptr<Work> Issue(Request r) {
     if (absl::Status s = r.Check(nullptr, 0); !s.ok()) return WorkImpl::Failed(s);
-    size_t in_bytes = 0, out_bytes = 0;
-    for (const auto& [p, b] : r.inputs) in_bytes += b;
-    for (const auto& [p, b] : r.outputs) out_bytes += b;
-    // In-place: the result comes back in the input region.
-    const size_t out_region = r.in_place ? 0 : r.Bytes(r.output_count);
-    // Arena tensors go by reference (no copy); the rest through a staging segment.
-    Arena::Ref in_ref, out_ref;
-    const bool in_zero = shared_memory_ && r.inputs.size() == 1 && in_bytes > 0 &&
-                         arena_->Find(r.inputs[0].first, in_bytes, &in_ref);
-    bool out_zero = r.in_place ? in_zero
-                               : shared_memory_ && r.outputs.size() == 1 && out_region > 0 &&
-                                     arena_->Find(r.outputs[0].first, out_region, &out_ref);
-    if (out_zero && !r.in_place) {
-      const char* o = static_cast<const char*>(r.outputs[0].first);
-      for (const auto& [p, b] : r.inputs) {
-        const char* i = static_cast<const char*>(p);
-        if (b > 0 && i < o + out_region && o < i + b) out_zero = false;  // overlapping: stage the output
-      }
-    }
-    const size_t stage_in = in_zero ? 0 : in_bytes;
-    constexpr size_t kAlign = 64;
-    const bool stage_out = !r.in_place && !out_zero && out_region > 0;
-    const size_t out_offset = stage_out ? (stage_in + kAlign - 1) / kAlign * kAlign : 0;
-    size_t total = out_offset + (stage_out ? out_region : 0) + (stage_out ? 0 : stage_in);
-    // A large broadcast root's staged tensor is written after the request is sent, piece by
-    // piece, behind the count of bytes written at fill_offset (Buffer.fill_offset): the
-    // readers' copies follow the root's instead of waiting for all of it.
-    const bool fill_after_send = r.op == pb::BROADCAST && r.root == options_.rank && shared_memory_ &&
-                                 options_.pipelined_broadcast && r.inputs.size() == 1 && !in_zero &&
-                                 stage_in >= static_cast<size_t>(InitOptions::kPipelinedBroadcastMinBytes);
-    const size_t fill_offset = fill_after_send ? (total + kAlign - 1) / kAlign * kAlign : 0;
-    if (fill_after_send) total = fill_offset + sizeof(uint64_t);
-
+    const PlanContext ctx{options_.rank, shared_memory_, options_.pipelined_broadcast};
+    const StagingPlan plan =
+        PlanStaging(r, ctx, [this](const void* p, size_t bytes, ArenaRef* ref) { return arena_->Find(p, bytes, ref); });
     pb::SessionRequest req;
     pb::Collective* c = req.mutable_collective();
-    c->set_op(r.op);
-    c->set_dtype(static_cast<pb::DataType>(r.dtype));
-    c->set_count(r.op == pb::RECV ? r.output_count : r.count);
-    c->set_output_count(r.in_place ? 0 : r.output_count);
-    c->set_reduce_op(static_cast<pb::ReduceOp>(r.reduce.op));
-    c->set_premul_factor(r.reduce.premul_factor);
-    c->set_root(r.root);
-    c->set_peer(r.peer);
-    c->set_tag(r.tag);
-    c->set_wait_all_ranks(r.wait_all_ranks);
-    for (int64_t v : r.input_splits) c->add_input_splits(v);
-    for (int64_t v : r.output_splits) c->add_output_splits(v);
-    c->set_timeout_ms(r.timeout > absl::ZeroDuration() ? absl::ToInt64Milliseconds(r.timeout)
-                                                      : op_timeout_ms_.load(std::memory_order_relaxed));
+    EncodeCollective(r, op_timeout_ms_.load(std::memory_order_relaxed), c);
 
     auto pending = std::make_unique<Pending>();
     pending->p2p = r.op == pb::SEND || r.op == pb::RECV;
-    pending->out_offset = out_offset;
-    pending->out_bytes = r.in_place ? (in_zero ? 0 : in_bytes) : (out_zero ? 0 : out_region);
+    pending->out_offset = plan.out_offset;
+    pending->out_bytes = plan.result_bytes;
     if (pending->out_bytes > 0) pending->outputs = std::move(r.outputs);
-    if (in_bytes + out_region > 0 && shared_memory_) {
-      if (total > 0) {
+    const size_t in_bytes = plan.in_bytes, stage_in = plan.stage_in;
+    const bool fill_after_send = plan.fill_after_send;
+    if (in_bytes + plan.out_region > 0 && shared_memory_) {
+      if (plan.total > 0) {
         pending->collective = r.op != pb::SEND && r.op != pb::RECV;
-        auto seg = AcquireSegment(total, pending->collective, absl::Now() + absl::Milliseconds(c->timeout_ms()));
+        auto seg = AcquireSegment(plan.total, pending->collective, absl::Now() + absl::Milliseconds(c->timeout_ms()));
         if (!seg.ok()) return WorkImpl::Failed(seg.status());
         pending->segment = std::move(*seg);
         size_t off = 0;
@@ -844,24 +542,12 @@ class SessionProcessGroup : public ProcessGroup {
           off += b;
         }
       }
-      const auto name = [&](pb::Buffer* b, const Arena::Ref& ref, bool zero, size_t stage_offset) {
-        const ShmSegment* seg = zero ? ref.segment : pending->segment.get();
-        if (seg == nullptr) seg = in_zero ? in_ref.segment : out_ref.segment;  // side without bytes
-        b->set_segment(seg->name());
-        b->set_segment_bytes(static_cast<int64_t>(seg->size()));
-        b->set_offset(static_cast<int64_t>(zero ? ref.offset : stage_offset));
-        b->set_arena(zero);
-      };
-      name(c->mutable_buffer(), in_ref, in_zero, 0);
-      name(c->mutable_output(), out_ref, out_zero && !r.in_place, out_offset);
-      if (fill_after_send) {
-        c->mutable_buffer()->set_fill_offset(static_cast<int64_t>(fill_offset));
-        pending->filled = std::make_shared<absl::Notification>();
-      }
-    } else if (in_bytes + out_region > 0) {
-      if (in_bytes + out_bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
+      NameBuffers(plan, r.in_place, pending->segment.get(), c);
+      if (fill_after_send) pending->filled = std::make_shared<absl::Notification>();
+    } else if (in_bytes + plan.out_region > 0) {
+      if (in_bytes + plan.out_bytes > static_cast<size_t>(kMaxMessageBytes) - 4096) {
         return WorkImpl::Failed(absl::InvalidArgumentError(absl::StrCat(
-            "tensors of ", in_bytes + out_bytes, " bytes exceed the ", kMaxMessageBytes,
+            "tensors of ", in_bytes + plan.out_bytes, " bytes exceed the ", kMaxMessageBytes,
             "-byte message limit of a remote (non-shared-memory) session")));
       }
       std::string* data = c->mutable_buffer()->mutable_inline_data();
@@ -872,7 +558,7 @@ class SessionProcessGroup : public ProcessGroup {
     pending->work = work;
     if (!fill_after_send) return Enqueue(req, std::move(pending));
     char* segment = pending->segment->data();
-    uint64_t* count = reinterpret_cast<uint64_t*>(segment + fill_offset);
+    uint64_t* count = reinterpret_cast<uint64_t*>(segment + plan.fill_offset);
     __atomic_store_n(count, 0, __ATOMIC_RELAXED);  // a reused segment holds the last count
     std::shared_ptr<absl::Notification> filled = pending->filled;
     bool sent = false;
@@ -901,10 +587,10 @@ class SessionProcessGroup : public ProcessGroup {
     }
     std::shared_ptr<WorkImpl> work = pending->work;
     {
-      absl::MutexLock lock(&segments_mu_);
-      arena_->TakeReleased(&released_names_);
-      for (std::string& name : released_names_) c->add_released_segments(std::move(name));
-      released_names_.clear();
+      std::vector<std::string> released;
+      arena_->TakeReleased(&released);
+      staging_.TakeReleased(&released);
+      for (std::string& name : released) c->add_released_segments(std::move(name));
     }
 
     absl::MutexLock lock(&write_mu_);
@@ -1012,7 +698,7 @@ class SessionProcessGroup : public ProcessGroup {
     size_t out_offset = 0;  // of the result in the segment
     size_t out_bytes = 0;   // of the result
     std::unique_ptr<ShmSegment> segment;
-    bool collective = false;  // counts in staged_collectives_ while it holds `segment`
+    bool collective = false;  // a collective's segment (StagingPool::Acquire's `collective`)
     bool p2p = false;         // send/recv: completes on the point-to-point lane
     int64_t collective_seq = -1;  // the group's seq of a collective (not send/recv): last_completed_seq
     // Set when the issuing thread writes the input into `segment` after sending the request
@@ -1026,59 +712,6 @@ class SessionProcessGroup : public ProcessGroup {
     pb::Completion completion;
   };
 
-  // A thread that finishes completions in the order it is given them: copies a staged or
-  // inline result into the caller's tensors, completes the Work (running its callbacks)
-  // and returns the staging segment. Collectives and point-to-point ops have a lane each,
-  // so neither a large copy-out nor a slow callback holds up reading the stream or the
-  // other lane; within a lane, completions keep their order (collectives of one group
-  // complete in issue order). Thread-safe.
-  class Lane {
-   public:
-    explicit Lane(std::function<void(Done&)> finish) : finish_(std::move(finish)), thread_([this] { Main(); }) {}
-    ~Lane() {
-      {
-        absl::MutexLock lock(&mu_);
-        stop_ = true;
-      }
-      thread_.join();
-    }
-    void Push(Done done) {
-      absl::MutexLock lock(&mu_);
-      queue_.push_back(std::move(done));
-    }
-    // Blocks until every pushed completion is finished (or `deadline`).
-    void Drain(absl::Time deadline) {
-      absl::MutexLock lock(&mu_);
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return queue_.empty() && !busy_; };
-      mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
-    }
-    bool OnThisThread() const { return std::this_thread::get_id() == thread_.get_id(); }
-
-   private:
-    void Main() {
-      absl::MutexLock lock(&mu_);
-      for (;;) {
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;  // stopped and drained
-        Done done = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-        mu_.Unlock();
-        finish_(done);
-        mu_.Lock();
-        busy_ = false;
-      }
-    }
-
-    const std::function<void(Done&)> finish_;
-    absl::Mutex mu_;
-    std::deque<Done> queue_ ABSL_GUARDED_BY(mu_);
-    bool stop_ ABSL_GUARDED_BY(mu_) = false;
-    bool busy_ ABSL_GUARDED_BY(mu_) = false;
-    std::thread thread_;  // last: starts after the members it uses
-  };
-
   absl::Status FinishWithError(absl::string_view what) {
     finished_ = true;
     grpc::Status s = stream_->Finish();
@@ -1086,63 +719,11 @@ class SessionProcessGroup : public ProcessGroup {
     return absl::UnavailableError(what);
   }
 
-  // A staging segment of at least `bytes`, counted as in flight until ReleaseSegment. A
-  // collective first waits (until `deadline`) for room under max_staging_bytes, or for no
-  // other collective to hold a segment: those complete without this thread's help, so the
-  // wait ends (a send/recv might not, so nothing waits for them).
-  // Thread-safe; blocks at most until `deadline`, then goes over the limit.
+  // A staging segment of at least `bytes` from the pool (StagingPool::Acquire); a collective
+  // issued from a completion lane never waits (the lanes return the segments).
   absl::StatusOr<std::unique_ptr<ShmSegment>> AcquireSegment(size_t bytes, bool collective, absl::Time deadline) {
-    const size_t rounded = (bytes + kSegmentGranularity - 1) / kSegmentGranularity * kSegmentGranularity;
-    const size_t windowed = collective ? bytes : 0;  // counted in window_bytes_ while held
-    {
-      absl::MutexLock lock(&segments_mu_);
-      const size_t cap = static_cast<size_t>(std::max<int64_t>(options_.max_staging_bytes, 0));
-      const size_t window = static_cast<size_t>(std::max<int64_t>(options_.staging_window_bytes, 0));
-      // Never on a completion lane (a completion callback issuing a collective): the lanes
-      // return the segments.
-      const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
-      if (collective && window > 0 && !on_lane) {
-        // Pacing (InitOptions::staging_window_bytes): briefly, never until the deadline.
-        auto paced = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
-          return staged_collectives_ < 2 || window_bytes_ + bytes <= window;
-        };
-        segments_mu_.AwaitWithDeadline(absl::Condition(&paced),
-                                       std::min(deadline, absl::Now() + InitOptions::kStagingWindowWait));
-      }
-      if (collective && cap > 0 && !on_lane) {
-        auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(segments_mu_) {
-          return staged_collectives_ == 0 || staged_bytes_ + rounded <= cap;
-        };
-        segments_mu_.AwaitWithDeadline(absl::Condition(&room), deadline);
-      }
-      if (collective) ++staged_collectives_;
-      auto best = free_segments_.end();
-      for (auto it = free_segments_.begin(); it != free_segments_.end(); ++it) {
-        if ((*it)->size() >= bytes && (best == free_segments_.end() || (*it)->size() < (*best)->size())) {
-          best = it;
-        }
-      }
-      window_bytes_ += windowed;
-      if (best != free_segments_.end()) {
-        std::unique_ptr<ShmSegment> seg = std::move(*best);
-        free_segments_.erase(best);
-        free_bytes_ -= seg->size();
-        staged_bytes_ += seg->size();
-        if (windowed > 0) windowed_[seg.get()] = windowed;
-        return seg;
-      }
-      staged_bytes_ += rounded;
-    }
-    auto made = NewRegisteredSegment(rounded);
-    absl::MutexLock lock(&segments_mu_);
-    if (!made.ok()) {
-      staged_bytes_ -= rounded;
-      window_bytes_ -= windowed;
-      if (collective) --staged_collectives_;
-    } else if (windowed > 0) {
-      windowed_[made->get()] = windowed;
-    }
-    return made;
+    const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
+    return staging_.Acquire(bytes, collective, /*may_wait=*/!on_lane, deadline);
   }
 
   // A new segment of `bytes`, registered with the sidecar (its descriptor passed over the
@@ -1159,29 +740,7 @@ class SessionProcessGroup : public ProcessGroup {
     return seg;
   }
 
-  // Returns a segment from AcquireSegment (`collective` as given there) for reuse.
-  void ReleaseSegment(std::unique_ptr<ShmSegment> seg, bool collective) {
-    if (seg == nullptr) return;
-    absl::MutexLock lock(&segments_mu_);
-    staged_bytes_ -= seg->size();
-    if (collective) --staged_collectives_;
-    if (auto it = windowed_.find(seg.get()); it != windowed_.end()) {
-      window_bytes_ -= it->second;
-      windowed_.erase(it);
-    }
-    free_bytes_ += seg->size();
-    free_segments_.push_back(std::move(seg));
-    const size_t free_cap =
-        options_.max_staging_bytes > 0 ? static_cast<size_t>(options_.max_staging_bytes) : kDefaultFreeBytes;
-    while (free_segments_.size() > kMaxFreeSegments || (free_segments_.size() > 1 && free_bytes_ > free_cap)) {
-      // Drop the smallest; the next request tells the sidecar to unmap it.
-      auto smallest = std::min_element(free_segments_.begin(), free_segments_.end(),
-                                        [](const auto& a, const auto& b) { return a->size() < b->size(); });
-      released_names_.push_back((*smallest)->name());
-      free_bytes_ -= (*smallest)->size();
-      free_segments_.erase(smallest);
-    }
-  }
+  void ReleaseSegment(std::unique_ptr<ShmSegment> seg, bool collective) { staging_.Release(std::move(seg), collective); }
 
   // Copies the result of a completed operation into the caller's tensors and completes its
   // Work. On a lane's thread.
@@ -1496,15 +1055,8 @@ class SessionProcessGroup : public ProcessGroup {
   std::map<int64_t, std::unique_ptr<Pending>> pending_ ABSL_GUARDED_BY(pending_mu_);
 
   const std::shared_ptr<Arena> arena_ = std::make_shared<Arena>();
-  absl::Mutex segments_mu_;
-  std::vector<std::unique_ptr<ShmSegment>> free_segments_ ABSL_GUARDED_BY(segments_mu_);
-  std::vector<std::string> released_names_ ABSL_GUARDED_BY(segments_mu_);  // dropped, not yet reported
-  size_t free_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;      // of free_segments_
-  size_t staged_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;    // of segments held by operations in flight
-  int staged_collectives_ ABSL_GUARDED_BY(segments_mu_) = 0;  // collectives holding one
-  // Tensor bytes of the collectives holding a segment (the pacing window), by segment.
-  size_t window_bytes_ ABSL_GUARDED_BY(segments_mu_) = 0;
-  std::map<const ShmSegment*, size_t> windowed_ ABSL_GUARDED_BY(segments_mu_);
+  StagingPool staging_{options_.max_staging_bytes, options_.staging_window_bytes,
+                       [this](size_t bytes) { return NewRegisteredSegment(bytes); }};
 
   absl::Mutex store_mu_;
   std::unique_ptr<StoreClient> store_ ABSL_GUARDED_BY(store_mu_);
@@ -1517,37 +1069,12 @@ class SessionProcessGroup : public ProcessGroup {
   uint64_t next_cuda_slot_ ABSL_GUARDED_BY(cuda_mu_) = 0;
   std::shared_ptr<WorkImpl> cuda_slot_work_[CudaTensors::kSlots] ABSL_GUARDED_BY(cuda_mu_);
 
+  using Lane = CompletionLane<Done>;
   std::unique_ptr<Lane> collective_lane_;  // set before reader_ starts; joined in the destructor
   std::unique_ptr<Lane> p2p_lane_;
   std::thread reader_;
   absl::Notification reader_done_;
 };
-
-absl::StatusOr<int> EnvInt(const char* name, bool required, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    if (required) {
-      return absl::InvalidArgumentError(absl::StrCat("environment variable ", name,
-                                                     " is not set (env:// initialization needs it)"));
-    }
-    return fallback;
-  }
-  int out;
-  if (!absl::SimpleAtoi(v, &out)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", v, "\" is not an integer"));
-  }
-  return out;
-}
-
-absl::StatusOr<absl::Duration> EnvSeconds(const char* name, absl::Duration fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  double s;
-  if (!absl::SimpleAtod(v, &s) || !(s > 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", v, "\" is not a positive number of seconds"));
-  }
-  return absl::Seconds(s);
-}
 
 }  // namespace
 
@@ -1614,83 +1141,6 @@ std::string& CallSiteOverrideOfThisThread() {
 void SetCallSiteOverride(std::string name) { CallSiteOverrideOfThisThread() = std::move(name); }
 
 const std::string& CallSiteOverride() { return CallSiteOverrideOfThisThread(); }
-
-absl::StatusOr<InitOptions> InitOptions::FromEnv() {
-  InitOptions o;
-  auto rank = EnvInt("RANK", true, -1);
-  if (!rank.ok()) return rank.status();
-  auto world = EnvInt("WORLD_SIZE", true, -1);
-  if (!world.ok()) return world.status();
-  auto local = EnvInt("LOCAL_RANK", false, -1);
-  if (!local.ok()) return local.status();
-  o.rank = *rank;
-  o.world_size = *world;
-  o.local_rank = *local;
-  const char* addr = std::getenv("MASTER_ADDR");
-  const char* port = std::getenv("MASTER_PORT");
-  if (const char* c = std::getenv("COLLSERVE_COORDINATOR"); c != nullptr && *c != '\0') {
-    o.coordinator_address = c;
-  } else if (addr != nullptr && *addr != '\0' && port != nullptr && *port != '\0') {
-    o.coordinator_address = absl::StrCat(addr, ":", port);
-  }
-  if (const char* s = std::getenv("COLLSERVE_SIDECAR"); s != nullptr && *s != '\0') {
-    o.sidecar_address = s;
-  }
-  if (const char* j = std::getenv("COLLSERVE_JOB"); j != nullptr && *j != '\0') o.job = j;
-  auto it = EnvSeconds("COLLSERVE_INIT_TIMEOUT_S", o.init_timeout);
-  if (!it.ok()) return it.status();
-  o.init_timeout = *it;
-  auto ot = EnvSeconds("COLLSERVE_OP_TIMEOUT_S", o.op_timeout);
-  if (!ot.ok()) return ot.status();
-  o.op_timeout = *ot;
-  if (absl::Status s = o.ReadTuningFromEnv(); !s.ok()) return s;
-  return o;
-}
-
-namespace {
-
-// The non-negative byte count in environment variable `name`; `fallback` when unset or empty.
-absl::StatusOr<int64_t> BytesFromEnv(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  int64_t bytes;
-  if (!absl::SimpleAtoi(v, &bytes) || bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "=\"", v, "\" is not a non-negative number of bytes"));
-  }
-  return bytes;
-}
-
-// Switch `name`: "0" or "false" = off, any other value = on, unset or empty = `fallback`.
-bool SwitchFromEnv(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  return !(absl::string_view(v) == "0" || absl::string_view(v) == "false");
-}
-
-}  // namespace
-
-absl::Status InitOptions::ReadTuningFromEnv() {
-  absl::StatusOr<int64_t> staging = BytesFromEnv("COLLSERVE_MAX_STAGING_BYTES", max_staging_bytes);
-  if (!staging.ok()) return staging.status();
-  absl::StatusOr<int64_t> window = BytesFromEnv("COLLSERVE_STAGING_WINDOW_BYTES", staging_window_bytes);
-  if (!window.ok()) return window.status();
-  absl::StatusOr<TlsOptions> tls_env = TlsOptions::FromEnv();
-  if (!tls_env.ok()) return tls_env.status();
-  absl::StatusOr<std::string> token_env = JobTokenFromEnv();
-  if (!token_env.ok()) return token_env.status();
-  shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
-  peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);
-  ops_channel = SwitchFromEnv("COLLSERVE_OPS_CHANNEL", ops_channel);
-  pipelined_broadcast = SwitchFromEnv("COLLSERVE_PIPELINED_BROADCAST", pipelined_broadcast);
-  max_staging_bytes = *staging;
-  staging_window_bytes = *window;
-  if (!tls_env->ca_file.empty() || !tls_env->cert_file.empty() || !tls_env->key_file.empty() ||
-      !tls_env->server_name.empty()) {
-    tls = std::move(*tls_env);
-  }
-  if (!token_env->empty()) token = std::move(*token_env);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options) {
   if (options.world_size <= 0) {
