@@ -423,7 +423,9 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
       std::string msg = absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
                                      "\": ranks disagree: ", disagreement);
       if (!sub.error.ok()) absl::StrAppend(&msg, "; this rank's request: ", sub.error.message());
-      Complete(sub, absl::InvalidArgumentError(msg), env_.observer);
+      // A request refused by a quota keeps its code (RESOURCE_EXHAUSTED) on its own rank.
+      const bool quota = sub.error.code() == absl::StatusCode::kResourceExhausted;
+      Complete(sub, quota ? absl::ResourceExhaustedError(msg) : absl::InvalidArgumentError(msg), env_.observer);
     }
     return;  // nothing moved: the group stays usable
   }

@@ -169,7 +169,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
   executor_ = std::thread([this] { ExecutorMain(); });
 }
 
-void Group::Submit(int rank, Request request) {
+void Group::Submit(int rank, Request request, absl::Status refused) {
   absl::MutexLock lock(&mu_);
   auto it = locals_.find(rank);
   if (it == locals_.end()) return;
@@ -199,7 +199,7 @@ void Group::Submit(int rank, Request request) {
   }
   ++local.next_seq;
   for (const std::string& name : sub.args.released_segments) local.segments.Release(name);
-  sub.error = ValidateRequest(sub.args, rank, params_.world_size);
+  sub.error = refused.ok() ? ValidateRequest(sub.args, rank, params_.world_size) : std::move(refused);
   if (sub.error.ok() && !sub.args.buffer.segment.empty() && !local.shared_memory) {
     sub.error = absl::PermissionDeniedError("this session may not use shared memory: send tensors inline");
   }

@@ -113,8 +113,11 @@ class Group : public std::enable_shared_from_this<Group> {
   bool AwaitEmptied(absl::Time deadline);
 
   // A request from a local rank. Completes (possibly with an error) through the rank's
-  // session. Never blocks on the data path.
-  void Submit(int rank, Request request);
+  // session. Never blocks on the data path. A non-OK `refused` (the sidecar's per-job quota:
+  // RESOURCE_EXHAUSTED) fails the request with that error while keeping the group's sequence
+  // whole: a collective fails on every rank of the group (the refused rank gets `refused`'s
+  // code and message) and the group stays usable.
+  void Submit(int rank, Request request, absl::Status refused = absl::OkStatus());
 
   // Adds a shared-memory segment `rank`'s client registered (its descriptor, mapped by the
   // RPC layer); later requests of that rank may name it. FAILED_PRECONDITION if the rank is

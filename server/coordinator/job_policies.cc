@@ -25,6 +25,10 @@ absl::Status Check(const pb::JobPolicy& p, const std::string& where, const std::
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", where, ": max_segment_bytes ", p.max_segment_bytes(), " is negative (0 = no limit)"));
   }
+  if (p.max_inflight_collectives() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": max_inflight_collectives ",
+                                                   p.max_inflight_collectives(), " is negative (0 = no limit)"));
+  }
   return absl::OkStatus();
 }
 

@@ -53,4 +53,31 @@ absl::Status JobQuotas::AdmitSegment(const std::string& job, const collserve::v1
       " in the coordinator's --job_policies_file)"));
 }
 
+absl::Status JobQuotas::AdmitCollective(const std::string& job, const collserve::v1::JobPolicy& policy,
+                                        int64_t seq) {
+  absl::MutexLock lock(&mu_);
+  int& n = in_flight_[Name(job)];
+  const int had = n++;
+  if (policy.max_inflight_collectives() <= 0 || had < policy.max_inflight_collectives()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "job \"", Name(job), "\" has ", had, " requests in flight on sidecar ", host_id_,
+      ", its quota (max_inflight_collectives ", policy.max_inflight_collectives(),
+      " in the coordinator's --job_policies_file); request #", seq, " is refused, the job's others go on"));
+}
+
+void JobQuotas::ReleaseCollectives(const std::string& job, int n) {
+  if (n <= 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = in_flight_.find(Name(job));
+  if (it == in_flight_.end()) return;
+  it->second -= n;
+  if (it->second <= 0) in_flight_.erase(it);
+}
+
+int JobQuotas::InFlight(const std::string& job) {
+  absl::MutexLock lock(&mu_);
+  auto it = in_flight_.find(Name(job));
+  return it == in_flight_.end() ? 0 : it->second;
+}
+
 }  // namespace collserve::server

@@ -1,8 +1,8 @@
 // The sidecar's per-job quotas: what the operator allows one job on this host (auth.proto's
 // JobPolicy, which the coordinator hands over with each session's credential check, from its
-// --job_policies_file), so that one job cannot take the host's sessions or shared memory
-// from the others. A session or a segment past a limit is refused with RESOURCE_EXHAUSTED
-// naming the limit; the job's other sessions and every other job go on.
+// --job_policies_file), so that one job cannot take the host's sessions, shared memory or
+// engine queues from the others. A session, a segment or a request past a limit is refused
+// with RESOURCE_EXHAUSTED naming the limit; the job's other sessions and every other job go on.
 #ifndef COLLSERVE_SERVER_SIDECAR_JOB_QUOTAS_H_
 #define COLLSERVE_SERVER_SIDECAR_JOB_QUOTAS_H_
 
@@ -37,10 +37,23 @@ class JobQuotas {
   absl::Status AdmitSegment(const std::string& job, const collserve::v1::JobPolicy& policy, int64_t mapped,
                             int64_t bytes) const;
 
+  // Counts one more request (a collective or a send/recv) of `job` in flight on this sidecar
+  // (received, not yet completed) whether or not it is admitted, and returns OK if the job had
+  // fewer than policy.max_inflight_collectives (> 0) before it, else RESOURCE_EXHAUSTED naming
+  // the limit, the count and `seq` (the request's sequence number in its group). A refused
+  // request still goes to its group, carrying the refusal (so the group's sequence stays whole),
+  // which is why it counts until it completes. Every call must be matched by one
+  // ReleaseCollectives(job, 1): when its completion is sent or its session ends. Never blocks.
+  absl::Status AdmitCollective(const std::string& job, const collserve::v1::JobPolicy& policy, int64_t seq);
+  void ReleaseCollectives(const std::string& job, int n);
+  // Requests of `job` in flight now.
+  int InFlight(const std::string& job);
+
  private:
   const std::string host_id_;
   absl::Mutex mu_;
   std::map<std::string, int> sessions_ ABSL_GUARDED_BY(mu_);  // jobs with at least one
+  std::map<std::string, int> in_flight_ ABSL_GUARDED_BY(mu_);  // jobs with at least one
 };
 
 }  // namespace collserve::server

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 #include <thread>
 #include <vector>
 #include <cerrno>
@@ -90,7 +91,10 @@ class SessionHandle : public engine::Session, public OpsHandler {
     if (pending_attached_.has_value()) SendAttachedLocked(*pending_attached_);
     pending_attached_.reset();
   }
-  void OnCompletion(engine::Completion completion) override { Send(ToProto(std::move(completion))); }
+  void OnCompletion(engine::Completion completion) override {
+    ReleaseInFlight(1);
+    Send(ToProto(std::move(completion)));
+  }
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
   void OnOpsOpened(std::shared_ptr<OpsLink> link) override {
@@ -119,7 +123,25 @@ class SessionHandle : public engine::Session, public OpsHandler {
     int rank = -1;
     std::string fd_token;  // the shared-memory channel token, if granted
     std::string job;       // counted in the sidecar's JobQuotas until the session ends
+    // Set when the job's policy has max_inflight_collectives: its requests are counted there.
+    JobQuotas* quotas = nullptr;
+    std::shared_ptr<const pb::JobPolicy> policy;
   };
+  // Hands a request of this session to its group. With a max_inflight_collectives policy it
+  // counts in the job's quota until its completion is sent or the session ends, and one past
+  // the quota goes to the group carrying its refusal (JobQuotas::AdmitCollective).
+  void Submit(const Attachment& a, pb::Collective request) {
+    absl::Status admitted;
+    if (a.quotas != nullptr) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (ended_) return;  // the group drops requests of a closed session too
+        ++in_flight_;
+      }
+      admitted = a.quotas->AdmitCollective(a.job, *a.policy, request.seq());
+    }
+    a.group->Submit(a.rank, FromProto(std::move(request)), std::move(admitted));
+  }
   // Records the attach's outcome. False when the session already ended: the caller then
   // undoes the attach itself (the group and the token would otherwise outlive the session).
   bool SetAttached(Attachment a) {
@@ -136,14 +158,36 @@ class SessionHandle : public engine::Session, public OpsHandler {
   // The session ended (the client closed its side, or the stream is done): returns the
   // attachment to clean up, once; afterwards SetAttached refuses.
   std::optional<Attachment> End() {
-    absl::MutexLock lock(&mu_);
-    if (ended_) return std::nullopt;
-    ended_ = true;
-    return std::move(attachment_);
+    std::optional<Attachment> a;
+    int in_flight = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return std::nullopt;
+      ended_ = true;
+      in_flight = std::exchange(in_flight_, 0);
+      a = std::move(attachment_);
+    }
+    if (a->quotas != nullptr) a->quotas->ReleaseCollectives(a->job, in_flight);
+    return a;
   }
 
  private:
   void SendAttachedLocked(const engine::AttachedInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops counting `n` of this session's requests in flight (none once the session ended:
+  // End released them all).
+  void ReleaseInFlight(int n) {
+    JobQuotas* quotas = nullptr;
+    std::string job;
+    {
+      absl::MutexLock lock(&mu_);
+      n = std::min(n, in_flight_);
+      if (n <= 0 || attachment_.quotas == nullptr) return;
+      in_flight_ -= n;
+      quotas = attachment_.quotas;
+      job = attachment_.job;
+    }
+    quotas->ReleaseCollectives(job, n);
+  }
 
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -153,6 +197,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
   std::string token_ ABSL_GUARDED_BY(mu_);
   Attachment attachment_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests counted in attachment_.quotas
   std::shared_ptr<OpsLink> ops_link_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -271,7 +316,7 @@ absl::Status SessionHandle::OnOpsMessage(std::string message) {
   Attachment a = Attached();
   if (a.group == nullptr) return absl::FailedPreconditionError("ops channel: the session is not attached");
   if (request.has_collective()) {
-    a.group->Submit(a.rank, FromProto(std::move(*request.mutable_collective())));
+    Submit(a, std::move(*request.mutable_collective()));
   } else if (request.has_read_done()) {
     a.group->OnReadDone(a.rank, request.read_done().seq());
   } else {
@@ -678,7 +723,12 @@ class SidecarImpl : public Sidecar {
       }
       fd_channel_->Bind(token, *group, attach.rank(), session, std::move(admit));
     }
-    if (!session->SetAttached({*group, attach.rank(), token, attach.job()})) {
+    SessionHandle::Attachment attachment{*group, attach.rank(), token, attach.job()};
+    if (policy.max_inflight_collectives() > 0) {
+      attachment.quotas = quotas_.get();
+      attachment.policy = std::make_shared<const pb::JobPolicy>(policy);
+    }
+    if (!session->SetAttached(std::move(attachment))) {
       // The client hung up while this attach ran.
       (*group)->OnSessionClosed(attach.rank());
       SessionEnded(token, attach.job());
@@ -766,7 +816,7 @@ void SessionReactor::OnReadDone(bool ok) {
       RequestFinish(absl::FailedPreconditionError("collective sent before the session was attached"));
       return;
     }
-    a.group->Submit(a.rank, FromProto(std::move(*request_.mutable_collective())));
+    handle_->Submit(a, std::move(*request_.mutable_collective()));
   } else if (request_.has_read_done()) {
     SessionHandle::Attachment a = handle_->Attached();
     if (a.group == nullptr) {

@@ -397,6 +397,34 @@ TEST(EngineTest, InvalidRequestIsAnErrorOnEveryRankNeverATouch) {
   });
 }
 
+// The sidecar's max_inflight_collectives quota refuses a rank's request: it still takes its
+// place in the group's sequence, so the collective fails on every rank at once (the refused
+// rank with the quota's RESOURCE_EXHAUSTED, the others naming it) and the next one runs.
+TEST(EngineTest, ARequestRefusedByAQuotaFailsItsCollectiveOnEveryRankAndTheGroupGoesOn) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("quota", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  OnEveryRank(*formed, [&](TestRank& r) {
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    q.seq = r.next_seq++;
+    const int64_t seq = q.seq;
+    r.group->Submit(r.rank, std::move(q),
+                    r.rank == 2 ? absl::ResourceExhaustedError("request refused (max_inflight_collectives 4)")
+                                : absl::OkStatus());
+    Completion c = r.session->WaitCompletion(seq, absl::Seconds(60));
+    if (r.rank == 2) {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted) << c.status;
+      EXPECT_THAT(c.status.message(), HasSubstr("max_inflight_collectives 4"));
+    } else {
+      EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    }
+    EXPECT_THAT(c.status.message(), HasSubstr("ranks [2] sent invalid requests"));
+    c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1, 2}));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_THAT(FloatsOf(c.inline_data), ::testing::ElementsAre(4.0f, 8.0f));
+  });
+}
+
 TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
   TestCluster cluster(2);
   auto formed = cluster.Form("timeout", 4, /*op_timeout=*/absl::Seconds(2));

@@ -114,17 +114,20 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     """Issue 43: the operator's --job_policies_file limits job "capped" to 2 sessions and
     3,000,000 bytes of shared memory on each sidecar. Its third session is refused with
     RESOURCE_EXHAUSTED naming max_sessions (and admitted once the others left), its 4 MiB
-    staging segment is refused naming max_segment_bytes while its small collectives run,
-    and job "other", with no limits, runs 4 MiB all_reduces beside it untouched."""
+    staging segment is refused naming max_segment_bytes while its small collectives run;
+    job "bounded" may have 4 requests in flight, and its requests past that are refused
+    naming max_inflight_collectives while its group goes on (quota_worker.py bounded); and
+    job "other", with no limits, runs 4 MiB all_reduces beside them untouched."""
     import json
     from daemons import start_sidecar
     d = tempfile.mkdtemp(prefix="collserve-quota-")
     daemons = []
     procs = []
     try:
-        flags, tokens = credentials(d, ("capped", "other"))
+        flags, tokens = credentials(d, ("capped", "bounded", "other"))
         with open(os.path.join(d, "policies.json"), "w") as f:
-            json.dump({"jobs": {"capped": {"max_sessions": 2, "max_segment_bytes": "3000000"}}}, f)
+            json.dump({"jobs": {"capped": {"max_sessions": 2, "max_segment_bytes": "3000000"},
+                                "bounded": {"max_inflight_collectives": 4}}}, f)
         daemons.append(start_coordinator(d, *flags, f"--job_policies_file={d}/policies.json"))
         port = daemons[0].port
         daemons.append(start_sidecar(d, port, f"--unix_socket={d}/s.sock"))
@@ -142,6 +145,8 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
         for r in range(2):
             start("capped", "capped", r, 2)
         start("third", "capped", 0, 1)
+        for r in range(2):
+            start("bounded", "bounded", r, 2)
         outs = [p.communicate(timeout=120)[0] for p in procs]
     finally:
         for p in procs:
@@ -152,8 +157,9 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
             daemon.stop()
         shutil.rmtree(d, ignore_errors=True)
     report = "\n".join(f"--- {i} (exit {p.returncode})\n{o}" for i, (p, o) in enumerate(zip(procs, outs)))
-    modes = ["other"] * 4 + ["capped"] * 2 + ["third"]
+    modes = ["other"] * 4 + ["capped"] * 2 + ["third"] + ["bounded"] * 2
     for p, out, mode in zip(procs, outs, modes):
         assert p.returncode == 0 and f"{mode} ok" in out, report
     assert "sessions on sidecar" in outs[6] and "its quota (max_sessions 2" in outs[6], report
     assert "shared memory registered with sidecar" in outs[4], report
+    assert "requests in flight on sidecar" in outs[7] and "max_inflight_collectives 4" in outs[7], report

@@ -48,6 +48,7 @@ TEST_F(JobPoliciesTest, AMisspeltLimitANegativeOneAndBrokenJsonAreRefusedNamingT
   for (const std::string& text : {std::string(R"({"jobs": {"a": {"max_session": 2}}})"),
                                   std::string(R"({"jobs": {"a": {"max_sessions": -1}}})"),
                                   std::string(R"({"default_policy": {"max_segment_bytes": "-5"}})"),
+                                  std::string(R"({"jobs": {"a": {"max_inflight_collectives": -3}}})"),
                                   std::string(R"({"jobs": {"": {"max_sessions": 1}}})"), std::string("{not json")}) {
     const std::string path = Write(text);
     auto p = LoadJobPolicies(path);
@@ -95,6 +96,27 @@ TEST(JobQuotasTest, ASegmentPastTheByteLimitIsRefusedWithoutOverflow) {
   EXPECT_FALSE(quotas.AdmitSegment("a", limit, 1, INT64_MAX).ok());
   EXPECT_FALSE(quotas.AdmitSegment("a", limit, INT64_MAX, 1).ok());
   EXPECT_TRUE(quotas.AdmitSegment("a", pb::JobPolicy(), INT64_MAX, INT64_MAX).ok());  // no limit
+}
+
+TEST(JobQuotasTest, RequestsPastTheInFlightLimitAreRefusedAndCountUntilReleased) {
+  JobQuotas quotas("host0");
+  pb::JobPolicy limit;
+  limit.set_max_inflight_collectives(2);
+  EXPECT_TRUE(quotas.AdmitCollective("a", limit, 1).ok());
+  EXPECT_TRUE(quotas.AdmitCollective("a", limit, 2).ok());
+  absl::Status over = quotas.AdmitCollective("a", limit, 3);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(over.message(), "max_inflight_collectives 2")) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "job \"a\" has 2 requests in flight on sidecar host0")) << over;
+  EXPECT_TRUE(absl::StrContains(over.message(), "request #3")) << over;
+  EXPECT_EQ(quotas.InFlight("a"), 3);  // the refused one counts until it completes
+  EXPECT_TRUE(quotas.AdmitCollective("b", limit, 1).ok());  // another job has its own count
+  quotas.ReleaseCollectives("a", 2);
+  EXPECT_TRUE(quotas.AdmitCollective("a", limit, 4).ok());  // 1 before it
+  quotas.ReleaseCollectives("a", 100);  // more than counted: none left
+  EXPECT_EQ(quotas.InFlight("a"), 0);
+  EXPECT_EQ(quotas.InFlight("b"), 1);
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(quotas.AdmitCollective("c", pb::JobPolicy(), i).ok());  // no limit
 }
 
 }  // namespace
