@@ -723,11 +723,10 @@ class SidecarImpl : public Sidecar {
       }
       fd_channel_->Bind(token, *group, attach.rank(), session, std::move(admit));
     }
-    SessionHandle::Attachment attachment{*group, attach.rank(), token, attach.job()};
-    if (policy.max_inflight_collectives() > 0) {
-      attachment.quotas = quotas_.get();
-      attachment.policy = std::make_shared<const pb::JobPolicy>(policy);
-    }
+    // With a max_inflight_collectives policy, the session's requests count in JobQuotas.
+    const bool counted = policy.max_inflight_collectives() > 0;
+    SessionHandle::Attachment attachment{*group, attach.rank(), token, attach.job(), counted ? quotas_.get() : nullptr,
+                                         counted ? std::make_shared<const pb::JobPolicy>(policy) : nullptr};
     if (!session->SetAttached(std::move(attachment))) {
       // The client hung up while this attach ran.
       (*group)->OnSessionClosed(attach.rank());
