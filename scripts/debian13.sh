@@ -31,11 +31,15 @@ SRC=$PWD
 JOBS=${JOBS:-2}
 PACKAGES=build-essential,cmake,pkg-config,libbenchmark-dev,libgtest-dev,libgmock-dev,libgrpc++-dev,protobuf-compiler-grpc,libprotobuf-dev,protobuf-compiler,libgloo-dev,libabsl-dev,prometheus-cpp-dev,libmicrohttpd-dev,libgoogle-glog-dev,zlib1g-dev,ccache,lld,pybind11-dev,python3-dev,python3-numpy,python3-pytest,python3-setuptools,python3-torch,libtorch-dev,python3-sklearn,procps,iproute2,openssl,etcd-server,libleveldb-dev,git
 SUITES=(torch_backend torch_pg tcpstore launch elastic sdk security conformance)
-# pytest -k selections of the suites whose other tests run no torch (the daemons and the
-# launcher as processes): those run in the Release stage; here only what torch 2.6 changes.
-# The tutorial and blog programs of torch_backend make the same calls as its own tests.
+# pytest -k selections of the suites whose other tests run no torch (the daemons, the
+# launcher and the SDK on numpy arrays): those run in the Release stage; here only what torch
+# 2.6 changes. The tutorial and blog programs of torch_backend make the same calls as its own
+# tests; of test_elastic only the DDP programs go through the c10d backend (the others run
+# the SDK's own recovery, which no torch version changes).
 declare -A SELECT=(
+  [elastic]="ddp"
   [launch]="kubeflow or error_files or torchrun or main_job or gradient_averaging"
+  [sdk]="torch_tensors"
   [security]="c10d"
   [torch_backend]="not tutorial_programs and not blog_"
 )

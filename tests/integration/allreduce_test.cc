@@ -24,15 +24,16 @@ void PrintTo(const Config& c, std::ostream* os) {
   *os << "world_size=" << c.world_size << " sidecars=" << c.sidecars;
 }
 
-// Under TSan the sweeps' largest count is 1/8 of Release's (the 1M-element all_reduces were
-// 80-150 s a test there, most of it page faults on TSan's shadow of the copied buffers), and
-// the sidecars' algorithm thresholds and ring pieces are 1/8 too: every dtype at every count
-// takes the algorithm (direct, ring) and the number of ring pieces it takes in Release.
-constexpr const char* kSweepCounts = UnderTsan("0,1,7,1000,1048576", "0,1,7,1000,131072");
-constexpr const char* kMixedSweepCounts = UnderTsan("0,7,1048576", "0,7,131072");
+// Under a sanitizer the sweeps' largest count is 1/8 of Release's (the 1M-element all_reduces
+// were 80-150 s a test under TSan, most of it page faults on its shadow of the copied buffers,
+// and ASan's shadow costs alike on a loaded machine), and the sidecars' algorithm thresholds
+// and ring pieces are 1/8 too: every dtype at every count takes the algorithm (direct, ring)
+// and the number of ring pieces it takes in Release.
+constexpr const char* kSweepCounts = UnderSanitizer("0,1,7,1000,1048576", "0,1,7,1000,131072");
+constexpr const char* kMixedSweepCounts = UnderSanitizer("0,7,1048576", "0,7,131072");
 
 std::vector<std::string> SweepSidecarFlags() {
-  if (!kThreadSanitized) return {};
+  if (!kSanitized) return {};
   return {"--direct_max_bytes=131072", "--ring_min_bytes=131072", "--ring_segment_bytes=1048576"};
 }
 

@@ -45,6 +45,12 @@ constexpr T UnderTsan(T release, T tsan) {
   return kThreadSanitized ? tsan : release;
 }
 
+// `release` in an unsanitized build, `sanitized` under ASan or TSan.
+template <typename T>
+constexpr T UnderSanitizer(T release, T sanitized) {
+  return kSanitized ? sanitized : release;
+}
+
 }  // namespace collserve::testing
 
 #endif  // COLLSERVE_TESTS_TESTING_SANITIZERS_H_
