@@ -159,13 +159,16 @@ test_asan() {
   # deadlock under it. Leak checking keeps only the allocating frame (malloc_context_size=2)
   # for the Python suppressions, and skips thread-local storage (use_tls=0: LSan's
   # dynamic-TLS scan crashes in torch processes). The conformance suite runs one seed of 200
-  # cases here (the Release and Debian 13 stages run 3 seeds of 300).
+  # cases here (the Release and Debian 13 stages run 3 seeds of 300). Bounds on whole
+  # programs stretch 3x (daemons.bound): beside another test step a world-3 torch program
+  # took past its 120 s under ASan.
   local preload
   preload="$(clang -print-file-name=libclang_rt.asan-x86_64.so) $(gcc -print-file-name=libstdc++.so)"
   phase "asan: ctest (Python)" env PATH="$SAN/bin:$PATH" LD_PRELOAD="$preload" \
     ASAN_OPTIONS="$common:malloc_context_size=2:log_path=$logs/reports/asan" \
     LSAN_OPTIONS="suppressions=$SAN/lsan-python.supp:use_tls=0:print_suppressions=0" UBSAN_OPTIONS="$ubsan" \
     PYTEST_ADDOPTS="-k '$ASAN_PYTEST_DESELECT'" COLLSERVE_CONFORMANCE_SEEDS=1 COLLSERVE_CONFORMANCE_CASES=200 \
+    COLLSERVE_TEST_TIMEOUT_SCALE=3 \
     ctest --test-dir "$build" -j "$JOBS" --timeout 600 --output-on-failure --output-log "$logs/ctest-python.log" \
     -R '^python_' -E "$ASAN_EXCLUDE"
   phase "asan: reports" check_reports "$logs"

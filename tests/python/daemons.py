@@ -3,10 +3,20 @@ something: a condition it can observe, with a deadline, never a sleep that order
 and the daemons a test starts by hand (a coordinator, a sidecar), started from their port
 files and always stopped. conftest.py turns these into fixtures (docs/testing.md)."""
 import os
+import random
+import socket
 import subprocess
 import time
 
 BUILD = os.environ.get("COLLSERVE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+# Sanitized runs (scripts/sanitizers.sh sets it for the ASan stage: 3) stretch the bounds of
+# waits on whole programs, which run several times slower there, beside other test steps.
+TIMEOUT_SCALE = float(os.environ.get("COLLSERVE_TEST_TIMEOUT_SCALE", "1"))
+
+
+def bound(seconds):
+    """`seconds`, a test's bound on a program it waits for, stretched by TIMEOUT_SCALE."""
+    return seconds * TIMEOUT_SCALE
 
 
 def wait_for(condition, timeout, what="the condition", poll=0.02):
@@ -21,6 +31,28 @@ def wait_for(condition, timeout, what="the condition", poll=0.02):
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} did not hold within {timeout} s")
         time.sleep(max(0.0, min(poll, deadline - time.monotonic() + 0.001)))
+
+
+def free_port():
+    """A port that is free now, for a server some rank binds later. It is drawn below the
+    kernel's ephemeral range (ip_local_port_range), so the ports other tests' processes get
+    from bind(0) and connect() meanwhile cannot take it (CI once lost a torch TCPStore's
+    port that way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))  # where torch's TCPStore server binds
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def read_port(path, proc, timeout=20):

@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from daemons import credentials, start_coordinator, start_sidecar
+from daemons import bound, credentials, start_coordinator, start_sidecar
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
 
@@ -64,7 +64,7 @@ def outputs(procs, limit=60):
     out = []
     for p in procs:
         try:
-            text, _ = p.communicate(timeout=limit)
+            text, _ = p.communicate(timeout=bound(limit))
         except subprocess.TimeoutExpired:
             p.kill()
             text, _ = p.communicate()

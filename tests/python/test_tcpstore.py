@@ -14,7 +14,7 @@ import pytest
 torch_dist = pytest.importorskip("torch.distributed")
 import collserve  # noqa: E402
 import forkserver  # noqa: E402
-from daemons import credentials  # noqa: E402
+from daemons import bound, credentials  # noqa: E402
 from torch_compat import agent_store_env, store_kwargs  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,7 +111,7 @@ def test_torch_process_group_rendezvous_through_the_endpoint(coordinator, init):
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for rank, p in enumerate(procs):
         try:
-            out, _ = p.communicate(timeout=90)
+            out, _ = p.communicate(timeout=bound(90))
         finally:
             if p.poll() is None:
                 p.kill()

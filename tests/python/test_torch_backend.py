@@ -5,11 +5,9 @@ backend, the reference tutorial's and blog's programs with only the backend name
 and the embedded services' cleanup. Ranks are real processes on loopback."""
 import ast
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import forkserver  # noqa: E402
-from daemons import BUILD, credentials, wait_for  # noqa: E402
+from daemons import BUILD, credentials, free_port, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -31,28 +29,6 @@ WORKER = os.path.join(HERE, "torch_worker.py")
 pytestmark = pytest.mark.skipif(
     not any(f.startswith("_collserve_torch") for f in os.listdir(os.path.join(BUILD, "python", "collserve"))),
     reason="the c10d backend was not built (no torch C++ headers: apt-get install libtorch-dev)")
-
-
-def free_port():
-    """A port that is free now, for a server some rank binds later. It is drawn below the
-    kernel's ephemeral range (ip_local_port_range), so the ports other tests' processes get
-    from bind(0) and connect() meanwhile cannot take it (CI once lost a torch TCPStore's
-    port that way)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12000), low)
-        try:
-            with socket.socket() as s:
-                s.bind(("0.0.0.0", port))  # where torch's TCPStore server binds
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port below the ephemeral range")
 
 
 def private_tmp():
