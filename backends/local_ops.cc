@@ -2,36 +2,41 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <tuple>
+
+#include "absl/memory/memory.h"
 
 #include "backends/reduce.h"
 
 namespace collserve::backends {
 
 struct ThreadPool::Loop {
-  const std::function<void(size_t)>* fn;
-  size_t n;
-  std::atomic<size_t> next{0};
+  const std::function<void(size_t)>* fn = nullptr;
+  size_t n = 0;
+  PoolTenant* tenant = nullptr;
+  uint64_t order = 0;  // arrival, the last tie-breaker
+  std::chrono::steady_clock::time_point queued;
+  size_t next = 0;     // the next unclaimed index; guarded by the pool's mu_
   std::atomic<size_t> finished{0};
   absl::Mutex mu;
   bool done ABSL_GUARDED_BY(mu) = false;
-
-  // Claims and runs indices until none is left.
-  void Work() {
-    for (;;) {
-      const size_t i = next.fetch_add(1, std::memory_order_relaxed);
-      if (i >= n) return;
-      (*fn)(i);
-      if (finished.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
-        absl::MutexLock lock(&mu);
-        done = true;
-      }
-    }
-  }
 };
 
-ThreadPool::ThreadPool(int threads) {
+namespace {
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+ThreadPool::ThreadPool(int threads, NowNs now_ns) : now_ns_(now_ns != nullptr ? now_ns : &SteadyNowNs) {
+  {
+    absl::MutexLock lock(&mu_);
+    default_tenant_ = tenants_.emplace("", absl::WrapUnique(new PoolTenant(""))).first->second.get();
+  }
   for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { WorkerMain(); });
 }
 
@@ -43,45 +48,152 @@ ThreadPool::~ThreadPool() {
   for (std::thread& t : workers_) t.join();
 }
 
+PoolTenant* ThreadPool::Tenant(const std::string& name, int priority, int weight) {
+  absl::MutexLock lock(&mu_);
+  auto it = tenants_.find(name);
+  if (it == tenants_.end()) {
+    if (tenants_.size() >= kMaxTenants) {
+      // Past the bound, every new name shares one tenant of the default class.
+      auto [others, made] = tenants_.try_emplace("(others)");
+      if (made) others->second = absl::WrapUnique(new PoolTenant("(others)"));
+      return others->second.get();
+    }
+    it = tenants_.emplace(name, absl::WrapUnique(new PoolTenant(name))).first;
+  }
+  PoolTenant* t = it->second.get();
+  t->priority_ = std::clamp(priority, PoolTenant::kLatencyCritical, PoolTenant::kBulk);
+  t->weight_ = std::clamp(weight, 1, 1000);
+  return t;
+}
+
+std::vector<ThreadPool::TenantUsage> ThreadPool::Usage() {
+  std::vector<TenantUsage> out;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, t] : tenants_) {
+    if (t->chunks() == 0) continue;
+    out.push_back(TenantUsage{name, t->priority_, t->weight_, t->used_ns(), t->chunks(), t->loops(), t->wait_ns()});
+  }
+  return out;
+}
+
+std::shared_ptr<ThreadPool::Loop> ThreadPool::PickLocked() {
+  std::shared_ptr<Loop> best;
+  for (const std::shared_ptr<Loop>& l : loops_) {
+    if (best == nullptr) {
+      best = l;
+      continue;
+    }
+    const PoolTenant& a = *l->tenant;
+    const PoolTenant& b = *best->tenant;
+    if (std::tie(a.priority_, a.vruntime_ns_, l->order) < std::tie(b.priority_, b.vruntime_ns_, best->order)) best = l;
+  }
+  return best;
+}
+
+size_t ThreadPool::ClaimLocked(Loop* loop) {
+  if (loop->next == 0) {
+    const auto waited = std::chrono::steady_clock::now() - loop->queued;
+    loop->tenant->loops_.fetch_add(1, std::memory_order_relaxed);
+    loop->tenant->wait_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count(),
+                                     std::memory_order_relaxed);
+  }
+  const size_t i = loop->next++;
+  if (loop->next == loop->n) {
+    loops_.erase(std::find_if(loops_.begin(), loops_.end(), [&](const auto& l) { return l.get() == loop; }));
+    --loop->tenant->active_loops_;
+  }
+  return i;
+}
+
+int64_t ThreadPool::RunChunk(Loop* loop, size_t i) {
+  const int64_t start = now_ns_();
+  (*loop->fn)(i);
+  const int64_t ns = now_ns_() - start;
+  // The last chunk to finish wakes the loop's caller, which may then return (fn goes away).
+  if (loop->finished.fetch_add(1, std::memory_order_acq_rel) + 1 == loop->n) {
+    absl::MutexLock lock(&loop->mu);
+    loop->done = true;
+  }
+  return ns;
+}
+
+void ThreadPool::ChargeLocked(PoolTenant* tenant, int64_t ns) {
+  tenant->vruntime_ns_ += std::max<int64_t>(ns / tenant->weight_, 1);
+  tenant->used_ns_.fetch_add(ns, std::memory_order_relaxed);
+  tenant->chunks_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void ThreadPool::WorkerMain() {
+  PoolTenant* charge = nullptr;  // the chunk this thread ran last, charged at its next pick
+  int64_t ns = 0;
   for (;;) {
     std::shared_ptr<Loop> loop;
+    size_t i;
     {
       absl::MutexLock lock(&mu_);
+      if (charge != nullptr) ChargeLocked(charge, ns);
+      charge = nullptr;
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !loops_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      loop = loops_.front();
-      if (loop->next.load(std::memory_order_relaxed) >= loop->n) {
-        loops_.erase(loops_.begin());  // fully claimed: others may be waiting behind it
-        continue;
-      }
+      loop = PickLocked();
+      i = ClaimLocked(loop.get());
     }
-    loop->Work();
+    charge = loop->tenant;
+    ns = RunChunk(loop.get(), i);
   }
 }
 
-void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
+void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, PoolTenant* tenant) {
   if (n == 0) return;
+  PoolTenant* const mine = tenant != nullptr ? tenant : default_tenant_;
   if (n == 1 || workers_.empty()) {
+    const int64_t start = now_ns_();
     for (size_t i = 0; i < n; ++i) fn(i);
+    const int64_t ns = now_ns_() - start;
+    absl::MutexLock lock(&mu_);
+    ChargeLocked(mine, ns);
     return;
   }
   auto loop = std::make_shared<Loop>();
   loop->fn = &fn;
   loop->n = n;
+  loop->tenant = mine;
   {
     absl::MutexLock lock(&mu_);
+    loop->order = next_order_++;
+    loop->queued = std::chrono::steady_clock::now();
+    if (mine->active_loops_ == 0) {
+      // Waking: no credit for the time it had nothing to run (the least virtual runtime of
+      // its class's running tenants, if that is more than its own).
+      for (const std::shared_ptr<Loop>& l : loops_) {
+        if (l->tenant->priority_ == mine->priority_ && l->tenant != mine) {
+          mine->vruntime_ns_ = std::max(mine->vruntime_ns_, l->tenant->vruntime_ns_);
+        }
+      }
+    }
+    ++mine->active_loops_;
     loops_.push_back(loop);
   }
-  loop->Work();
-  {
-    absl::MutexLock lock(&loop->mu);
-    loop->mu.Await(absl::Condition(&loop->done));
+  // Until its own loop is claimed, the caller runs the best loop's chunks (its own or another's).
+  PoolTenant* charge = nullptr;
+  int64_t ns = 0;
+  for (;;) {
+    std::shared_ptr<Loop> run;
+    size_t i;
+    {
+      absl::MutexLock lock(&mu_);
+      if (charge != nullptr) ChargeLocked(charge, ns);
+      charge = nullptr;
+      if (loop->next >= loop->n) break;
+      run = PickLocked();  // not null: this loop has an unclaimed chunk
+      i = ClaimLocked(run.get());
+    }
+    charge = run->tenant;
+    ns = RunChunk(run.get(), i);
   }
-  absl::MutexLock lock(&mu_);
-  auto it = std::find(loops_.begin(), loops_.end(), loop);
-  if (it != loops_.end()) loops_.erase(it);
+  absl::MutexLock lock(&loop->mu);
+  loop->mu.Await(absl::Condition(&loop->done));
 }
 
 namespace {
@@ -109,7 +221,7 @@ constexpr size_t kCopyChunkBytes = 256 * 1024;
 
 }  // namespace
 
-void RunLocalReduce(ThreadPool& pool, const LocalReduce& r) {
+void RunLocalReduce(ThreadPool& pool, const LocalReduce& r, PoolTenant* tenant) {
   if (r.count == 0 || r.srcs.empty() || r.dsts.empty()) return;
   const size_t es = ElementSize(r.dtype);
   const size_t per_chunk = kLocalChunkBytes / es;
@@ -152,10 +264,10 @@ void RunLocalReduce(ThreadPool& pool, const LocalReduce& r) {
     if (r.divisor > 1) DivideInPlace(r.dtype, acc, n, r.divisor);
     for (char* dst : r.dsts) std::memcpy(dst + off, acc, bytes);
     }
-  });
+  }, tenant);
 }
 
-void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs) {
+void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs, PoolTenant* tenant) {
   // Chunk i of the whole list: find its job by the prefix sums of the jobs' chunk counts.
   std::vector<size_t> first_chunk(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -166,7 +278,7 @@ void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs) {
                                          first_chunk.begin()) - 1;
     const size_t off = (c - first_chunk[j]) * kCopyChunkBytes;
     std::memcpy(jobs[j].dst + off, jobs[j].src + off, std::min(kCopyChunkBytes, jobs[j].bytes - off));
-  });
+  }, tenant);
 }
 
 }  // namespace collserve::backends

@@ -12,8 +12,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,29 +25,114 @@
 
 namespace collserve::backends {
 
-// A fixed set of worker threads for data-parallel loops. Thread-safe: several callers may
-// run loops at once (their chunks interleave on the workers). The calling thread works on
-// its own loop too, so a pool of `threads` uses `threads` cores per loop.
+// Whom a loop's chunks are for: a job, with its operator-set priority class and weight
+// (collserve.v1.JobPolicy.priority_class and share_weight). The pool keeps one per name, for
+// its whole life (ThreadPool::Tenant).
+class PoolTenant {
+ public:
+  // Classes, lowest served first.
+  static constexpr int kLatencyCritical = 0;
+  static constexpr int kDefault = 1;
+  static constexpr int kBulk = 2;
+
+  const std::string& name() const { return name_; }
+  // Nanoseconds of pool threads' time (callers' included) its chunks took so far.
+  int64_t used_ns() const { return used_ns_.load(std::memory_order_relaxed); }
+  // Chunks of its loops run so far (a loop run whole on its caller, one chunk or a pool
+  // without workers, counts once).
+  int64_t chunks() const { return chunks_.load(std::memory_order_relaxed); }
+  // Loops it ran on the pool's threads, and the nanoseconds they waited, summed, from being
+  // queued to their first chunk's start (the time other jobs' chunks held the threads).
+  int64_t loops() const { return loops_.load(std::memory_order_relaxed); }
+  int64_t wait_ns() const { return wait_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class ThreadPool;
+  explicit PoolTenant(std::string name) : name_(std::move(name)) {}
+
+  const std::string name_;
+  std::atomic<int64_t> used_ns_{0};
+  std::atomic<int64_t> chunks_{0};
+  std::atomic<int64_t> loops_{0};
+  std::atomic<int64_t> wait_ns_{0};
+  // Guarded by the pool's mutex.
+  int priority_ = kDefault;
+  int weight_ = 1;
+  int64_t vruntime_ns_ = 0;  // used time / weight, moved up to the least active one's on waking
+  int active_loops_ = 0;
+};
+
+// A fixed set of worker threads for data-parallel loops, shared by every job of a host.
+// Thread-safe: several callers may run loops at once, and their chunks interleave on the
+// workers and on the callers themselves.
+//
+// Scheduling (docs/architecture.md "Scheduling between jobs"): each time a thread takes a
+// chunk it takes it from the loop whose tenant has the lowest priority class and, among
+// those, the least virtual runtime (its chunks' time divided by its weight): weighted fair
+// queueing between jobs, as Linux CFS does between threads. A tenant that had no loop
+// running starts at the least virtual runtime of those running, so idleness earns no
+// credit. A caller takes the best loop's chunk too, whoever's it is, until its own loop is
+// claimed: a bulk job's thread serves a latency-critical job's reduction before its own.
+// Chunks are the unit (kLocalChunkBytes): a loop waits for at most one chunk per thread of
+// another before it runs. Nothing waits on another loop's completion, so no loop can hold
+// up another past the chunks already taken.
 class ThreadPool {
  public:
   // `threads` >= 1 in total, the caller included (threads - 1 workers are started).
-  explicit ThreadPool(int threads);
+  // `now_ns` (tests: a fake clock; null = std::chrono::steady_clock) is the clock chunks are
+  // timed and charged with.
+  using NowNs = int64_t (*)();
+  explicit ThreadPool(int threads, NowNs now_ns = nullptr);
   ~ThreadPool();  // joins the workers; no loop may be running
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
+  // Most tenants the pool keeps; past them, new names share one tenant ("(others)").
+  static constexpr size_t kMaxTenants = 4096;
+
+  // The tenant named `name` (made on first use), with its class set to `priority`
+  // (clamped to [kLatencyCritical, kBulk]) and its weight to `weight` (clamped to
+  // [1, 1000]). Valid for the pool's life. Thread-safe.
+  PoolTenant* Tenant(const std::string& name, int priority, int weight);
+
+  // One tenant's class, weight and counters (PoolTenant), for metrics.
+  struct TenantUsage {
+    std::string name;
+    int priority = PoolTenant::kDefault;
+    int weight = 1;
+    int64_t used_ns = 0;
+    int64_t chunks = 0;
+    int64_t loops = 0;
+    int64_t wait_ns = 0;
+  };
+  // Every tenant that ran a chunk, by name. Thread-safe.
+  std::vector<TenantUsage> Usage();
+
   // Calls fn(i) for every i in [0, n), each exactly once, on the pool and the calling
-  // thread, and returns when all calls have returned. fn must not throw.
-  void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
+  // thread, and returns when all calls have returned. fn must not throw. `tenant` (null:
+  // the pool's default tenant) is whom the chunks count for.
+  void ParallelFor(size_t n, const std::function<void(size_t)>& fn, PoolTenant* tenant = nullptr);
 
  private:
   struct Loop;
   void WorkerMain();
+  // The loop whose next chunk runs next (see the class comment); null when none has an
+  // unclaimed chunk.
+  std::shared_ptr<Loop> PickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Claims the next chunk of `loop`, dropping it from loops_ once every chunk is claimed.
+  size_t ClaimLocked(Loop* loop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs chunk `i` of `loop` and returns the nanoseconds it took (charged by ChargeLocked).
+  int64_t RunChunk(Loop* loop, size_t i);
+  void ChargeLocked(PoolTenant* tenant, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Loop>> loops_ ABSL_GUARDED_BY(mu_);  // loops with unclaimed indices
+  std::map<std::string, std::unique_ptr<PoolTenant>> tenants_ ABSL_GUARDED_BY(mu_);
+  PoolTenant* default_tenant_;  // "" (set in the constructor)
+  const NowNs now_ns_;
+  uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
@@ -68,7 +156,8 @@ struct LocalReduce {
 // Runs `r` on `pool`. Sources are only read (a destination that aliases a source is read
 // before it is written, chunk by chunk). Thread-safe for disjoint destinations.
 // REQUIRES ValidateReduce(dtype, op).ok(); srcs and dsts non-null when count > 0.
-void RunLocalReduce(ThreadPool& pool, const LocalReduce& r);
+// `tenant` (null: the pool's default) is whom its chunks count for (ThreadPool::ParallelFor).
+void RunLocalReduce(ThreadPool& pool, const LocalReduce& r, PoolTenant* tenant = nullptr);
 
 // One copy of a list: dst[0..bytes) = src[0..bytes). Ranges must not overlap.
 struct CopyJob {
@@ -78,7 +167,7 @@ struct CopyJob {
 };
 
 // Runs every copy, cut into chunks of kLocalChunkBytes spread over `pool` (memcpy).
-void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs);
+void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs, PoolTenant* tenant = nullptr);
 
 }  // namespace collserve::backends
 

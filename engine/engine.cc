@@ -133,6 +133,8 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
   params.op_timeout = request.op_timeout;
   params.backend = *backend;
   params.generation = request.generation;
+  params.priority = request.priority;
+  params.share_weight = request.share_weight;
   for (;;) {
     std::shared_ptr<Group> group = GetOrCreate(params);
     if (group == nullptr) return absl::UnavailableError(absl::StrCat("host ", options_.host_id, " is shutting down"));

@@ -117,6 +117,9 @@ class Engine {
   // The same for the groups of one job ("" = "default"): what its sessions hold on this host
   // (the sidecar's per-job quotas). Thread-safe.
   Stats JobStats(const std::string& job);
+  // Each job's use of this host's data-path threads since the engine started (the pool's
+  // scheduling between jobs: backends::ThreadPool), for per-job metrics. Thread-safe.
+  std::vector<backends::ThreadPool::TenantUsage> DataPathUsage() { return pool_->Usage(); }
   // Every group with local ranks attached (current and earlier generations), as its ledger
   // would report it (Group::Progress: job, group, generation, state, its local ranks), for
   // a drain's report. Thread-safe.

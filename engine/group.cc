@@ -165,7 +165,10 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
                                         [this](const absl::Status& s) { Fail(s); });
   // Remote ranks the coordinator said left before this (the watch starts at formation).
   for (const auto& [rank, why] : remote_left_) p2p_->DepartSendsTo(rank, absl::UnavailableError(why));
-  algorithms_ = std::make_unique<Hierarchical>(topology_, env_.pool, env_.algorithms);
+  // The job's share of the host's data-path threads (ThreadPool's scheduling).
+  backends::PoolTenant* tenant =
+      env_.pool != nullptr ? env_.pool->Tenant(params_.job, params_.priority, params_.share_weight) : nullptr;
+  algorithms_ = std::make_unique<Hierarchical>(topology_, env_.pool, env_.algorithms, tenant);
   executor_ = std::thread([this] { ExecutorMain(); });
 }
 

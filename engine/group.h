@@ -80,6 +80,8 @@ struct GroupParams {
   absl::Duration op_timeout;
   std::string backend;  // resolved name ("gloo", "nccl")
   int64_t generation = 0;  // the generation asked for (AttachRequest::generation); 0 = any
+  int priority = 1;        // AttachRequest::priority and share_weight
+  int share_weight = 1;
 };
 
 // Thread-safe. Created on the first attach of one of its ranks on this host.

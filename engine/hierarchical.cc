@@ -37,7 +37,7 @@ void Hierarchical::ReducePartial(std::map<int, Submission>& subs, char* dst) {
   if (!Fused(a)) return;
   backends::LocalReduce& partial = LocalReduceOf(a, subs, 0, static_cast<size_t>(a.count));
   partial.dsts.push_back(dst);
-  backends::RunLocalReduce(*pool_, partial);
+  backends::RunLocalReduce(*pool_, partial, tenant_);
 }
 
 void Hierarchical::FinishFused(const RankArgs& a, std::map<int, Submission>& subs, const char* partials,
@@ -51,7 +51,7 @@ void Hierarchical::FinishFused(const RankArgs& a, std::map<int, Submission>& sub
   for (int h = 0; h < topology_.num_hosts; ++h) total.srcs.push_back(partials + static_cast<size_t>(h) * stride);
   total.divisor = op == ReduceOp::kAvg ? topology_.world_size : 1;
   for (auto& [rank, sub] : subs) total.dsts.push_back(sub.in);
-  backends::RunLocalReduce(*pool_, total);
+  backends::RunLocalReduce(*pool_, total, tenant_);
   *algorithm = "local+gloo_fused";
 }
 
@@ -122,7 +122,7 @@ absl::Status Hierarchical::RunBroadcast(const std::vector<RankArgs>& all, std::m
     // A peer reader copies the result out of the root's segment itself.
     if (sub.in != buf && sub.peer_rank < 0) copies_.push_back({sub.in, buf, bytes});
   }
-  backends::RunCopies(*pool_, copies_);
+  backends::RunCopies(*pool_, copies_, tenant_);
   return absl::OkStatus();
 }
 
@@ -165,7 +165,7 @@ absl::Status Hierarchical::ReduceAcrossHosts(const RankArgs& a, std::map<int, Su
   const ReduceOp wire_op = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
   backends::LocalReduce& r = LocalReduceOf(a, subs, offset, count);
   r.dsts.push_back(acc);
-  backends::RunLocalReduce(*pool_, r);
+  backends::RunLocalReduce(*pool_, r, tenant_);
   return comm_->AllReduce(acc, count, static_cast<DataType>(a.dtype), wire_op, timeout,
                           ChooseAllReduce(Bytes(a, static_cast<int64_t>(count))));
 }
@@ -191,7 +191,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
         if (sub.peer_rank < 0) r.dsts.push_back(sub.in);
       }
     }
-    backends::RunLocalReduce(*pool_, r);
+    backends::RunLocalReduce(*pool_, r, tenant_);
     return absl::OkStatus();
   }
   if (OpOf(a) == CollectiveOp::kAllReduce) {
@@ -207,7 +207,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
       scratch_b_.resize(bytes * static_cast<size_t>(topology_.num_hosts));
       backends::LocalReduce& partial = LocalReduceOf(a, subs, 0, count);
       partial.dsts.push_back(scratch_a_.data());
-      backends::RunLocalReduce(*pool_, partial);
+      backends::RunLocalReduce(*pool_, partial, tenant_);
       COLLSERVE_RETURN_IF_ERROR(comm_->AllGather(scratch_a_.data(), scratch_b_.data(), bytes, timeout));
       backends::LocalReduce& total = LocalReduceOf(a, subs, 0, count);
       total.op = wire_op;
@@ -216,7 +216,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
       for (int h = 0; h < topology_.num_hosts; ++h) total.srcs.push_back(scratch_b_.data() + static_cast<size_t>(h) * bytes);
       total.divisor = avg ? topology_.world_size : 1;
       for (auto& [rank, sub] : subs) total.dsts.push_back(sub.in);
-      backends::RunLocalReduce(*pool_, total);
+      backends::RunLocalReduce(*pool_, total, tenant_);
       return absl::OkStatus();
     }
     // Every local tensor is an input and an output: Gloo reduces them into the first,
@@ -231,7 +231,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
         scale.srcs.assign(1, sub.in);
         scale.premul.assign(1, sub.args.premul_factor);
         scale.dsts.push_back(sub.in);
-        backends::RunLocalReduce(*pool_, scale);
+        backends::RunLocalReduce(*pool_, scale, tenant_);
       }
       comm_inputs_.push_back(sub.in);
       comm_outputs_.push_back(sub.in);
@@ -246,7 +246,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
       div.premul.clear();
       div.divisor = topology_.world_size;
       for (auto& [rank, sub] : subs) div.dsts.push_back(sub.in);
-      backends::RunLocalReduce(*pool_, div);
+      backends::RunLocalReduce(*pool_, div, tenant_);
     }
     return absl::OkStatus();
   }
@@ -265,7 +265,7 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
     out.premul.clear();
     out.divisor = topology_.world_size;
     out.dsts.assign(1, acc);
-    backends::RunLocalReduce(*pool_, out);
+    backends::RunLocalReduce(*pool_, out, tenant_);
   }
   return absl::OkStatus();
 }
@@ -303,7 +303,7 @@ absl::Status Hierarchical::RunGatherLike(const std::vector<RankArgs>& all, const
       if (b > 0) copies_.push_back({scratch_a_.data() + off, subs.at(r).in, b});
       off += b;
     }
-    backends::RunCopies(*pool_, copies_);
+    backends::RunCopies(*pool_, copies_, tenant_);
     algorithm_ = "local+gloo_allgatherv";
     COLLSERVE_RETURN_IF_ERROR(comm_->AllGatherV(scratch_a_.data(), scratch_b_.data(), host_bytes, timeout));
     off = 0;
@@ -335,7 +335,7 @@ absl::Status Hierarchical::RunGatherLike(const std::vector<RankArgs>& all, const
       off += b;
     }
   }
-  backends::RunCopies(*pool_, copies_);
+  backends::RunCopies(*pool_, copies_, tenant_);
   return absl::OkStatus();
 }
 
@@ -405,7 +405,7 @@ absl::Status Hierarchical::ExchangePieces(const std::vector<RankArgs>& all, cons
       }
     }
   }
-  backends::RunCopies(*pool_, copies_);
+  backends::RunCopies(*pool_, copies_, tenant_);
   algorithm_ = gather ? "local+gloo_alltoallv_to_root" : "local+gloo_alltoallv";
   COLLSERVE_RETURN_IF_ERROR(comm_->AllToAllV(scratch_a_.data(), send, scratch_b_.data(), recv, timeout));
   // Unpack what arrived, and copy the pieces among this host's own ranks.
@@ -427,7 +427,7 @@ absl::Status Hierarchical::ExchangePieces(const std::vector<RankArgs>& all, cons
       if (b > 0) copies_.push_back({subs.at(j).out + out_offset(i, j), subs.at(i).in + in_off, b});
     }
   }
-  backends::RunCopies(*pool_, copies_);
+  backends::RunCopies(*pool_, copies_, tenant_);
   return absl::OkStatus();
 }
 
@@ -458,7 +458,7 @@ absl::Status Hierarchical::RunScatter(const std::vector<RankArgs>& all, const st
     const size_t b = Bytes(a, splits[root].input[rank]);
     if (b > 0) copies_.push_back({sub.out, buf + Bytes(a, off[rank]), b});
   }
-  backends::RunCopies(*pool_, copies_);
+  backends::RunCopies(*pool_, copies_, tenant_);
   return absl::OkStatus();
 }
 
@@ -491,7 +491,7 @@ absl::Status Hierarchical::RunReduceScatter(const std::vector<RankArgs>& all, co
     }
     r.divisor = avg ? topology_.world_size : 1;
     r.dsts.push_back(sub.out);
-    backends::RunLocalReduce(*pool_, r);
+    backends::RunLocalReduce(*pool_, r, tenant_);
   }
   return absl::OkStatus();
 }

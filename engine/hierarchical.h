@@ -47,9 +47,11 @@ absl::Status ValidateAllReduceAlgorithm(const std::string& algorithm);
 
 class Hierarchical {
  public:
-  // `topology` and `pool` must outlive this object.
-  Hierarchical(const Topology& topology, backends::ThreadPool* pool, AlgorithmOptions options)
-      : topology_(topology), pool_(pool), options_(std::move(options)) {}
+  // `topology` and `pool` must outlive this object; `tenant` (the group's job in `pool`,
+  // ThreadPool::Tenant; null: the pool's default) is whom its reductions and copies count for.
+  Hierarchical(const Topology& topology, backends::ThreadPool* pool, AlgorithmOptions options,
+               backends::PoolTenant* tenant = nullptr)
+      : topology_(topology), pool_(pool), options_(std::move(options)), tenant_(tenant) {}
 
   // The communicator among the group's hosts (null with one host); must outlive the calls.
   void set_communicator(backends::Communicator* comm) { comm_ = comm; }
@@ -111,6 +113,7 @@ class Hierarchical {
   const Topology& topology_;
   backends::ThreadPool* const pool_;
   const AlgorithmOptions options_;
+  backends::PoolTenant* const tenant_;
   backends::Communicator* comm_ = nullptr;
   const char* algorithm_ = "local";
   // Reused by every collective so that repeated calls allocate no tensor-sized memory.

@@ -144,6 +144,13 @@ struct AttachRequest {
   // rendezvous store), so the coordinator checks them as the rank's own. The RPC layer
   // verifies it before attaching. "" = none. A secret: never logged.
   std::string credential;
+  // The job's scheduling on this host, set by the RPC layer from the operator's policy for
+  // the job (collserve.v1.JobPolicy), never by the job: its class (0 latency-critical, 1
+  // default, 2 bulk; backends::PoolTenant) and its weight within the class (>= 1). A group
+  // takes them from the attach that created it; the job's last group to form on this host
+  // sets them for all of the job's groups here.
+  int priority = 1;
+  int share_weight = 1;
 };
 
 // The ledger (docs/operations.md, "Diagnosing a hang"): what one local rank of a group has

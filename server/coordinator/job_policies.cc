@@ -29,6 +29,15 @@ absl::Status Check(const pb::JobPolicy& p, const std::string& where, const std::
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": max_inflight_collectives ",
                                                    p.max_inflight_collectives(), " is negative (0 = no limit)"));
   }
+  if (!pb::PriorityClass_IsValid(p.priority_class())) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": priority_class ", p.priority_class(),
+                                                   " is not a class (PRIORITY_CLASS_LATENCY_CRITICAL, "
+                                                   "PRIORITY_CLASS_DEFAULT or PRIORITY_CLASS_BULK)"));
+  }
+  if (p.share_weight() < 0 || p.share_weight() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": share_weight ", p.share_weight(),
+                                                   " is outside [0, 1000] (0 = 1)"));
+  }
   return absl::OkStatus();
 }
 

@@ -79,6 +79,10 @@ ABSL_FLAG(absl::Duration, straggler_threshold, absl::Milliseconds(100),
           "A collective whose last rank called it at least this long after its first counts in "
           "collserve_straggler_collectives_total on the last rank's sidecar.");
 
+ABSL_FLAG(int32_t, metrics_job_series, 32,
+          "Jobs with series of their own in the per-job data-path metrics (collserve_job_data_path_*): those "
+          "that used the most of the sidecar's data-path threads; the others are summed under "
+          "collserve_job=\"(others)\". In [0, 1000]: it bounds the job label's values.");
 ABSL_FLAG(absl::Duration, lease_renewal, absl::Seconds(2),
           "Each group spanning hosts is watched at the coordinator while it runs; the watch is this host's "
           "lease on the group. The coordinator holds one watch at most this long and the sidecar renews it at "
@@ -140,6 +144,11 @@ int main(int argc, char** argv) {
   options.flight_recorder_entries = absl::GetFlag(FLAGS_flight_recorder_entries);
   options.flight_recorder_log_threshold = absl::GetFlag(FLAGS_flight_recorder_log_threshold);
   options.straggler_threshold = absl::GetFlag(FLAGS_straggler_threshold);
+  if (absl::GetFlag(FLAGS_metrics_job_series) < 0 || absl::GetFlag(FLAGS_metrics_job_series) > 1000) {
+    std::cerr << "--metrics_job_series must be in [0, 1000]\n";
+    return 2;
+  }
+  options.metrics_job_series = absl::GetFlag(FLAGS_metrics_job_series);
   options.lease_renewal = absl::GetFlag(FLAGS_lease_renewal);
   if (options.lease_renewal < absl::Milliseconds(100) || options.lease_renewal > absl::Seconds(60)) {
     std::cerr << "--lease_renewal must be in [100ms, 60s]\n";

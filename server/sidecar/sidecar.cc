@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <thread>
 #include <vector>
@@ -543,7 +544,58 @@ class SidecarImpl : public Sidecar {
          "holds mapped (their arenas and staging segments).", static_cast<double>(s.mapped_bytes)},
     };
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
+    for (GaugeValue& j : JobDataPathMetrics()) g.push_back(std::move(j));
     return g;
+  }
+
+  // Each job's use of the data-path threads (engine::Engine::DataPathUsage), as counters
+  // labelled by collserve_job and priority_class: the options_.metrics_job_series jobs that
+  // used the most thread time by name, the others summed under "(others)".
+  std::vector<GaugeValue> JobDataPathMetrics() {
+    std::vector<backends::ThreadPool::TenantUsage> usage = engine_->DataPathUsage();
+    std::sort(usage.begin(), usage.end(), [](const auto& a, const auto& b) { return a.used_ns > b.used_ns; });
+    static constexpr const char* kClass[] = {"latency_critical", "default", "bulk"};
+    std::map<std::pair<std::string, std::string>, backends::ThreadPool::TenantUsage> series;
+    int named = 0;
+    for (const auto& u : usage) {
+      if (u.name.empty()) continue;  // work of no job
+      const bool own = named < options_.metrics_job_series && u.name != "(others)";
+      if (own) ++named;
+      auto& sum = series[{own ? u.name : "(others)", kClass[std::clamp(u.priority, 0, 2)]}];
+      sum.used_ns += u.used_ns;
+      sum.chunks += u.chunks;
+      sum.loops += u.loops;
+      sum.wait_ns += u.wait_ns;
+    }
+    struct Family {
+      const char* name;
+      const char* help;
+      double (*value)(const backends::ThreadPool::TenantUsage&);
+    };
+    static constexpr Family kFamilies[] = {
+        {"collserve_job_data_path_seconds_total",
+         "Seconds of the sidecar's data-path threads (reductions and copies among local ranks) the job's "
+         "collectives used, by collserve_job and priority_class (the operator's JobPolicy).",
+         [](const backends::ThreadPool::TenantUsage& u) { return static_cast<double>(u.used_ns) / 1e9; }},
+        {"collserve_job_data_path_chunks_total",
+         "Pieces of work (64 KiB chunks) of the job's collectives the data-path threads ran.",
+         [](const backends::ThreadPool::TenantUsage& u) { return static_cast<double>(u.chunks); }},
+        {"collserve_job_data_path_loops_total",
+         "Reductions and copies of the job spread over the data-path threads (those that waited for them).",
+         [](const backends::ThreadPool::TenantUsage& u) { return static_cast<double>(u.loops); }},
+        {"collserve_job_data_path_wait_seconds_total",
+         "Seconds the job's reductions and copies waited for the data-path threads (other jobs' chunks "
+         "held them), summed; divided by collserve_job_data_path_loops_total: the mean wait.",
+         [](const backends::ThreadPool::TenantUsage& u) { return static_cast<double>(u.wait_ns) / 1e9; }},
+    };
+    std::vector<GaugeValue> out;
+    for (const Family& f : kFamilies) {
+      for (const auto& [key, u] : series) {
+        out.push_back(GaugeValue{f.name, f.help, f.value(u), /*counter=*/true,
+                                 {{"collserve_job", key.first}, {"priority_class", key.second}}});
+      }
+    }
+    return out;
   }
 
   int port() const override { return port_; }
@@ -703,6 +755,9 @@ class SidecarImpl : public Sidecar {
     }
     engine::AttachRequest request = FromProto(attach);
     request.credential = credential;
+    // The job's class and weight come from the operator's policy, never from the job.
+    request.priority = PoolPriority(policy.priority_class());
+    request.share_weight = std::max(policy.share_weight(), 1);
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
     request.peer_reads = request.shared_memory && attach.peer_reads();
     std::string token;

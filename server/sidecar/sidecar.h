@@ -58,6 +58,9 @@ struct SidecarOptions {
   int flight_recorder_entries = 128;
   absl::Duration flight_recorder_log_threshold = absl::Seconds(30);
   absl::Duration straggler_threshold = absl::Milliseconds(100);
+  // Jobs with series of their own in the per-job data-path metrics (collserve_job_data_path_*),
+  // those that used the most thread time; the others are summed under collserve_job="(others)".
+  int metrics_job_series = 32;
   // How long the coordinator may hold one watch of a group spanning hosts, which the sidecar
   // renews at once (engine::EngineOptions::lease_renewal).
   absl::Duration lease_renewal = absl::Seconds(2);

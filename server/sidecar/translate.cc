@@ -81,6 +81,17 @@ engine::AttachRequest FromProto(const pb::Attach& a) {
   return r;
 }
 
+int PoolPriority(pb::PriorityClass c) {
+  switch (c) {
+    case pb::PRIORITY_CLASS_LATENCY_CRITICAL:
+      return 0;
+    case pb::PRIORITY_CLASS_BULK:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 absl::StatusOr<engine::Membership> FromProto(const pb::JoinResponse& r) {
   engine::Membership m;
   m.generation = r.generation();

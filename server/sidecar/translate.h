@@ -4,6 +4,7 @@
 #define COLLSERVE_SERVER_SIDECAR_TRANSLATE_H_
 
 #include "absl/status/statusor.h"
+#include "collserve/v1/auth.pb.h"
 #include "collserve/v1/collectives.pb.h"
 #include "collserve/v1/registry.pb.h"
 #include "engine/collective_args.h"
@@ -16,6 +17,9 @@ namespace collserve::server {
 engine::Request FromProto(collserve::v1::Collective&& c);
 // The attach as the engine takes it (init/op timeouts of 0 become 300 s).
 engine::AttachRequest FromProto(const collserve::v1::Attach& a);
+// The data-path class of a job's policy (AttachRequest::priority, backends::PoolTenant):
+// LATENCY_CRITICAL 0, DEFAULT and UNSPECIFIED 1, BULK 2 (any other value: 1).
+int PoolPriority(collserve::v1::PriorityClass c);
 // Either form of the answer (members, or the compact hosts and rank_host). INVALID_ARGUMENT
 // when a rank_host index is outside `hosts` (the engine checks the rest: Topology).
 absl::StatusOr<engine::Membership> FromProto(const collserve::v1::JoinResponse& r);

@@ -4,10 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
 
 #include "backends/reduce.h"
 
@@ -35,6 +41,149 @@ TEST(ThreadPoolTest, SingleThreadRunsOnTheCaller) {
   ThreadPool pool(1);
   const auto me = std::this_thread::get_id();
   pool.ParallelFor(5, [&](size_t) { EXPECT_EQ(std::this_thread::get_id(), me); });
+}
+
+// Busy for `d` (a chunk of work that takes time on a core, not a sleep).
+void Spin(std::chrono::microseconds d) {
+  const auto end = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+// Appends one letter per chunk, in the order the chunks start.
+class ChunkLog {
+ public:
+  void Add(char c) {
+    absl::MutexLock lock(&mu_);
+    order_.push_back(c);
+  }
+  std::string Get() {
+    absl::MutexLock lock(&mu_);
+    return order_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::string order_ ABSL_GUARDED_BY(mu_);
+};
+
+// Waits (bounded) until `pred` holds.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  for (int i = 0; i < 10000 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return pred();
+}
+
+TEST(ThreadPoolSchedulingTest, ALatencyCriticalLoopRunsBeforeTheRestOfABulkLoop) {
+  ThreadPool pool(2);
+  PoolTenant* bulk = pool.Tenant("train", PoolTenant::kBulk, 1);
+  PoolTenant* urgent = pool.Tenant("serve", PoolTenant::kLatencyCritical, 1);
+  constexpr size_t kBulk = 400;
+  constexpr size_t kUrgent = 20;
+  ChunkLog log;
+  std::atomic<int> bulk_started{0};
+  std::thread b([&] {
+    pool.ParallelFor(kBulk, [&](size_t) {
+      log.Add('b');
+      bulk_started.fetch_add(1);
+      Spin(std::chrono::microseconds(50));
+    }, bulk);
+  });
+  ASSERT_TRUE(Eventually([&] { return bulk_started.load() >= 4; }));
+  pool.ParallelFor(kUrgent, [&](size_t) {
+    log.Add('u');
+    Spin(std::chrono::microseconds(50));
+  }, urgent);
+  b.join();
+  const std::string order = log.Get();
+  ASSERT_EQ(order.size(), kBulk + kUrgent);
+  const size_t first = order.find('u');
+  ASSERT_NE(first, std::string::npos);
+  // Once the urgent loop is queued, no thread claims a bulk chunk until every urgent chunk is
+  // claimed. The log has chunks as they start, and a thread may be preempted between
+  // claiming a chunk and starting it (at most one each: the worker and the two callers), so
+  // up to 3 urgent chunks may show up late; up to the urgent loop's (kUrgent - 3)th chunk,
+  // only the bulk chunks claimed before it was queued (one per thread that was running bulk
+  // chunks: the worker and the bulk caller) may start.
+  size_t last = first;
+  for (size_t seen = 0; last < order.size(); ++last) {
+    if (order[last] == 'u' && ++seen == kUrgent - 3) break;
+  }
+  const auto interleaved = std::count(order.begin() + first, order.begin() + last, 'b');
+  EXPECT_LE(interleaved, 2) << order;
+  // A worker charges a chunk when it next takes the pool's lock, just after the chunk.
+  EXPECT_TRUE(Eventually([&] { return urgent->chunks() == static_cast<int64_t>(kUrgent); })) << urgent->chunks();
+  EXPECT_TRUE(Eventually([&] { return bulk->chunks() == static_cast<int64_t>(kBulk); })) << bulk->chunks();
+  EXPECT_GT(urgent->used_ns(), 0);
+}
+
+// Each thread's own fake clock: a chunk advances its thread's clock by what it "took", so the
+// pool charges every chunk exactly that, whatever else the machine runs.
+thread_local int64_t fake_now_ns = 0;
+int64_t FakeNowNs() { return fake_now_ns; }
+
+// Runs a weight-1 and a weight-3 loop of one class at once; returns the chunks each started
+// while both were queued (light, heavy) and the order of all chunks.
+std::tuple<int64_t, int64_t, std::string> ShareOfTwoLoops(ThreadPool& pool, PoolTenant* light, PoolTenant* heavy) {
+  constexpr size_t kChunks = 1500;
+  ChunkLog log;
+  std::atomic<int> started{0};
+  auto run = [&](PoolTenant* t, char c) {
+    started.fetch_add(1);
+    while (started.load() < 2) std::this_thread::yield();  // both queue at about the same time
+    pool.ParallelFor(kChunks, [&](size_t) {
+      log.Add(c);
+      Spin(std::chrono::microseconds(20));  // real work, so that the two loops overlap
+      fake_now_ns += 100000;                // charged as 100 us, whatever the machine's load
+    }, t);
+  };
+  std::thread a([&] { run(light, 'l'); });
+  std::thread b([&] { run(heavy, 'h'); });
+  a.join();
+  b.join();
+  std::string order = log.Get();
+  // While both ran: from the later one's first chunk until either had claimed all of its
+  // chunks. The log has chunks as they start, and a thread may be preempted between claiming
+  // a chunk and starting it (one per thread: the worker and the two callers), so the window
+  // ends 3 chunks before either one's last.
+  const size_t from = std::max(order.find('l'), order.find('h'));
+  size_t l = 0, h = 0;
+  for (size_t i = 0; i < from; ++i) (order[i] == 'l' ? l : h)++;
+  size_t to = from;
+  for (; to < order.size() && l < kChunks - 3 && h < kChunks - 3; ++to) (order[to] == 'l' ? l : h)++;
+  return {std::count(order.begin() + from, order.begin() + to, 'l'),
+          std::count(order.begin() + from, order.begin() + to, 'h'), order};
+}
+
+TEST(ThreadPoolSchedulingTest, JobsOfOneClassShareTheThreadsByWeight) {
+  ThreadPool pool(2, &FakeNowNs);
+  PoolTenant* light = pool.Tenant("a", PoolTenant::kDefault, 1);
+  PoolTenant* heavy = pool.Tenant("b", PoolTenant::kDefault, 3);
+  // A loaded machine may start one loop's thread after the other's loop is mostly done: up
+  // to 5 tries for a window where both ran at least 100 chunks of the light one.
+  int64_t lw = 0, hw = 0;
+  std::string order;
+  for (int attempt = 0; attempt < 5 && lw < 100; ++attempt) std::tie(lw, hw, order) = ShareOfTwoLoops(pool, light, heavy);
+  ASSERT_GE(lw, 100) << order;
+  // Weighted fair share: 3 to 1 in charged time, so in chunks (each thread's last chunk is
+  // charged at its next pick, so a few chunks either way).
+  const double ratio = static_cast<double>(hw) / static_cast<double>(lw);
+  EXPECT_GT(ratio, 2.5) << order;
+  EXPECT_LT(ratio, 3.5) << order;
+  EXPECT_EQ(light->used_ns() % 100000, 0);
+}
+
+TEST(ThreadPoolSchedulingTest, TenantsAreKeptByNameWithBoundedClassesWeightsAndNumber) {
+  ThreadPool pool(1);
+  PoolTenant* a = pool.Tenant("a", -5, 0);
+  EXPECT_EQ(pool.Tenant("a", 99, 5000), a);
+  EXPECT_EQ(a->name(), "a");
+  pool.ParallelFor(3, [](size_t) {}, a);  // one thread: on the caller, charged once
+  EXPECT_EQ(a->chunks(), 1);
+  for (size_t i = 0; i < ThreadPool::kMaxTenants; ++i) pool.Tenant("job-" + std::to_string(i), 1, 1);
+  PoolTenant* past = pool.Tenant("one-too-many", 0, 1);
+  EXPECT_EQ(past->name(), "(others)");
+  EXPECT_EQ(pool.Tenant("another", 0, 1), past);
 }
 
 // An odd count spanning several chunks, with a short last one.

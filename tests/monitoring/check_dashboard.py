@@ -33,6 +33,8 @@ EXPORTED = {
     "collserve_groups", "collserve_sessions", "collserve_collectives_in_flight",
     "collserve_oldest_collective_age_seconds", "collserve_coordinator_connected",
     "collserve_collective_arrival_skew_seconds", "collserve_straggler_collectives_total",
+    "collserve_job_data_path_seconds_total", "collserve_job_data_path_chunks_total",
+    "collserve_job_data_path_loops_total", "collserve_job_data_path_wait_seconds_total",
 }
 
 

@@ -117,9 +117,12 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     staging segment is refused naming max_segment_bytes while its small collectives run;
     job "bounded" may have 4 requests in flight, and its requests past that are refused
     naming max_inflight_collectives while its group goes on (quota_worker.py bounded); and
-    job "other", with no limits, runs 4 MiB all_reduces beside them untouched."""
+    job "other", with no limits, runs 4 MiB all_reduces beside them untouched. Its policy's
+    class (bulk, weight 2) reaches the sidecar: the per-job data-path counters name it."""
     import json
-    from daemons import start_sidecar
+    import re
+    import urllib.request
+    from daemons import free_port, start_sidecar
     d = tempfile.mkdtemp(prefix="collserve-quota-")
     daemons = []
     procs = []
@@ -127,10 +130,13 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
         flags, tokens = credentials(d, ("capped", "bounded", "other"))
         with open(os.path.join(d, "policies.json"), "w") as f:
             json.dump({"jobs": {"capped": {"max_sessions": 2, "max_segment_bytes": "3000000"},
-                                "bounded": {"max_inflight_collectives": 4}}}, f)
+                                "bounded": {"max_inflight_collectives": 4},
+                                "other": {"priority_class": "PRIORITY_CLASS_BULK", "share_weight": 2}}}, f)
         daemons.append(start_coordinator(d, *flags, f"--job_policies_file={d}/policies.json"))
         port = daemons[0].port
-        daemons.append(start_sidecar(d, port, f"--unix_socket={d}/s.sock"))
+        metrics_port = free_port()
+        daemons.append(start_sidecar(d, port, f"--unix_socket={d}/s.sock",
+                                     f"--metrics_address=127.0.0.1:{metrics_port}"))
         worker = os.path.join(HERE, "quota_worker.py")
 
         def start(mode, job, rank, world):
@@ -148,6 +154,8 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
         for r in range(2):
             start("bounded", "bounded", r, 2)
         outs = [p.communicate(timeout=120)[0] for p in procs]
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+            metrics = r.read().decode()
     finally:
         for p in procs:
             if p.poll() is None:
@@ -163,3 +171,8 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     assert "sessions on sidecar" in outs[6] and "its quota (max_sessions 2" in outs[6], report
     assert "shared memory registered with sidecar" in outs[4], report
     assert "requests in flight on sidecar" in outs[7] and "max_inflight_collectives 4" in outs[7], report
+    used = re.search(r'^collserve_job_data_path_seconds_total\{collserve_job="other",priority_class="bulk"\} (\S+)$',
+                     metrics, re.M)
+    assert used and float(used.group(1)) > 0, metrics
+    assert re.search(r'^collserve_job_data_path_chunks_total\{collserve_job="other",priority_class="bulk"\} [1-9]',
+                     metrics, re.M), metrics

@@ -44,11 +44,26 @@ TEST_F(JobPoliciesTest, AJobGetsItsOwnEntryElseTheDefault) {
   EXPECT_EQ(PolicyFor(pb::JobPolicies(), "train").max_sessions(), 0);  // no file: no limits
 }
 
+TEST_F(JobPoliciesTest, ClassesAndWeightsAreReadByName) {
+  auto p = LoadJobPolicies(Write(R"({"jobs": {"serve": {"priority_class": "PRIORITY_CLASS_LATENCY_CRITICAL",
+                                                         "share_weight": 4},
+                                              "train": {"priority_class": "PRIORITY_CLASS_BULK"}}})"));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(PolicyFor(*p, "serve").priority_class(), pb::PRIORITY_CLASS_LATENCY_CRITICAL);
+  EXPECT_EQ(PolicyFor(*p, "serve").share_weight(), 4);
+  EXPECT_EQ(PolicyFor(*p, "train").priority_class(), pb::PRIORITY_CLASS_BULK);
+  EXPECT_EQ(PolicyFor(*p, "other").priority_class(), pb::PRIORITY_CLASS_UNSPECIFIED);
+}
+
 TEST_F(JobPoliciesTest, AMisspeltLimitANegativeOneAndBrokenJsonAreRefusedNamingTheFile) {
   for (const std::string& text : {std::string(R"({"jobs": {"a": {"max_session": 2}}})"),
                                   std::string(R"({"jobs": {"a": {"max_sessions": -1}}})"),
                                   std::string(R"({"default_policy": {"max_segment_bytes": "-5"}})"),
                                   std::string(R"({"jobs": {"a": {"max_inflight_collectives": -3}}})"),
+                                  std::string(R"({"jobs": {"a": {"priority_class": "PRIORITY_CLASS_URGENT"}}})"),
+                                  std::string(R"({"jobs": {"a": {"priority_class": 7}}})"),
+                                  std::string(R"({"jobs": {"a": {"share_weight": 1001}}})"),
+                                  std::string(R"({"default_policy": {"share_weight": -1}})"),
                                   std::string(R"({"jobs": {"": {"max_sessions": 1}}})"), std::string("{not json")}) {
     const std::string path = Write(text);
     auto p = LoadJobPolicies(path);

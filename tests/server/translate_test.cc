@@ -43,6 +43,14 @@ TEST(TranslateTest, CompactAndMembersAnswersGiveTheSameMembership) {
   }
 }
 
+TEST(TranslateTest, PriorityClassesMapToThePoolsClasses) {
+  EXPECT_EQ(PoolPriority(pb::PRIORITY_CLASS_LATENCY_CRITICAL), 0);
+  EXPECT_EQ(PoolPriority(pb::PRIORITY_CLASS_DEFAULT), 1);
+  EXPECT_EQ(PoolPriority(pb::PRIORITY_CLASS_UNSPECIFIED), 1);
+  EXPECT_EQ(PoolPriority(pb::PRIORITY_CLASS_BULK), 2);
+  EXPECT_EQ(PoolPriority(static_cast<pb::PriorityClass>(9)), 1);
+}
+
 TEST(TranslateTest, AHostIndexOutsideTheHostsIsInvalidArgument) {
   for (int bad : {-1, 1, 1 << 30}) {
     pb::JoinResponse r;
