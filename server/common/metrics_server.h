@@ -80,7 +80,6 @@ class MetricsServer {
   friend struct MetricsServerCallbacks;  // libmicrohttpd's callback (metrics_server.cc)
 
   int port_ = 0;
-  int listen_fd_ = -1;
   MHD_Daemon* daemon_ = nullptr;
   absl::Mutex mu_;
   std::vector<std::weak_ptr<prometheus::Collectable>> collectables_ ABSL_GUARDED_BY(mu_);

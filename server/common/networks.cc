@@ -186,6 +186,10 @@ absl::StatusOr<uid_t> LocalPeerUid(int fd) {
   close(nl);
   if (n < 0) return absl::UnavailableError(absl::StrCat("sock_diag reply: ", std::strerror(err)));
   int remaining = static_cast<int>(n);
+  // NLMSG_OK compares the header's __u32 length with the int it is given (clang's
+  // -Wsign-compare); `remaining` stays an int so that NLMSG_NEXT's subtraction cannot wrap.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
   for (auto* h = reinterpret_cast<nlmsghdr*>(reply); NLMSG_OK(h, remaining); h = NLMSG_NEXT(h, remaining)) {
     if (h->nlmsg_type == NLMSG_ERROR) {
       if (h->nlmsg_len < NLMSG_LENGTH(sizeof(nlmsgerr))) break;
@@ -197,6 +201,7 @@ absl::StatusOr<uid_t> LocalPeerUid(int fd) {
       return static_cast<uid_t>(static_cast<const inet_diag_msg*>(NLMSG_DATA(h))->idiag_uid);
     }
   }
+#pragma GCC diagnostic pop
   return absl::UnavailableError("sock_diag: no answer about the peer's socket");
 }
 

@@ -1329,8 +1329,6 @@ TEST(AttackTest, OpsChannelAndSessionEndTogether) {
 // directory as it found it, so that user could move its socket aside and serve their own,
 // and every rank then sent them its job token.
 
-constexpr uid_t kNobody = 65534;
-
 // A directory of this test that uid 65534 can write into, like /tmp (mode 1777), inside
 // the cluster's own temp dir (made traversable, 0711).
 std::string SharedTmp(Cluster& cluster) {
