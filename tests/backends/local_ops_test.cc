@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 #include "backends/reduce.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::backends {
 namespace {
@@ -67,13 +69,6 @@ class ChunkLog {
   std::string order_ ABSL_GUARDED_BY(mu_);
 };
 
-// Waits (bounded) until `pred` holds.
-template <typename Pred>
-bool Eventually(Pred pred) {
-  for (int i = 0; i < 10000 && !pred(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  return pred();
-}
-
 TEST(ThreadPoolSchedulingTest, ALatencyCriticalLoopRunsBeforeTheRestOfABulkLoop) {
   ThreadPool pool(2);
   PoolTenant* bulk = pool.Tenant("train", PoolTenant::kBulk, 1);
@@ -89,7 +84,7 @@ TEST(ThreadPoolSchedulingTest, ALatencyCriticalLoopRunsBeforeTheRestOfABulkLoop)
       Spin(std::chrono::microseconds(50));
     }, bulk);
   });
-  ASSERT_TRUE(Eventually([&] { return bulk_started.load() >= 4; }));
+  ASSERT_TRUE(testing::WaitFor([&] { return bulk_started.load() >= 4; }, absl::Seconds(10), absl::Milliseconds(1)));
   pool.ParallelFor(kUrgent, [&](size_t) {
     log.Add('u');
     Spin(std::chrono::microseconds(50));
@@ -112,8 +107,10 @@ TEST(ThreadPoolSchedulingTest, ALatencyCriticalLoopRunsBeforeTheRestOfABulkLoop)
   const auto interleaved = std::count(order.begin() + first, order.begin() + last, 'b');
   EXPECT_LE(interleaved, 2) << order;
   // A worker charges a chunk when it next takes the pool's lock, just after the chunk.
-  EXPECT_TRUE(Eventually([&] { return urgent->chunks() == static_cast<int64_t>(kUrgent); })) << urgent->chunks();
-  EXPECT_TRUE(Eventually([&] { return bulk->chunks() == static_cast<int64_t>(kBulk); })) << bulk->chunks();
+  EXPECT_TRUE(testing::WaitFor([&] { return urgent->chunks() == static_cast<int64_t>(kUrgent); }, absl::Seconds(10)))
+      << urgent->chunks();
+  EXPECT_TRUE(testing::WaitFor([&] { return bulk->chunks() == static_cast<int64_t>(kBulk); }, absl::Seconds(10)))
+      << bulk->chunks();
   EXPECT_GT(urgent->used_ns(), 0);
 }
 
