@@ -1,7 +1,12 @@
 #include "backends/local_ops.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -17,6 +22,7 @@ struct ThreadPool::Loop {
   const std::function<void(size_t)>* fn = nullptr;
   size_t n = 0;
   PoolTenant* tenant = nullptr;
+  bool bulk = false;   // in the bulk lane (its tenant was of the bulk class when it was queued)
   uint64_t order = 0;  // arrival, the last tie-breaker
   std::chrono::steady_clock::time_point queued;
   size_t next = 0;     // the next unclaimed index; guarded by the pool's mu_
@@ -32,12 +38,34 @@ int64_t SteadyNowNs() {
 }
 }  // namespace
 
-ThreadPool::ThreadPool(int threads, NowNs now_ns) : now_ns_(now_ns != nullptr ? now_ns : &SteadyNowNs) {
+ThreadPool::ThreadPool(int threads, NowNs now_ns, int bulk_nice)
+    : now_ns_(now_ns != nullptr ? now_ns : &SteadyNowNs), bulk_nice_(threads > 1 ? std::max(bulk_nice, 0) : 0) {
   {
     absl::MutexLock lock(&mu_);
     default_tenant_ = tenants_.emplace("", absl::WrapUnique(new PoolTenant(""))).first->second.get();
   }
-  for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { WorkerMain(); });
+  const Lane lane = bulk_lane() ? Lane::kOther : Lane::kAny;
+  for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this, lane] { WorkerMain(lane); });
+  if (bulk_lane()) {
+    for (int i = 1; i < threads; ++i) {
+      bulk_workers_.emplace_back([this] {
+        (void)EnterBulkLane();  // on failure (no such limit is known) it runs at the pool's priority
+        WorkerMain(Lane::kBulk);
+      });
+    }
+  }
+}
+
+absl::Status ThreadPool::EnterBulkLane() const {
+  if (!bulk_lane()) return absl::OkStatus();
+  const id_t tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) return absl::ErrnoToStatus(errno, "getpriority");
+  if (setpriority(PRIO_PROCESS, tid, std::min(now + bulk_nice_, 19)) != 0) {
+    return absl::ErrnoToStatus(errno, "setpriority");
+  }
+  return absl::OkStatus();
 }
 
 ThreadPool::~ThreadPool() {
@@ -46,9 +74,10 @@ ThreadPool::~ThreadPool() {
     stop_ = true;
   }
   for (std::thread& t : workers_) t.join();
+  for (std::thread& t : bulk_workers_) t.join();
 }
 
-PoolTenant* ThreadPool::Tenant(const std::string& name, int priority, int weight) {
+PoolTenant* ThreadPool::Tenant(const std::string& name, int priority, int weight, int max_threads) {
   absl::MutexLock lock(&mu_);
   auto it = tenants_.find(name);
   if (it == tenants_.end()) {
@@ -63,6 +92,7 @@ PoolTenant* ThreadPool::Tenant(const std::string& name, int priority, int weight
   PoolTenant* t = it->second.get();
   t->priority_ = std::clamp(priority, PoolTenant::kLatencyCritical, PoolTenant::kBulk);
   t->weight_ = std::clamp(weight, 1, 1000);
+  t->max_threads_ = std::max(max_threads, 0);
   return t;
 }
 
@@ -76,9 +106,12 @@ std::vector<ThreadPool::TenantUsage> ThreadPool::Usage() {
   return out;
 }
 
-std::shared_ptr<ThreadPool::Loop> ThreadPool::PickLocked() {
+std::shared_ptr<ThreadPool::Loop> ThreadPool::PickLocked(Lane lane) {
   std::shared_ptr<Loop> best;
   for (const std::shared_ptr<Loop>& l : loops_) {
+    if (lane != Lane::kAny && l->bulk != (lane == Lane::kBulk)) continue;  // the other lane's
+    const PoolTenant& t = *l->tenant;
+    if (t.max_threads_ > 0 && t.running_ >= t.max_threads_) continue;  // at its quota
     if (best == nullptr) {
       best = l;
       continue;
@@ -98,6 +131,7 @@ size_t ThreadPool::ClaimLocked(Loop* loop) {
                                      std::memory_order_relaxed);
   }
   const size_t i = loop->next++;
+  ++loop->tenant->running_;  // until ChargeLocked
   if (loop->next == loop->n) {
     loops_.erase(std::find_if(loops_.begin(), loops_.end(), [&](const auto& l) { return l.get() == loop; }));
     --loop->tenant->active_loops_;
@@ -118,12 +152,13 @@ int64_t ThreadPool::RunChunk(Loop* loop, size_t i) {
 }
 
 void ThreadPool::ChargeLocked(PoolTenant* tenant, int64_t ns) {
+  --tenant->running_;
   tenant->vruntime_ns_ += std::max<int64_t>(ns / tenant->weight_, 1);
   tenant->used_ns_.fetch_add(ns, std::memory_order_relaxed);
   tenant->chunks_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void ThreadPool::WorkerMain() {
+void ThreadPool::WorkerMain(Lane lane) {
   PoolTenant* charge = nullptr;  // the chunk this thread ran last, charged at its next pick
   int64_t ns = 0;
   for (;;) {
@@ -133,10 +168,11 @@ void ThreadPool::WorkerMain() {
       absl::MutexLock lock(&mu_);
       if (charge != nullptr) ChargeLocked(charge, ns);
       charge = nullptr;
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !loops_.empty(); };
+      // A loop it may take: one with an unclaimed chunk whose tenant is under its quota.
+      auto ready = [this, lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || PickLocked(lane) != nullptr; };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      loop = PickLocked();
+      loop = PickLocked(lane);  // the same one: the condition held with the lock, still held
       i = ClaimLocked(loop.get());
     }
     charge = loop->tenant;
@@ -152,6 +188,7 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, Po
     for (size_t i = 0; i < n; ++i) fn(i);
     const int64_t ns = now_ns_() - start;
     absl::MutexLock lock(&mu_);
+    ++mine->running_;  // (ChargeLocked ends it)
     ChargeLocked(mine, ns);
     return;
   }
@@ -159,8 +196,13 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, Po
   loop->fn = &fn;
   loop->n = n;
   loop->tenant = mine;
+  Lane lane = Lane::kAny;
   {
     absl::MutexLock lock(&mu_);
+    loop->bulk = mine->priority_ == PoolTenant::kBulk;
+    // The caller takes chunks of its own loop's lane only: a bulk executor (a nicer thread)
+    // never holds a better class's chunk, nor another's thread a bulk one.
+    if (bulk_lane()) lane = loop->bulk ? Lane::kBulk : Lane::kOther;
     loop->order = next_order_++;
     loop->queued = std::chrono::steady_clock::now();
     if (mine->active_loops_ == 0) {
@@ -186,7 +228,14 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, Po
       if (charge != nullptr) ChargeLocked(charge, ns);
       charge = nullptr;
       if (loop->next >= loop->n) break;
-      run = PickLocked();  // not null: this loop has an unclaimed chunk
+      // Its own loop's tenant may be at its quota (other threads run its chunks): then it
+      // waits until a chunk may be taken, or its loop is all claimed.
+      auto can = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return loop->next >= loop->n || PickLocked(lane) != nullptr;
+      };
+      mu_.Await(absl::Condition(&can));
+      if (loop->next >= loop->n) break;
+      run = PickLocked(lane);
       i = ClaimLocked(run.get());
     }
     charge = run->tenant;
@@ -271,7 +320,10 @@ void RunCopies(ThreadPool& pool, const std::vector<CopyJob>& jobs, PoolTenant* t
   // Chunk i of the whole list: find its job by the prefix sums of the jobs' chunk counts.
   std::vector<size_t> first_chunk(jobs.size() + 1, 0);
   for (size_t j = 0; j < jobs.size(); ++j) {
-    first_chunk[j + 1] = first_chunk[j] + (jobs[j].bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
+    // A copy onto itself (a rank's own piece of an in-place all_gather) has nothing to do: it
+    // gets no chunks.
+    const size_t bytes = jobs[j].dst == jobs[j].src ? 0 : jobs[j].bytes;
+    first_chunk[j + 1] = first_chunk[j] + (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
   }
   pool.ParallelFor(first_chunk.back(), [&](size_t c) {
     const size_t j = static_cast<size_t>(std::upper_bound(first_chunk.begin(), first_chunk.end(), c) -

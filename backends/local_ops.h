@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/types.h"
 
@@ -58,6 +59,8 @@ class PoolTenant {
   // Guarded by the pool's mutex.
   int priority_ = kDefault;
   int weight_ = 1;
+  int max_threads_ = 0;      // the most threads running its chunks at once (0 = no limit)
+  int running_ = 0;          // threads running one of its chunks now
   int64_t vruntime_ns_ = 0;  // used time / weight, moved up to the least active one's on waking
   int active_loops_ = 0;
 };
@@ -71,31 +74,58 @@ class PoolTenant {
 // those, the least virtual runtime (its chunks' time divided by its weight): weighted fair
 // queueing between jobs, as Linux CFS does between threads. A tenant that had no loop
 // running starts at the least virtual runtime of those running, so idleness earns no
-// credit. A caller takes the best loop's chunk too, whoever's it is, until its own loop is
-// claimed: a bulk job's thread serves a latency-critical job's reduction before its own.
+// credit. A caller takes the best loop's chunk too, whoever's it is (of its lane, below),
+// until its own loop is claimed: a default job's thread serves a latency-critical job's
+// reduction before its own.
 // Chunks are the unit (kLocalChunkBytes): a loop waits for at most one chunk per thread of
 // another before it runs. Nothing waits on another loop's completion, so no loop can hold
 // up another past the chunks already taken.
+//
+// A tenant's thread quota (max_threads, JobPolicy.max_data_threads) caps the threads running
+// its chunks at once, workers and callers alike: while that many run them, a thread passes
+// over its loops and takes another tenant's chunk or waits (a caller whose own loop is
+// passed over waits until it may take a chunk, or its loop is all claimed: chunks never
+// block, so the wait ends). A loop of one chunk, or any loop of a pool without workers,
+// runs whole on its caller and is not held back.
+//
+// The bulk lane (bulk_nice > 0): the classes above order the chunks a thread takes, but not
+// the CPU the operating system gives the threads, and a bulk job's reductions keep every core
+// busy between its chunks' picks while a latency-critical job's ranks, sessions and executor
+// wait for a core. With a bulk lane, bulk-class loops (the tenant's class when the loop was
+// queued) run only on threads of their own at `bulk_nice` more than the process's nice value
+// (threads - 1 bulk workers, and the executors of bulk jobs' groups: EnterBulkLane), and the
+// other loops only on the other workers and callers: the kernel then gives the bulk threads
+// the cores only when nothing of a better class wants them (a nice-10 thread gets about a
+// tenth of a core beside a busy nice-0 one: the kernel's weights). Raising a thread's nice
+// value needs no privilege; lowering it does, so a thread never leaves the bulk lane.
 class ThreadPool {
  public:
-  // `threads` >= 1 in total, the caller included (threads - 1 workers are started).
-  // `now_ns` (tests: a fake clock; null = std::chrono::steady_clock) is the clock chunks are
-  // timed and charged with.
+  // `threads` >= 1 in total, the caller included (threads - 1 workers are started, and with
+  // `bulk_nice` > 0 another threads - 1 for the bulk lane). `now_ns` (tests: a fake clock;
+  // null = std::chrono::steady_clock) is the clock chunks are timed and charged with.
   using NowNs = int64_t (*)();
-  explicit ThreadPool(int threads, NowNs now_ns = nullptr);
+  explicit ThreadPool(int threads, NowNs now_ns = nullptr, int bulk_nice = 0);
   ~ThreadPool();  // joins the workers; no loop may be running
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Whether bulk-class loops have a lane of their own (bulk_nice > 0 and threads > 1).
+  bool bulk_lane() const { return bulk_nice_ > 0; }
+  // Moves the calling thread into the bulk lane: raises its nice value by bulk_nice (at most
+  // 19); nothing without a bulk lane. For the threads that run bulk jobs' work outside the
+  // pool (a bulk group's executor, which is also the caller of its loops). Irreversible for
+  // an unprivileged process. OK, or the error of setpriority(2).
+  absl::Status EnterBulkLane() const;
 
   // Most tenants the pool keeps; past them, new names share one tenant ("(others)").
   static constexpr size_t kMaxTenants = 4096;
 
   // The tenant named `name` (made on first use), with its class set to `priority`
-  // (clamped to [kLatencyCritical, kBulk]) and its weight to `weight` (clamped to
-  // [1, 1000]). Valid for the pool's life. Thread-safe.
-  PoolTenant* Tenant(const std::string& name, int priority, int weight);
+  // (clamped to [kLatencyCritical, kBulk]), its weight to `weight` (clamped to [1, 1000])
+  // and its thread quota to `max_threads` (0 or less: no limit). Valid for the pool's life.
+  // Thread-safe.
+  PoolTenant* Tenant(const std::string& name, int priority, int weight, int max_threads = 0);
 
   // One tenant's class, weight and counters (PoolTenant), for metrics.
   struct TenantUsage {
@@ -117,14 +147,17 @@ class ThreadPool {
 
  private:
   struct Loop;
-  void WorkerMain();
-  // The loop whose next chunk runs next (see the class comment); null when none has an
-  // unclaimed chunk.
-  std::shared_ptr<Loop> PickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Which loops a thread takes: every loop (no bulk lane), or only bulk ones / only others.
+  enum class Lane { kAny, kBulk, kOther };
+  void WorkerMain(Lane lane);
+  // The loop of `lane` whose next chunk runs next (see the class comment); null when none
+  // has an unclaimed chunk that may be taken (a tenant at its thread quota is passed over).
+  std::shared_ptr<Loop> PickLocked(Lane lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Claims the next chunk of `loop`, dropping it from loops_ once every chunk is claimed.
   size_t ClaimLocked(Loop* loop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs chunk `i` of `loop` and returns the nanoseconds it took (charged by ChargeLocked).
   int64_t RunChunk(Loop* loop, size_t i);
+  // Charges a chunk that took `ns` to `tenant` and ends its count as running.
   void ChargeLocked(PoolTenant* tenant, int64_t ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
@@ -134,7 +167,9 @@ class ThreadPool {
   const NowNs now_ns_;
   uint64_t next_order_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;
+  int bulk_nice_ = 0;  // > 0: the bulk lane's threads run this much nicer
+  std::vector<std::thread> workers_;       // every loop, or (bulk lane) the other classes'
+  std::vector<std::thread> bulk_workers_;  // the bulk lane's
 };
 
 // Bytes per chunk: the unit of work one pool thread takes (RunLocalReduce walks it in 1 KiB
@@ -159,7 +194,8 @@ struct LocalReduce {
 // `tenant` (null: the pool's default) is whom its chunks count for (ThreadPool::ParallelFor).
 void RunLocalReduce(ThreadPool& pool, const LocalReduce& r, PoolTenant* tenant = nullptr);
 
-// One copy of a list: dst[0..bytes) = src[0..bytes). Ranges must not overlap.
+// One copy of a list: dst[0..bytes) = src[0..bytes). Ranges must not overlap, or be the same
+// range (dst == src: skipped).
 struct CopyJob {
   char* dst;
   const char* src;

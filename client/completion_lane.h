@@ -1,4 +1,4 @@
-// CompletionLane: the SDK's completion lanes (client/process_group.cc). Each lane is one
+// CompletionLane: the SDK's completion lanes (client/session_process_group.h). Each lane is one
 // thread that finishes the completions of a session in the order it is handed them.
 #ifndef COLLSERVE_CLIENT_COMPLETION_LANE_H_
 #define COLLSERVE_CLIENT_COMPLETION_LANE_H_

@@ -83,7 +83,15 @@ StagingPlan PlanStaging(const Request& r, const PlanContext& ctx, const ArenaLoo
     const char* o = static_cast<const char*>(r.outputs[0].first);
     for (const auto& [ptr, b] : r.inputs) {
       const char* i = static_cast<const char*>(ptr);
-      if (b > 0 && i < o + p.out_region && o < i + b) p.out_zero = false;  // overlapping: stage the output
+      // The input as this rank's own piece of an all_gather's output (torch's in-place
+      // all_gather_into_tensor, FSDP's layout): the sidecar writes every other piece and
+      // skips this one (a copy onto itself), so the input is never written over and the
+      // output goes by reference as well.
+      const size_t rank = static_cast<size_t>(ctx.rank);
+      const bool own_piece = r.op == pb::ALL_GATHER && r.inputs.size() == 1 && b * (rank + 1) <= p.out_region &&
+                             i == o + b * rank;
+      // Any other overlap: the output is staged.
+      if (b > 0 && i < o + p.out_region && o < i + b && !own_piece) p.out_zero = false;
     }
   }
   p.stage_in = p.in_zero ? 0 : p.in_bytes;

@@ -1,4 +1,4 @@
-// The SDK's shared memory on a session with its host's sidecar (client/process_group.cc):
+// The SDK's shared memory on a session with its host's sidecar (client/session_process_group.h):
 //
 //   Arena        the group's SharedBuffers (ProcessGroup::AllocateShared) by address, so
 //                that a tensor in one goes by reference (zero copy);

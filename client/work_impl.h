@@ -1,4 +1,4 @@
-// WorkImpl: the Work of one operation of a session (client/process_group.cc), completed
+// WorkImpl: the Work of one operation of a session (client/session_process_group.h), completed
 // once by the thread that reads its answer, or failed at issue.
 #ifndef COLLSERVE_CLIENT_WORK_IMPL_H_
 #define COLLSERVE_CLIENT_WORK_IMPL_H_

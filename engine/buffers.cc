@@ -34,7 +34,8 @@ absl::StatusOr<char*> SegmentTable::Map(const BufferRef& b, size_t bytes, Submis
   return seg->second->data() + b.offset;
 }
 
-absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer) {
+absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer,
+                            InlineBudget* budget) {
   Request& c = sub.args;
   const CollectiveOp op = c.op;
   if (op == CollectiveOp::kBarrier || op == CollectiveOp::kMonitoredBarrier) return absl::OkStatus();
@@ -56,6 +57,18 @@ absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObser
     if (sub.out_bytes > kMaxInlineBytes) {
       return absl::InvalidArgumentError(absl::StrCat("an inline result of ", sub.out_bytes, " bytes exceeds the ",
                                                      kMaxInlineBytes, "-byte limit of one message"));
+    }
+    // Both sizes are at most kMaxInlineBytes (the input arrived in one message): no overflow.
+    const int64_t held = static_cast<int64_t>(sub.in_bytes + sub.out_bytes);
+    if (budget != nullptr) {
+      const InlineBudget* refused = nullptr;
+      if (!budget->TryReserve(held, &refused)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "an inline request of ", held, " bytes (input and result) would put ", refused->what(), " in flight at ",
+            refused->in_use() + held, ", over its limit (", refused->limit_name(), " ", refused->limit(),
+            "); use shared memory on the sidecar's host, or fewer inline requests at once"));
+      }
+      sub.inline_charge = InlineCharge(budget, held);
     }
     sub.inline_mode = true;
     sub.inline_in = std::make_unique<std::string>(std::move(c.buffer.inline_data));

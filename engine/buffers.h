@@ -53,13 +53,16 @@ class SegmentTable {
 };
 
 // Sets sub.in/in_bytes and sub.out/out_bytes from the request's buffers: the mapped
-// segments (local sessions) or the inline bytes (moved out of the request). Requires
-// ValidateRequest(sub.args).ok(). Reports the bytes to `observer` (may be null).
-// INVALID_ARGUMENT if an inline tensor's size does not match count and dtype, or an inline
-// result would exceed kMaxInlineBytes, or a fill_offset (BufferRef::fill_offset: then
-// sub.fill points at the count) is not an aligned word inside the segment and outside the
-// tensor; else as Map.
-absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer);
+// segments (local sessions) or the inline bytes (moved out of the request; the result's
+// bytes are allocated, zero-filled, only once they were counted in `budget`, which may be
+// null: not counted). Requires ValidateRequest(sub.args).ok(). Reports the bytes to
+// `observer` (may be null). INVALID_ARGUMENT if an inline tensor's size does not match count
+// and dtype, or an inline result would exceed kMaxInlineBytes, or a fill_offset
+// (BufferRef::fill_offset: then sub.fill points at the count) is not an aligned word inside
+// the segment and outside the tensor; RESOURCE_EXHAUSTED naming max_inline_bytes when the
+// inline input and result would take `budget` past its limit; else as Map.
+absl::Status ResolveBuffers(SegmentTable& segments, Submission& sub, EngineObserver* observer,
+                            InlineBudget* budget = nullptr);
 
 }  // namespace collserve::engine
 

@@ -137,10 +137,133 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
   return absl::OkStatus();
 }
 
-absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
-                                absl::Duration timeout, const char** algorithm) {
-  const RankArgs& a = all[0];
-  const CollectiveOp op = OpOf(a);
+namespace {
+
+// One agreed op's data step on the GPU, as each op's function below sees it.
+struct DeviceStep {
+  const std::vector<RankArgs>& all;   // every rank's arguments (all[0]: the op's)
+  std::map<int, Submission>& subs;    // the local ranks' submissions, by rank
+  const Topology& topology;
+  backends::DeviceStream& ds;         // the group's stream
+  backends::Communicator* comm;       // NCCL among the hosts; null when use_comm is false
+  bool use_comm;                      // several hosts, or one local rank (NCCL with one rank)
+  std::vector<const void*> ins;       // the local ranks' inputs, in rank order
+  std::vector<void*> outs;            // their outputs (in place: the inputs)
+  DataType dtype;
+  size_t es;                          // bytes per element
+  ReduceOp rop;                       // AVG runs as SUM ...
+  double scale;                       // ... and a scale by 1/world_size in the last kernel
+  bool one_rank_per_host;             // host h serves exactly rank h
+
+  const RankArgs& a() const { return all[0]; }
+  size_t local() const { return subs.size(); }
+  int world() const { return topology.world_size; }
+  void* stream() const { return ds.stream(); }
+};
+
+// Each op's step; returns the algorithm it ran (Completion.algorithm). The module comment
+// says what each does.
+absl::StatusOr<const char*> DeviceAllReduce(DeviceStep& d) {
+  const size_t count = static_cast<size_t>(d.a().count);
+  if (count == 0) return "";
+  if (!d.use_comm) {
+    COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce(d.ins, d.outs, count, d.dtype, d.rop, d.scale));
+    return "local_cuda";
+  }
+  if (d.local() > 1) COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce(d.ins, {d.outs[0]}, count, d.dtype, d.rop, 1.0));
+  COLLSERVE_RETURN_IF_ERROR(d.comm->AllReduceOnStream(d.outs[0], count, d.dtype, d.rop, d.stream()));
+  if (d.local() > 1 || d.scale != 1.0) {
+    COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce({d.outs[0]}, d.outs, count, d.dtype, ReduceOp::kSum, d.scale));
+  }
+  return d.local() > 1 ? "local_cuda+nccl" : "nccl";
+}
+
+absl::StatusOr<const char*> DeviceBroadcast(DeviceStep& d) {
+  const size_t bytes = static_cast<size_t>(d.a().count) * d.es;
+  if (bytes == 0) return "";
+  const int root = static_cast<int>(d.a().root);
+  auto root_sub = d.subs.find(root);
+  char* src = root_sub != d.subs.end() ? root_sub->second.in : d.subs.begin()->second.in;
+  if (d.use_comm) {
+    COLLSERVE_RETURN_IF_ERROR(d.comm->BroadcastOnStream(src, bytes, d.topology.rank_host[root], d.stream()));
+  }
+  for (auto& [rank, sub] : d.subs) COLLSERVE_RETURN_IF_ERROR(d.ds.Copy(sub.in, src, bytes));
+  return d.use_comm ? (d.local() > 1 ? "nccl+local_cuda" : "nccl") : "local_cuda";
+}
+
+bool EqualCounts(const std::vector<RankArgs>& all, int64_t RankArgs::*field) {
+  for (const RankArgs& r : all) {
+    if (r.*field != all[0].*field) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<const char*> DeviceAllGather(DeviceStep& d) {
+  if (!EqualCounts(d.all, &RankArgs::count)) {
+    return absl::UnimplementedError("all_gather with different sizes per rank is not supported on CUDA tensors");
+  }
+  const size_t bytes = static_cast<size_t>(d.a().count) * d.es;
+  if (bytes == 0) return "";
+  if (d.use_comm && d.local() == 1 && d.one_rank_per_host) {
+    COLLSERVE_RETURN_IF_ERROR(d.comm->AllGatherOnStream(d.ins[0], d.outs[0], bytes, d.stream()));
+    return "nccl";
+  }
+  char* dst0 = static_cast<char*>(d.outs[0]);
+  for (auto& [rank, sub] : d.subs) {
+    COLLSERVE_RETURN_IF_ERROR(d.ds.Copy(dst0 + static_cast<size_t>(rank) * bytes, sub.in, bytes));
+  }
+  if (d.use_comm) {
+    std::vector<void*> pieces;
+    std::vector<size_t> sizes;
+    std::vector<int> roots;
+    for (int r = 0; r < d.world(); ++r) {
+      pieces.push_back(dst0 + static_cast<size_t>(r) * bytes);
+      sizes.push_back(bytes);
+      roots.push_back(d.topology.rank_host[r]);
+    }
+    COLLSERVE_RETURN_IF_ERROR(d.comm->BroadcastGroupOnStream(pieces, sizes, roots, d.stream()));
+  }
+  for (size_t k = 1; k < d.local(); ++k) COLLSERVE_RETURN_IF_ERROR(d.ds.Copy(d.outs[k], dst0, bytes * d.world()));
+  return d.use_comm ? "local_cuda+nccl" : "local_cuda";
+}
+
+absl::StatusOr<const char*> DeviceReduceScatter(DeviceStep& d) {
+  if (!EqualCounts(d.all, &RankArgs::output_count) || d.a().count != d.a().output_count * d.world()) {
+    return absl::UnimplementedError("reduce_scatter with different sizes per rank is not supported on CUDA tensors");
+  }
+  const size_t count = static_cast<size_t>(d.a().output_count);
+  const size_t bytes = count * d.es;
+  if (count == 0) return "";
+  if (!d.use_comm) {
+    for (auto& [rank, sub] : d.subs) {
+      std::vector<const void*> block;
+      for (const void* in : d.ins) block.push_back(static_cast<const char*>(in) + static_cast<size_t>(rank) * bytes);
+      COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce(block, {sub.out}, count, d.dtype, d.rop, d.scale));
+    }
+    return "local_cuda";
+  }
+  if (d.local() == 1 && d.one_rank_per_host) {
+    COLLSERVE_RETURN_IF_ERROR(d.comm->ReduceScatterOnStream(d.ins[0], d.outs[0], count, d.dtype, d.rop, d.stream()));
+    if (d.scale != 1.0) {
+      COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce({d.outs[0]}, {d.outs[0]}, count, d.dtype, ReduceOp::kSum, d.scale));
+    }
+    return "nccl";
+  }
+  auto scratch = d.ds.Scratch(bytes * d.world());
+  if (!scratch.ok()) return scratch.status();
+  char* acc = static_cast<char*>(*scratch);
+  COLLSERVE_RETURN_IF_ERROR(d.ds.Reduce(d.ins, {acc}, count * d.world(), d.dtype, d.rop, 1.0));
+  COLLSERVE_RETURN_IF_ERROR(d.comm->AllReduceOnStream(acc, count * d.world(), d.dtype, d.rop, d.stream()));
+  for (auto& [rank, sub] : d.subs) {
+    COLLSERVE_RETURN_IF_ERROR(
+        d.ds.Reduce({acc + static_cast<size_t>(rank) * bytes}, {sub.out}, count, d.dtype, ReduceOp::kSum, d.scale));
+  }
+  return "local_cuda+nccl";
+}
+
+}  // namespace
+
+absl::StatusOr<backends::DeviceStream*> Group::DeviceStreamFor(const std::map<int, Submission>& subs) {
   const int device = subs.begin()->second.device;
   for (const auto& [rank, sub] : subs) {
     if (sub.device != device) {
@@ -157,169 +280,89 @@ absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, 
     return absl::InvalidArgumentError(absl::StrCat("group \"", params_.name, "\" ran on GPU ", device_stream_->device(),
                                                    " before; its local ranks now use GPU ", device));
   }
-  backends::DeviceStream& ds = *device_stream_;
+  return device_stream_.get();
+}
+
+absl::StatusOr<backends::Communicator*> Group::DeviceCommunicator(int device, absl::Duration timeout) {
+  if (device_comm_ != nullptr) return device_comm_.get();
   const int hosts = topology_.num_hosts;
-  const size_t local = subs.size();
-  const bool use_comm = hosts > 1 || local == 1;
-  if (use_comm && device_comm_ == nullptr) {
-    auto name = env_.backends->Resolve(params_.backend, DeviceType::kCuda);
-    if (!name.ok()) name = env_.backends->Resolve("", DeviceType::kCuda);
-    if (!name.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat("no backend for CUDA tensors across hosts: ",
-                                                        name.status().message()));
-    }
-    std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
-    backends::ConnectParams connect;
-    connect.prefix = absl::StrCat("collserve/", *name, "/", params_.name, "/", topology_.generation, "/cuda");
-    connect.rank = topology_.host_index;
-    connect.size = hosts;
-    connect.hostname = env_.hostname;
-    connect.connect_timeout = std::min(timeout, params_.init_timeout);
-    connect.device = device;
-    auto comm = env_.backends->Connect(*name, *store, connect);
-    if (!comm.ok()) {
-      return absl::Status(comm.status().code(), absl::StrCat("connecting ", *name, " for CUDA tensors across ", hosts,
-                                                             " host(s) failed: ", comm.status().message()));
-    }
-    device_comm_ = std::move(*comm);
-    LOG(INFO) << "group \"" << params_.name << "\": " << *name << " communicator for CUDA tensors on GPU " << device
-              << " (host " << topology_.host_index << " of " << hosts << ")";
+  auto name = env_.backends->Resolve(params_.backend, DeviceType::kCuda);
+  if (!name.ok()) name = env_.backends->Resolve("", DeviceType::kCuda);
+  if (!name.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("no backend for CUDA tensors across hosts: ",
+                                                      name.status().message()));
   }
-  backends::Communicator* comm = device_comm_.get();
-  void* stream = ds.stream();
-  const DataType dtype = static_cast<DataType>(a.dtype);
-  const size_t es = ElementSize(dtype);
-  const int world = topology_.world_size;
+  std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
+  backends::ConnectParams connect;
+  connect.prefix = absl::StrCat("collserve/", *name, "/", params_.name, "/", topology_.generation, "/cuda");
+  connect.rank = topology_.host_index;
+  connect.size = hosts;
+  connect.hostname = env_.hostname;
+  connect.connect_timeout = std::min(timeout, params_.init_timeout);
+  connect.device = device;
+  auto comm = env_.backends->Connect(*name, *store, connect);
+  if (!comm.ok()) {
+    return absl::Status(comm.status().code(), absl::StrCat("connecting ", *name, " for CUDA tensors across ", hosts,
+                                                           " host(s) failed: ", comm.status().message()));
+  }
+  device_comm_ = std::move(*comm);
+  LOG(INFO) << "group \"" << params_.name << "\": " << *name << " communicator for CUDA tensors on GPU " << device
+            << " (host " << topology_.host_index << " of " << hosts << ")";
+  return device_comm_.get();
+}
 
-  for (auto& [rank, sub] : subs) COLLSERVE_RETURN_IF_ERROR(ds.WaitEvent(*sub.ready_event));
-
-  std::vector<const void*> ins;
-  std::vector<void*> outs;
+absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
+                                absl::Duration timeout, const char** algorithm) {
+  COLLSERVE_ASSIGN_OR_RETURN(backends::DeviceStream * ds, DeviceStreamFor(subs));
+  const bool use_comm = topology_.num_hosts > 1 || subs.size() == 1;
+  backends::Communicator* comm = nullptr;
+  if (use_comm) {
+    COLLSERVE_ASSIGN_OR_RETURN(comm, DeviceCommunicator(ds->device(), timeout));
+  }
+  const RankArgs& a = all[0];
+  const CollectiveOp op = OpOf(a);
+  DeviceStep d{all, subs, topology_, *ds, comm, use_comm, {}, {}, static_cast<DataType>(a.dtype), 0,
+               static_cast<ReduceOp>(a.reduce_op), 1.0, topology_.num_hosts == topology_.world_size};
+  d.es = ElementSize(d.dtype);
+  for (int r = 0; d.one_rank_per_host && r < d.world(); ++r) d.one_rank_per_host = topology_.rank_host[r] == r;
+  if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && d.rop == ReduceOp::kAvg) {
+    d.rop = ReduceOp::kSum;
+    d.scale = 1.0 / d.world();
+  }
+  if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && d.rop != ReduceOp::kSum &&
+      d.rop != ReduceOp::kProduct && d.rop != ReduceOp::kMin && d.rop != ReduceOp::kMax) {
+    return absl::UnimplementedError(absl::StrCat("ReduceOp.", ReduceOpName(d.rop),
+                                                 " is not supported on CUDA tensors (SUM, AVG, PRODUCT, MIN, MAX are)"));
+  }
   for (auto& [rank, sub] : subs) {
-    ins.push_back(sub.in);
-    outs.push_back(IsInPlace(op) ? sub.in : sub.out);
+    COLLSERVE_RETURN_IF_ERROR(ds->WaitEvent(*sub.ready_event));
+    d.ins.push_back(sub.in);
+    d.outs.push_back(IsInPlace(op) ? sub.in : sub.out);
   }
-  // AVG runs as SUM and a scale by 1/world_size in the last kernel.
-  ReduceOp rop = static_cast<ReduceOp>(a.reduce_op);
-  double scale = 1.0;
-  if (op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) {
-    if (rop == ReduceOp::kAvg) {
-      rop = ReduceOp::kSum;
-      scale = 1.0 / world;
-    } else if (rop != ReduceOp::kSum && rop != ReduceOp::kProduct && rop != ReduceOp::kMin && rop != ReduceOp::kMax) {
-      return absl::UnimplementedError(absl::StrCat("ReduceOp.", ReduceOpName(rop),
-                                                   " is not supported on CUDA tensors (SUM, AVG, PRODUCT, MIN, MAX are)"));
-    }
-  }
-  const auto equal_counts = [&](int64_t RankArgs::*field) {
-    for (const RankArgs& r : all) {
-      if (r.*field != a.*field) return false;
-    }
-    return true;
-  };
-  // Whether host h serves exactly rank h (one rank per host, in rank order).
-  bool one_rank_per_host = hosts == world;
-  for (int r = 0; one_rank_per_host && r < world; ++r) one_rank_per_host = topology_.rank_host[r] == r;
-
+  absl::StatusOr<const char*> ran;
   switch (op) {
-    case CollectiveOp::kAllReduce: {
-      const size_t count = static_cast<size_t>(a.count);
-      if (count == 0) break;
-      if (!use_comm) {
-        COLLSERVE_RETURN_IF_ERROR(ds.Reduce(ins, outs, count, dtype, rop, scale));
-        *algorithm = "local_cuda";
-        break;
-      }
-      if (local > 1) COLLSERVE_RETURN_IF_ERROR(ds.Reduce(ins, {outs[0]}, count, dtype, rop, 1.0));
-      COLLSERVE_RETURN_IF_ERROR(comm->AllReduceOnStream(outs[0], count, dtype, rop, stream));
-      if (local > 1 || scale != 1.0) {
-        COLLSERVE_RETURN_IF_ERROR(ds.Reduce({outs[0]}, outs, count, dtype, ReduceOp::kSum, scale));
-      }
-      *algorithm = local > 1 ? "local_cuda+nccl" : "nccl";
+    case CollectiveOp::kAllReduce:
+      ran = DeviceAllReduce(d);
       break;
-    }
-    case CollectiveOp::kBroadcast: {
-      const size_t bytes = static_cast<size_t>(a.count) * es;
-      if (bytes == 0) break;
-      const int root = static_cast<int>(a.root);
-      auto root_sub = subs.find(root);
-      char* src = root_sub != subs.end() ? root_sub->second.in : subs.begin()->second.in;
-      if (use_comm) {
-        COLLSERVE_RETURN_IF_ERROR(comm->BroadcastOnStream(src, bytes, topology_.rank_host[root], stream));
-      }
-      for (auto& [rank, sub] : subs) COLLSERVE_RETURN_IF_ERROR(ds.Copy(sub.in, src, bytes));
-      *algorithm = use_comm ? (local > 1 ? "nccl+local_cuda" : "nccl") : "local_cuda";
+    case CollectiveOp::kBroadcast:
+      ran = DeviceBroadcast(d);
       break;
-    }
-    case CollectiveOp::kAllGather: {
-      if (!equal_counts(&RankArgs::count)) {
-        return absl::UnimplementedError("all_gather with different sizes per rank is not supported on CUDA tensors");
-      }
-      const size_t bytes = static_cast<size_t>(a.count) * es;
-      if (bytes == 0) break;
-      if (use_comm && local == 1 && one_rank_per_host) {
-        COLLSERVE_RETURN_IF_ERROR(comm->AllGatherOnStream(ins[0], outs[0], bytes, stream));
-        *algorithm = "nccl";
-        break;
-      }
-      char* dst0 = static_cast<char*>(outs[0]);
-      for (auto& [rank, sub] : subs) {
-        COLLSERVE_RETURN_IF_ERROR(ds.Copy(dst0 + static_cast<size_t>(rank) * bytes, sub.in, bytes));
-      }
-      if (use_comm) {
-        std::vector<void*> pieces;
-        std::vector<size_t> sizes;
-        std::vector<int> roots;
-        for (int r = 0; r < world; ++r) {
-          pieces.push_back(dst0 + static_cast<size_t>(r) * bytes);
-          sizes.push_back(bytes);
-          roots.push_back(topology_.rank_host[r]);
-        }
-        COLLSERVE_RETURN_IF_ERROR(comm->BroadcastGroupOnStream(pieces, sizes, roots, stream));
-      }
-      for (size_t k = 1; k < local; ++k) COLLSERVE_RETURN_IF_ERROR(ds.Copy(outs[k], dst0, bytes * world));
-      *algorithm = use_comm ? "local_cuda+nccl" : "local_cuda";
+    case CollectiveOp::kAllGather:
+      ran = DeviceAllGather(d);
       break;
-    }
-    case CollectiveOp::kReduceScatter: {
-      if (!equal_counts(&RankArgs::output_count) || a.count != a.output_count * world) {
-        return absl::UnimplementedError(
-            "reduce_scatter with different sizes per rank is not supported on CUDA tensors");
-      }
-      const size_t count = static_cast<size_t>(a.output_count);
-      const size_t bytes = count * es;
-      if (count == 0) break;
-      if (!use_comm) {
-        for (auto& [rank, sub] : subs) {
-          std::vector<const void*> block;
-          for (const void* in : ins) block.push_back(static_cast<const char*>(in) + static_cast<size_t>(rank) * bytes);
-          COLLSERVE_RETURN_IF_ERROR(ds.Reduce(block, {sub.out}, count, dtype, rop, scale));
-        }
-        *algorithm = "local_cuda";
-        break;
-      }
-      if (local == 1 && one_rank_per_host) {
-        COLLSERVE_RETURN_IF_ERROR(comm->ReduceScatterOnStream(ins[0], outs[0], count, dtype, rop, stream));
-        if (scale != 1.0) COLLSERVE_RETURN_IF_ERROR(ds.Reduce({outs[0]}, {outs[0]}, count, dtype, ReduceOp::kSum, scale));
-        *algorithm = "nccl";
-        break;
-      }
-      auto scratch = ds.Scratch(bytes * world);
-      if (!scratch.ok()) return scratch.status();
-      char* acc = static_cast<char*>(*scratch);
-      COLLSERVE_RETURN_IF_ERROR(ds.Reduce(ins, {acc}, count * world, dtype, rop, 1.0));
-      COLLSERVE_RETURN_IF_ERROR(comm->AllReduceOnStream(acc, count * world, dtype, rop, stream));
-      for (auto& [rank, sub] : subs) {
-        COLLSERVE_RETURN_IF_ERROR(
-            ds.Reduce({acc + static_cast<size_t>(rank) * bytes}, {sub.out}, count, dtype, ReduceOp::kSum, scale));
-      }
-      *algorithm = "local_cuda+nccl";
+    case CollectiveOp::kReduceScatter:
+      ran = DeviceReduceScatter(d);
       break;
-    }
     default:
       return absl::UnimplementedError(absl::StrCat(OpName(op), " is not supported on CUDA tensors"));
   }
+  if (!ran.ok()) return ran.status();
+  if (**ran != '\0') *algorithm = *ran;
+  return EndDeviceOp(subs, *ds, comm, timeout);
+}
 
+absl::Status Group::EndDeviceOp(std::map<int, Submission>& subs, backends::DeviceStream& ds,
+                                backends::Communicator* comm, absl::Duration timeout) {
   for (auto& [rank, sub] : subs) COLLSERVE_RETURN_IF_ERROR(ds.RecordEvent(*sub.done_event));
   std::vector<std::shared_ptr<void>> keep;
   for (auto& [rank, sub] : subs) {

@@ -24,10 +24,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options, Co
 
 Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backends::BackendRegistry* backends,
                EngineObserver* observer)
-    : options_(std::move(options)), coordinator_(coordinator), backends_(backends), observer_(observer) {
+    : options_(std::move(options)),
+      coordinator_(coordinator),
+      backends_(backends),
+      observer_(observer),
+      inline_budget_(options_.max_inline_bytes),
+      job_inline_budgets_(&inline_budget_) {
   int threads = options_.data_threads;
   if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
-  pool_ = std::make_unique<backends::ThreadPool>(threads);
+  pool_ = std::make_unique<backends::ThreadPool>(threads, nullptr, options_.bulk_nice);
   janitor_ = std::thread([this] { JanitorMain(); });
   reporter_ = std::thread([this] { ReporterMain(); });
 }
@@ -59,6 +64,7 @@ Engine::Stats Engine::StatsOf(const std::string& job) {
     oldest = std::min(oldest, since);
   }
   s.oldest = now - oldest;
+  s.inline_bytes = job.empty() ? inline_budget_.in_use() : job_inline_budgets_.InUse(job);
   return s;
 }
 
@@ -135,6 +141,9 @@ absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& reque
   params.generation = request.generation;
   params.priority = request.priority;
   params.share_weight = request.share_weight;
+  params.max_data_threads = request.max_data_threads;
+  // The job's inline budget, its limit from this attach's policy (every group of the job).
+  params.inline_budget = job_inline_budgets_.For(params.job, request.max_inline_bytes);
   for (;;) {
     std::shared_ptr<Group> group = GetOrCreate(params);
     if (group == nullptr) return absl::UnavailableError(absl::StrCat("host ", options_.host_id, " is shutting down"));
@@ -207,6 +216,8 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.backends = backends_;
     env.observer = observer_;
     env.pool = pool_.get();
+    env.inline_budget = params.inline_budget;
+    env.job_stages = job_stages_.For(params.job, params.priority);
     env.algorithms = options_.algorithms;
     env.ring_segment_bytes = options_.ring_segment_bytes;
     env.device = options_.device;

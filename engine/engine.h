@@ -28,6 +28,7 @@
 #include "engine/group.h"
 #include "engine/hierarchical.h"
 #include "engine/interfaces.h"
+#include "engine/stages.h"
 #include "engine/types.h"
 
 namespace collserve::engine {
@@ -72,6 +73,15 @@ struct EngineOptions {
   // completion and this one's. Empty group = never.
   std::string fail_after_data_step_group;
   int64_t fail_after_data_step_seq = -1;
+  // Bytes of inline requests (remote sessions' tensors carried in the messages: input and
+  // result) the engine holds at once, every session together (InlineBudget); a request past
+  // it fails with RESOURCE_EXHAUSTED naming the limit. <= 0 = no limit. Each job's share
+  // under it is its policy's (AttachRequest::max_inline_bytes).
+  int64_t max_inline_bytes = int64_t{4} << 30;
+  // The data path's bulk lane (backends::ThreadPool): bulk-class jobs' chunks and executors
+  // run on threads this much nicer than the sidecar (at most 19); 0 = no lane, every class
+  // on the same threads at the sidecar's priority.
+  int bulk_nice = 10;
 };
 
 // Thread-safe.
@@ -112,6 +122,7 @@ class Engine {
     int64_t in_flight = 0;   // local ranks' collectives submitted and not yet answered
     absl::Duration oldest;   // how long the oldest of those has waited (0 when none)
     int64_t mapped_bytes = 0;  // shared memory the local ranks registered, mapped here
+    int64_t inline_bytes = 0;  // inline requests' bytes held (InlineBudget, JobInlineBudgets)
   };
   Stats GetStats();
   // The same for the groups of one job ("" = "default"): what its sessions hold on this host
@@ -120,6 +131,10 @@ class Engine {
   // Each job's use of this host's data-path threads since the engine started (the pool's
   // scheduling between jobs: backends::ThreadPool), for per-job metrics. Thread-safe.
   std::vector<backends::ThreadPool::TenantUsage> DataPathUsage() { return pool_->Usage(); }
+  // Each job's collectives on this host since the engine started: how many, their local
+  // ranks' bytes, and the time they spent in each stage of the data plane (engine/stages.h),
+  // for per-job metrics. Thread-safe.
+  std::vector<JobStageTable::Usage> JobStages() const { return job_stages_.Snapshot(); }
   // Every group with local ranks attached (current and earlier generations), as its ledger
   // would report it (Group::Progress: job, group, generation, state, its local ranks), for
   // a drain's report. Thread-safe.
@@ -148,6 +163,9 @@ class Engine {
   const backends::BackendRegistry* const backends_;
   EngineObserver* const observer_;
   std::unique_ptr<backends::ThreadPool> pool_;  // outlives the groups (declared before them)
+  InlineBudget inline_budget_;                  // the same
+  JobInlineBudgets job_inline_budgets_;         // the same; each job's, under inline_budget_
+  JobStageTable job_stages_;                    // outlives the groups too
 
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);

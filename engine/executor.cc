@@ -16,18 +16,9 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "engine/group.h"
+#include "engine/stages.h"
 
 namespace collserve::engine {
-namespace {
-
-// A queued request's exchanged arguments, with its arrival time.
-RankArgs ArgsOfSubmission(int rank, const Submission& sub) {
-  RankArgs a = ArgsOf(rank, sub.args, sub.error.ok());
-  a.arrived_ns = absl::ToUnixNanos(sub.submitted);
-  return a;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
   if (topology_.num_hosts <= 1) return std::unique_ptr<backends::Communicator>();
@@ -49,6 +40,14 @@ absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
 }
 
 void Group::ExecutorMain() {
+  // A bulk job's executor runs its loops' chunks as their caller: in the pool's bulk lane,
+  // nicer than the threads of the other classes (backends::ThreadPool::EnterBulkLane).
+  if (env_.pool != nullptr && params_.priority == backends::PoolTenant::kBulk) {
+    if (absl::Status s = env_.pool->EnterBulkLane(); !s.ok()) {
+      LOG(WARNING) << "group \"" << params_.name << "\" of job \"" << params_.job
+                   << "\": its executor stays at the sidecar's priority: " << s;
+    }
+  }
   // 1. Connect the backend among the group's hosts.
   auto connected = Connect();
   {
@@ -87,6 +86,7 @@ void Group::ExecutorMain() {
     std::map<int, Submission> subs;
     std::vector<int> absent;
     std::vector<std::vector<RankArgs>> ahead;
+    absl::Time queued_since = absl::InfinitePast();  // the last local rank's submission
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -110,24 +110,11 @@ void Group::ExecutorMain() {
       // No local rank left (the group is being dropped): nothing can run.
       if (stop_ || state_ == State::kFailed || locals_.empty()) break;
       if (!ready()) {
-        std::vector<int> missing, called;
-        bool monitored = true;
-        const Submission* first = nullptr;
-        for (const auto& [rank, local] : locals_) {
-          if (local.queue.empty()) {
-            missing.push_back(rank);
-            continue;
-          }
-          called.push_back(rank);
-          if (first == nullptr || local.queue.front().submitted < first->submitted) first = &local.queue.front();
-          if (local.queue.front().args.op != CollectiveOp::kMonitoredBarrier) monitored = false;
-        }
-        if (!monitored) {
-          FailLocked(absl::DeadlineExceededError(absl::StrCat(
-              OpName(first->args.op), " #", seq, " of group \"", params_.name, "\" timed out on host ", env_.host_id,
-              " after ", absl::FormatDuration(first->deadline - first->submitted), ": local ranks [",
-              absl::StrJoin(missing, ", "), "] did not call it (local ranks [", absl::StrJoin(called, ", "),
-              "] did)")));
+        std::map<int, const Submission*> fronts;
+        for (const auto& [rank, local] : locals_) fronts[rank] = local.queue.empty() ? nullptr : &local.queue.front();
+        GatherVerdict gathered = DecideGather(seq, params_.name, env_.host_id, fronts);
+        if (!gathered.error.ok()) {
+          FailLocked(gathered.error);
           if (env_.observer != nullptr && env_.flight_recorder_entries > 0) {
             env_.observer->OnFlightRecorderDump(params_.job, params_.name, topology_.generation,
                                                 std::string(failure_.message()),
@@ -136,7 +123,7 @@ void Group::ExecutorMain() {
           break;
         }
         // A monitored_barrier goes on without them, so that every host learns who is missing.
-        absent = std::move(missing);
+        absent = std::move(gathered.absent);
       }
       // Ranks of this host that left the group (OnSessionClosed) are absent from every
       // collective: the exchange tells every host, and each fails it naming them.
@@ -144,6 +131,7 @@ void Group::ExecutorMain() {
       for (auto& [rank, local] : locals_) {
         if (local.queue.empty()) continue;
         running_since_ = std::min(running_since_, local.queue.front().submitted);
+        queued_since = std::max(queued_since, local.queue.front().submitted);
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
@@ -161,7 +149,7 @@ void Group::ExecutorMain() {
         }
       }
     }
-    RunCollective(seq, subs, absent, ahead);
+    RunCollective(seq, subs, absent, ahead, queued_since);
     absl::MutexLock lock(&mu_);
     running_since_ = absl::InfiniteFuture();
     if (state_ == State::kFailed) break;
@@ -289,192 +277,6 @@ absl::StatusOr<std::vector<RankSplits>> Group::ExchangeSplits(const std::map<int
     if (rec[2]) out.output.assign(rec + 3 + world, rec + 3 + 2 * world);
   }
   return splits;
-}
-
-void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent,
-                          const std::vector<std::vector<RankArgs>>& ahead) {
-  const absl::Time started = absl::Now();
-  absl::Time deadline = absl::InfiniteFuture();
-  for (const auto& [rank, sub] : subs) deadline = std::min(deadline, sub.deadline);
-  absl::Duration timeout = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-  const Request& args = subs.begin()->second.args;
-  const bool monitored = args.op == CollectiveOp::kMonitoredBarrier;
-  if (monitored) {
-    // Hosts whose ranks are all present start the exchange early; those missing a rank
-    // join at their deadline. Give them one more barrier timeout to arrive.
-    timeout += args.timeout_ms > 0 ? absl::Milliseconds(args.timeout_ms) : params_.op_timeout;
-  }
-  const std::vector<RankArgs>* exchanged_args = nullptr;  // once the exchange succeeded
-  auto fail_all = [&](const absl::Status& s) {
-    absl::MutexLock lock(&mu_);
-    // Recorded first, so that a rank that has its answer finds it in the ledger.
-    RecordCompletedLocked(seq, subs, s, exchanged_args, "", started, /*fails_group=*/true);
-    for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
-    FailLocked(s);
-  };
-
-  // 1. Every rank's arguments, from every host, before any data moves.
-  std::vector<RankArgs> mine;
-  for (const auto& [rank, sub] : subs) mine.push_back(ArgsOfSubmission(rank, sub));
-  for (int rank : absent) {
-    RankArgs a = ArgsOf(rank, args, true);
-    a.arrived = 0;
-    mine.push_back(a);
-  }
-  // A small all_reduce's partial result rides with the arguments (Hierarchical::Fused).
-  const bool several_hosts = topology_.num_hosts > 1;
-  absl::StatusOr<std::vector<RankArgs>> exchanged;
-  size_t stride = 0;
-  if (!prefetched_.empty()) {
-    // An earlier exchange carried every rank's arguments of this collective.
-    exchanged = std::move(prefetched_.front());
-    prefetched_.pop_front();
-    for (const RankArgs& a : mine) {
-      if (std::memcmp(&a, &(*exchanged)[a.rank], sizeof a) != 0) {
-        exchanged = absl::InternalError(absl::StrCat("rank ", a.rank, "'s arguments changed after they were sent"));
-        break;
-      }
-    }
-  } else {
-    if (several_hosts) {
-      fused_partial_.assign(Hierarchical::kFusedBytes, 0);
-      algorithms_->ReducePartial(subs, fused_partial_.data());
-    }
-    exchanged = ExchangeArgs(std::move(mine), ahead, fused_partial_.data(), &stride, timeout);
-  }
-  if (!exchanged.ok()) {
-    absl::Status s = exchanged.status();
-    if (monitored && s.code() == absl::StatusCode::kDeadlineExceeded) {
-      std::vector<int> remote_ranks;
-      for (int r = 0; r < topology_.world_size; ++r) {
-        if (topology_.rank_host[r] != topology_.host_index) remote_ranks.push_back(r);
-      }
-      s = absl::DeadlineExceededError(absl::StrCat(
-          "monitored_barrier #", seq, " of group \"", params_.name, "\": ranks [", absl::StrJoin(remote_ranks, ", "),
-          "] on other hosts did not report within ", absl::FormatDuration(timeout),
-          " (a whole host's ranks missing, or a host down): ", s.message()));
-    } else {
-      if (env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(s.message()));
-      // The exchange broke (a timeout, or a host that gave up on the collective): what the
-      // coordinator's ledger says about it names who is missing, and where.
-      s = absl::Status(s.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
-                                              "\": the argument exchange between hosts failed: ", s.message(),
-                                              DiagnosisSuffix(s, deadline + kExplainSlack)));
-    }
-    fail_all(s);
-    return;
-  }
-  const std::vector<RankArgs>& all = *exchanged;
-  exchanged_args = &all;
-  std::string disagreement = Disagreement(all);
-  if (disagreement.empty()) {
-    // The same op with the same arguments called from different places: a rank skipped or
-    // added a collective (no signature check sees it).
-    auto sites = CallSiteDisagreement(all);
-    if (!sites.empty()) disagreement = DescribeCallSites(sites, subs, timeout);
-  }
-  if (disagreement.empty() && !monitored) {
-    std::vector<int64_t> left;
-    for (const RankArgs& a : all) {
-      if (!a.arrived) left.push_back(a.rank);
-    }
-    if (!left.empty()) {
-      const absl::Status s = absl::UnavailableError(absl::StrCat(
-          OpName(args.op), " #", seq, " of group \"", params_.name, "\": rank", left.size() > 1 ? "s " : " ",
-          absl::StrJoin(left, ", "), " left the group (a session ended: destroyed the group, exited or died); ",
-          "collectives need every rank"));
-      absl::MutexLock lock(&mu_);
-      RecordCompletedLocked(seq, subs, s, &all, "", started, /*fails_group=*/false);
-      for (const auto& [rank, sub] : subs) Complete(sub, s, env_.observer);
-      return;  // nothing moved; point-to-point goes on
-    }
-  }
-  if (disagreement.empty() && monitored) {
-    std::vector<int64_t> missing;
-    for (const RankArgs& a : all) {
-      if (!a.arrived) missing.push_back(a.rank);
-    }
-    if (!missing.empty()) {
-      // The first only (erase, not resize(1): GCC 14's -Warray-bounds misreads resize's
-      // growing path here).
-      if (!args.wait_all_ranks) missing.erase(missing.begin() + 1, missing.end());
-      fail_all(absl::DeadlineExceededError(absl::StrCat(
-          "monitored_barrier #", seq, " of group \"", params_.name, "\": rank", missing.size() > 1 ? "s " : " ",
-          absl::StrJoin(missing, ", "), " failed to pass monitored_barrier within ",
-          absl::FormatDuration(absl::Milliseconds(args.timeout_ms)))));
-      return;
-    }
-  }
-  std::vector<RankSplits> splits;
-  if (disagreement.empty() && NeedsSplits(args.op)) {
-    auto exchanged_splits = ExchangeSplits(subs, timeout);
-    if (!exchanged_splits.ok()) {
-      fail_all(exchanged_splits.status());
-      return;
-    }
-    splits = std::move(*exchanged_splits);
-    disagreement = SizeDisagreement(all, splits);
-  }
-  if (!disagreement.empty()) {
-    absl::MutexLock lock(&mu_);
-    RecordCompletedLocked(seq, subs, absl::InvalidArgumentError(absl::StrCat("ranks disagree: ", disagreement)), &all,
-                          "", started, /*fails_group=*/false);
-    for (const auto& [rank, sub] : subs) {
-      std::string msg = absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
-                                     "\": ranks disagree: ", disagreement);
-      if (!sub.error.ok()) absl::StrAppend(&msg, "; this rank's request: ", sub.error.message());
-      // A request refused by a quota keeps its code (RESOURCE_EXHAUSTED) on its own rank.
-      const bool quota = sub.error.code() == absl::StatusCode::kResourceExhausted;
-      Complete(sub, quota ? absl::ResourceExhaustedError(msg) : absl::InvalidArgumentError(msg), env_.observer);
-    }
-    return;  // nothing moved: the group stays usable
-  }
-
-  // 2. The data step (already done for a fused all_reduce but the final reduction).
-  const char* algorithm = "local";
-  absl::Status status;
-  if (all[0].device != 0) {
-    status = RunOnDevice(all, subs, timeout, &algorithm);
-  } else if (several_hosts && Hierarchical::Fused(all[0])) {  // never prefetched: stride is set
-    algorithms_->FinishFused(all[0], subs, exchange_recv_.data() + payload_offset_, stride, &algorithm);
-  } else {
-    if (!several_hosts) PlanPeerReads(all[0], subs);
-    status = AwaitFilled(subs, several_hosts, deadline);
-    if (status.ok()) status = algorithms_->Run(all, splits, subs, timeout, &algorithm);
-  }
-  if (status.ok() && seq == env_.fail_after_data_step_seq && params_.name == env_.fail_after_data_step_group) {
-    status = absl::UnavailableError(absl::StrCat("fault injected after the data step on host ", env_.host_id,
-                                                 " (--testing_fail_after_data_step)"));
-  }
-  if (!status.ok()) {
-    if (several_hosts && env_.observer != nullptr) env_.observer->OnBackendError(BlamedHost(status.message()));
-    status = absl::Status(status.code(), absl::StrCat(OpName(args.op), " #", seq, " of group \"", params_.name,
-                                                      "\": ", status.message(),
-                                                      FailedMeanwhileSuffix(status, deadline + kExplainSlack)));
-  }
-  absl::MutexLock lock(&mu_);
-  RecordCompletedLocked(seq, subs, status, &all, algorithm, started, /*fails_group=*/!status.ok());
-  HeldCompletion held;
-  int owner = -1;
-  for (auto& [rank, sub] : subs) {
-    sub.algorithm = algorithm;
-    if (status.ok() && sub.peer_rank >= 0) {
-      owner = sub.peer_rank;
-      if (locals_.count(rank) > 0) held.readers[rank] = sub.args.seq;  // (a reader gone meanwhile reads nothing)
-    }
-  }
-  for (auto& [rank, sub] : subs) {
-    if (rank == owner && !held.readers.empty()) continue;
-    Complete(sub, status, env_.observer);
-  }
-  if (owner >= 0 && !held.readers.empty()) {
-    // The readers copy out of the owner's segment: its completion (which frees the segment
-    // for the owner's next op) waits for their ReadDone, or the op deadline.
-    held.owner = std::move(subs.at(owner));
-    held.deadline = held.owner.deadline;
-    held_.push_back(std::move(held));
-  }
-  if (!status.ok()) FailLocked(status);
 }
 
 namespace {

@@ -33,6 +33,7 @@
 #include "engine/hierarchical.h"
 #include "engine/interfaces.h"
 #include "engine/p2p.h"
+#include "engine/stages.h"
 #include "engine/submission.h"
 #include "engine/topology.h"
 #include "engine/types.h"
@@ -51,6 +52,11 @@ struct GroupEnv {
   EngineObserver* observer = nullptr;  // may be null
   // Threads for the intra-host data path (reductions and copies); shared by every group.
   backends::ThreadPool* pool = nullptr;
+  // The job's budget for inline requests' bytes (JobInlineBudgets: its policy's share, under
+  // the host's EngineOptions::max_inline_bytes); null: not counted.
+  InlineBudget* inline_budget = nullptr;
+  // The job's stage counters on this host (JobStageTable::For); null: not counted.
+  JobStageCounters* job_stages = nullptr;
   AlgorithmOptions algorithms;
   // Gloo's ring: the largest piece (0 = Gloo's default).
   size_t ring_segment_bytes = 0;
@@ -80,8 +86,10 @@ struct GroupParams {
   absl::Duration op_timeout;
   std::string backend;  // resolved name ("gloo", "nccl")
   int64_t generation = 0;  // the generation asked for (AttachRequest::generation); 0 = any
-  int priority = 1;        // AttachRequest::priority and share_weight
+  int priority = 1;        // AttachRequest::priority, share_weight and max_data_threads
   int share_weight = 1;
+  int max_data_threads = 0;
+  InlineBudget* inline_budget = nullptr;  // the job's (Engine's JobInlineBudgets), for GroupEnv
 };
 
 // Thread-safe. Created on the first attach of one of its ranks on this host.
@@ -210,12 +218,49 @@ class Group : public std::enable_shared_from_this<Group> {
   void ExecutorMain();
   // Connects the backend among the group's hosts; null with one host.
   absl::StatusOr<std::unique_ptr<backends::Communicator>> Connect();
-  // Runs the collectives at position `seq` of every local rank (absent: local ranks that
-  // did not call a MONITORED_BARRIER in time). `ahead`: the local ranks' arguments of the
-  // collectives queued after this one (ahead[d] for seq + 1 + d, every local rank's), at
-  // most LookaheadDepth(); they ride with this collective's argument exchange.
+  // The data plane (data_plane.cc; engine/stages.h draws the stages). Runs the
+  // collectives at position `seq` of every local rank (absent: local ranks that did not call
+  // a MONITORED_BARRIER in time) through agree, execute and complete, and adds their stage
+  // times to the job's counters. `ahead`: the local ranks' arguments of the collectives
+  // queued after this one (ahead[d] for seq + 1 + d, every local rank's), at most
+  // LookaheadDepth(); they ride with this collective's argument exchange. `queued_since`:
+  // the last local rank's submission (the queued stage ends now).
   void RunCollective(int64_t seq, std::map<int, Submission>& subs, const std::vector<int>& absent,
-                     const std::vector<std::vector<RankArgs>>& ahead);
+                     const std::vector<std::vector<RankArgs>>& ahead, absl::Time queued_since);
+  // One collective on its way through the stages (executor thread).
+  struct Running {
+    int64_t seq = 0;
+    std::map<int, Submission>* subs = nullptr;  // this host's ranks' requests, by local rank
+    absl::Time started;                          // when the executor took it up
+    absl::Time deadline = absl::InfiniteFuture();  // the earliest of its requests' deadlines
+    absl::Duration timeout;                      // what is left of it (a monitored_barrier: more)
+    std::vector<RankArgs> all;                   // every rank's arguments, once agreed
+    bool agreed = false;                         // `all` is set
+    std::vector<RankSplits> splits;              // ops with NeedsSplits
+    size_t stride = 0;                           // of each host's message in exchange_recv_
+    StageTimes times{};
+    uint64_t bytes = 0;                          // the local ranks' bytes (larger of input and output)
+  };
+  // agree: every rank's arguments (exchanged, or prefetched by an earlier exchange) and the
+  // checks before any byte moves. Returns whether the data step runs; when it does not, the
+  // collective has been answered (a disagreement or ranks that left: the group stays
+  // usable) or the group failed (the exchange broke, a monitored_barrier's rank missed it).
+  bool AgreeStage(Running& run, const std::vector<int>& absent, const std::vector<std::vector<RankArgs>>& ahead);
+  // The error a failed argument exchange answers with: a monitored_barrier's timeout names
+  // the other hosts' ranks; anything else blames a host (OnBackendError) and carries the
+  // coordinator's diagnosis (DiagnosisSuffix). Blocks (the diagnosis); no lock held.
+  absl::Status ExchangeError(const Running& run, absl::Status s);
+  // plan and execute: the data step on the chosen path (ChooseDataPath); `*algorithm` says
+  // how it ran. The error names the op, its seq and the group, and why the group failed
+  // meanwhile where the coordinator said so (FailedMeanwhileSuffix).
+  absl::Status ExecuteStage(Running& run, const char** algorithm);
+  // complete: records the collective (ledger, flight recorder) and answers every rank, a
+  // peer-read result's owner once its readers are done (PlanCompletion, held_); a failed
+  // data step fails the group.
+  void CompleteStage(Running& run, const absl::Status& status, const char* algorithm) ABSL_LOCKS_EXCLUDED(mu_);
+  // Records the collective and answers every rank with `status`; `fails_group`: the group
+  // fails too.
+  void AnswerAll(Running& run, const absl::Status& status, bool fails_group) ABSL_LOCKS_EXCLUDED(mu_);
   // Every rank's arguments, from every host (one all-gather), sorted by rank. With several
   // hosts each host's message also carries the arguments of the collectives its ranks
   // queued after this one (`ahead`) and Hierarchical::kFusedBytes of `payload` (a small
@@ -243,6 +288,17 @@ class Group : public std::enable_shared_from_this<Group> {
   // clients' done events recorded after it. Executor thread.
   absl::Status RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
                            absl::Duration timeout, const char** algorithm);
+  // Its parts. The group's stream on the GPU of `subs` (made on first use): INVALID_ARGUMENT
+  // when the local ranks use different GPUs, or another GPU than before.
+  absl::StatusOr<backends::DeviceStream*> DeviceStreamFor(const std::map<int, Submission>& subs);
+  // The group's communicator for CUDA tensors among its hosts (the group's backend if it
+  // serves CUDA, else the default for CUDA: NCCL), connected on first use within
+  // min(timeout, init timeout): FAILED_PRECONDITION (no such backend), else its error.
+  absl::StatusOr<backends::Communicator*> DeviceCommunicator(int device, absl::Duration timeout);
+  // Records the clients' done events after the op and hands the stream what it must keep
+  // alive until the GPU is done, with the ranks' op timeout (DeviceStream::EndOp).
+  absl::Status EndDeviceOp(std::map<int, Submission>& subs, backends::DeviceStream& ds, backends::Communicator* comm,
+                           absl::Duration timeout);
   // Ends the GPU side when the executor stops: aborts NCCL if the group failed, then waits
   // (bounded) for the stream and drops it and the communicator. Executor thread.
   void StopDevice(bool failed);

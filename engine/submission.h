@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "backends/device.h"
 #include "common/shm.h"
+#include "engine/inline_budget.h"
 #include "engine/interfaces.h"
 #include "engine/types.h"
 
@@ -32,6 +33,11 @@ struct Submission {
   std::unique_ptr<std::string> inline_in;
   std::unique_ptr<std::string> inline_out;
   bool inline_mode = false;
+  // The inline bytes counted in the engine's InlineBudget. Complete gives them back just
+  // before it hands the completion to the session, so that a client's next request, sent
+  // after it read the completion, finds them free (mutable: Complete takes a const
+  // Submission; the strings themselves are freed with it, moments later).
+  mutable InlineCharge inline_charge;
   absl::Status error;      // invalid request: reported to every rank
   absl::Time deadline;
   absl::Time submitted;    // when the sidecar received it (latency metrics)
@@ -57,7 +63,8 @@ struct Submission {
 };
 
 // Answers `sub` on its session with `status` (and, for a successful inline request, the
-// result bytes) and tells `observer` (may be null). Thread-safe; never blocks.
+// result bytes), first giving back its inline bytes (sub.inline_charge), and tells
+// `observer` (may be null). Thread-safe for distinct submissions; never blocks.
 void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer);
 
 }  // namespace collserve::engine

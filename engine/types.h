@@ -151,6 +151,13 @@ struct AttachRequest {
   // sets them for all of the job's groups here.
   int priority = 1;
   int share_weight = 1;
+  // The most data-path threads running the job's work at once (JobPolicy.max_data_threads;
+  // 0 = no limit), set the same way.
+  int max_data_threads = 0;
+  // Bytes of the job's inline requests (input and result) held on this host at once, every
+  // group and session of the job together (JobPolicy.max_inline_bytes; 0 = only the host's
+  // EngineOptions::max_inline_bytes). Each attach sets it anew for the job.
+  int64_t max_inline_bytes = 0;
 };
 
 // The ledger (docs/operations.md, "Diagnosing a hang"): what one local rank of a group has

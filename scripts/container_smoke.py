@@ -116,7 +116,7 @@ NODE_NAME = "smoke-node"
 CTL = "/usr/local/bin/collservectl"  # in both daemon images (the chart's preStop names it so)
 
 # What a rank gets when its sidecar goes away: docs/operations.md, "Where the errors a rank sees
-# come from": `UNAVAILABLE ... session with the sidecar ended` (client/process_group.cc,
+# come from": `UNAVAILABLE ... session with the sidecar ended` (client/session_process_group.cc,
 # ReadLoop: "session with the sidecar ended: <the stream's status>").
 DOCUMENTED_ERROR = "session with the sidecar ended"
 # Other texts the code gives for the same event (not in that table): a collective in flight
@@ -124,8 +124,8 @@ DOCUMENTED_ERROR = "session with the sidecar ended"
 # client's ReadLoop has two more endings.
 OTHER_SIDECAR_GONE = [
     (re.compile(r"sidecar \S+ is shutting down"), "engine/group.cc Group::Stop, a collective in flight"),
-    (re.compile(r"session with the sidecar was cancelled"), "client/process_group.cc ReadLoop, stream CANCELLED"),
-    (re.compile(r"the sidecar ended the session"), "client/process_group.cc ReadLoop, stream ended OK"),
+    (re.compile(r"session with the sidecar was cancelled"), "client/session_process_group.cc ReadLoop, stream CANCELLED"),
+    (re.compile(r"the sidecar ended the session"), "client/session_process_group.cc ReadLoop, stream ended OK"),
 ]
 # examples/digits_sgd.py's lines.
 EPOCH_RE = re.compile(r"Rank\s+(\d+)\s*,\s*epoch\s+(\d+)\s*:\s*(\S+)")

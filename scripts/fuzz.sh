@@ -59,6 +59,9 @@ for t in "${targets[@]}"; do
   running=$((running + 1))
 done
 wait || true
+# The summary's tools (tail, grep, find) run without the ASan runtime: preloaded into them
+# with detect_leaks=1 it aborted tail at exit, and a failed target's log went unshown.
+unset LD_PRELOAD ASAN_OPTIONS UBSAN_OPTIONS
 
 failed=0
 summary=()

@@ -29,6 +29,10 @@ absl::Status Check(const pb::JobPolicy& p, const std::string& where, const std::
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": max_inflight_collectives ",
                                                    p.max_inflight_collectives(), " is negative (0 = no limit)"));
   }
+  if (p.max_inline_bytes() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", where, ": max_inline_bytes ", p.max_inline_bytes(), " is negative (0 = no limit)"));
+  }
   if (!pb::PriorityClass_IsValid(p.priority_class())) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": priority_class ", p.priority_class(),
                                                    " is not a class (PRIORITY_CLASS_LATENCY_CRITICAL, "
@@ -37,6 +41,10 @@ absl::Status Check(const pb::JobPolicy& p, const std::string& where, const std::
   if (p.share_weight() < 0 || p.share_weight() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": share_weight ", p.share_weight(),
                                                    " is outside [0, 1000] (0 = 1)"));
+  }
+  if (p.max_data_threads() < 0 || p.max_data_threads() > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, ": max_data_threads ", p.max_data_threads(),
+                                                   " is outside [0, 1024] (0 = no limit)"));
   }
   return absl::OkStatus();
 }

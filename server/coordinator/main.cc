@@ -131,7 +131,7 @@ ABSL_FLAG(std::string, job_tokens_dir, "",
           "whole has this shape); re-read every --token_refresh_interval. At least 16 bytes each.");
 ABSL_FLAG(std::string, job_policies_file, "",
           "JSON file of each job's limits on every sidecar (max_sessions, max_segment_bytes, "
-          "max_inflight_collectives; auth.proto's "
+          "max_inflight_collectives, max_inline_bytes; classes and weights; auth.proto's "
           "JobPolicies, docs/operations.md \"Per-job quotas\"); read at start. Default: no limits.");
 ABSL_FLAG(absl::Duration, token_refresh_interval, absl::Seconds(10),
           "How often --admin_token_file and --job_tokens_dir are re-read (a rotated Secret needs no restart).");

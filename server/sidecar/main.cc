@@ -57,6 +57,20 @@ ABSL_FLAG(int64_t, rpc_memory_bytes, int64_t{2} << 30,
           "Memory gRPC may hold for the sessions' messages in flight, in bytes: a client that sends more (an "
           "oversized message is buffered whole before its size is checked) is cut off. Must exceed 1 GiB, the "
           "message limit.");
+ABSL_FLAG(int64_t, max_inline_bytes, int64_t{4} << 30,
+          "Bytes of inline requests (tensors carried in the messages of ranks without shared memory: input and "
+          "result) the sidecar holds at once, every session together; a request past it fails with "
+          "RESOURCE_EXHAUSTED naming the limit. 0 = no limit. Each job's share within it: its JobPolicy's "
+          "max_inline_bytes.");
+ABSL_FLAG(int, bulk_nice, 10,
+          "How much nicer (0-19) the threads running bulk-class jobs' reductions and copies run than the sidecar "
+          "(JobPolicy.priority_class PRIORITY_CLASS_BULK: their groups' executors and a lane of data-path workers of "
+          "their own), so that the kernel gives the cores to the other classes first. 0 = bulk jobs share the "
+          "other workers at the sidecar's priority.");
+ABSL_FLAG(int, max_session_requests, 65536,
+          "Requests (collectives and send/recv) one rank's session may have in flight on the sidecar (received, not "
+          "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "
+          "its group. Bounds what one rank can make the sidecar hold. 0 = no limit.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
 ABSL_FLAG(absl::Duration, coordinator_connect_timeout, absl::Seconds(10),
           "How long to wait for the coordinator at start before serving anyway, not ready (health "
@@ -128,6 +142,21 @@ int main(int argc, char** argv) {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.data_threads = absl::GetFlag(FLAGS_data_threads);
   options.rpc_memory_bytes = absl::GetFlag(FLAGS_rpc_memory_bytes);
+  if (absl::GetFlag(FLAGS_max_inline_bytes) < 0) {
+    std::cerr << "--max_inline_bytes must be >= 0 (0 = no limit)\n";
+    return 2;
+  }
+  options.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes);
+  if (absl::GetFlag(FLAGS_max_session_requests) < 0) {
+    std::cerr << "--max_session_requests must be >= 0 (0 = no limit)\n";
+    return 2;
+  }
+  options.max_session_requests = absl::GetFlag(FLAGS_max_session_requests);
+  if (absl::GetFlag(FLAGS_bulk_nice) < 0 || absl::GetFlag(FLAGS_bulk_nice) > 19) {
+    std::cerr << "--bulk_nice must be in [0, 19]\n";
+    return 2;
+  }
+  options.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
   options.allreduce_algorithm = absl::GetFlag(FLAGS_allreduce_algorithm);
   if (absl::GetFlag(FLAGS_ring_min_bytes) < 0 || absl::GetFlag(FLAGS_ring_segment_bytes) < 0 ||
       absl::GetFlag(FLAGS_direct_max_bytes) < 0) {

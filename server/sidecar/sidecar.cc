@@ -93,6 +93,10 @@ class SessionHandle : public engine::Session, public OpsHandler {
     pending_attached_.reset();
   }
   void OnCompletion(engine::Completion completion) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (requests_ > 0) --requests_;
+    }
     ReleaseInFlight(1);
     Send(ToProto(std::move(completion)));
   }
@@ -127,20 +131,35 @@ class SessionHandle : public engine::Session, public OpsHandler {
     // Set when the job's policy has max_inflight_collectives: its requests are counted there.
     JobQuotas* quotas = nullptr;
     std::shared_ptr<const pb::JobPolicy> policy;
+    // The sidecar's --max_session_requests (0 = none).
+    int max_requests = 0;
   };
   // Hands a request of this session to its group. With a max_inflight_collectives policy it
   // counts in the job's quota until its completion is sent or the session ends, and one past
-  // the quota goes to the group carrying its refusal (JobQuotas::AdmitCollective).
+  // the quota goes to the group carrying its refusal (JobQuotas::AdmitCollective). A request
+  // past a.max_requests of the session's in flight ends the session instead (a refused
+  // request still waits in its group for the other ranks, so refusing would not bound what
+  // the session holds): RESOURCE_EXHAUSTED naming the limit, and the rank leaves its group.
   void Submit(const Attachment& a, pb::Collective request) {
     absl::Status admitted;
-    if (a.quotas != nullptr) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (ended_) return;  // the group drops requests of a closed session too
-        ++in_flight_;
+    int held = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;  // the group drops requests of a closed session too
+      held = requests_;
+      if (a.max_requests <= 0 || held < a.max_requests) {
+        ++requests_;
+        if (a.quotas != nullptr) ++in_flight_;
+        held = -1;
       }
-      admitted = a.quotas->AdmitCollective(a.job, *a.policy, request.seq());
     }
+    if (held >= 0) {
+      Close(absl::ResourceExhaustedError(absl::StrCat(
+          "rank ", a.rank, " has ", held, " requests in flight on this sidecar, its limit (--max_session_requests ",
+          a.max_requests, "); request seq ", request.seq(), " ends the session (wait for some before issuing more)")));
+      return;
+    }
+    if (a.quotas != nullptr) admitted = a.quotas->AdmitCollective(a.job, *a.policy, request.seq());
     a.group->Submit(a.rank, FromProto(std::move(request)), std::move(admitted));
   }
   // Records the attach's outcome. False when the session already ended: the caller then
@@ -199,6 +218,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
   Attachment attachment_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests counted in attachment_.quotas
+  int requests_ ABSL_GUARDED_BY(mu_) = 0;   // requests in flight (Submit to OnCompletion)
   std::shared_ptr<OpsLink> ops_link_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -409,6 +429,8 @@ class SidecarImpl : public Sidecar {
     eo.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     eo.straggler_threshold = options_.straggler_threshold;
     eo.lease_renewal = options_.lease_renewal;
+    eo.max_inline_bytes = options_.max_inline_bytes;
+    eo.bulk_nice = options_.bulk_nice;
     eo.fail_after_data_step_group = options_.fail_after_data_step_group;
     eo.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     if (!eo.fail_after_data_step_group.empty()) {
@@ -542,10 +564,24 @@ class SidecarImpl : public Sidecar {
          connected_.load() ? 1.0 : 0.0},
         {"collserve_staging_bytes", "Bytes of shared memory local ranks have registered with the sidecar and it "
          "holds mapped (their arenas and staging segments).", static_cast<double>(s.mapped_bytes)},
+        {"collserve_inline_bytes", "Bytes of inline requests (remote ranks' tensors carried in the messages, input "
+         "and result) the sidecar holds, every job together; at --max_inline_bytes more are refused.",
+         static_cast<double>(s.inline_bytes)},
     };
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     for (GaugeValue& j : JobDataPathMetrics()) g.push_back(std::move(j));
+    for (GaugeValue& j : JobStageMetrics()) g.push_back(std::move(j));
     return g;
+  }
+
+  // The collserve_job and priority_class labels of a job's per-job series: its name for the
+  // first options_.metrics_job_series jobs asked (`*named` counts them; callers ask in order
+  // of use, most first), "(others)" for the rest, so that the label stays bounded.
+  std::pair<std::string, std::string> JobSeriesLabels(const std::string& job, int priority, int* named) const {
+    static constexpr const char* kClass[] = {"latency_critical", "default", "bulk"};
+    const bool own = *named < options_.metrics_job_series && job != "(others)";
+    if (own) ++*named;
+    return {own ? job : "(others)", kClass[std::clamp(priority, 0, 2)]};
   }
 
   // Each job's use of the data-path threads (engine::Engine::DataPathUsage), as counters
@@ -554,14 +590,11 @@ class SidecarImpl : public Sidecar {
   std::vector<GaugeValue> JobDataPathMetrics() {
     std::vector<backends::ThreadPool::TenantUsage> usage = engine_->DataPathUsage();
     std::sort(usage.begin(), usage.end(), [](const auto& a, const auto& b) { return a.used_ns > b.used_ns; });
-    static constexpr const char* kClass[] = {"latency_critical", "default", "bulk"};
     std::map<std::pair<std::string, std::string>, backends::ThreadPool::TenantUsage> series;
     int named = 0;
     for (const auto& u : usage) {
       if (u.name.empty()) continue;  // work of no job
-      const bool own = named < options_.metrics_job_series && u.name != "(others)";
-      if (own) ++named;
-      auto& sum = series[{own ? u.name : "(others)", kClass[std::clamp(u.priority, 0, 2)]}];
+      auto& sum = series[JobSeriesLabels(u.name, u.priority, &named)];
       sum.used_ns += u.used_ns;
       sum.chunks += u.chunks;
       sum.loops += u.loops;
@@ -593,6 +626,53 @@ class SidecarImpl : public Sidecar {
       for (const auto& [key, u] : series) {
         out.push_back(GaugeValue{f.name, f.help, f.value(u), /*counter=*/true,
                                  {{"collserve_job", key.first}, {"priority_class", key.second}}});
+      }
+    }
+    return out;
+  }
+
+  // Each job's collectives and the time they spent in each stage of the engine's data plane
+  // (engine::Engine::JobStages), as counters labelled by collserve_job and priority_class
+  // (stage too for the seconds): the options_.metrics_job_series jobs with the most stage
+  // time by name, the others summed under "(others)".
+  std::vector<GaugeValue> JobStageMetrics() {
+    std::vector<engine::JobStageTable::Usage> usage = engine_->JobStages();
+    auto total = [](const engine::JobStageTable::Usage& u) {
+      absl::Duration t;
+      for (const absl::Duration& d : u.times) t += d;
+      return t;
+    };
+    std::sort(usage.begin(), usage.end(), [&](const auto& a, const auto& b) { return total(a) > total(b); });
+    std::map<std::pair<std::string, std::string>, engine::JobStageTable::Usage> series;
+    int named = 0;
+    for (const auto& u : usage) {
+      auto& sum = series[JobSeriesLabels(u.job, u.priority, &named)];
+      sum.collectives += u.collectives;
+      sum.bytes += u.bytes;
+      for (int s = 0; s < engine::kNumStages; ++s) sum.times[s] += u.times[s];
+    }
+    std::vector<GaugeValue> out;
+    for (const auto& [key, u] : series) {
+      const std::map<std::string, std::string> labels = {{"collserve_job", key.first},
+                                                         {"priority_class", key.second}};
+      out.push_back(GaugeValue{"collserve_job_collectives_total",
+                               "Collectives of the job this sidecar ran (each once per host, whatever its local "
+                               "ranks), by collserve_job and priority_class (the operator's JobPolicy).",
+                               static_cast<double>(u.collectives), /*counter=*/true, labels});
+      out.push_back(GaugeValue{"collserve_job_collective_bytes_total",
+                               "Bytes of the job's collectives on this host: each local rank's larger of input and "
+                               "output, summed.",
+                               static_cast<double>(u.bytes), /*counter=*/true, labels});
+      for (int s = 0; s < engine::kNumStages; ++s) {
+        auto with_stage = labels;
+        with_stage["stage"] = engine::StageName(static_cast<engine::Stage>(s));
+        out.push_back(GaugeValue{
+            "collserve_job_stage_seconds_total",
+            "Seconds the job's collectives spent in each stage of the sidecar's data plane, summed: queued (every "
+            "local rank had called it; it waited for the group's previous collective), agree (the argument "
+            "exchange between hosts and the checks), execute (the data step), complete (answering the ranks). "
+            "Divided by collserve_job_collectives_total: the mean per collective.",
+            absl::ToDoubleSeconds(u.times[s]), /*counter=*/true, with_stage});
       }
     }
     return out;
@@ -758,6 +838,8 @@ class SidecarImpl : public Sidecar {
     // The job's class and weight come from the operator's policy, never from the job.
     request.priority = PoolPriority(policy.priority_class());
     request.share_weight = std::max(policy.share_weight(), 1);
+    request.max_data_threads = policy.max_data_threads();
+    request.max_inline_bytes = policy.max_inline_bytes();
     request.shared_memory = attach.shared_memory() && fd_channel_ != nullptr && absl::StartsWith(peer, "unix:");
     request.peer_reads = request.shared_memory && attach.peer_reads();
     std::string token;
@@ -780,8 +862,13 @@ class SidecarImpl : public Sidecar {
     }
     // With a max_inflight_collectives policy, the session's requests count in JobQuotas.
     const bool counted = policy.max_inflight_collectives() > 0;
-    SessionHandle::Attachment attachment{*group, attach.rank(), token, attach.job(), counted ? quotas_.get() : nullptr,
-                                         counted ? std::make_shared<const pb::JobPolicy>(policy) : nullptr};
+    SessionHandle::Attachment attachment{*group,
+                                         attach.rank(),
+                                         token,
+                                         attach.job(),
+                                         counted ? quotas_.get() : nullptr,
+                                         counted ? std::make_shared<const pb::JobPolicy>(policy) : nullptr,
+                                         options_.max_session_requests};
     if (!session->SetAttached(std::move(attachment))) {
       // The client hung up while this attach ran.
       (*group)->OnSessionClosed(attach.rank());

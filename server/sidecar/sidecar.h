@@ -71,6 +71,13 @@ struct SidecarOptions {
   // a client sending more is cut off. Must exceed the 1 GiB message limit (inline tensors
   // of remote clients).
   int64_t rpc_memory_bytes = int64_t{2} << 30;
+  // Bytes of inline requests the engine holds at once (engine::EngineOptions::max_inline_bytes).
+  int64_t max_inline_bytes = int64_t{4} << 30;
+  // Requests (collectives and send/recv) one session may have in flight (received, not yet
+  // answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit. 0 = none.
+  int max_session_requests = 65536;
+  // How much nicer bulk-class jobs' data-path threads run (engine::EngineOptions::bulk_nice).
+  int bulk_nice = 10;
   // How long Start waits for the coordinator's channel to connect. After it, the sidecar
   // serves anyway, not ready (below), and keeps trying.
   absl::Duration coordinator_connect_timeout = absl::Seconds(10);

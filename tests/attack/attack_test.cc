@@ -92,6 +92,7 @@ struct RawAttach {
   int rank = 0;
   int world_size = 1;
   int64_t op_timeout_ms = 20000;
+  std::string job = "";  // "" = "default"
 };
 
 // A raw Session stream: attach (world_size 1 by default, so no other rank is needed), then
@@ -100,7 +101,9 @@ class RawSession {
  public:
   explicit RawSession(const std::string& address, const std::string& group, bool shared_memory = false,
                       RawAttach how = {}) {
-    stub_ = pb::Collectives::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);  // inline results as large as the sidecar sends
+    stub_ = pb::Collectives::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     ctx_.set_deadline(In(absl::Seconds(60)));
     stream_ = stub_->Session(&ctx_);
     pb::SessionRequest req;
@@ -112,6 +115,7 @@ class RawSession {
     a->set_op_timeout_ms(how.op_timeout_ms);
     a->set_shared_memory(shared_memory);
     a->set_peer_reads(how.peer_reads);
+    a->set_job(how.job);
     pb::SessionResponse resp;
     attached_ = stream_->Write(req) && stream_->Read(&resp) && resp.has_attached();
     if (attached_) attached_info_ = resp.attached();
@@ -147,6 +151,21 @@ class RawSession {
     pb::Completion out;
     out.set_code(-1);
     if (!stream_->Write(req)) return out;
+    pb::SessionResponse resp;
+    if (stream_->Read(&resp) && resp.has_completion()) out = resp.completion();
+    return out;
+  }
+  // Sends `c` with the next seq without waiting for its completion (Next reads them).
+  bool Send(pb::Collective c) {
+    c.set_seq(seq_++);
+    pb::SessionRequest req;
+    *req.mutable_collective() = std::move(c);
+    return stream_->Write(req);
+  }
+  // The next completion the sidecar sends (code -1: the stream ended).
+  pb::Completion Next() {
+    pb::Completion out;
+    out.set_code(-1);
     pb::SessionResponse resp;
     if (stream_->Read(&resp) && resp.has_completion()) out = resp.completion();
     return out;
@@ -235,6 +254,136 @@ TEST(AttackTest, CollectiveWhoseByteSizeOverflowsIsInvalidArgumentAndTheSidecarS
   EXPECT_EQ(ok.code(), 0) << ok.message();
   EXPECT_EQ(ok.inline_data(), one);
   EXPECT_FALSE(cluster->sidecar(0).Wait(absl::ZeroDuration()).ok()) << "the sidecar exited";
+}
+
+pb::Collective InlineP2P(pb::CollectiveOp op, int peer, int64_t count, std::string data = "") {
+  pb::Collective c;
+  c.set_op(op);
+  c.set_dtype(pb::FLOAT32);
+  c.set_count(count);
+  c.set_peer(peer);
+  c.mutable_buffer()->set_inline_data(std::move(data));
+  return c;
+}
+
+// Ranks 0 and 1 of a 2-rank group `group` over TCP (inline tensors), attached at once.
+std::pair<std::unique_ptr<RawSession>, std::unique_ptr<RawSession>> AttachInlinePair(const std::string& address,
+                                                                                     const std::string& group,
+                                                                                     const std::string& job = "") {
+  std::unique_ptr<RawSession> rank0;
+  std::thread attach0([&] {
+    rank0 = std::make_unique<RawSession>(address, group, false, RawAttach{.rank = 0, .world_size = 2, .job = job});
+  });
+  auto rank1 = std::make_unique<RawSession>(address, group, false, RawAttach{.rank = 1, .world_size = 2, .job = job});
+  attach0.join();
+  return {std::move(rank0), std::move(rank1)};
+}
+
+// A RECV of a remote (inline) rank costs ~50 bytes on the wire and made the sidecar allocate
+// and zero-fill its whole result (up to 1 GiB) at once, held until a matching SEND came: a
+// few thousand of them exhausted the host's memory. Inline bytes in flight are now bounded
+// host-wide (--max_inline_bytes, 64 MiB here): past it a request is refused naming the limit
+// before anything is allocated, the requests already held complete with the right bytes, and
+// the budget comes back as they complete.
+TEST(AttackTest, InlineResultsAreBoundedByTheSidecarsInlineBudget) {
+  auto cluster = Cluster::Start(1, {"--allow_unauthenticated"}, {"--max_inline_bytes=67108864"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->sidecar_tcp_address(0);
+  auto [rank0, rank1_session] = AttachInlinePair(address, "inline-budget");
+  RawSession& rank1 = *rank1_session;
+  ASSERT_TRUE(rank0->attached() && rank1.attached());
+  constexpr int64_t kCount = int64_t{4} << 20;  // 16 MiB of float32
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(rank0->Send(InlineP2P(pb::RECV, 1, kCount)));
+  // 48 MiB held: a 32 MiB RECV (and a 1 GiB one) is refused at once, the three still pending.
+  for (int64_t count : {2 * kCount, int64_t{1} << 28}) {
+    ASSERT_TRUE(rank0->Send(InlineP2P(pb::RECV, 1, count)));
+    pb::Completion refused = rank0->Next();
+    EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED)) << refused.message();
+    EXPECT_THAT(refused.message(), HasSubstr("--max_inline_bytes 67108864"));
+  }
+  // Rank 1's SENDs (16 MiB of input each, which count too: 64 MiB with the RECVs) complete
+  // the three with the right bytes, and give the budget back.
+  for (int i = 0; i < 3; ++i) {
+    std::string data(static_cast<size_t>(kCount) * 4, static_cast<char>('a' + i));
+    pb::Completion sent = rank1.Call(InlineP2P(pb::SEND, 0, kCount, std::move(data)));
+    EXPECT_EQ(sent.code(), 0) << sent.message();
+    pb::Completion got = rank0->Next();
+    ASSERT_EQ(got.code(), 0) << got.message();
+    EXPECT_EQ(got.inline_data(), std::string(static_cast<size_t>(kCount) * 4, static_cast<char>('a' + i)));
+  }
+  // A whole budget's worth fits again: a request's bytes come back before its completion is
+  // sent.
+  ASSERT_TRUE(rank0->Send(InlineP2P(pb::RECV, 1, 2 * kCount)));
+  pb::Completion sent = rank1.Call(InlineP2P(pb::SEND, 0, 2 * kCount, std::string(static_cast<size_t>(kCount) * 8, 'z')));
+  EXPECT_EQ(sent.code(), 0) << sent.message();
+  pb::Completion whole = rank0->Next();
+  EXPECT_EQ(whole.code(), 0) << whole.message();
+  EXPECT_EQ(whole.inline_data().size(), static_cast<size_t>(kCount) * 8);
+  EXPECT_FALSE((*cluster)->sidecar(0).Wait(absl::ZeroDuration()).ok()) << "the sidecar exited";
+}
+
+// One job's inline requests cannot use up the host's budget: past its policy's
+// max_inline_bytes (32 MiB here) job A's RECV is refused naming that limit, while job B
+// beside it on the same sidecar holds 48 MiB, more than A's whole share, and every held
+// request completes with its bytes.
+TEST(AttackTest, AJobPastItsInlineShareIsRefusedAndItsNeighborIsServed) {
+  const std::string policies = ::testing::TempDir() + "/attack-inline-policies.json";
+  std::ofstream(policies) << R"({"jobs": {"inline-a": {"max_inline_bytes": "33554432"}}})";
+  auto cluster = StartCluster(1, {"--job_policies_file=" + policies});
+  ASSERT_NE(cluster, nullptr);
+  const std::string address = cluster->sidecar_tcp_address(0);
+  auto [a0, a1] = AttachInlinePair(address, "share", "inline-a");
+  auto [b0, b1] = AttachInlinePair(address, "share", "inline-b");
+  ASSERT_TRUE(a0->attached() && a1->attached() && b0->attached() && b1->attached());
+  constexpr int64_t kCount = int64_t{4} << 20;  // 16 MiB of float32
+  ASSERT_TRUE(a0->Send(InlineP2P(pb::RECV, 1, kCount)));
+  ASSERT_TRUE(a0->Send(InlineP2P(pb::RECV, 1, 2 * kCount)));  // 16 + 32 MiB > 32 MiB
+  pb::Completion refused = a0->Next();
+  EXPECT_EQ(refused.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED)) << refused.message();
+  EXPECT_THAT(refused.message(), HasSubstr("job \"inline-a\"'s inline bytes on this sidecar"));
+  EXPECT_THAT(refused.message(), HasSubstr("max_inline_bytes 33554432"));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(b0->Send(InlineP2P(pb::RECV, 1, kCount)));
+  for (int i = 0; i < 3; ++i) {
+    pb::Completion sent = b1->Call(InlineP2P(pb::SEND, 0, kCount, std::string(static_cast<size_t>(kCount) * 4, 'b')));
+    EXPECT_EQ(sent.code(), 0) << sent.message();
+    pb::Completion got = b0->Next();
+    ASSERT_EQ(got.code(), 0) << got.message();
+    EXPECT_EQ(got.inline_data(), std::string(static_cast<size_t>(kCount) * 4, 'b'));
+  }
+  pb::Completion sent = a1->Call(InlineP2P(pb::SEND, 0, kCount, std::string(static_cast<size_t>(kCount) * 4, 'a')));
+  EXPECT_EQ(sent.code(), 0) << sent.message();
+  pb::Completion got = a0->Next();
+  ASSERT_EQ(got.code(), 0) << got.message();
+  EXPECT_EQ(got.inline_data(), std::string(static_cast<size_t>(kCount) * 4, 'a'));
+  std::remove(policies.c_str());
+}
+
+// A rank whose peers never call can queue collectives without end, each one held (and
+// refusing one would not free it: a refused request still waits in its group). Past the
+// sidecar's --max_session_requests (8 here) the session ends naming the limit, the rank
+// leaves its group (its peer's pending call fails at once), and the sidecar serves on.
+TEST(AttackTest, ASessionPastItsRequestsInFlightIsEndedNamingTheLimit) {
+  auto cluster = Cluster::Start(1, {"--allow_unauthenticated"}, {"--max_session_requests=8"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string address = (*cluster)->sidecar_tcp_address(0);
+  auto [rank0, rank1_session] = AttachInlinePair(address, "flood");
+  RawSession& rank1 = *rank1_session;
+  ASSERT_TRUE(rank0->attached() && rank1.attached());
+  // Rank 0 issues nine all_reduces that rank 1 has not called: the ninth ends its session.
+  std::string one(4, '\0');
+  for (int i = 0; i < 9; ++i) ASSERT_TRUE(rank0->Send(InlineAllReduce(1, one)));
+  grpc::Status ended = rank0->End();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), HasSubstr("--max_session_requests 8"));
+  EXPECT_THAT(ended.error_message(), HasSubstr("request seq 8"));
+  // Rank 1's call fails at once: rank 0 left the group.
+  pb::Completion after = rank1.Call(InlineAllReduce(1, one));
+  EXPECT_EQ(after.code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE)) << after.message();
+  EXPECT_THAT(after.message(), HasSubstr("rank 0 left"));
+  // The sidecar serves a new group.
+  RawSession fresh(address, "after-flood");
+  ASSERT_TRUE(fresh.attached());
+  EXPECT_EQ(fresh.Call(InlineAllReduce(1, one)).code(), 0);
 }
 
 // Finding 3: one Join with world_size 2^31-1 made the coordinator allocate ~23 GB.

@@ -3,6 +3,9 @@
 #include "backends/local_ops.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -168,6 +172,108 @@ TEST(ThreadPoolSchedulingTest, JobsOfOneClassShareTheThreadsByWeight) {
   EXPECT_GT(ratio, 2.5) << order;
   EXPECT_LT(ratio, 3.5) << order;
   EXPECT_EQ(light->used_ns() % 100000, 0);
+}
+
+// The most chunks of `tenant`'s loop of `n` that ran at once on `pool`, the loop run by one
+// caller (each chunk busy for 200 us, so that the pool's threads overlap).
+int MostAtOnce(ThreadPool& pool, PoolTenant* tenant, size_t n) {
+  std::atomic<int> now{0}, most{0};
+  pool.ParallelFor(n, [&](size_t) {
+    const int at = now.fetch_add(1) + 1;
+    int seen = most.load();
+    while (at > seen && !most.compare_exchange_weak(seen, at)) {
+    }
+    Spin(std::chrono::microseconds(200));
+    now.fetch_sub(1);
+  }, tenant);
+  return most.load();
+}
+
+TEST(ThreadPoolSchedulingTest, AThreadQuotaCapsTheThreadsRunningAJobsChunksAtOnce) {
+  ThreadPool pool(4);
+  PoolTenant* capped = pool.Tenant("capped", PoolTenant::kDefault, 1, /*max_threads=*/1);
+  PoolTenant* pair = pool.Tenant("pair", PoolTenant::kDefault, 1, /*max_threads=*/2);
+  PoolTenant* free = pool.Tenant("free", PoolTenant::kDefault, 1);
+  EXPECT_EQ(MostAtOnce(pool, capped, 64), 1);  // its caller alone: no worker helps it
+  EXPECT_LE(MostAtOnce(pool, pair, 64), 2);
+  // Without a quota the workers join in (a loaded machine may not start them at once: up
+  // to 20 tries for a window where they did).
+  int most = 0;
+  for (int attempt = 0; attempt < 20 && most < 2; ++attempt) most = MostAtOnce(pool, free, 256);
+  EXPECT_GE(most, 2);
+  EXPECT_EQ(pool.Tenant("capped", PoolTenant::kDefault, 1, 0), capped);  // the quota lifted
+}
+
+TEST(ThreadPoolSchedulingTest, WorkersPassOverAJobAtItsQuotaToServeItsNeighbors) {
+  // A job capped at one thread and an uncapped one, busy at once: every chunk of both runs,
+  // the capped job's never more than one at a time, and the workers serve the other one.
+  ThreadPool pool(3);
+  PoolTenant* capped = pool.Tenant("capped", PoolTenant::kBulk, 1, /*max_threads=*/1);
+  PoolTenant* other = pool.Tenant("other", PoolTenant::kBulk, 1);
+  int capped_most = 0, other_most = 0;
+  std::thread a([&] { capped_most = MostAtOnce(pool, capped, 200); });
+  std::thread b([&] { other_most = MostAtOnce(pool, other, 200); });
+  a.join();
+  b.join();
+  EXPECT_EQ(capped_most, 1);
+  EXPECT_GE(other_most, 1);
+  // (A worker's last chunk is charged at its next pick, just after the loops return.)
+  EXPECT_TRUE(testing::WaitFor([&] { return capped->chunks() + other->chunks() == 400; }, absl::Seconds(10)))
+      << capped->chunks() << " + " << other->chunks();
+}
+
+// The calling thread's nice value.
+int ThreadNice() { return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid))); }
+
+// With a bulk lane, a bulk job's loop (run by a caller that entered the lane, as a bulk
+// group's executor does) and a latency-critical job's loop, at once: every bulk chunk runs on
+// a thread 10 nicer than the process, every other chunk at the process's priority, and no
+// thread runs chunks of both. Without a lane, EnterBulkLane changes nothing.
+TEST(ThreadPoolSchedulingTest, BulkLoopsRunOnNicerThreadsOfTheirOwn) {
+  const int base = ThreadNice();
+  {
+    ThreadPool plain(2);
+    EXPECT_FALSE(plain.bulk_lane());
+    std::thread t([&] {
+      EXPECT_TRUE(plain.EnterBulkLane().ok());
+      EXPECT_EQ(ThreadNice(), base);
+    });
+    t.join();
+  }
+  ThreadPool pool(3, nullptr, /*bulk_nice=*/10);
+  ASSERT_TRUE(pool.bulk_lane());
+  PoolTenant* bulk = pool.Tenant("train", PoolTenant::kBulk, 1);
+  PoolTenant* urgent = pool.Tenant("serve", PoolTenant::kLatencyCritical, 1);
+  struct Seen {
+    absl::Mutex mu;
+    std::set<int> nice;
+    std::set<pid_t> threads;
+  } bulk_seen, urgent_seen;
+  auto record = [](Seen& s) {
+    absl::MutexLock lock(&s.mu);
+    s.nice.insert(ThreadNice());
+    s.threads.insert(static_cast<pid_t>(syscall(SYS_gettid)));
+  };
+  // Both loops queued at about the same time, each chunk recording where it ran.
+  std::atomic<int> started{0};
+  auto run = [&](PoolTenant* tenant, Seen& seen) {
+    started.fetch_add(1);
+    while (started.load() < 2) std::this_thread::yield();
+    pool.ParallelFor(300, [&](size_t) {
+      record(seen);
+      Spin(std::chrono::microseconds(20));
+    }, tenant);
+  };
+  std::thread b([&] {
+    EXPECT_TRUE(pool.EnterBulkLane().ok());  // (an ASSERT would leave the other loop waiting)
+    run(bulk, bulk_seen);
+  });
+  run(urgent, urgent_seen);
+  b.join();
+  EXPECT_EQ(bulk_seen.nice, std::set<int>{std::min(base + 10, 19)});
+  EXPECT_EQ(urgent_seen.nice, std::set<int>{base});
+  for (pid_t t : bulk_seen.threads) EXPECT_EQ(urgent_seen.threads.count(t), 0u) << "thread " << t << " ran both";
+  EXPECT_TRUE(testing::WaitFor([&] { return bulk->chunks() == 300 && urgent->chunks() == 300; }, absl::Seconds(10)));
 }
 
 TEST(ThreadPoolSchedulingTest, TenantsAreKeptByNameWithBoundedClassesWeightsAndNumber) {

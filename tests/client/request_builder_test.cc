@@ -129,6 +129,28 @@ TEST(PlanStagingTest, ArenaTensorsGoByReferenceUnlessTheyOverlap) {
     EXPECT_EQ(p.result_bytes, 256u);
   }
   {
+    // The input as this rank's own piece of the output (torch's in-place
+    // all_gather_into_tensor): both by reference, since the sidecar never writes that piece.
+    // Rank 2 of 4, 16 floats each.
+    const PlanContext rank2{.rank = 2, .shared_memory = true, .pipelined_broadcast = true};
+    Request r(pb::ALL_GATHER, DataType::kFloat32);
+    ASSERT_TRUE(r.Input(base + 32, 16).ok());
+    ASSERT_TRUE(r.Output(base, 64).ok());
+    StagingPlan p = PlanStaging(r, rank2, arena.lookup());
+    EXPECT_TRUE(p.in_zero);
+    EXPECT_TRUE(p.out_zero);
+    EXPECT_EQ(p.total, 0u);
+    EXPECT_EQ(p.result_bytes, 0u);
+    // Another rank's piece: staged; so is a reduce_scatter whose output is its own piece of
+    // the input (the sidecar reads every piece of every input).
+    p = PlanStaging(r, kShm, arena.lookup());
+    EXPECT_FALSE(p.out_zero);
+    Request rs(pb::REDUCE_SCATTER, DataType::kFloat32);
+    ASSERT_TRUE(rs.Input(base, 64).ok());
+    ASSERT_TRUE(rs.Output(base + 32, 16).ok());
+    EXPECT_FALSE(PlanStaging(rs, rank2, arena.lookup()).out_zero);
+  }
+  {
     // Without shared memory nothing is looked up: the bytes travel inline.
     Request r(pb::ALL_REDUCE, DataType::kFloat32);
     r.InPlace(base, 16);

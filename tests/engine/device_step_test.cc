@@ -131,6 +131,159 @@ class FakeRuntime : public backends::DeviceRuntime {
   int maps_ = 0;
 };
 
+// An in-process "NCCL" between the engines of one TestCluster, for the paths that cross
+// hosts (and NCCL with one rank): the communicators of one group generation (by prefix) meet
+// at each call. Each deposits its buffers, waits for every host's, computes its result from
+// them into a buffer of its own, waits until every host has read, then writes its output.
+// The fake streams run each call at once, so this computes what NCCL would. Float32 only.
+class FakeDeviceWorld {
+ public:
+  struct Meeting {
+    explicit Meeting(int n) : size(n), slots(static_cast<size_t>(n)) {}
+    absl::Mutex mu;
+    const int size;
+    std::vector<const void*> slots ABSL_GUARDED_BY(mu);
+    int count ABSL_GUARDED_BY(mu) = 0;
+    int64_t generation ABSL_GUARDED_BY(mu) = 0;
+  };
+  std::shared_ptr<Meeting> Join(const std::string& prefix, int size) {
+    absl::MutexLock lock(&mu_);
+    auto& m = meetings_[prefix];
+    if (m == nullptr) m = std::make_shared<Meeting>(size);
+    return m;
+  }
+  // Calls per kind, every host's.
+  int calls(const std::string& kind) {
+    absl::MutexLock lock(&mu_);
+    return calls_[kind];
+  }
+  void Count(const std::string& kind) {
+    absl::MutexLock lock(&mu_);
+    ++calls_[kind];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Meeting>> meetings_;
+  std::map<std::string, int> calls_;
+};
+
+class FakeDeviceComm : public backends::Communicator {
+ public:
+  FakeDeviceComm(FakeDeviceWorld* world, std::shared_ptr<FakeDeviceWorld::Meeting> m, int rank)
+      : world_(world), m_(std::move(m)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return m_->size; }
+  absl::Status AllReduce(void*, size_t, DataType, ReduceOp, absl::Duration, backends::AllReduceAlgorithm) override {
+    return absl::UnimplementedError("fake: device memory only");
+  }
+  absl::Status Broadcast(void*, size_t, int, absl::Duration) override { return Unimplemented(); }
+  absl::Status AllGather(const void*, void*, size_t, absl::Duration) override { return Unimplemented(); }
+  absl::Status AllGatherV(const void*, void*, const std::vector<size_t>&, absl::Duration) override {
+    return Unimplemented();
+  }
+  absl::Status AllReduceOnStream(void* data, size_t count, DataType dtype, ReduceOp op, void*) override {
+    world_->Count("all_reduce");
+    return Meet(data, [&](const std::vector<const void*>& all) {
+      return Reduced(all, 0, count, dtype, op, data);
+    });
+  }
+  absl::Status BroadcastOnStream(void* data, size_t bytes, int root, void*) override {
+    world_->Count("broadcast");
+    return Meet(data, [&](const std::vector<const void*>& all) {
+      const char* src = static_cast<const char*>(all[static_cast<size_t>(root)]);
+      return Write(data, std::vector<char>(src, src + bytes));
+    });
+  }
+  absl::Status AllGatherOnStream(const void* in, void* out, size_t bytes, void*) override {
+    world_->Count("all_gather");
+    return Meet(in, [&](const std::vector<const void*>& all) {
+      std::vector<char> got;
+      for (const void* p : all) got.insert(got.end(), static_cast<const char*>(p), static_cast<const char*>(p) + bytes);
+      return Write(out, std::move(got));
+    });
+  }
+  absl::Status ReduceScatterOnStream(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                                     void*) override {
+    world_->Count("reduce_scatter");
+    return Meet(in, [&](const std::vector<const void*>& all) {
+      return Reduced(all, static_cast<size_t>(rank_) * count, count, dtype, op, out);
+    });
+  }
+  absl::Status BroadcastGroupOnStream(const std::vector<void*>& datas, const std::vector<size_t>& bytes,
+                                      const std::vector<int>& roots, void*) override {
+    world_->Count("broadcast_group");
+    return Meet(&datas, [&](const std::vector<const void*>& all) {
+      auto pieces = std::make_shared<std::vector<std::vector<char>>>();
+      for (size_t k = 0; k < datas.size(); ++k) {
+        const auto* theirs = static_cast<const std::vector<void*>*>(all[static_cast<size_t>(roots[k])]);
+        const char* src = static_cast<const char*>((*theirs)[k]);
+        pieces->emplace_back(src, src + bytes[k]);
+      }
+      return std::function<void()>([pieces, datas] {
+        for (size_t k = 0; k < datas.size(); ++k) std::memcpy(datas[k], (*pieces)[k].data(), (*pieces)[k].size());
+      });
+    });
+  }
+
+ private:
+  static absl::Status Unimplemented() { return absl::UnimplementedError("fake: device memory only"); }
+  // A write of `bytes` to `dst`, for after every host has read.
+  static std::function<void()> Write(void* dst, std::vector<char> bytes) {
+    return [dst, b = std::move(bytes)] { std::memcpy(dst, b.data(), b.size()); };
+  }
+  // Elements [first, first + count) of every host's float32 buffer, reduced, written to `dst`.
+  static std::function<void()> Reduced(const std::vector<const void*>& all, size_t first, size_t count,
+                                       DataType dtype, ReduceOp op, void* dst) {
+    if (dtype != DataType::kFloat32) return nullptr;
+    std::vector<float> acc(static_cast<const float*>(all[0]) + first, static_cast<const float*>(all[0]) + first + count);
+    for (size_t h = 1; h < all.size(); ++h) {
+      const float* v = static_cast<const float*>(all[h]) + first;
+      for (size_t i = 0; i < count; ++i) {
+        acc[i] = op == ReduceOp::kSum ? acc[i] + v[i] : op == ReduceOp::kMax ? std::max(acc[i], v[i])
+                 : op == ReduceOp::kMin ? std::min(acc[i], v[i]) : acc[i] * v[i];
+      }
+    }
+    std::vector<char> bytes(reinterpret_cast<const char*>(acc.data()),
+                            reinterpret_cast<const char*>(acc.data()) + count * sizeof(float));
+    return Write(dst, std::move(bytes));
+  }
+  // Every host deposits `mine`; `compute` reads all of them (returns the write to make, null:
+  // an unsupported dtype); once every host has computed, each makes its write.
+  absl::Status Meet(const void* mine, const std::function<std::function<void()>(const std::vector<const void*>&)>& compute) {
+    {
+      absl::MutexLock lock(&m_->mu);
+      m_->slots[static_cast<size_t>(rank_)] = mine;
+    }
+    if (!Barrier()) return absl::DeadlineExceededError("fake: a host did not come within 30 s");
+    std::vector<const void*> all;
+    {
+      absl::MutexLock lock(&m_->mu);
+      all = m_->slots;
+    }
+    std::function<void()> write = compute(all);
+    if (!Barrier()) return absl::DeadlineExceededError("fake: a host did not come within 30 s");
+    if (write == nullptr) return absl::InvalidArgumentError("fake: float32 only");
+    write();
+    return absl::OkStatus();
+  }
+  bool Barrier() {
+    absl::MutexLock lock(&m_->mu);
+    const int64_t generation = m_->generation;
+    if (++m_->count == m_->size) {
+      m_->count = 0;
+      ++m_->generation;
+      return true;
+    }
+    auto passed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_->mu) { return m_->generation != generation; };
+    return m_->mu.AwaitWithTimeout(absl::Condition(&passed), absl::Seconds(30));
+  }
+
+  FakeDeviceWorld* world_;
+  std::shared_ptr<FakeDeviceWorld::Meeting> m_;
+  const int rank_;
+};
+
 // A request naming "device" tensors: input `in`, output `out` (null: in place).
 engine::Request DeviceRequest(CollectiveOp op, std::vector<float>& in, int64_t count, std::vector<float>* out,
                               int rank) {
@@ -287,6 +440,133 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     EXPECT_TRUE(c.status.ok()) << c.status;
   });
   EXPECT_EQ(t[1], (std::vector<float>{4, 6}));
+}
+
+// The paths that cross hosts, over the fake NCCL (FakeDeviceComm): 2 hosts with 2 local ranks
+// each (the local step, then NCCL among the hosts, then the local copies), 2 hosts with one
+// rank each (NCCL's own all_gather and reduce_scatter), and one rank alone (NCCL with one
+// rank), every op's result checked element by element and its algorithm named.
+class DeviceAcrossHostsTest : public DeviceStepTest {
+ protected:
+  // A cluster of `hosts` engines, each with its own fake runtime, and the fake NCCL as the
+  // default backend for CUDA tensors.
+  std::unique_ptr<TestCluster> Cluster(int hosts) {
+    int next = 0;
+    auto cluster = std::make_unique<TestCluster>(hosts, [&](engine::EngineOptions& o) { o.device = &runtimes_[next++]; });
+    auto& registry = cluster->backends();
+    EXPECT_TRUE(registry
+                    .Register("fakenccl", {DeviceType::kCuda},
+                              [this](backends::RendezvousStore&, const backends::ConnectParams& p)
+                                  -> absl::StatusOr<std::unique_ptr<backends::Communicator>> {
+                                return std::make_unique<FakeDeviceComm>(&world_, world_.Join(p.prefix, p.size), p.rank);
+                              })
+                    .ok());
+    EXPECT_TRUE(registry.SetDefault(DeviceType::kCuda, "fakenccl").ok());
+    return cluster;
+  }
+  FakeRuntime runtimes_[2];
+  FakeDeviceWorld world_;
+};
+
+TEST_F(DeviceAcrossHostsTest, TwoHostsOfTwoLocalRanksRunEveryOp) {
+  auto cluster = Cluster(2);
+  auto formed = cluster->Form("hosts2x2", 4, absl::Seconds(30), /*shared_memory=*/true);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  auto run = [&](const std::function<engine::Request(TestRank&)>& make, const std::string& algorithm) {
+    OnEveryRank(ranks, [&](TestRank& r) {
+      engine::Completion c = r.Call(make(r));
+      EXPECT_TRUE(c.status.ok()) << "rank " << r.rank << ": " << c.status;
+      EXPECT_EQ(c.algorithm, algorithm) << "rank " << r.rank;
+    });
+  };
+  // all_reduce (SUM, then AVG: the last local kernel scales by 1/4).
+  std::vector<std::vector<float>> t = {{1, 2}, {10, 20}, {100, 200}, {1000, 2000}};
+  run([&](TestRank& r) { return DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 2, nullptr, r.rank); },
+      "local_cuda+nccl");
+  for (auto& v : t) EXPECT_EQ(v, (std::vector<float>{1111, 2222}));
+  run([&](TestRank& r) {
+        engine::Request q = DeviceRequest(CollectiveOp::kAllReduce, t[r.rank], 2, nullptr, r.rank);
+        q.reduce_op = static_cast<int>(ReduceOp::kAvg);
+        return q;
+      },
+      "local_cuda+nccl");
+  for (auto& v : t) EXPECT_EQ(v, (std::vector<float>{1111, 2222}));
+  EXPECT_EQ(world_.calls("all_reduce"), 4);  // one per host per op
+  // broadcast from rank 3 (host 1's second rank).
+  std::vector<std::vector<float>> b = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {7, 8, 9}};
+  run([&](TestRank& r) {
+        engine::Request q = DeviceRequest(CollectiveOp::kBroadcast, b[r.rank], 3, nullptr, r.rank);
+        q.root = 3;
+        return q;
+      },
+      "nccl+local_cuda");
+  for (auto& v : b) EXPECT_EQ(v, (std::vector<float>{7, 8, 9}));
+  // all_gather: the local pieces, then one grouped broadcast of every rank's piece.
+  std::vector<std::vector<float>> in = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+  std::vector<std::vector<float>> out(4, std::vector<float>(8, 0));
+  run([&](TestRank& r) {
+        engine::Request q = DeviceRequest(CollectiveOp::kAllGather, in[r.rank], 2, &out[r.rank], r.rank);
+        q.output_splits = {2, 2, 2, 2};
+        return q;
+      },
+      "local_cuda+nccl");
+  for (auto& v : out) EXPECT_EQ(v, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(world_.calls("broadcast_group"), 2);
+  // reduce_scatter: the local sum of the whole input, all-reduced, each rank its block.
+  std::vector<std::vector<float>> rs(4, std::vector<float>(2, 0));
+  run([&](TestRank& r) {
+        engine::Request q = DeviceRequest(CollectiveOp::kReduceScatter, out[r.rank], 8, &rs[r.rank], r.rank);
+        q.input_splits = {2, 2, 2, 2};
+        return q;
+      },
+      "local_cuda+nccl");
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(rs[r], (std::vector<float>{4.0f * (2 * r + 1), 4.0f * (2 * r + 2)})) << "rank " << r;
+  }
+}
+
+TEST_F(DeviceAcrossHostsTest, OneRankPerHostUsesNcclsOwnCollectives) {
+  auto cluster = Cluster(2);
+  auto formed = cluster->Form("hosts2x1", 2, absl::Seconds(30), /*shared_memory=*/true);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  std::vector<std::vector<float>> in = {{1, 2, 3}, {4, 5, 6}};
+  std::vector<std::vector<float>> out(2, std::vector<float>(6, 0));
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllGather, in[r.rank], 3, &out[r.rank], r.rank);
+    q.output_splits = {3, 3};
+    engine::Completion c = r.Call(q);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "nccl");
+  });
+  for (auto& v : out) EXPECT_EQ(v, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(world_.calls("all_gather"), 2);
+  // reduce_scatter with AVG: NCCL's, then a scale by 1/2 on the stream.
+  std::vector<std::vector<float>> rs(2, std::vector<float>(3, 0));
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Request q = DeviceRequest(CollectiveOp::kReduceScatter, out[r.rank], 6, &rs[r.rank], r.rank);
+    q.input_splits = {3, 3};
+    q.reduce_op = static_cast<int>(ReduceOp::kAvg);
+    engine::Completion c = r.Call(q);
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "nccl");
+  });
+  EXPECT_EQ(rs[0], (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(rs[1], (std::vector<float>{4, 5, 6}));
+  EXPECT_EQ(world_.calls("reduce_scatter"), 2);
+}
+
+TEST_F(DeviceAcrossHostsTest, ARankAloneRunsNcclWithOneRank) {
+  auto cluster = Cluster(1);
+  auto formed = cluster->Form("alone", 1, absl::Seconds(30), /*shared_memory=*/true);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<float> t = {3, 4};
+  engine::Completion c = (*formed)[0].Call(DeviceRequest(CollectiveOp::kAllReduce, t, 2, nullptr, 0));
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.algorithm, "nccl");
+  EXPECT_EQ(t, (std::vector<float>{3, 4}));
+  EXPECT_EQ(world_.calls("all_reduce"), 1);
 }
 
 TEST_F(DeviceStepTest, WithoutARuntimeOrSharedMemoryCudaTensorsAreRefused) {

@@ -450,8 +450,10 @@ class TestCluster {
 
   // Attaches `world_size` ranks to group `name` (rank r on host r * hosts / world_size,
   // so 4 ranks on 2 hosts are [0, 1] and [2, 3]) and waits until all are attached.
+  // With `shared_memory` the sessions are offered shared memory (as unix-socket clients are).
   absl::StatusOr<std::vector<TestRank>> Form(const std::string& name, int world_size,
-                                             absl::Duration op_timeout = absl::Seconds(30)) {
+                                             absl::Duration op_timeout = absl::Seconds(30),
+                                             bool shared_memory = false) {
     std::vector<TestRank> ranks(world_size);
     const int hosts = static_cast<int>(engines_.size());
     for (int r = 0; r < world_size; ++r) {
@@ -467,6 +469,7 @@ class TestCluster {
       a.init_timeout = absl::Seconds(30);
       a.op_timeout = op_timeout;
       a.credential = absl::StrCat("credential of rank ", r);
+      a.shared_memory = shared_memory;
       auto g = engines_[t.host]->Attach(a, t.session);
       if (!g.ok()) return g.status();
       t.group = *g;
@@ -490,6 +493,8 @@ class TestCluster {
     for (auto& o : observers_) o->ReleaseExchanges();
   }
   FakeCoordinator& coordinator() { return coordinator_; }
+  // The backends every engine connects with: a test may add its own before forming groups.
+  backends::BackendRegistry& backends() { return backends_; }
 
  private:
   FakeCoordinator coordinator_;

@@ -299,6 +299,17 @@ void CheckCollectives(Checker& c, DataType d) {
         }
         for (size_t i = 0; i < n; ++i) c.Expect(in2, i, Val(d, rank, i, salt + 1), what2 + " input kept");
       }
+      // In place, as torch's FSDP lays it out: the input is this rank's own piece of the
+      // output (in the arena both go by reference: the sidecar never writes that piece).
+      Tensor out3(d, n * world);
+      for (size_t i = 0; i < n; ++i) out3.Set(static_cast<size_t>(rank) * n + i, Val(d, rank, i, salt + 2));
+      char* own = out3.base + static_cast<size_t>(rank) * n * collserve::ElementSize(d);
+      const std::string what3 = absl::StrCat("all_gather_into_tensor in place(", dn, ", n=", n, ")");
+      if (c.Ok(pg.AllGatherIntoTensor(out3.data(), own, n, d), what3)) {
+        for (int r = 0; r < world; ++r) {
+          for (size_t i = 0; i < n; ++i) c.Expect(out3, r * n + i, Val(d, r, i, salt + 2), what3);
+        }
+      }
     }
     // gather and scatter (uneven) to/from every root.
     for (int root = 0; root < world; ++root) {

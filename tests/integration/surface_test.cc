@@ -82,10 +82,11 @@ TEST_P(SurfaceTest, EveryCollectiveEveryDtypeUnevenAndZeroSizes) {
   const auto results = RunRanks(cfg, {"--mode=collectives"});
   ExpectAll(results, " checked, 0 wrong");
   // Per dtype and size (0, 1, 37): all_reduce and reduce for each valid op, a broadcast,
-  // gather and scatter per root, two all_gathers, two reduce_scatters, three all_to_alls.
+  // gather and scatter per root, three all_gathers (list, into a tensor, in place), two
+  // reduce_scatters, three all_to_alls.
   int expected = 2;  // the two barriers
   for (int ops : {6, 6, 8, 8, 6, 6, 8, 8, 7}) {  // valid ReduceOps of the 9 dtypes, in kAllDtypes order
-    expected += 3 * (2 * ops + 3 * cfg.world_size + 7);
+    expected += 3 * (2 * ops + 3 * cfg.world_size + 8);
   }
   for (const RankResult& r : results) {
     EXPECT_NE(r.output.find(absl::StrCat("collectives done: ", expected, " checked")), std::string::npos) << r.output;

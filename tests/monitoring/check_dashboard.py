@@ -24,7 +24,7 @@ EXPORTED = {
     "collserve_registry_groups", "collserve_registry_formed_groups", "collserve_registry_generations_formed_total",
     "collserve_registry_journal_writes_total",
     "collserve_store_wal_syncs_total", "collserve_store_wal_sync_seconds_total", "collserve_store_wal_writes_total",
-    "collserve_staging_bytes", "collserve_segments_registered_total", "collserve_segment_bytes_registered_total",
+    "collserve_staging_bytes", "collserve_inline_bytes", "collserve_segments_registered_total", "collserve_segment_bytes_registered_total",
     "collserve_collective_algorithms_total", "collserve_backend_errors_total", "collserve_tcpstore_requests_total",
     "collserve_tcpstore_protocol_errors_total", "collserve_tcpstore_evicted_connections_total",
     "collserve_store_snapshot_timestamp_seconds",
@@ -35,6 +35,7 @@ EXPORTED = {
     "collserve_collective_arrival_skew_seconds", "collserve_straggler_collectives_total",
     "collserve_job_data_path_seconds_total", "collserve_job_data_path_chunks_total",
     "collserve_job_data_path_loops_total", "collserve_job_data_path_wait_seconds_total",
+    "collserve_job_collectives_total", "collserve_job_collective_bytes_total", "collserve_job_stage_seconds_total",
 }
 
 
@@ -59,8 +60,8 @@ def main():
         errors.append("panel ids repeat")
     rules = []
     for panel, expr in exprs(dashboard):
-        # Label names (collserve_job) are not metrics: drop the label lists of by/without.
-        metrics_only = re.sub(r"\b(by|without)\s*\([^)]*\)", "", expr)
+        # Label names (collserve_job) are not metrics: drop the label lists of by/without/on/ignoring.
+        metrics_only = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", expr)
         if panel.get("datasource", {}).get("uid") != "${datasource}":
             errors.append(f"panel {panel['title']!r} does not use the ${{datasource}} variable")
         for name in re.findall(r"collserve_[a-z_]+", metrics_only):

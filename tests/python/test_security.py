@@ -118,7 +118,9 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     job "bounded" may have 4 requests in flight, and its requests past that are refused
     naming max_inflight_collectives while its group goes on (quota_worker.py bounded); and
     job "other", with no limits, runs 4 MiB all_reduces beside them untouched. Its policy's
-    class (bulk, weight 2) reaches the sidecar: the per-job data-path counters name it."""
+    class (bulk, weight 2) reaches the sidecar: the per-job data-path counters name it; its
+    CPU-thread quota of 1 holds its reductions to one thread at a time, and its results stay
+    right."""
     import json
     import re
     import urllib.request
@@ -131,7 +133,8 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
         with open(os.path.join(d, "policies.json"), "w") as f:
             json.dump({"jobs": {"capped": {"max_sessions": 2, "max_segment_bytes": "3000000"},
                                 "bounded": {"max_inflight_collectives": 4},
-                                "other": {"priority_class": "PRIORITY_CLASS_BULK", "share_weight": 2}}}, f)
+                                "other": {"priority_class": "PRIORITY_CLASS_BULK", "share_weight": 2,
+                                          "max_data_threads": 1}}}, f)
         daemons.append(start_coordinator(d, *flags, f"--job_policies_file={d}/policies.json"))
         port = daemons[0].port
         metrics_port = free_port()
@@ -176,3 +179,15 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     assert used and float(used.group(1)) > 0, metrics
     assert re.search(r'^collserve_job_data_path_chunks_total\{collserve_job="other",priority_class="bulk"\} [1-9]',
                      metrics, re.M), metrics
+    # The per-job stage counters (engine/stages.h): the job's collectives, at least 4 MiB per
+    # local rank each, and time in the data step.
+    def job_series(name, extra=""):
+        m = re.search(r'^%s\{collserve_job="other",priority_class="bulk"%s\} (\S+)$' % (name, extra), metrics, re.M)
+        assert m, (name, metrics)
+        return float(m.group(1))
+    collectives = job_series("collserve_job_collectives_total")
+    assert collectives >= 1, metrics
+    assert job_series("collserve_job_collective_bytes_total") >= collectives * 4 * (4 << 20), metrics
+    assert job_series("collserve_job_stage_seconds_total", ',stage="execute"') > 0, metrics
+    for stage in ("queued", "agree", "complete"):
+        job_series("collserve_job_stage_seconds_total", f',stage="{stage}"')

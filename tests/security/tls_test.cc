@@ -152,10 +152,9 @@ TEST_F(TlsTest, JobRunsWithTlsBetweenEveryParty) {
                                absl::StrCat("--coordinator_tls_key=", pki_.Path("client.key"))}) {
     sidecar_flags.push_back(f);
   }
-  // Under a sanitizer beside other test steps a sidecar renewed its lease on the group past
-  // the default 3 s grace (the group was taken as lost): 20 s there; and 1/8 of the bytes.
+  // A sanitizer's lease grace (kLeaseGraceFlag); and 1/8 of the bytes there.
   std::vector<std::string> coordinator_flags = ServerFlags(/*mutual=*/true);
-  coordinator_flags.push_back(UnderSanitizer("--lease_grace=3s", "--lease_grace=20s"));
+  coordinator_flags.push_back(kLeaseGraceFlag);
   auto cluster = Cluster::Start(2, coordinator_flags, sidecar_flags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;

@@ -46,12 +46,16 @@ TEST_F(JobPoliciesTest, AJobGetsItsOwnEntryElseTheDefault) {
 
 TEST_F(JobPoliciesTest, ClassesAndWeightsAreReadByName) {
   auto p = LoadJobPolicies(Write(R"({"jobs": {"serve": {"priority_class": "PRIORITY_CLASS_LATENCY_CRITICAL",
-                                                         "share_weight": 4},
-                                              "train": {"priority_class": "PRIORITY_CLASS_BULK"}}})"));
+                                                         "share_weight": 4, "max_inline_bytes": 1048576},
+                                              "train": {"priority_class": "PRIORITY_CLASS_BULK",
+                                                        "max_data_threads": 2}}})"));
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(PolicyFor(*p, "serve").priority_class(), pb::PRIORITY_CLASS_LATENCY_CRITICAL);
   EXPECT_EQ(PolicyFor(*p, "serve").share_weight(), 4);
   EXPECT_EQ(PolicyFor(*p, "train").priority_class(), pb::PRIORITY_CLASS_BULK);
+  EXPECT_EQ(PolicyFor(*p, "train").max_data_threads(), 2);
+  EXPECT_EQ(PolicyFor(*p, "serve").max_data_threads(), 0);
+  EXPECT_EQ(PolicyFor(*p, "serve").max_inline_bytes(), 1 << 20);
   EXPECT_EQ(PolicyFor(*p, "other").priority_class(), pb::PRIORITY_CLASS_UNSPECIFIED);
 }
 
@@ -64,6 +68,9 @@ TEST_F(JobPoliciesTest, AMisspeltLimitANegativeOneAndBrokenJsonAreRefusedNamingT
                                   std::string(R"({"jobs": {"a": {"priority_class": 7}}})"),
                                   std::string(R"({"jobs": {"a": {"share_weight": 1001}}})"),
                                   std::string(R"({"default_policy": {"share_weight": -1}})"),
+                                  std::string(R"({"jobs": {"a": {"max_data_threads": 1025}}})"),
+                                  std::string(R"({"jobs": {"a": {"max_data_threads": -2}}})"),
+                                  std::string(R"({"jobs": {"a": {"max_inline_bytes": "-1"}}})"),
                                   std::string(R"({"jobs": {"": {"max_sessions": 1}}})"), std::string("{not json")}) {
     const std::string path = Write(text);
     auto p = LoadJobPolicies(path);

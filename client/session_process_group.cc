@@ -1,0 +1,398 @@
+// SessionProcessGroup's session with the sidecar (client/session_process_group.h): attach,
+// the channels, writing requests, reading completions and finishing them on the lanes.
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/channel.h"
+#include "client/session_process_group.h"
+#include "common/fd_channel.h"
+#include "common/grpc_status.h"
+#include "common/ops_channel.h"
+
+namespace collserve::client {
+
+namespace pb = ::collserve::v1;
+
+namespace {
+
+grpc::ChannelArguments ChannelArgs() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
+  args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  // Every session gets its own connection so one busy stream does not delay another.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return args;
+}
+
+}  // namespace
+
+
+SessionProcessGroup::~SessionProcessGroup() {
+  if (fd_channel_ >= 0) close(fd_channel_);  // registrations only; the sidecar keeps its mappings
+  if (!reader_.joinable()) {
+    // Init failed before the session started: end the stream if it is still open.
+    if (stream_ != nullptr && !finished_) {
+      ctx_.TryCancel();
+      stream_->Finish();
+    }
+    if (ops_sock_ >= 0) close(ops_sock_);
+    return;
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    if (stream_ != nullptr && !closed_) stream_->WritesDone();
+    closed_ = true;
+  }
+  // The sidecar ends the stream after WritesDone; cancel if it does not promptly.
+  if (!reader_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) ctx_.TryCancel();
+  if (reader_.joinable()) reader_.join();
+  FailAll(absl::CancelledError("process group destroyed"));
+  collective_lane_.reset();  // finishes what it holds, then joins
+  p2p_lane_.reset();
+  if (ops_sock_ >= 0) close(ops_sock_);  // its reader was joined by reader_
+}
+
+absl::Status SessionProcessGroup::Init() {
+  const std::string address = options_.sidecar_address.empty()
+                                  ? std::string(kDefaultSidecarAddress)
+                                  : options_.sidecar_address;
+  auto channel = CreateChannel(address, options_.tls, ChannelArgs());
+  if (!channel.ok()) return channel.status();
+  channel_ = std::move(*channel);
+  const absl::Time init_deadline = absl::Now() + options_.init_timeout;
+  if (!channel_->WaitForConnected(absl::ToChronoTime(std::min(
+          init_deadline, absl::Now() + std::min(options_.init_timeout, absl::Seconds(30)))))) {
+    return absl::UnavailableError(absl::StrCat("no collserve sidecar reachable at ", address));
+  }
+  stub_ = pb::Collectives::NewStub(channel_);
+  AddJobToken(ctx_, options_.token);  // the sidecar checks it with the coordinator before it serves us
+  stream_ = stub_->Session(&ctx_);
+
+  pb::SessionRequest req;
+  pb::Attach* attach = req.mutable_attach();
+  attach->set_job(options_.job);
+  attach->set_group(options_.group);
+  attach->set_rank(options_.rank);
+  attach->set_world_size(options_.world_size);
+  attach->set_init_timeout_ms(absl::ToInt64Milliseconds(options_.init_timeout));
+  attach->set_op_timeout_ms(absl::ToInt64Milliseconds(options_.op_timeout));
+  attach->set_shared_memory(options_.shared_memory);
+  attach->set_generation(options_.generation);
+  attach->set_peer_reads(options_.shared_memory && options_.peer_reads);
+  if (!stream_->Write(req)) return FinishWithError("the sidecar closed the session at attach");
+
+  // Watchdog: the sidecar bounds rendezvous by init_timeout; if it does not answer at
+  // all, cancel the stream shortly after.
+  absl::Notification attached;
+  std::thread watchdog([&] {
+    if (!attached.WaitForNotificationWithDeadline(init_deadline + kClientGrace)) ctx_.TryCancel();
+  });
+  pb::SessionResponse resp;
+  const bool got = stream_->Read(&resp);
+  attached.Notify();
+  watchdog.join();
+  if (!got) return FinishWithError("the sidecar closed the session before attaching");
+  if (!resp.has_attached()) {
+    return absl::InternalError("the sidecar answered attach with something else");
+  }
+  shared_memory_ = resp.attached().shared_memory();
+  if (shared_memory_) {
+    // Segments go to the sidecar as descriptors; if its channel cannot be reached (say,
+    // the socket's directory is not visible here), tensors go inline instead.
+    auto sock = fdchannel::Connect(resp.attached().fd_socket(), resp.attached().session_token(),
+                                   absl::Now() + absl::Seconds(10));
+    if (sock.ok()) {
+      fd_channel_ = *sock;
+    } else {
+      shared_memory_ = false;
+    }
+  }
+  if (shared_memory_ && options_.ops_channel) {
+    // Requests and completions over a datagram socket (common/ops_channel.h); a sidecar
+    // that refuses keeps them on the stream.
+    auto ops = fdchannel::ConnectOps(resp.attached().fd_socket(), resp.attached().session_token(),
+                                     absl::Now() + absl::Seconds(10));
+    if (ops.ok()) {
+      ops_sock_ = *ops;
+    } else {
+      std::fprintf(stderr, "collserve: no ops channel (requests go over the session's stream): %s\n",
+                   ops.status().ToString().c_str());
+    }
+  }
+  peer_reads_ = shared_memory_ && resp.attached().peer_reads();
+  num_hosts_ = resp.attached().num_hosts();
+  generation_ = resp.attached().generation();
+  local_world_size_ = resp.attached().local_world_size();
+  collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
+  p2p_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
+  reader_ = std::thread([this] { ReadLoop(); });
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Work> SessionProcessGroup::Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending, bool* sent) {
+  pb::Collective* c = req.mutable_collective();
+  if (c->op() != pb::SEND && c->op() != pb::RECV && !CallSiteOfThisThread().empty()) {
+    c->set_call_site(CallSiteOfThisThread().substr(0, 256));
+  }
+  std::shared_ptr<WorkImpl> work = pending->work;
+  {
+    std::vector<std::string> released;
+    arena_->TakeReleased(&released);
+    staging_.TakeReleased(&released);
+    for (std::string& name : released) c->add_released_segments(std::move(name));
+  }
+
+  absl::MutexLock lock(&write_mu_);
+  if (closed_ || !broken_.ok()) {
+    absl::Status why = broken_.ok() ? absl::FailedPreconditionError("process group destroyed")
+                                    : broken_;
+    ReleaseSegment(std::move(pending->segment), pending->collective);
+    work->Complete(why);
+    return work;
+  }
+  if (ops_sock_ >= 0 && req.ByteSizeLong() + 16 > opschannel::kMaxOpsMessageBytes) {
+    // Refused before it takes a seq (16: room for the seq's varint).
+    ReleaseSegment(std::move(pending->segment), pending->collective);
+    work->Complete(absl::InvalidArgumentError(absl::StrCat("a request of ", req.ByteSizeLong(),
+                                                           " bytes exceeds the ops channel's limit of ",
+                                                           opschannel::kMaxOpsMessageBytes, " bytes")));
+    return work;
+  }
+  const int64_t seq = next_seq_++;
+  c->set_seq(seq);
+  if (c->op() != pb::SEND && c->op() != pb::RECV) pending->collective_seq = next_collective_seq_++;
+  {
+    absl::MutexLock plock(&pending_mu_);
+    pending_[seq] = std::move(pending);
+  }
+  // On failure the reader thread sees the session end and fails every pending Work.
+  WriteLocked(req);
+  if (sent != nullptr) *sent = true;
+  return work;
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> SessionProcessGroup::AllocateShared(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("AllocateShared needs bytes > 0");
+  if (!shared_memory_) return std::shared_ptr<SharedBuffer>(std::make_shared<HeapBuffer>(bytes));
+  auto seg = NewRegisteredSegment(bytes);
+  if (!seg.ok()) return seg.status();
+  return std::shared_ptr<SharedBuffer>(std::make_shared<ArenaBuffer>(arena_, std::move(*seg), bytes));
+}
+
+StoreClient* SessionProcessGroup::store() {
+  absl::MutexLock lock(&store_mu_);
+  if (store_ == nullptr && !options_.coordinator_address.empty() && !store_tried_) {
+    store_tried_ = true;
+    StoreClientOptions so;
+    so.job = options_.job;
+    so.timeout = options_.op_timeout;
+    so.tls = options_.tls;
+    so.token = options_.token;
+    auto s = StoreClient::Connect(options_.coordinator_address, so);
+    if (s.ok()) store_ = std::move(*s);
+  }
+  return store_.get();
+}
+
+absl::Status SessionProcessGroup::FinishWithError(absl::string_view what) {
+  finished_ = true;
+  grpc::Status s = stream_->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  return absl::UnavailableError(what);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> SessionProcessGroup::AcquireSegment(size_t bytes, bool collective, absl::Time deadline) {
+  const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
+  return staging_.Acquire(bytes, collective, /*may_wait=*/!on_lane, deadline);
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> SessionProcessGroup::NewRegisteredSegment(size_t bytes) {
+  auto seg = ShmSegment::Create(bytes);
+  if (!seg.ok()) return seg.status();
+  absl::MutexLock lock(&fd_channel_mu_);
+  absl::Status s = fdchannel::RegisterSegment(fd_channel_, (*seg)->name(), (*seg)->size(), (*seg)->fd(),
+                                              absl::Now() + absl::Seconds(30));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("registering a ", bytes, "-byte shared-memory segment: ", s.message()));
+  }
+  return seg;
+}
+
+void SessionProcessGroup::Finish(Done& done) {
+  Pending* p = done.pending.get();
+  if (p->filled != nullptr) p->filled->WaitForNotification();  // a memcpy on the issuing thread
+  const pb::Completion& c = done.completion;
+  absl::Status status(static_cast<absl::StatusCode>(c.code()), c.message());
+  const bool peer_read = status.ok() && c.has_peer_source();
+  if (peer_read) {
+    // The result is in a peer's segment (collserve.v1.PeerSource): copy it out of there,
+    // then tell the sidecar (ReadDone), which holds the owner's completion until then.
+    status = CopyFromPeer(c.peer_source(), *p);
+    SendReadDone(c.seq());
+  } else if (status.ok() && p->out_bytes > 0) {
+    const char* result = nullptr;
+    if (p->segment != nullptr) {
+      result = p->segment->data() + p->out_offset;
+    } else if (c.inline_data().size() == p->out_bytes) {
+      result = c.inline_data().data();
+    } else {
+      status = absl::InternalError(absl::StrCat("the sidecar returned ", c.inline_data().size(),
+                                                " bytes for a ", p->out_bytes, "-byte result"));
+    }
+    if (result != nullptr) CopyResultRange(ResultTarget{&p->outputs, p->out_bytes}, result, 0, p->out_bytes);
+  }
+  if (status.ok()) {
+    p->work->SetSourceRank(c.source());
+    p->work->SetAlgorithm(c.algorithm());
+  }
+  if (p->collective_seq >= 0) NoteCollectiveDone(p->collective_seq, status.ok());
+  p->work->Complete(std::move(status));
+  // After Complete: a collective waiting for room sees this one completed.
+  ReleaseSegment(std::move(p->segment), p->collective);
+}
+
+absl::Status SessionProcessGroup::CopyFromPeer(const pb::PeerSource& source, Pending& p) {
+  if (!peer_reads_) {
+    return absl::InternalError(absl::StrCat("the sidecar named a result in rank ", source.rank(),
+                                            "'s segment, but this session did not ask for peer reads"));
+  }
+  return peer_reader_.Copy(source, ResultTarget{&p.outputs, p.out_bytes}, OpTimeout());
+}
+
+absl::StatusOr<int> SessionProcessGroup::OpenPeerSegment(int rank, const std::string& name) {
+  absl::MutexLock channel(&fd_channel_mu_);
+  return fdchannel::OpenPeerSegment(fd_channel_, rank, name, absl::Now() + absl::Seconds(10));
+}
+
+void SessionProcessGroup::NoteCollectiveDone(int64_t collective_seq, bool ok) {
+  absl::MutexLock lock(&completed_mu_);
+  if (!ok) {
+    collectives_failed_ = true;
+    return;
+  }
+  if (collectives_failed_) return;
+  completed_ahead_.insert(collective_seq);
+  while (!completed_ahead_.empty() && *completed_ahead_.begin() == last_completed_seq_ + 1) {
+    last_completed_seq_ = *completed_ahead_.begin();
+    completed_ahead_.erase(completed_ahead_.begin());
+  }
+}
+
+void SessionProcessGroup::SendReadDone(int64_t seq) {
+  pb::SessionRequest req;
+  req.mutable_read_done()->set_seq(seq);
+  absl::MutexLock lock(&write_mu_);
+  if (closed_ || !broken_.ok()) return;
+  WriteLocked(req);  // on failure the reader sees the session end
+}
+
+void SessionProcessGroup::WriteLocked(const pb::SessionRequest& req) {
+  if (ops_sock_ < 0) {
+    if (!stream_->Write(req)) closed_ = true;
+    return;
+  }
+  // The sidecar's channel thread reads continuously: waiting the op timeout for room means
+  // it is stuck.
+  absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + OpTimeout());
+  if (!s.ok()) {
+    std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
+    closed_ = true;
+    shutdown(ops_sock_, SHUT_RDWR);
+  }
+}
+
+void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {
+  if (!resp.has_completion()) return;
+  Done done;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    auto it = pending_.find(resp.completion().seq());
+    if (it == pending_.end()) return;
+    done.pending = std::move(it->second);
+    pending_.erase(it);
+  }
+  done.completion = std::move(*resp.mutable_completion());
+  (done.pending->p2p ? p2p_lane_ : collective_lane_)->Push(std::move(done));
+}
+
+void SessionProcessGroup::OpsReadLoop() {
+  std::vector<char> buf(opschannel::kMaxDatagramBytes);
+  opschannel::Reassembler reassembler;
+  pb::SessionResponse resp;
+  for (;;) {
+    const ssize_t n = recv(ops_sock_, buf.data(), buf.size(), MSG_TRUNC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    absl::StatusOr<bool> complete =
+        static_cast<size_t>(n) > buf.size()
+            ? absl::InvalidArgumentError(absl::StrCat("a datagram of ", n, " bytes"))
+            : reassembler.Add(buf.data(), static_cast<size_t>(n));
+    if (complete.ok() && !*complete) continue;
+    if (!complete.ok() || !resp.ParseFromString(reassembler.Take())) {
+      const absl::Status why = complete.ok() ? absl::InvalidArgumentError("not a SessionResponse") : complete.status();
+      std::fprintf(stderr, "collserve: a malformed message on the ops channel; ending the session: %s\n",
+                   why.ToString().c_str());
+      shutdown(ops_sock_, SHUT_RDWR);
+      ctx_.TryCancel();
+      break;
+    }
+    Dispatch(resp);
+  }
+  ops_done_.Notify();
+}
+
+void SessionProcessGroup::ReadLoop() {
+  pb::SessionResponse resp;
+  if (ops_sock_ >= 0) {
+    std::thread ops_reader([this] { OpsReadLoop(); });
+    while (stream_->Read(&resp)) {
+    }
+    // The sidecar closes the ops channel when the session ends; completions it sent before
+    // are read first.
+    if (!ops_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) shutdown(ops_sock_, SHUT_RDWR);
+    ops_reader.join();
+  }
+  while (stream_->Read(&resp)) Dispatch(resp);
+  // What was read completes first (in order), then the rest fails.
+  collective_lane_->Drain(absl::Now() + absl::Seconds(30));
+  p2p_lane_->Drain(absl::Now() + absl::Seconds(30));
+  grpc::Status final_status = stream_->Finish();
+  absl::Status why = final_status.ok()
+                         ? absl::UnavailableError("the sidecar ended the session")
+                         : absl::Status(FromGrpcStatus(final_status).code(),
+                                        absl::StrCat("session with the sidecar ended: ",
+                                                     final_status.error_message()));
+  if (final_status.error_code() == grpc::StatusCode::CANCELLED) {
+    why = absl::UnavailableError(absl::StrCat("session with the sidecar was cancelled: ",
+                                              final_status.error_message()));
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    broken_ = why;
+  }
+  FailAll(why);
+  reader_done_.Notify();
+}
+
+void SessionProcessGroup::FailAll(const absl::Status& why) {
+  std::map<int64_t, std::unique_ptr<Pending>> pending;
+  {
+    absl::MutexLock lock(&pending_mu_);
+    pending.swap(pending_);
+  }
+  for (auto& [seq, p] : pending) {
+    if (p->filled != nullptr) p->filled->WaitForNotification();  // a memcpy on the issuing thread
+    ReleaseSegment(std::move(p->segment), p->collective);
+    p->work->Complete(why);
+  }
+}
+
+}  // namespace collserve::client

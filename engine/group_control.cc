@@ -1,0 +1,301 @@
+// A group's control plane toward the coordinator (the rest of Group is in group.cc, its
+// data plane in executor.cc and data_plane.cc): the ledger this host keeps of its ranks'
+// collectives and the flight recorder (RecordCompletedLocked, Progress), and the watch of
+// the group's generation with this host's lease on it (Watch, MaybeRewatch, OnWatched),
+// through which the coordinator reports ranks of other hosts that left and a generation
+// that ended.
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/group.h"
+
+namespace collserve::engine {
+
+void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& subs, const absl::Status& status,
+                                  const std::vector<RankArgs>* all, const char* algorithm, absl::Time started,
+                                  bool fails_group) {
+  const absl::Time now = absl::Now();
+  for (const auto& [rank, sub] : subs) {
+    auto it = locals_.find(rank);
+    if (it == locals_.end()) continue;
+    it->second.completed_seq = seq;
+    it->second.completed_at = now;
+    it->second.completed_code = status.code();
+  }
+  ++progress_version_;
+  if (status.ok() && env_.observer != nullptr) {
+    const double n = params_.world_size;
+    for (const auto& [rank, sub] : subs) {
+      const CollectiveOp op = sub.args.op;
+      const uint64_t bytes = std::max(sub.in_bytes, sub.out_bytes);
+      double factor = 1;
+      if (op == CollectiveOp::kAllReduce) {
+        factor = 2 * (n - 1) / n;
+      } else if (op == CollectiveOp::kAllGather || op == CollectiveOp::kReduceScatter ||
+                 op == CollectiveOp::kAllToAll || op == CollectiveOp::kGather || op == CollectiveOp::kScatter) {
+        factor = (n - 1) / n;
+      }
+      if (bytes > 0) env_.observer->OnCollectiveBytes(op, bytes, static_cast<double>(bytes) * factor);
+    }
+  }
+  if (env_.flight_recorder_entries <= 0 || subs.empty()) return;
+
+  // The flight recorder.
+  const Submission& first = subs.begin()->second;
+  FlightRecord r;
+  r.seq = seq;
+  r.op = static_cast<int>(first.args.op);
+  if (first.args.op != CollectiveOp::kBarrier && first.args.op != CollectiveOp::kMonitoredBarrier) {
+    r.dtype = first.args.dtype;
+    r.count = first.args.count;
+    if (IsValidDataType(first.args.dtype) && first.args.count >= 0 && first.args.count <= kMaxTensorBytes) {
+      r.bytes = first.args.count * static_cast<int64_t>(ElementSize(static_cast<DataType>(first.args.dtype)));
+    }
+  }
+  r.algorithm = algorithm;
+  r.code = status.code();
+  r.error = std::string(status.message().substr(0, FlightRecord::kMaxErrorBytes));
+  r.started = started;
+  r.completed = now;
+  for (const auto& [rank, local] : locals_) r.local_ranks.push_back(rank);
+  if (all != nullptr) {
+    for (const RankArgs& a : *all) {
+      if (a.arrived && a.arrived_ns > 0) r.arrivals.push_back({static_cast<int>(a.rank), absl::FromUnixNanos(a.arrived_ns)});
+    }
+  } else {
+    for (const auto& [rank, sub] : subs) r.arrivals.push_back({rank, sub.submitted});
+  }
+  absl::Time earliest = now;
+  if (!r.arrivals.empty()) {
+    // Skew over every rank only: with the local ranks' alone it would understate it.
+    const bool every_rank = static_cast<int>(r.arrivals.size()) == params_.world_size;
+    const FlightRecord::Arrival* lo = &r.arrivals[0];
+    const FlightRecord::Arrival* hi = &r.arrivals[0];
+    for (const FlightRecord::Arrival& a : r.arrivals) {
+      if (a.arrived < lo->arrived) lo = &a;
+      if (a.arrived > hi->arrived) hi = &a;
+    }
+    earliest = lo->arrived;
+    if (every_rank && formed_) {
+      r.last_rank = hi->rank;
+      r.arrival_skew = hi->arrived - lo->arrived;
+      if (env_.observer != nullptr) {
+        if (topology_.rank_host[0] == topology_.host_index) {
+          env_.observer->OnArrivalSkew(params_.job, params_.name, r.arrival_skew);
+        }
+        if (r.arrival_skew >= env_.straggler_threshold && locals_.count(r.last_rank) > 0) {
+          env_.observer->OnStraggler(params_.job, params_.name);
+        }
+      }
+    }
+  }
+  const bool slow =
+      env_.flight_recorder_log_threshold > absl::ZeroDuration() && now - earliest > env_.flight_recorder_log_threshold;
+  flight_.push_back(std::move(r));
+  while (flight_.size() > static_cast<size_t>(env_.flight_recorder_entries)) flight_.pop_front();
+  if ((slow || (fails_group && !status.ok())) && env_.observer != nullptr) {
+    const std::string reason =
+        slow ? absl::StrCat(OpName(first.args.op), " #", seq, " took ", absl::FormatDuration(now - earliest),
+                            " from its first rank's call, over the flight recorder's log threshold of ",
+                            absl::FormatDuration(env_.flight_recorder_log_threshold))
+             : absl::StrCat(OpName(first.args.op), " #", seq, " failed the group: ", status.message());
+    env_.observer->OnFlightRecorderDump(params_.job, params_.name, formed_ ? topology_.generation : 0, reason,
+                                        std::vector<FlightRecord>(flight_.begin(), flight_.end()));
+  }
+}
+
+GroupProgress Group::Progress(std::string* credential, uint64_t* version) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  GroupProgress p;
+  p.job = params_.job;
+  p.group = params_.name;
+  p.world_size = params_.world_size;
+  p.host_id = env_.host_id;
+  if (formed_) p.generation = topology_.generation;
+  switch (state_) {
+    case State::kJoining:
+      p.state = "joining";
+      break;
+    case State::kConnecting:
+      p.state = "connecting";
+      break;
+    case State::kReady:
+      p.state = "ready";
+      break;
+    case State::kFailed:
+      p.state = "failed";
+      p.failure = std::string(failure_.message());
+      break;
+  }
+  for (const auto& [rank, local] : locals_) {
+    RankProgress r;
+    r.rank = rank;
+    r.issued_seq = local.collectives - 1;
+    if (local.collectives > 0) {
+      r.op = local.last_issued.op;
+      r.dtype = local.last_issued.dtype;
+      r.count = local.last_issued.count;
+      r.root = local.last_issued.root;
+      r.reduce_op = local.last_issued.reduce_op;
+      r.issued_age = now - local.issued_at;
+    }
+    r.completed_seq = local.completed_seq;
+    if (local.completed_seq >= 0) {
+      r.completed_age = now - local.completed_at;
+      if (local.completed_code != absl::StatusCode::kOk) r.completed_status = absl::StatusCodeToString(local.completed_code);
+    }
+    p.ranks.push_back(std::move(r));
+  }
+  const size_t published = std::min(flight_.size(), GroupProgress::kPublishedFlightRecords);
+  for (auto it = flight_.end() - static_cast<std::ptrdiff_t>(published); it != flight_.end(); ++it) {
+    FlightRecord r = *it;
+    // Each host publishes its own ranks' arrivals (the coordinator merges them).
+    std::vector<FlightRecord::Arrival> local;
+    for (const FlightRecord::Arrival& a : r.arrivals) {
+      if (locals_.count(a.rank) > 0) local.push_back(a);
+    }
+    r.arrivals = std::move(local);
+    p.records.push_back(std::move(r));
+  }
+  *credential = credential_;
+  *version = progress_version_ + (static_cast<uint64_t>(state_) << 56);
+  return p;
+}
+
+void Group::Watch() {
+  CoordinatorLink::WatchParams params;
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || emptied_ || state_ == State::kFailed || watching_ || !formed_) return;
+    watching_ = true;
+    rewatch_at_ = absl::InfiniteFuture();
+    id = ++watch_id_;
+    params.job = params_.job;
+    params.group = params_.name;
+    params.generation = topology_.generation;
+    params.known = watch_known_;
+    params.wait = env_.lease_renewal;
+    params.credential = credential_;
+    for (int r = 0; watch_with_members_ && r < topology_.world_size; ++r) {
+      const int h = topology_.rank_host[r];
+      params.members.push_back(Member{r, topology_.host_ids[h], topology_.host_addresses[h]});
+    }
+  }
+  std::weak_ptr<Group> weak = weak_from_this();
+  auto cancel = env_.coordinator->WatchGroup(params, [weak, id](absl::StatusOr<GroupEvents> events) {
+    if (auto self = weak.lock()) self->OnWatched(id, std::move(events));
+  });
+  std::function<void()> stopped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (watching_ && watch_id_ == id) {
+      // Stop ran while the call started: it found nothing to cancel, so cancel it here
+      // (no watch may outlive the group's Stop, nor the sidecar's shutdown).
+      (stop_ ? stopped : cancel_watch_) = std::move(cancel);
+    }
+  }
+  if (stopped) stopped();
+}
+
+void Group::MaybeRewatch() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (watching_ || rewatch_at_ > absl::Now()) return;
+  }
+  Watch();
+}
+
+void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
+  std::vector<std::pair<int, absl::Status>> left;  // remote ranks that left: point-to-point
+  bool rewatch = false;
+  PointToPoint* p2p = nullptr;  // set once, with the executor; lives as long as the group
+  {
+    absl::MutexLock lock(&mu_);
+    p2p = p2p_.get();
+    if (id != watch_id_) return;
+    watching_ = false;
+    cancel_watch_ = nullptr;
+    if (stop_ || emptied_ || state_ == State::kFailed) return;
+    if (!events.ok() || events->generation != topology_.generation) {
+      // Unreachable or restarted coordinator: try again later (the data path needs it not).
+      const absl::StatusCode code = events.status().code();
+      if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
+      if (code == absl::StatusCode::kNotFound && !watch_with_members_) {
+        // A coordinator that restarted does not know the generation: again at once (below),
+        // with the membership it can adopt the generation from.
+        watch_with_members_ = true;
+        rewatch = true;
+      } else {
+        // Cancelled: by Stop (stop_, returned above) or by a channel going away; a
+        // coordinator without watches (Unimplemented) is not asked again.
+        if (code != absl::StatusCode::kUnimplemented) rewatch_at_ = absl::Now() + absl::Seconds(1);
+        return;
+      }
+    } else {
+      watch_with_members_ = false;
+      if (events->state != "FORMED" && events->state != "BROKEN") {
+        // SUPERSEDED or ENDED: the coordinator has done with this generation.
+        FailLocked(absl::UnavailableError(absl::StrCat(
+            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+            " at the coordinator: ",
+            events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
+            : events->state == "DELETED"  ? "an operator deleted the group (collservectl delete-group)"
+                                          : "every rank left it (or its hosts were lost)",
+            "); re-form the group (reconfigure) to go on")));
+        ++progress_version_;
+        // The collective in flight waits in the backend for hosts that will never answer
+        // for this generation (or were lost: the coordinator forgets an ended group's
+        // departures): it fails now instead of at the op timeout.
+        for (int h = 0; comm_ != nullptr && h < topology_.num_hosts; ++h) {
+          if (h != topology_.host_index) comm_->ShutdownPeer(h);
+        }
+        return;
+      }
+      std::set<int> lost_hosts;
+      std::vector<int> lost_ranks;
+      std::string lost_reason;
+      const auto& departures = events->departures;
+      for (size_t i = static_cast<size_t>(watch_known_); i < departures.size(); ++i) {
+        const Departure& d = departures[i];
+        if (d.rank < 0 || d.rank >= topology_.world_size) continue;  // not of this generation
+        if (d.host_lost) {
+          lost_hosts.insert(topology_.rank_host[d.rank]);
+          lost_ranks.push_back(d.rank);
+          lost_reason = d.reason;
+        } else if (topology_.local_ranks.count(d.rank) == 0 && remote_departed_.insert(d.rank).second) {
+          left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
+                                                                        params_.name, "\" (the coordinator: ", d.reason,
+                                                                        ")")));
+          remote_left_[d.rank] = std::string(left.back().second.message());
+        }
+      }
+      watch_known_ = static_cast<int>(departures.size());
+      if (!lost_ranks.empty()) {
+        const bool self_lost = lost_hosts.count(topology_.host_index) != 0;
+        FailLocked(absl::UnavailableError(absl::StrCat(
+            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
+            " at the coordinator): ranks [", absl::StrJoin(lost_ranks, ", "), "] ",
+            self_lost ? "are taken as lost with this host (" : "were lost with their host (", lost_reason,
+            "); re-form the group (reconfigure) to go on")));
+        ++progress_version_;
+        for (int h : lost_hosts) {
+          if (comm_ != nullptr && h != topology_.host_index) comm_->ShutdownPeer(h);
+        }
+      } else {
+        rewatch = true;
+      }
+    }
+  }
+  if (p2p != nullptr) {
+    for (const auto& [rank, why] : left) p2p->DepartSendsTo(rank, why);
+  }
+  if (rewatch) Watch();
+}
+
+}  // namespace collserve::engine
