@@ -191,7 +191,7 @@ void Group::Submit(int rank, Request request, absl::Status refused) {
   sub.submitted = absl::Now();
   sub.deadline = sub.submitted + timeout;
   if (state_ == State::kFailed) {
-    Complete(sub, failure_, env_.observer);
+    RefuseFailedLocked(std::move(sub));
     return;
   }
   if (state_ != State::kReady) {
@@ -267,6 +267,26 @@ absl::Status Group::AddSegment(int rank, std::shared_ptr<ShmSegment> segment) {
   absl::Status added = it->second.segments.Add(std::move(segment));
   if (added.ok() && env_.observer != nullptr) env_.observer->OnSegmentRegistered(bytes);
   return added;
+}
+
+void Group::RefuseFailedLocked(Submission sub) {
+  // A rank known to have left before the group failed is the reason the call cannot
+  // complete, whatever broke since (e.g. telling that rank's host of another departure found
+  // it gone): point-to-point names its peer's leave, a collective the first rank that left.
+  const bool p2p = sub.args.op == CollectiveOp::kSend || sub.args.op == CollectiveOp::kRecv;
+  if (p2p && p2p_ != nullptr) {
+    p2p_->Refuse(std::move(sub), failure_);
+    return;
+  }
+  absl::Status why = p2p || collectives_failure_.ok() ? failure_ : collectives_failure_;
+  if (!p2p && collectives_failure_.ok() && p2p_ != nullptr) {
+    const absl::Status left = p2p_->FirstDeparture();
+    if (!left.ok()) {
+      why = absl::Status(left.code(), absl::StrCat(OpName(sub.args.op), " of group \"", params_.name, "\": ",
+                                                   left.message(), "; collectives need every rank"));
+    }
+  }
+  Complete(sub, why, env_.observer);
 }
 
 void Group::Fail(const absl::Status& status) {

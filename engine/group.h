@@ -349,6 +349,9 @@ class Group : public std::enable_shared_from_this<Group> {
 
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes `sub` (a request that arrived after the group failed) without running it:
+  // with the leave of a rank it needed, when one is known, else with failure_.
+  void RefuseFailedLocked(Submission sub) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Fail(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
   void MaybeEmptyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

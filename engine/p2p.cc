@@ -152,15 +152,29 @@ void PointToPoint::DepartLocked(int rank, const absl::Status& why) {
                 staged_.end());
 }
 
+void PointToPoint::Refuse(Submission sub, const absl::Status& failure) {
+  absl::MutexLock lock(&mu_);
+  RefuseLocked(sub, failure);
+}
+
+void PointToPoint::RefuseLocked(const Submission& sub, const absl::Status& failure) {
+  // A peer known to have left is the reason this call cannot complete, whatever broke the
+  // transport since (e.g. telling that peer's host of another departure found it gone).
+  const int peer = sub.args.peer;
+  const bool peer_left = peer >= 0 && (sub.args.op == CollectiveOp::kSend ? WhyLeftLocked(peer) != nullptr
+                                                                          : departed_.count(peer) != 0);
+  Complete(sub, peer_left ? PeerLeftLocked(sub) : failure, observer_);
+}
+
+absl::Status PointToPoint::FirstDeparture() const {
+  absl::MutexLock lock(&mu_);
+  return departed_.empty() ? absl::OkStatus() : departed_.begin()->second;
+}
+
 void PointToPoint::Submit(Submission sub) {
   absl::MutexLock lock(&mu_);
   if (!failure_.ok()) {
-    // A peer known to have left is the reason this call cannot complete, whatever broke the
-    // transport since (e.g. telling that peer's host of another departure found it gone).
-    const int peer = sub.args.peer;
-    const bool peer_left = peer >= 0 && (sub.args.op == CollectiveOp::kSend ? WhyLeftLocked(peer) != nullptr
-                                                                            : departed_.count(peer) != 0);
-    Complete(sub, peer_left ? PeerLeftLocked(sub) : failure_, observer_);
+    RefuseLocked(sub, failure_);
     return;
   }
   const int rank = sub.rank;

@@ -46,6 +46,14 @@ class PointToPoint {
   // Completes every pending send and recv with `status`, as every later Submit. Idempotent
   // (the first status stays).
   void Fail(const absl::Status& status);
+  // Completes `sub` (a SEND or RECV of a local rank) at once without running it, after its
+  // group failed with `failure`: with the peer's departure when the peer is known to have
+  // left (for a RECV, by its host's in-band word), which names the reason this call could
+  // never complete whatever broke the transport since; else with `failure`. Thread-safe.
+  void Refuse(Submission sub, const absl::Status& failure);
+  // Why the lowest-numbered rank known here to have left did (Depart, or its host's in-band
+  // word), or OK when none did. Thread-safe.
+  absl::Status FirstDeparture() const;
   // Local rank `rank` left the group (its session ended; `why` says so). Its own pending
   // sends and recvs are dropped (completed with `why`: nobody reads the answer); the other
   // ranks' sends to it and recvs from it (source `rank`, no message from it waiting) fail
@@ -69,6 +77,8 @@ class PointToPoint {
   };
   // Fails what needs `rank` (Depart's effect on this host).
   void DepartLocked(int rank, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuse's body.
+  void RefuseLocked(const Submission& sub, const absl::Status& failure) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why sends to `peer` cannot complete (it left), or null.
   const absl::Status* WhyLeftLocked(int peer) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct StagedMessage {  // a remote rank's message for a local rank, not yet received
@@ -94,7 +104,7 @@ class PointToPoint {
   const std::function<void(const absl::Status&)> on_failure_;
   backends::Communicator* comm_ = nullptr;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t order_ ABSL_GUARDED_BY(mu_) = 0;

@@ -8,6 +8,7 @@
 
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "common/shm.h"
 #include "tests/engine/engine_testing.h"
 
@@ -731,6 +732,46 @@ TEST(EngineTest, ARemoteRankThatLeftFailsPointToPointWithItButNeverBeforeItsEarl
     Completion done = r.Call(q, absl::Seconds(30));
     ASSERT_TRUE(done.status.ok()) << done.status;
   });
+}
+
+// Rank 2 (host 1) leaves and host 0 hears it in band; then host 0's group fails for another
+// reason (here a request out of sequence). A recv from rank 2 or a collective issued after
+// that names rank 2's leave (why they could never complete), not the later failure; a recv
+// from rank 3 gets the failure. (LeaveTest's two-host run met this order when telling a host
+// of a departure found the host gone, and the group failed with that.)
+TEST(EngineTest, AfterTheGroupFailedWhatNeededARankThatLeftNamesItsLeave) {
+  TestCluster cluster(2);
+  auto formed = cluster.Form("leave-then-fail", 4);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  TestRank& r0 = (*formed)[0];
+  (*formed)[2].group->OnSessionClosed(2);
+  // Host 0 heard it once a send to rank 2 fails naming host 1's word.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        engine::Request send = FloatRequest(CollectiveOp::kSend, {1});
+        send.peer = 2;
+        Completion c = r0.Call(send, absl::Seconds(20));
+        return absl::StrContains(c.status.message(), "its session on host host1 ended");
+      },
+      absl::Seconds(20)));
+  TestRank& r1 = (*formed)[1];
+  r1.next_seq += 5;  // out of sequence: host 0's group fails
+  Completion wrong = r1.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(20));
+  ASSERT_THAT(std::string(wrong.status.message()), HasSubstr("but seq 0 was expected"));
+  engine::Request from2 = FloatRequest(CollectiveOp::kRecv, {});
+  from2.peer = 2;
+  Completion c = r0.Call(from2, absl::Seconds(20));
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+  EXPECT_THAT(std::string(c.status.message()),
+              HasSubstr("recv on rank 0 from rank 2 (tag 0) cannot complete: rank 2 left the group"));
+  Completion ar = r0.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(20));
+  EXPECT_EQ(ar.status.code(), absl::StatusCode::kUnavailable) << ar.status;
+  EXPECT_THAT(std::string(ar.status.message()), HasSubstr("all_reduce of group \"leave-then-fail\": rank 2 left the group"));
+  engine::Request from3 = FloatRequest(CollectiveOp::kRecv, {});
+  from3.peer = 3;
+  Completion c3 = r0.Call(from3, absl::Seconds(20));
+  EXPECT_EQ(c3.status.code(), absl::StatusCode::kInvalidArgument) << c3.status;
+  EXPECT_THAT(std::string(c3.status.message()), HasSubstr("but seq 0 was expected"));
 }
 
 TEST(EngineTest, TheCoordinatorsWordThatARemoteRankLeftFailsSendsToItAtOnce) {
