@@ -26,7 +26,7 @@ ranks, nothing shared but the cores: A alone, B alone, and both at once. That is
 floor a service sharing one host's cores can be held to: what the operating system alone
 makes of two jobs.
 
-What this does not measure yet: two hosts over a shaped link.
+Two hosts over a shaped link: bench/noisy_neighbor_hosts.py.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/noisy_neighbor.py [--build build] [--seconds 6] [--reps 3]
 """
