@@ -6,6 +6,9 @@
 #ifdef COLLSERVE_WITH_NCCL
 #include "backends/nccl/nccl_communicator.h"
 #endif
+#ifdef COLLSERVE_WITH_MPI
+#include "backends/mpi/mpi_communicator.h"
+#endif
 #ifdef COLLSERVE_WITH_CUDA
 #include "backends/cuda/cuda_device.h"
 #endif
@@ -22,6 +25,15 @@ absl::Status AddBuiltinBackends(BackendRegistry& registry) {
         return ConnectGloo(store, p.prefix, p.rank, p.size, gloo);
       }));
   COLLSERVE_RETURN_IF_ERROR(registry.SetDefault(DeviceType::kCpu, "gloo"));
+#ifdef COLLSERVE_WITH_MPI
+  COLLSERVE_RETURN_IF_ERROR(registry.Register(
+      "mpi", {DeviceType::kCpu}, [](RendezvousStore& store, const ConnectParams& p) {
+        MpiOptions mpi;
+        mpi.connect_timeout = p.connect_timeout;
+        mpi.job = p.job;
+        return ConnectMpi(store, p.prefix, p.rank, p.size, mpi);
+      }));
+#endif
 #ifdef COLLSERVE_WITH_NCCL
   // NCCL stages host buffers through the GPU, so it serves CPU groups that ask for it too.
   COLLSERVE_RETURN_IF_ERROR(registry.Register(

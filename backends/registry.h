@@ -4,7 +4,9 @@
 //
 // Built-ins (AddBuiltinBackends): "gloo" (CPU tensors, TCP) always; "nccl" (CUDA tensors;
 // host buffers are staged through the GPU) when the build found CUDA and NCCL
-// (COLLSERVE_WITH_NCCL). The defaults per device type are gloo for CPU and nccl for CUDA,
+// (COLLSERVE_WITH_NCCL); "mpi" (CPU tensors, between sidecars started as one MPI world)
+// when the build found MPI (COLLSERVE_WITH_MPI): its connect fails with FAILED_PRECONDITION
+// in a sidecar that has no MPI world. The defaults per device type are gloo for CPU and nccl for CUDA,
 // as torch's "cpu:gloo,cuda:nccl".
 //
 // Thread safety: Register before sharing the registry; the const methods are thread-safe.
@@ -42,6 +44,7 @@ struct ConnectParams {
   absl::Duration connect_timeout = absl::Seconds(300);
   size_t ring_segment_bytes = 0;       // Gloo: ring all_reduce piece (0 = Gloo's default)
   int device = 0;                      // NCCL: CUDA device ordinal
+  std::string job;                     // MPI: the group's job (keys the communicator's creation tag)
 };
 
 // Connects host params.rank of params.size through `store` (blocking up to

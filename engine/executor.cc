@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
   connect.hostname = env_.hostname;
   connect.connect_timeout = params_.init_timeout;
   connect.ring_segment_bytes = env_.ring_segment_bytes;
+  connect.job = params_.job;
   auto comm = env_.backends->Connect(params_.backend, *store, connect);
   if (!comm.ok()) {
     return absl::Status(comm.status().code(),

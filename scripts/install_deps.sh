@@ -25,6 +25,8 @@ if [ "${1:-}" != --main-job ]; then
     prometheus
     etcd-server
     mmdebstrap
+    # the MPI backend (issue 45): Open MPI's library and mpirun
+    libopenmpi-dev openmpi-bin
   )
 fi
 missing=()

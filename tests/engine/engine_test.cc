@@ -974,7 +974,7 @@ TEST(EngineTest, AttachErrors) {
   EXPECT_EQ(cluster.engine(0).Attach(a, std::make_shared<RecordingSession>()).status().code(),
             absl::StatusCode::kInvalidArgument);
   a.rank = 0;
-  a.backend = "mpi";
+  a.backend = "nosuch";
   auto unknown = cluster.engine(0).Attach(a, std::make_shared<RecordingSession>());
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(unknown.status().message(), HasSubstr("gloo"));
@@ -996,8 +996,21 @@ TEST(BackendRegistryTest, ResolvesByNameAndDeviceType) {
   EXPECT_EQ(*registry.Resolve("", DeviceType::kCpu), "gloo");
   EXPECT_EQ(*registry.Resolve("gloo", DeviceType::kCpu), "gloo");
   EXPECT_EQ(registry.Resolve("gloo", DeviceType::kCuda).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(registry.Resolve("mpi", DeviceType::kCpu).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Resolve("nosuch", DeviceType::kCpu).status().code(), absl::StatusCode::kNotFound);
   const std::vector<std::string> names = registry.Names();
+  if (std::find(names.begin(), names.end(), "mpi") != names.end()) {
+    // Built with MPI: it serves CPU tensors, and a sidecar outside an MPI world says so.
+    EXPECT_EQ(*registry.Resolve("mpi", DeviceType::kCpu), "mpi");
+    EXPECT_EQ(registry.Resolve("mpi", DeviceType::kCuda).status().code(), absl::StatusCode::kInvalidArgument);
+    InMemoryRendezvousStore store;
+    backends::ConnectParams params;
+    params.size = 2;
+    auto comm = registry.Connect("mpi", store, params);
+    EXPECT_EQ(comm.status().code(), absl::StatusCode::kFailedPrecondition) << comm.status();
+    EXPECT_THAT(std::string(comm.status().message()), HasSubstr("mpirun or srun"));
+  } else {
+    EXPECT_EQ(registry.Resolve("mpi", DeviceType::kCpu).status().code(), absl::StatusCode::kNotFound);
+  }
   const bool nccl = std::find(names.begin(), names.end(), "nccl") != names.end();
   if (nccl) {
     EXPECT_EQ(*registry.Resolve("", DeviceType::kCuda), "nccl");
