@@ -7,6 +7,10 @@
 #include "backends/nccl/nccl_communicator.h"
 #endif
 #ifdef COLLSERVE_WITH_MPI
+#include <memory>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "backends/mpi/mpi_communicator.h"
 #endif
 #ifdef COLLSERVE_WITH_CUDA
@@ -46,6 +50,32 @@ absl::Status AddBuiltinBackends(BackendRegistry& registry) {
   COLLSERVE_RETURN_IF_ERROR(registry.SetDefault(DeviceType::kCuda, "nccl"));
 #endif
   return absl::OkStatus();
+}
+
+absl::Status StartMpiWorld() {
+#ifdef COLLSERVE_WITH_MPI
+  if (!LaunchedByMpi()) {
+    return absl::FailedPreconditionError(
+        "--mpi: this process was not started by mpirun or srun (no MPI world rank in its environment)");
+  }
+  return InitializeMpi();
+#else
+  return absl::FailedPreconditionError("--mpi: this build has no MPI backend (COLLSERVE_WITH_MPI; install libopenmpi-dev)");
+#endif
+}
+
+void StopMpiWorld(absl::Duration timeout) {
+#ifdef COLLSERVE_WITH_MPI
+  if (!MpiInitialized()) return;
+  auto done = std::make_shared<absl::Notification>();
+  std::thread([done] {
+    FinalizeMpi();
+    done->Notify();
+  }).detach();
+  done->WaitForNotificationWithTimeout(timeout);
+#else
+  (void)timeout;
+#endif
 }
 
 std::unique_ptr<DeviceRuntime> NewDeviceRuntime(std::string* why) {

@@ -86,6 +86,16 @@ class BackendRegistry {
 // defaults. Defined in the collserve_backend_registry library, which links them.
 absl::Status AddBuiltinBackends(BackendRegistry& registry);
 
+// Joins this process to its MPI world, for the "mpi" backend: the sidecars of a cluster
+// started together by mpirun or srun (one per host). Call once at start, before serving.
+// FAILED_PRECONDITION when the build has no MPI (COLLSERVE_WITH_MPI) or the process was not
+// started by an MPI launcher; else backends::InitializeMpi's errors. Thread-safe.
+absl::Status StartMpiWorld();
+// Leaves the MPI world (MPI_Finalize) if StartMpiWorld succeeded, waiting at most `timeout`
+// (Open MPI's finalize waits for the other processes of the world: a sidecar that stops
+// alone goes without it). Thread-safe; call once, at exit.
+void StopMpiWorld(absl::Duration timeout);
+
 // "cpu" / "cuda".
 const char* DeviceTypeName(DeviceType device);
 

@@ -99,6 +99,7 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   if (!tls_env.ok()) return tls_env.status();
   absl::StatusOr<std::string> token_env = JobTokenFromEnv();
   if (!token_env.ok()) return token_env.status();
+  if (const char* b = std::getenv("COLLSERVE_BACKEND"); b != nullptr && *b != '\0') backend = b;
   shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
   peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);
   ops_channel = SwitchFromEnv("COLLSERVE_OPS_CHANNEL", ops_channel);

@@ -87,6 +87,7 @@ absl::Status SessionProcessGroup::Init() {
   attach->set_shared_memory(options_.shared_memory);
   attach->set_generation(options_.generation);
   attach->set_peer_reads(options_.shared_memory && options_.peer_reads);
+  attach->set_backend(options_.backend);
   if (!stream_->Write(req)) return FinishWithError("the sidecar closed the session at attach");
 
   // Watchdog: the sidecar bounds rendezvous by init_timeout; if it does not answer at

@@ -135,17 +135,18 @@ class MpiCommunicator : public Communicator {
   MpiCommunicator(int rank, int size, MPI_Comm coll, MPI_Comm p2p, int max_call_elements)
       : rank_(rank), size_(size), coll_(coll), p2p_(p2p), max_call_elements_(max_call_elements) {}
 
+  // The MPI communicators are never freed: Open MPI reuses a freed communicator's context
+  // id for the next one it creates, and delivers to that one the messages still arriving
+  // for the freed one (a departure header sent to a host whose group had just ended, a
+  // send no rank received): a later generation would take them for its own. Each group
+  // generation across hosts thus keeps two context ids of the process for its life.
   ~MpiCommunicator() override {
     if (pending_.load()) {
-      // An operation MPI may still complete into these buffers: they and the
-      // communicators stay (MPI forbids freeing a pending collective's communicator).
+      // An operation MPI may still complete into these buffers.
       Bury(std::move(coll_buf_));
       Bury(std::move(send_buf_));
       Bury(std::move(recv_buf_));
-      return;
     }
-    MPI_Comm_free(&p2p_);
-    MPI_Comm_free(&coll_);
   }
 
   int rank() const override { return rank_; }
@@ -470,6 +471,13 @@ absl::Status InitializeMpi() {
     p.ready.store(true);
   });
   return p.status;
+}
+
+void FinalizeMpi() {
+  static absl::once_flag once;
+  absl::call_once(once, [] {
+    if (Process().ready.load()) MPI_Finalize();
+  });
 }
 
 bool MpiInitialized() { return Process().ready.load(); }

@@ -7,9 +7,15 @@
 //
 // Every call runs as a nonblocking MPI operation polled until it completes or its timeout
 // passes (MPI's blocking calls have no timeout), on buffers this communicator owns: an
-// operation that timed out may still be written by MPI later, so its buffer and the MPI
-// communicator are never freed (a bounded leak per failed group; MPI forbids freeing or
-// cancelling a pending collective). Reductions use MPI user-defined operations over
+// operation that timed out may still be written by MPI later, so its buffers are never
+// freed then (MPI forbids freeing or cancelling a pending collective).
+//
+// The MPI communicators themselves are never freed: Open MPI gives a freed communicator's
+// context id to the next communicator the process creates and delivers to it the messages
+// still arriving for the freed one (a header sent to a host whose group had just ended), so
+// a later generation would take another's messages for its own. Each generation of a group
+// across hosts keeps two of the process's context ids (Open MPI has 65,536) and a few KiB
+// for the sidecar's life; past them the connect fails with MPI's error (UNAVAILABLE). Reductions use MPI user-defined operations over
 // backends::Reduce, so every backend reduces (bool, float16, bfloat16 included) the same way.
 //
 // Limits: MPI counts are int, so one call moves at most 2^31 - 1 elements (all_reduce) or
@@ -45,6 +51,10 @@ bool LaunchedByMpi();
 // process of the world must call it) that keys the communicators' creation tags.
 // Thread-safe.
 absl::Status InitializeMpi();
+
+// MPI_Finalize, once, if InitializeMpi succeeded (blocks while Open MPI waits for the rest
+// of the world: callers bound it). Thread-safe.
+void FinalizeMpi();
 
 // True once InitializeMpi succeeded. Thread-safe.
 bool MpiInitialized();

@@ -106,6 +106,11 @@ struct InitOptions {
   // which then carries only attach and the session's end. Falls back to the stream when
   // the sidecar does not offer it. Env: COLLSERVE_OPS_CHANNEL=0 turns it off.
   bool ops_channel = true;
+  // The backend between the group's hosts (collserve.v1.Attach.backend): "" = the sidecar's
+  // default for the tensors' device (gloo for CPU); "mpi" = MPI between sidecars started as
+  // one MPI world (docs/guide.md, "The MPI backend"). Every rank of a group must ask for the
+  // same one. Env: COLLSERVE_BACKEND.
+  std::string backend;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);
@@ -155,7 +160,7 @@ struct InitOptions {
   // Reads the variables that tune a rank's process group rather than name it into this
   // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL,
   // COLLSERVE_PIPELINED_BROADCAST ("0" or
-  // "false" turn one off; anything else on), COLLSERVE_MAX_STAGING_BYTES,
+  // "false" turn one off; anything else on), COLLSERVE_BACKEND, COLLSERVE_MAX_STAGING_BYTES,
   // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
   // that is unset or empty leaves its field as it is. For bindings that take the rank,
   // group and timeouts from their caller (the Python SDK, the c10d backend); FromEnv calls

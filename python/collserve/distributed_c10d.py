@@ -200,8 +200,10 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     init_method: "env://" (the default: RANK, WORLD_SIZE, and the coordinator at
     COLLSERVE_COORDINATOR, else MASTER_ADDR:MASTER_PORT) or
     "collserve://host:port" (the coordinator), with rank/world_size as arguments or from the
-    environment. `backend` is accepted for torch compatibility and ignored: the sidecar picks
-    Gloo/NCCL. The sidecar is COLLSERVE_SIDECAR (default unix:/run/collserve/sidecar.sock),
+    environment. `backend`: "mpi" asks for MPI between the sidecars (sidecars started as one
+    MPI world with --mpi; it sets COLLSERVE_BACKEND=mpi, which every group of this process
+    then asks for); any other value is accepted for torch compatibility and leaves the choice
+    to the sidecar (Gloo for CPU tensors, NCCL for CUDA ones) or to COLLSERVE_BACKEND. The sidecar is COLLSERVE_SIDECAR (default unix:/run/collserve/sidecar.sock),
     the job COLLSERVE_JOB. timeout (timedelta or seconds) bounds the rendezvous and each
     operation (default COLLSERVE_INIT_TIMEOUT_S / COLLSERVE_OP_TIMEOUT_S, else 300 s).
     Raises ValueError for missing or bad arguments, RuntimeError if already initialized.
@@ -217,7 +219,9 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     at least MIN there: ranks renumbered in the order of their RANK, get_world_size() the
     number that came. Later ranks wait to be admitted, as restarted ones do.
     """
-    del backend, pg_options
+    del pg_options
+    if backend is not None and str(backend).lower() == "mpi":
+        _os.environ["COLLSERVE_BACKEND"] = "mpi"  # read by the SDK's InitOptions (ReadTuningFromEnv)
     if _state["default"] is not None:
         raise RuntimeError("trying to initialize the default process group twice")
     if store is not None:

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "backends/registry.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/sidecar/sidecar.h"
@@ -72,6 +73,11 @@ ABSL_FLAG(int, max_session_requests, 65536,
           "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "
           "its group. Bounds what one rank can make the sidecar hold. 0 = no limit.");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
+ABSL_FLAG(bool, mpi, false,
+          "Join the MPI world this sidecar was started in (mpirun or srun, one sidecar per host; with mpirun add "
+          "--enable-recovery, or it kills every sidecar when one exits) so that groups asking for backend \"mpi\" "
+          "get their communicator from it. Refuses to start when the build has no MPI or the process was not started "
+          "by an MPI launcher.");
 ABSL_FLAG(absl::Duration, coordinator_connect_timeout, absl::Seconds(10),
           "How long to wait for the coordinator at start before serving anyway, not ready (health "
           "NOT_SERVING) until the coordinator answers; the sidecar keeps trying and never exits for it.");
@@ -200,6 +206,13 @@ int main(int argc, char** argv) {
   options.coordinator_tls.key_file = absl::GetFlag(FLAGS_coordinator_tls_key);
   options.coordinator_tls.server_name = absl::GetFlag(FLAGS_coordinator_tls_server_name);
 
+  // Before the sidecar's threads: MPI_Init_thread, and the world's salt (every sidecar of the world).
+  if (absl::GetFlag(FLAGS_mpi)) {
+    if (absl::Status s = collserve::backends::StartMpiWorld(); !s.ok()) {
+      LOG(ERROR) << s;
+      return 1;
+    }
+  }
   auto sidecar = collserve::server::Sidecar::Start(options);
   if (!sidecar.ok()) {
     LOG(ERROR) << "sidecar failed to start: " << sidecar.status();
@@ -216,5 +229,6 @@ int main(int argc, char** argv) {
   int sig = collserve::server::WaitForTerminationSignal();
   LOG(INFO) << "signal " << sig << ": shutting down";
   (*sidecar)->Shutdown(absl::Seconds(5));
+  collserve::backends::StopMpiWorld(absl::Seconds(5));
   return 0;
 }

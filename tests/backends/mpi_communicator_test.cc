@@ -275,6 +275,62 @@ TEST(MpiCommunicatorTest, PointToPointOnSlotsFromOneHostOrAnyAndAnAbortedReceive
   WorldBarrier();
 }
 
+// The engine's point-to-point pattern (engine/p2p.cc): on every host one thread receives
+// headers from any other host and then each header's payload from its sender, while
+// another sends a header and a payload to each other host in turn, and the executor runs
+// collectives beside them. Every message arrives, in order per sender.
+TEST(MpiCommunicatorTest, HeadersFromAnyHostAndPayloadsFromTheirSenderBesideCollectives) {
+  auto comm = Connect("pattern", WorldRank(), 3);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  constexpr int kRounds = 200;
+  const int me = WorldRank();
+  std::vector<int64_t> next(3, 0);  // the next sequence number expected from each host
+  absl::Status recv_status;
+  std::thread receiver([&] {
+    for (int k = 0; k < 2 * kRounds; ++k) {
+      int64_t header[2] = {0, 0};  // sender, sequence
+      int from = -1;
+      absl::Status s = (*comm)->Recv(header, sizeof header, {(me + 1) % 3, (me + 2) % 3}, 1, &from, absl::Seconds(60));
+      if (s.ok() && (header[0] != from || header[1] != next[static_cast<size_t>(from)])) {
+        s = absl::InternalError(absl::StrCat("header ", header[0], "/", header[1], " from host ", from));
+      }
+      std::vector<char> payload(static_cast<size_t>(1 + header[1] % 5000));
+      int payload_from = -1;
+      if (s.ok()) s = (*comm)->Recv(payload.data(), payload.size(), {from}, 2, &payload_from, absl::Seconds(60));
+      if (s.ok() && payload != std::vector<char>(payload.size(), static_cast<char>('a' + from))) {
+        s = absl::InternalError(absl::StrCat("payload ", header[1], " from host ", from));
+      }
+      if (!s.ok()) {
+        recv_status = s;
+        return;
+      }
+      ++next[static_cast<size_t>(from)];
+    }
+  });
+  absl::Status send_status;
+  std::thread sender([&] {
+    for (int64_t k = 0; k < kRounds && send_status.ok(); ++k) {
+      for (int peer : {(me + 1) % 3, (me + 2) % 3}) {
+        const int64_t header[2] = {me, k};
+        send_status = (*comm)->Send(header, sizeof header, peer, 1, absl::Seconds(60));
+        const std::vector<char> payload(static_cast<size_t>(1 + k % 5000), static_cast<char>('a' + me));
+        if (send_status.ok()) send_status = (*comm)->Send(payload.data(), payload.size(), peer, 2, absl::Seconds(60));
+        if (!send_status.ok()) break;
+      }
+    }
+  });
+  for (int k = 0; k < 50; ++k) {
+    int64_t v = 1;
+    ASSERT_TRUE((*comm)->AllReduce(&v, 1, DataType::kInt64, ReduceOp::kSum, absl::Seconds(60)).ok());
+    ASSERT_EQ(v, 3);
+  }
+  sender.join();
+  receiver.join();
+  EXPECT_TRUE(send_status.ok()) << send_status;
+  EXPECT_TRUE(recv_status.ok()) << recv_status;
+  WorldBarrier();
+}
+
 // Host 0 calls an all_reduce the others make only after its timeout: DEADLINE_EXCEEDED at
 // its timeout, and every later call is refused naming it. (The others' late all_reduce then
 // completes with host 0's pending one, so nothing stays in MPI.)

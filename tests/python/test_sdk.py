@@ -164,3 +164,28 @@ def test_stopped_sidecar_is_network_error(cluster):
         p.stdin.flush()
     for code, text in outputs(procs):
         assert "error DistNetworkError/DistError" in text, text
+
+
+def test_init_process_group_mpi_asks_the_sidecars_for_mpi(cluster):
+    """init_process_group("mpi") makes the group ask for the mpi backend (COLLSERVE_BACKEND):
+    two ranks on two sidecars that were not started as an MPI world fail at init naming why
+    (NOT_FOUND naming the backends in a build without MPI). Under "gloo" they would connect."""
+    second = f"{cluster.dir}/sidecar1.sock"
+    cluster.daemons.append(start_sidecar(cluster.dir, cluster.port, f"--unix_socket={second}", "--host_id=host1",
+                                         name="sidecar1"))
+    program = ("import collserve as dist\n"
+               "try:\n"
+               "    dist.init_process_group('mpi')\n"
+               "    print('joined')\n"
+               "except Exception as e:\n"
+               "    print('refused:', e)\n")
+    procs = []
+    for r in range(2):
+        env = cluster.env(r, 2, COLLSERVE_INIT_TIMEOUT_S=20)
+        if r == 1:
+            env["COLLSERVE_SIDECAR"] = f"unix:{second}"
+        procs.append(subprocess.Popen([sys.executable, "-c", program], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for code, text in outputs(procs):
+        assert code == 0 and "refused:" in text, text
+        assert "mpirun or srun" in text or ("mpi" in text and "gloo" in text), text

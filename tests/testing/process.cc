@@ -191,10 +191,7 @@ std::vector<std::string> Cluster::credential_flags() const {
           absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")};
 }
 
-absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
-                                                        const std::vector<std::string>& coordinator_flags,
-                                                        const std::vector<std::string>& sidecar_flags,
-                                                        const std::vector<std::vector<std::string>>& each_sidecar_flags) {
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::vector<std::string>& coordinator_flags) {
   auto c = std::make_unique<Cluster>();
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
@@ -217,12 +214,29 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, absl::Seconds(20));
   if (!port.ok()) return port.status();
   c->coordinator_port_ = *port;
+  return c;
+}
+
+std::vector<std::string> Cluster::SidecarArgv(int i) const {
+  return {SidecarBinary(),
+          absl::StrCat("--coordinator=", coordinator_address()),
+          absl::StrCat("--unix_socket=", dir_, "/sidecar", i, ".sock"),
+          absl::StrCat("--host_id=host", i),
+          "--metrics_address=",
+          "--log_level=warning",
+          "--listen_address=127.0.0.1:0",
+          absl::StrCat("--port_file=", dir_, "/sidecar", i, ".port")};
+}
+
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
+                                                        const std::vector<std::string>& coordinator_flags,
+                                                        const std::vector<std::string>& sidecar_flags,
+                                                        const std::vector<std::vector<std::string>>& each_sidecar_flags) {
+  auto started = StartCoordinator(coordinator_flags);
+  if (!started.ok()) return started.status();
+  std::unique_ptr<Cluster> c = std::move(*started);
   for (int i = 0; i < num_sidecars; ++i) {
-    std::vector<std::string> argv = {
-        SidecarBinary(), absl::StrCat("--coordinator=", c->coordinator_address()),
-        absl::StrCat("--unix_socket=", c->dir_, "/sidecar", i, ".sock"), absl::StrCat("--host_id=host", i),
-        "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
-        absl::StrCat("--port_file=", c->dir_, "/sidecar", i, ".port")};
+    std::vector<std::string> argv = c->SidecarArgv(i);
     argv.insert(argv.end(), sidecar_flags.begin(), sidecar_flags.end());
     if (static_cast<size_t>(i) < each_sidecar_flags.size()) {
       argv.insert(argv.end(), each_sidecar_flags[i].begin(), each_sidecar_flags[i].end());
@@ -241,7 +255,36 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   return c;
 }
 
+absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartUnderMpirun(const std::string& mpirun, int num_sidecars,
+                                                                   const std::vector<std::string>& sidecar_flags) {
+  auto started = StartCoordinator({});
+  if (!started.ok()) return started.status();
+  std::unique_ptr<Cluster> c = std::move(*started);
+  std::vector<std::string> argv = {mpirun,         "--allow-run-as-root", "--oversubscribe", "--enable-recovery",
+                                   "--mca",        "btl",                 "tcp,self",        "--mca",
+                                   "btl_tcp_if_include", "lo",            "--mca",           "oob_tcp_if_include",
+                                   "lo"};
+  for (int i = 0; i < num_sidecars; ++i) {
+    if (i > 0) argv.push_back(":");
+    argv.push_back("-np");
+    argv.push_back("1");
+    for (std::string& a : c->SidecarArgv(i)) argv.push_back(std::move(a));
+    argv.push_back("--mpi");
+    argv.insert(argv.end(), sidecar_flags.begin(), sidecar_flags.end());
+  }
+  auto run = Process::Start(argv, {}, absl::StrCat(c->dir_, "/mpirun.log"));
+  if (!run.ok()) return run.status();
+  c->mpirun_ = std::move(*run);
+  for (int i = 0; i < num_sidecars; ++i) {
+    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->mpirun_, absl::Seconds(30));
+    if (!sp.ok()) return absl::Status(sp.status().code(), absl::StrCat(sp.status().message(), "\n", c->mpirun_->Output()));
+    c->sidecar_ports_.push_back(*sp);
+  }
+  return c;
+}
+
 Cluster::~Cluster() {
+  mpirun_.reset();  // SIGTERM: mpirun passes it to every sidecar of its world
   sidecars_.clear();
   coordinator_.reset();
   if (!dir_.empty() && std::getenv("COLLSERVE_KEEP_TEST_DIRS") == nullptr) {
@@ -308,6 +351,7 @@ std::string Cluster::Logs() {
   for (size_t i = 0; i < sidecars_.size(); ++i) {
     absl::StrAppend(&out, "--- sidecar ", i, " ---\n", sidecars_[i]->Output());
   }
+  if (mpirun_ != nullptr) absl::StrAppend(&out, "--- mpirun (every sidecar) ---\n", mpirun_->Output());
   return out;
 }
 

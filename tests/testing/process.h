@@ -60,6 +60,12 @@ class Cluster {
       int num_sidecars, const std::vector<std::string>& coordinator_flags = {},
       const std::vector<std::string>& sidecar_flags = {},
       const std::vector<std::vector<std::string>>& each_sidecar_flags = {});
+  // The same with the sidecars started as one MPI world by `mpirun` (MPMD, one app context
+  // per sidecar, each with --mpi; TCP on loopback; --enable-recovery), for groups that ask
+  // for backend "mpi". The sidecars have no Process of their own (sidecar(i) must not be
+  // called, nor RestartSidecar): one Process runs mpirun, and Logs() shows its output.
+  static absl::StatusOr<std::unique_ptr<Cluster>> StartUnderMpirun(const std::string& mpirun, int num_sidecars,
+                                                                   const std::vector<std::string>& sidecar_flags = {});
   ~Cluster();
   const std::string& dir() const { return dir_; }
   // The token of job "default" and the admin token this cluster's coordinator accepts.
@@ -89,12 +95,17 @@ class Cluster {
   void set_rank_binary(std::string binary) { rank_binary_ = std::move(binary); }
 
  private:
+  // The cluster's directory, tokens and coordinator (Start's first half).
+  static absl::StatusOr<std::unique_ptr<Cluster>> StartCoordinator(const std::vector<std::string>& coordinator_flags);
+  // Sidecar i's command line before the caller's flags.
+  std::vector<std::string> SidecarArgv(int i) const;
   std::string dir_;
   std::string job_token_;
   std::string admin_token_;
   int coordinator_port_ = 0;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> sidecars_;
+  std::unique_ptr<Process> mpirun_;  // StartUnderMpirun's
   std::vector<int> sidecar_ports_;
   std::vector<std::vector<std::string>> sidecar_argv_;
   int next_log_ = 0;
