@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
@@ -191,6 +192,13 @@ std::vector<std::string> Cluster::credential_flags() const {
           absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")};
 }
 
+namespace {
+// How long a daemon of a Cluster may take to serve (a daemon that exits ends the wait at
+// once). A TSan sidecar on a CI machine loaded by the other test steps and builds took more
+// than 20 s to write its port file.
+constexpr absl::Duration kDaemonStartTimeout = UnderSanitizer(absl::Seconds(30), absl::Seconds(90));
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::vector<std::string>& coordinator_flags) {
   auto c = std::make_unique<Cluster>();
   char tmpl[] = "/tmp/collserve-test.XXXXXX";
@@ -211,7 +219,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::ve
   auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
   if (!coord.ok()) return coord.status();
   c->coordinator_ = std::move(*coord);
-  auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, absl::Seconds(20));
+  auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, kDaemonStartTimeout);
   if (!port.ok()) return port.status();
   c->coordinator_port_ = *port;
   return c;
@@ -248,7 +256,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   }
   for (int i = 0; i < num_sidecars; ++i) {
     // The port file is written once the sidecar serves.
-    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->sidecars_[i], absl::Seconds(20));
+    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->sidecars_[i], kDaemonStartTimeout);
     if (!sp.ok()) return sp.status();
     c->sidecar_ports_.push_back(*sp);
   }
@@ -276,7 +284,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartUnderMpirun(const std::st
   if (!run.ok()) return run.status();
   c->mpirun_ = std::move(*run);
   for (int i = 0; i < num_sidecars; ++i) {
-    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->mpirun_, absl::Seconds(30));
+    auto sp = ReadPortFile(absl::StrCat(c->dir_, "/sidecar", i, ".port"), *c->mpirun_, kDaemonStartTimeout);
     if (!sp.ok()) return absl::Status(sp.status().code(), absl::StrCat(sp.status().message(), "\n", c->mpirun_->Output()));
     c->sidecar_ports_.push_back(*sp);
   }
@@ -308,7 +316,7 @@ absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_f
   auto coord = Process::Start(argv, {}, absl::StrCat(dir_, "/coordinator-", next_log_++, ".log"));
   if (!coord.ok()) return coord.status();
   coordinator_ = std::move(*coord);
-  auto port = ReadPortFile(pf, *coordinator_, absl::Seconds(20));
+  auto port = ReadPortFile(pf, *coordinator_, kDaemonStartTimeout);
   return port.status();
 }
 
@@ -319,7 +327,7 @@ absl::Status Cluster::RestartSidecar(int i) {
   auto sc = Process::Start(sidecar_argv_[i], {}, absl::StrCat(dir_, "/sidecar", i, "-", next_log_++, ".log"));
   if (!sc.ok()) return sc.status();
   sidecars_[i] = std::move(*sc);
-  auto port = ReadPortFile(pf, *sidecars_[i], absl::Seconds(20));
+  auto port = ReadPortFile(pf, *sidecars_[i], kDaemonStartTimeout);
   if (!port.ok()) return port.status();
   sidecar_ports_[i] = *port;
   return absl::OkStatus();
