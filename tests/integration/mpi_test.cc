@@ -3,7 +3,9 @@
 // round-robin on 2 and 3 sidecars that mpirun started as one MPI world (loopback TCP), and
 // the refusal when the sidecars are not in one. Built only with MPI.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,6 +61,55 @@ TEST(MpiSurfaceTest, EveryCollectivePointToPointAndSubgroupsOverMpi) {
     ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=collectives", "--arena"}), " checked, 0 wrong");
     ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=p2p"}, {{"COLLSERVE_OP_TIMEOUT_S", "10"}}), " 0 wrong");
     ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=groups"}), " 0 wrong");
+  }
+}
+
+// A sidecar killed while its group's ranks loop on all_reduce over MPI: every rank fails
+// within the op timeout (the killed host's with their session, the other host's when the
+// coordinator takes the host as lost or at the op timeout: MPI reports no dead peer), and
+// the other sidecar (mpirun runs with --enable-recovery) goes on serving.
+TEST(MpiSurfaceTest, AKilledSidecarFailsEveryRankWithinTheOpTimeoutAndTheOtherServesOn) {
+  auto started = Cluster::StartUnderMpirun(COLLSERVE_MPIEXEC, 2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "10"}, {"COLLSERVE_BACKEND", "mpi"}};
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = cluster.StartRank(r, 4, r % 2, {"--mode=loop", "--count=262144"}, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (auto& p : ranks) {
+    ASSERT_TRUE(p->WaitForOutput("iter 3 ok", absl::Seconds(60))) << p->Output() << cluster.Logs();
+  }
+  const pid_t victim = cluster.MpiSidecarPid(1);
+  ASSERT_GT(victim, 0);
+  const absl::Time killed = absl::Now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  for (int r = 0; r < 4; ++r) {
+    auto code = ranks[static_cast<size_t>(r)]->Wait(absl::Seconds(15));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " got no error within the op timeout: "
+                           << ranks[static_cast<size_t>(r)]->Output();
+    EXPECT_EQ(*code, 3) << ranks[static_cast<size_t>(r)]->Output();
+    const std::string out = ranks[static_cast<size_t>(r)]->Output();
+    EXPECT_TRUE(out.find("UNAVAILABLE") != std::string::npos || out.find("DEADLINE_EXCEEDED") != std::string::npos)
+        << out;
+  }
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(13)) << "the 10 s op timeout and a little";
+  std::printf("failed %.1f s after the kill; rank 0 (the other host): %s\n",
+              absl::ToDoubleSeconds(absl::Now() - killed), ranks[0]->Output().c_str());
+  // Sidecar 0 serves on: a new group of two ranks on it.
+  ASSERT_GT(cluster.MpiSidecarPid(0), 0) << "sidecar 0 died with sidecar 1:\n" << cluster.Logs();
+  std::vector<std::unique_ptr<Process>> after;
+  for (int r = 0; r < 2; ++r) {
+    auto p = cluster.StartRank(r, 2, 0, {"--mode=sweep", "--group=after", "--counts=1,1000"}, env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    after.push_back(std::move(*p));
+  }
+  for (auto& p : after) {
+    auto code = p->Wait(absl::Seconds(60));
+    ASSERT_TRUE(code.ok()) << p->Output();
+    EXPECT_EQ(*code, 0) << p->Output() << cluster.Logs();
   }
 }
 

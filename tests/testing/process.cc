@@ -1,6 +1,7 @@
 #include "tests/testing/process.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -22,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "tests/testing/sanitizers.h"
@@ -289,6 +291,27 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartUnderMpirun(const std::st
     c->sidecar_ports_.push_back(*sp);
   }
   return c;
+}
+
+pid_t Cluster::MpiSidecarPid(int i) const {
+  const std::string socket = absl::StrCat("--unix_socket=", dir_, "/sidecar", i, ".sock");
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return -1;
+  pid_t found = -1;
+  while (dirent* e = readdir(proc)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    std::ifstream f(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+    std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::string> argv = absl::StrSplit(cmdline, '\0');
+    if (argv.empty() || argv[0] != SidecarBinary()) continue;
+    if (std::find(argv.begin(), argv.end(), socket) != argv.end()) {
+      found = pid;
+      break;
+    }
+  }
+  closedir(proc);
+  return found;
 }
 
 Cluster::~Cluster() {

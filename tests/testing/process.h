@@ -66,6 +66,9 @@ class Cluster {
   // called, nor RestartSidecar): one Process runs mpirun, and Logs() shows its output.
   static absl::StatusOr<std::unique_ptr<Cluster>> StartUnderMpirun(const std::string& mpirun, int num_sidecars,
                                                                    const std::vector<std::string>& sidecar_flags = {});
+  // The pid of sidecar `i` of a cluster StartUnderMpirun made (from /proc: the sidecar
+  // binary with its --unix_socket), or -1.
+  pid_t MpiSidecarPid(int i) const;
   ~Cluster();
   const std::string& dir() const { return dir_; }
   // The token of job "default" and the admin token this cluster's coordinator accepts.
