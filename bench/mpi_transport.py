@@ -20,20 +20,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from noisy_neighbor_hosts import wait_file  # noqa: E402
+
 OPS = ("all_reduce", "all_gather", "broadcast")
-
-
-def wait_file(path, proc, what, timeout=60):
-    end = time.monotonic() + timeout
-    while not os.path.exists(path) or os.path.getsize(path) == 0:
-        if proc.poll() is not None:
-            raise SystemExit(f"{what} exited ({proc.returncode}) before it served:\n{proc.stdout.read()}")
-        if time.monotonic() > end:
-            raise SystemExit(f"{what} did not serve within {timeout} s")
-        time.sleep(0.05)
 
 
 def perf(build, d, port, token, op, backend, a):
