@@ -85,6 +85,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   join.timeout = params_.init_timeout;
   join.credential = credential;
   join.generation = params_.generation;
+  join.backend = params_.backend;
   // The callback may run before Join returns; the canceller is stored only if the join is
   // still in flight then. It may also run after the group is gone (the session ended and
   // the emptied group was destroyed while the join was in flight: found by fuzzing the

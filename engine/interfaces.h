@@ -45,6 +45,9 @@ class CoordinatorLink {
     absl::Duration timeout;  // the rendezvous deadline (the group's init timeout)
     std::string credential;  // the joining rank's (AttachRequest::credential)
     int64_t generation = 0;  // AttachRequest::generation (0 = the one forming, or the next)
+    // The group's backend between hosts, resolved ("gloo", "mpi", ...): Member.backend, which
+    // the coordinator checks is the same for every rank.
+    std::string backend;
   };
   // Starts the rendezvous of local rank `params.rank` at the coordinator; `done` runs once,
   // on any thread, with the membership of the formed generation or the error

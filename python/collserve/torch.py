@@ -32,6 +32,11 @@ rendezvous and each operation; COLLSERVE_INIT_TIMEOUT_S and COLLSERVE_OP_TIMEOUT
 Errors surface as RuntimeError, as torch's own backends raise them; messages start with
 "collserve <op>: <status code>:".
 
+MPI: on a torch without MPI of its own (Debian's, pip's), `init_process_group("mpi")` and
+`new_group(backend="mpi")` run as "collserve" with MPI between the sidecars (sidecars started
+as one MPI world with --mpi; see docs/guide.md, "The MPI backend"); COLLSERVE_BACKEND=mpi
+does the same for "collserve" groups.
+
 Recovery in place and the group lifecycle (reconfigure, should_reconfigure,
 join_running_group, abort, shutdown, get_error, set_timeout, split_group, shrink_group):
 collserve/torch_elastic.py and docs/torch.md.
@@ -243,9 +248,50 @@ def empty(*size, dtype=None, group=None):
     return raw[:nbytes].view(dtype).view(size)
 
 
+def _backend_arg(args, kwargs, position):
+    """The `backend` argument of a torch call (keyword, or positional at `position`)."""
+    if "backend" in kwargs:
+        return kwargs["backend"]
+    return args[position] if len(args) > position else None
+
+
+def _route_mpi(function, position):
+    """Wraps torch.distributed's `function` (init_process_group: backend first; new_group:
+    third) so that backend "mpi" runs as "collserve" with MPI between the sidecars
+    (COLLSERVE_BACKEND=mpi, read by every group this process creates afterwards)."""
+    def routed(*args, **kwargs):
+        backend = _backend_arg(args, kwargs, position)
+        if isinstance(backend, str) and backend.lower() == "mpi":
+            os.environ["COLLSERVE_BACKEND"] = "mpi"
+            if "backend" in kwargs:
+                kwargs["backend"] = BACKEND
+            else:
+                args = args[:position] + (BACKEND,) + args[position + 1:]
+        return function(*args, **kwargs)
+    routed.__wrapped__ = function
+    routed.__doc__ = function.__doc__
+    return routed
+
+
+def _patch_mpi():
+    """torch built without MPI (Debian's, pip's wheels: is_mpi_available() is False) refuses
+    backend "mpi"; with collserve.torch imported, init_process_group("mpi") and
+    new_group(backend="mpi") run through collserve instead, over MPI between the sidecars
+    (docs/guide.md, "The MPI backend"). A torch with MPI of its own keeps it."""
+    c10d = dist.distributed_c10d
+    if dist.is_mpi_available() or getattr(c10d, "_collserve_mpi_routed", False):
+        return
+    c10d._collserve_mpi_routed = True
+    for name, position in (("init_process_group", 0), ("new_group", 2)):
+        routed = _route_mpi(getattr(c10d, name), position)
+        setattr(c10d, name, routed)
+        setattr(dist, name, routed)
+
+
 def _register():
     if BACKEND.upper() in dist.Backend._plugins:
         return
+    _patch_mpi()
     if int(torch.__version__.split(".")[0]) >= 2:
         # torch 2.x: the creator returns a c10d Backend, which torch wraps in a ProcessGroup
         # for the devices named here (CPU tensors; CUDA ones go to collserve.torch_pg).

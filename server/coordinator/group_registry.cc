@@ -114,6 +114,13 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
         it = groups_.end();
       }
     }
+    if (auto d = desyncs_.find(key); d != desyncs_.end() && generation == 0) {
+      if (absl::Now() > d->second.until || static_cast<int>(d->second.told.size()) >= d->second.world_size) {
+        desyncs_.erase(d);
+      } else if (d->second.told.insert(member.rank).second) {
+        return fail(d->second.status);  // a rank of the attempt the desync failed
+      }
+    }
     if (it == groups_.end()) {
       if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
         return fail(absl::ResourceExhaustedError(absl::StrCat(
@@ -157,28 +164,74 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
       ++changes_;  // the timer: this deadline may be the earliest
       return id;
     }
-    id = reuse_id != 0 ? reuse_id : next_id_++;
-    g.gave_up.erase(member.rank);
-    g.members[member.rank] = member;
-    g.waiters[member.rank] = Waiter{id, deadline, std::move(done)};
-    waiter_index_[id] = {key, member.rank};
-    ++changes_;  // wake the timer: this deadline may be the earliest
-    if (static_cast<int>(g.members.size()) == g.world_size) {
-      g.state = "FORMED";
-      g.formed_members = g.members;
-      ++generations_formed_;
-      // Every member host holds a lease from now on (GroupRegistryLimits::adoption_lease),
-      // on one host as across hosts: one that never watches is lost like one that stops.
-      const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
-      for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
-      ++changes_;  // the timer: the leases' ends
-      std::shared_ptr<const GroupView> view = JoinViewOf(g);
-      if (journal_ != nullptr) journal_->Formed(job, view);
-      for (auto& [rank, w] : g.waiters) {
-        waiter_index_.erase(w.id);
-        completions.emplace_back(std::move(w.done), view);
+    bool desynced = false;
+    if (!member.backend.empty()) {
+      if (g.backend_rank >= 0 && g.members.count(g.backend_rank) == 0) {
+        // The rank that named it withdrew: the next member naming one (if any) does now.
+        g.backend.clear();
+        g.backend_rank = -1;
+        for (const auto& [rank, m] : g.members) {
+          if (m.backend.empty()) continue;
+          g.backend = m.backend;
+          g.backend_rank = rank;
+          break;
+        }
       }
-      g.waiters.clear();
+      if (g.backend_rank < 0) {
+        g.backend = member.backend;
+        g.backend_rank = member.rank;
+      } else if (g.backend != member.backend) {
+        const absl::Status desync = absl::InvalidArgumentError(absl::StrCat(
+            "backend desync in group \"", group, "\" (generation ", g.generation, "): rank ", member.rank,
+            " (host ", member.host_id, ") asked for backend ", member.backend, "; rank ", g.backend_rank, " (host ",
+            g.members[g.backend_rank].host_id, ") asked for ", g.backend,
+            ". Every rank of a group must ask for the same backend (init_process_group's backend, "
+            "COLLSERVE_BACKEND); the forming generation is dropped"));
+        Desync record{desync, g.world_size, {member.rank}, deadline};
+        for (auto& [rank, w] : g.waiters) {
+          waiter_index_.erase(w.id);
+          record.told.insert(rank);
+          record.until = std::max(record.until, w.deadline);
+          completions.emplace_back(std::move(w.done), desync);
+        }
+        groups_.erase(it);
+        const absl::Time now = absl::Now();
+        for (auto d = desyncs_.begin(); d != desyncs_.end();) d = now > d->second.until ? desyncs_.erase(d) : std::next(d);
+        if (desyncs_.size() >= kMaxDesyncs) {
+          desyncs_.erase(std::min_element(desyncs_.begin(), desyncs_.end(), [](const auto& a, const auto& b) {
+            return a.second.until < b.second.until;
+          }));
+        }
+        desyncs_[key] = std::move(record);
+        ++changes_;
+        completions.emplace_back(std::move(done), desync);
+        desynced = true;
+      }
+    }
+    if (!desynced) {
+      id = reuse_id != 0 ? reuse_id : next_id_++;
+      g.gave_up.erase(member.rank);
+      g.members[member.rank] = member;
+      g.waiters[member.rank] = Waiter{id, deadline, std::move(done)};
+      waiter_index_[id] = {key, member.rank};
+      ++changes_;  // wake the timer: this deadline may be the earliest
+      if (static_cast<int>(g.members.size()) == g.world_size) {
+        g.state = "FORMED";
+        g.formed_members = g.members;
+        ++generations_formed_;
+        // Every member host holds a lease from now on (GroupRegistryLimits::adoption_lease),
+        // on one host as across hosts: one that never watches is lost like one that stops.
+        const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;
+        for (const auto& [rank, m] : g.members) g.leases[m.host_id] = lease;
+        ++changes_;  // the timer: the leases' ends
+        std::shared_ptr<const GroupView> view = JoinViewOf(g);
+        if (journal_ != nullptr) journal_->Formed(job, view);
+        for (auto& [rank, w] : g.waiters) {
+          waiter_index_.erase(w.id);
+          completions.emplace_back(std::move(w.done), view);
+        }
+        g.waiters.clear();
+      }
     }
   }
   for (auto& [cb, result] : completions) std::move(cb)(std::move(result));

@@ -41,6 +41,9 @@ struct MemberInfo {
   // The serving sidecar process (Member.incarnation): a join from host_id with another
   // one takes the earlier process as lost (GroupRegistry::JoinAsync); 0 = not compared.
   uint64_t incarnation = 0;
+  // The backend its sidecar connects the group's hosts with (Member.backend); every member
+  // of a generation names the same one (GroupRegistry::JoinAsync); "" = not compared.
+  std::string backend;
 };
 
 struct GroupView {
@@ -183,6 +186,11 @@ class GroupRegistry {
   // means that host's sidecar restarted: first, every rank the earlier process serves in
   // any group departs as lost (host_lost, reason "restarted"; a forming group's waiter gets
   // UNAVAILABLE), as when its lease ends, so the new process's ranks can form again at once.
+  // A `member.backend` (non-empty) other than the one the members joined so far named
+  // fails the join and every pending join of the forming generation with INVALID_ARGUMENT
+  // naming both ranks, their hosts and backends; the forming generation is dropped, and
+  // the ranks of that generation that had not joined yet are refused the same way when they
+  // come (each once; until every rank was told, or the latest deadline of the failed joins).
   // A join (generation 0) while the group's current generation is past forming (BROKEN:
   // a rank left or was lost, and its other ranks have not all left yet; a rank that
   // destroyed its group and initialized again at once gets here) is held until every rank
@@ -312,6 +320,10 @@ class GroupRegistry {
     std::map<int, MemberInfo> members;
     std::map<int, Waiter> waiters;  // by rank, while FORMING
     std::set<int> gave_up;          // joined, then timed out before the group formed
+    // The backend the members joined so far asked for, and the first of them that named
+    // it (Member.backend; -1: none named one yet).
+    std::string backend;
+    int backend_rank = -1;
     std::map<std::string, HostLedger> ledgers;  // by host id, this generation's
     // Since formed: the members at formation, the departures, the watches waiting, and the
     // hosts holding a lease (by host id: when it ends).
@@ -372,6 +384,17 @@ class GroupRegistry {
   std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
   std::map<uint64_t, Key> watch_index_ ABSL_GUARDED_BY(mu_);  // waiting watches: id -> group
   std::map<uint64_t, HeldJoin> held_ ABSL_GUARDED_BY(mu_);    // id -> a join held (JoinAsync)
+  // A forming generation dropped by a backend desync: the ranks of that attempt still to
+  // come are refused with the same error (not left to wait out their init timeout alone),
+  // each once, until every rank was told or the latest deadline of the joins it failed.
+  struct Desync {
+    absl::Status status;
+    int world_size = 0;
+    std::set<int> told;
+    absl::Time until;
+  };
+  std::map<Key, Desync> desyncs_ ABSL_GUARDED_BY(mu_);
+  static constexpr size_t kMaxDesyncs = 1024;  // past it the oldest is forgotten
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // bumped when a waiter is added

@@ -135,6 +135,7 @@ EtcdRegistryJournal::Outcome EtcdRegistryJournal::Write(const std::string& key, 
       host->set_host_id(h.host_id);
       host->set_host_address(h.host_address);
       host->set_sidecar_address(h.sidecar_address);
+      host->set_backend(h.backend);
     }
     record.mutable_rank_host()->Assign(v.rank_host.begin(), v.rank_host.end());
     epb::PutRequest req;
@@ -184,6 +185,7 @@ absl::StatusOr<std::vector<EtcdRegistryJournal::Record>> EtcdRegistryJournal::Lo
       m.host_id = record.hosts(h).host_id();
       m.host_address = record.hosts(h).host_address();
       m.sidecar_address = record.hosts(h).sidecar_address();
+      m.backend = record.hosts(h).backend().substr(0, 32);
       r.view.members.push_back(std::move(m));
     }
     if (!ok || r.view.members.empty()) {

@@ -315,6 +315,7 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_host_address(m.host_address);
   out->set_sidecar_address(m.sidecar_address);
   out->set_incarnation(m.incarnation);
+  out->set_backend(m.backend);
 }
 
 MemberInfo MemberOf(const pb::Member& m) {
@@ -324,6 +325,7 @@ MemberInfo MemberOf(const pb::Member& m) {
   out.host_address = m.host_address();
   out.sidecar_address = m.sidecar_address().substr(0, 256);
   out.incarnation = m.incarnation();
+  out.backend = m.backend().substr(0, 32);
   return out;
 }
 
@@ -393,6 +395,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
               out->set_host_id(host.host_id);
               out->set_host_address(host.host_address);
               out->set_sidecar_address(host.sidecar_address);
+              out->set_backend(host.backend);
             }
             resp->mutable_rank_host()->Add(v.rank_host.begin(), v.rank_host.end());
           } else {

@@ -346,9 +346,9 @@ absl::Status Describe(const Ctl& c, const std::string& group) {
   }
   std::cout << "group \"" << resp.group().group() << "\" (job " << c.job() << "): generation "
             << resp.group().generation() << ", " << resp.group().state() << "\n";
-  std::vector<std::vector<std::string>> rows = {{"RANK", "HOST", "ADDRESS"}};
+  std::vector<std::vector<std::string>> rows = {{"RANK", "HOST", "ADDRESS", "BACKEND"}};
   for (const pb::Member& m : resp.group().members()) {
-    rows.push_back({absl::StrCat(m.rank()), m.host_id(), m.host_address()});
+    rows.push_back({absl::StrCat(m.rank()), m.host_id(), m.host_address(), m.backend().empty() ? "-" : m.backend()});
   }
   PrintTable(rows);
   return absl::OkStatus();

@@ -127,6 +127,37 @@ TEST(MpiSurfaceTest, SidecarsWithoutAnMpiWorldRefuseAnMpiGroupAcrossHosts) {
   ExpectAll(RunRanks(**cluster, 2, 1, {"--mode=examples"}), "examples done: 0 wrong");
 }
 
+// The backend's desync check across hosts: the ranks of host 0 ask for mpi, those of host 1
+// for gloo. Every rank fails at init at once (not at the 60 s init timeout) with
+// INVALID_ARGUMENT naming a rank that asked for the other backend, its host and both
+// backends (the coordinator compares Member.backend); the sidecars serve on.
+TEST(MpiSurfaceTest, RanksAskingForDifferentBackendsAcrossHostsFailNamingTheRank) {
+  auto cluster = Cluster::Start(2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->set_rank_binary(SurfaceRankBinary());
+  const absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = (*cluster)->StartRank(r, 4, r % 2, {"--mode=examples"},
+                                   {{"COLLSERVE_BACKEND", r % 2 == 0 ? "mpi" : "gloo"}, {"COLLSERVE_INIT_TIMEOUT_S", "60"}});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (auto& p : ranks) {
+    auto code = p->Wait(absl::Seconds(50));
+    ASSERT_TRUE(code.ok()) << "a rank waited for the init timeout:\n" << p->Output();
+    EXPECT_NE(*code, 0) << p->Output();
+    EXPECT_NE(p->Output().find("INVALID_ARGUMENT"), std::string::npos) << p->Output();
+    EXPECT_NE(p->Output().find("backend desync in group"), std::string::npos) << p->Output();
+    const bool named = p->Output().find("(host host1) asked for backend gloo") != std::string::npos ||
+                       p->Output().find("(host host0) asked for backend mpi") != std::string::npos;
+    EXPECT_TRUE(named) << p->Output();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(40));
+  // One backend for all: the group forms and runs.
+  ExpectAll(RunRanks(**cluster, 2, 1, {"--mode=examples"}), "examples done: 0 wrong");
+}
+
 // A sidecar asked to join an MPI world it was not started in refuses to start, naming why.
 TEST(MpiSurfaceTest, ASidecarWithMpiOutsideAnMpiLauncherRefusesToStart) {
   auto cluster = Cluster::Start(0);

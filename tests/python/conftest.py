@@ -25,6 +25,11 @@ def start_daemons():
             started.append(daemons.start_sidecar(directory, coordinator_port, *flags, **kwargs))
             return started[-1]
 
+        @staticmethod
+        def mpi_sidecars(directory, coordinator_port, n, *flags):
+            started.append(daemons.MpiSidecars(directory, coordinator_port, n, *flags))
+            return started[-1]
+
     yield Factory
     for d in reversed(started):
         d.stop()

@@ -4,6 +4,7 @@ and the daemons a test starts by hand (a coordinator, a sidecar), started from t
 files and always stopped. conftest.py turns these into fixtures (docs/testing.md)."""
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -121,3 +122,59 @@ def start_sidecar(directory, coordinator_port, *flags, name="sidecar"):
     """A sidecar of the coordinator on `coordinator_port` (no metrics, warnings only) with `flags`."""
     return Daemon("collserve-sidecar", directory, name,
                   [f"--coordinator=127.0.0.1:{coordinator_port}", "--metrics_address=", "--log_level=warning", *flags])
+
+
+def mpi_missing():
+    """Why sidecars cannot run under mpirun here ("" when they can): no mpirun on PATH, or a
+    build without MPI (the sidecar's --mpi says so)."""
+    import shutil
+    if shutil.which("mpirun") is None:
+        return "no mpirun (Open MPI) on PATH"
+    r = subprocess.run([os.path.join(BUILD, "server", "collserve-sidecar"), "--mpi"], capture_output=True, text=True,
+                       timeout=60)
+    return "this build has no MPI backend" if "no MPI backend" in r.stderr + r.stdout else ""
+
+
+class MpiSidecars:
+    """`n` sidecars of the coordinator on `coordinator_port`, started by one mpirun as one MPI
+    world (--mpi; TCP between them on loopback), as "hosts" host0..host{n-1}: .socket(i) is
+    sidecar i's unix socket, .ports its TCP ports. Needs mpirun (Open MPI) on PATH and a build
+    with MPI: callers skip otherwise."""
+
+    def __init__(self, directory, coordinator_port, n, *flags):
+        self.dir = directory
+        self.log = os.path.join(directory, "mpirun.log")
+        argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
+        for i in range(n):
+            if i > 0:
+                argv.append(":")
+            argv += ["-np", "1", os.path.join(BUILD, "server", "collserve-sidecar"),
+                     f"--coordinator=127.0.0.1:{coordinator_port}", f"--unix_socket={self.socket(i)}",
+                     f"--host_id=host{i}", "--metrics_address=", "--log_level=warning", "--listen_address=127.0.0.1:0",
+                     f"--port_file={directory}/mpi_sidecar{i}.port", "--mpi", *flags]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(self.log, "w"),
+                                     start_new_session=True)
+        try:
+            self.ports = [read_port(f"{directory}/mpi_sidecar{i}.port", self.proc, timeout=60) for i in range(n)]
+        except BaseException:
+            self.stop()
+            raise
+
+    def socket(self, i):
+        return f"{self.dir}/mpi_sidecar{i}.sock"
+
+    def output(self):
+        with open(self.log, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        """SIGTERM to mpirun (which passes it to its sidecars), then SIGKILL to its session
+        after 20 s."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()

@@ -178,6 +178,26 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host(start_daemons, daemon
     assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
 
 
+def test_init_process_group_mpi_runs_through_collserve_over_mpi(start_daemons, daemon_dir):
+    """torch here has no MPI of its own (is_mpi_available() is False); with collserve.torch
+    imported, `init_process_group("mpi")` runs every collective of the worker through the
+    "collserve" backend with MPI between two sidecars that one mpirun started (2 ranks on
+    each), and the coordinator shows the group's backend as mpi."""
+    from daemons import mpi_missing
+    missing = mpi_missing()
+    if missing:
+        pytest.skip(missing)
+    d = daemon_dir
+    flags, tokens = credentials(d)
+    port = start_daemons.coordinator(d, *flags).port
+    sidecars = start_daemons.mpi_sidecars(d, port, 2, "--log_level=info")
+    run_ranks(4, ["collectives", "mpi", f"file:{d}/init"], env=lambda rank: {
+        "COLLSERVE_SIDECAR": f"unix:{sidecars.socket(rank // 2)}", "COLLSERVE_TOKEN": tokens["default"]})
+    # Both sidecars connected the group's two hosts with MPI.
+    ready = re.findall(r'group "torch/0" generation \d+ ready: host (\d) of 2 \((\w+)\)', sidecars.output())
+    assert sorted(ready) == [("0", "mpi"), ("1", "mpi")], sidecars.output()
+
+
 @pytest.mark.parametrize("shared_memory", ["1", "0"])
 def test_arena_tensors_move_no_bytes(shared_memory, start_daemons, daemon_dir):
     """collserve.torch.empty tensors reach the sidecar by reference: its

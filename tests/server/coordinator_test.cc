@@ -192,7 +192,7 @@ struct JoinResult {
 };
 
 JoinResult Join(const std::string& group, int world, int rank, const std::string& host, int64_t timeout_ms = 10000,
-                bool compact = false) {
+                bool compact = false, const std::string& backend = "") {
   auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms + 5000));
@@ -201,6 +201,7 @@ JoinResult Join(const std::string& group, int world, int rank, const std::string
   req.set_world_size(world);
   req.mutable_member()->set_rank(rank);
   req.mutable_member()->set_host_id(host);
+  req.mutable_member()->set_backend(backend);
   req.set_timeout_ms(timeout_ms);
   req.set_compact(compact);
   JoinResult r;
@@ -283,6 +284,53 @@ TEST(CoordinatorRegistryTest, ErrorCases) {
   t.join();
   EXPECT_TRUE(first.status.ok()) << first.status.error_message();
   EXPECT_TRUE(second.status.ok()) << second.status.error_message();
+}
+
+// Issue 45: the backend's desync check. A rank asking for another backend than the ranks
+// joined before it fails, and so does every pending join of that forming generation, naming
+// both ranks, hosts and backends (not the init timeout naming a missing rank), and so does
+// a rank of that attempt that comes later; a rank with
+// no backend (an older sidecar) is not compared; the members' backends are in Describe and
+// in the compact answer.
+TEST(CoordinatorRegistryTest, ARankAskingForAnotherBackendFailsTheFormingGenerationNamingIt) {
+  const std::string group = UniqueName("backend_desync");
+  JoinResult r0, r1;
+  std::thread t0([&] { r0 = Join(group, 4, 0, "h0", 20000, false, "mpi"); });
+  std::thread t1([&] { r1 = Join(group, 4, 1, "h0", 20000, false, ""); });
+  ASSERT_TRUE(WaitFor([&] { return JoinedRanks(group) == 2; }, absl::Seconds(10)));
+  const absl::Time start = absl::Now();
+  JoinResult r2 = Join(group, 4, 2, "h1", 20000, false, "gloo");
+  t0.join();
+  t1.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (const JoinResult* r : {&r0, &r1, &r2}) {
+    EXPECT_EQ(r->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(r->status.error_message(),
+                HasSubstr("rank 2 (host h1) asked for backend gloo; rank 0 (host h0) asked for mpi"));
+  }
+  EXPECT_EQ(JoinedRanks(group), 0);
+  // Rank 3 of that attempt, coming later, is told too (at once, not at its init timeout).
+  JoinResult r3 = Join(group, 4, 3, "h1", 20000, false, "mpi");
+  EXPECT_EQ(r3.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r3.status.error_message(), HasSubstr("rank 2 (host h1) asked for backend gloo"));
+  // The name forms afterwards with one backend; Describe and the compact answer carry it.
+  std::vector<JoinResult> ok(2);
+  std::thread a([&] { ok[0] = Join(group, 2, 0, "h0", 20000, true, "mpi"); });
+  ok[1] = Join(group, 2, 1, "h1", 20000, true, "mpi");
+  a.join();
+  for (const JoinResult& r : ok) {
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.resp.hosts_size(), 2);
+    EXPECT_EQ(r.resp.hosts(1).backend(), "mpi");
+  }
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  pb::DescribeRequest req;
+  req.set_group(group);
+  pb::DescribeResponse resp;
+  ASSERT_TRUE(stub->Describe(&ctx, req, &resp).ok());
+  ASSERT_EQ(resp.group().members_size(), 2);
+  EXPECT_EQ(resp.group().members(0).backend(), "mpi");
 }
 
 // Issue 14, finding 3: one Join with world_size 2^31-1 made the coordinator allocate ~23 GB.

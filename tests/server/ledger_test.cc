@@ -25,7 +25,7 @@ GroupView FourRanks() {
   v.world_size = 4;
   v.generation = 3;
   v.state = "FORMED";
-  for (int r = 0; r < 4; ++r) v.members.push_back(MemberInfo{r, r < 2 ? "a" : "b", "", ""});
+  for (int r = 0; r < 4; ++r) v.members.push_back(MemberInfo{r, r < 2 ? "a" : "b", "", "", 0, ""});
   return v;
 }
 
