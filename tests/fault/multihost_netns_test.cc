@@ -4,19 +4,27 @@
 // sidecar's namespace. Checks all_reduce across the hosts, then cuts one host off (nft drop
 // rules in its namespace) in the middle of collectives: the other hosts' ranks must fail
 // within the op timeout, or at once when the coordinator takes the host as lost, and can
-// re-form without it and with it again once healed.
+// re-form without it and with it again once healed. In builds with MPI (issue 45), the
+// MpiNetnsHosts tests run the sidecars as one MPI world under mpirun across the namespaces
+// (COLLSERVE_BACKEND=mpi) for the surface suite and the same cuts.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <signal.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "tests/testing/process.h"
 #include "tests/testing/sanitizers.h"
@@ -61,7 +69,9 @@ class NetnsHosts : public ::testing::Test {
 
   void TearDown() override {
     procs_.clear();  // kill before the namespaces go
+    KillLeftovers();
     for (auto it = made_.rbegin(); it != made_.rend(); ++it) Sh("ip netns del " + *it);
+    if (!root_link_.empty()) Sh("ip link del " + root_link_);
     if (!dir_.empty()) Sh("rm -rf " + dir_);
   }
 
@@ -119,18 +129,76 @@ class NetnsHosts : public ::testing::Test {
             absl::StrCat("--job_tokens_dir=", dir_, "/job-tokens")},
         {}, "coordinator.log");
     WaitFile(dir_ + "/coord.port");
+    if (mpi_) {
+      StartMpiSidecars(sidecar_hosts);
+      return;
+    }
     for (int h = 1; h <= sidecar_hosts; ++h) {
-      Run(h, {SidecarBinary(), absl::StrCat("--coordinator=", Ip(3), ":29400"),
-              absl::StrCat("--unix_socket=", dir_, "/s", h, ".sock"), absl::StrCat("--gloo_hostname=", Ip(h)),
-              absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=info",
-              absl::StrCat("--port_file=", dir_, "/s", h, ".port")},
-          {}, absl::StrCat("sidecar", h, ".log"));
+      Run(h, SidecarArgv(h), {}, absl::StrCat("sidecar", h, ".log"));
       WaitFile(absl::StrCat(dir_, "/s", h, ".port"));
     }
   }
 
+  std::vector<std::string> SidecarArgv(int h) const {
+    return {SidecarBinary(), absl::StrCat("--coordinator=", Ip(3), ":29400"),
+            absl::StrCat("--unix_socket=", dir_, "/s", h, ".sock"), absl::StrCat("--gloo_hostname=", Ip(h)),
+            absl::StrCat("--host_id=host", h), "--metrics_address=", "--log_level=info",
+            absl::StrCat("--port_file=", dir_, "/s", h, ".port")};
+  }
+
+  // The sidecars of hosts 1 .. `hosts` as one MPI world: one mpirun in this (the root)
+  // namespace starts each in its host's namespace (`ip netns exec`). Open MPI's processes
+  // reach mpirun's PMIx server over TCP only, so the root namespace gets a leg on the
+  // bridge (.254) that PMIx listens on; MPI's own bytes go over the bridge (btl tcp).
+  void StartMpiSidecars(int hosts) {
+#ifdef COLLSERVE_MPIEXEC
+    root_link_ = prefix_ + "vr";
+    ASSERT_EQ(Sh(absl::StrCat("ip link add ", root_link_, " type veth peer name ", prefix_, "pr netns ", sw_)), 0);
+    ASSERT_EQ(Sh(absl::StrCat("ip addr add ", subnet_, "254/24 dev ", root_link_, " && ip link set ", root_link_,
+                              " up && ip -n ", sw_, " link set ", prefix_, "pr master br0 && ip -n ", sw_,
+                              " link set ", prefix_, "pr up")),
+              0);
+    const std::string net = absl::StrCat(subnet_, "0/24");
+    std::vector<std::string> argv = {COLLSERVE_MPIEXEC, "--allow-run-as-root", "--oversubscribe",
+                                     "--enable-recovery", "--mca", "btl", "tcp,self", "--mca",
+                                     "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net};
+    for (int h = 1; h <= hosts; ++h) {
+      if (h > 1) argv.push_back(":");
+      for (const char* a : {"-np", "1", "/usr/sbin/ip", "netns", "exec"}) argv.push_back(a);
+      argv.push_back(Host(h));
+      for (std::string& a : SidecarArgv(h)) argv.push_back(std::move(a));
+      argv.push_back("--mpi");
+    }
+    auto p = Process::Start(argv, {{"PMIX_MCA_ptl_tcp_remote_connections", "1"}, {"PMIX_MCA_ptl_tcp_if_include", net}},
+                            absl::StrCat(dir_, "/mpirun.log"));
+    ASSERT_TRUE(p.ok()) << p.status();
+    procs_.push_back(std::move(*p));
+    names_.push_back("mpirun.log");
+    for (int h = 1; h <= hosts; ++h) WaitFile(absl::StrCat(dir_, "/s", h, ".port"));
+#else
+    (void)hosts;
+    FAIL() << "a build without MPI";
+#endif
+  }
+
+  // SIGKILL to every process still running with this test's directory in its command line
+  // (sidecars mpirun started, should mpirun have died first): nothing of the test outlives it.
+  void KillLeftovers() const {
+    if (dir_.empty()) return;
+    DIR* proc = opendir("/proc");
+    if (proc == nullptr) return;
+    while (dirent* e = readdir(proc)) {
+      pid_t pid = 0;
+      if (!absl::SimpleAtoi(e->d_name, &pid) || pid == getpid()) continue;
+      std::ifstream f(absl::StrCat("/proc/", pid, "/cmdline"), std::ios::binary);
+      const std::string cmdline((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      if (cmdline.find(dir_ + "/") != std::string::npos) kill(pid, SIGKILL);
+    }
+    closedir(proc);
+  }
+
   Process& Rank(int rank, int world, int host, std::vector<std::string> args, const std::string& op_timeout = "30") {
-    args.insert(args.begin(), RankBinary());
+    args.insert(args.begin(), rank_binary_.empty() ? RankBinary() : rank_binary_);
     return Run(host, args,
                {{"RANK", absl::StrCat(rank)},
                 {"WORLD_SIZE", absl::StrCat(world)},
@@ -139,7 +207,8 @@ class NetnsHosts : public ::testing::Test {
                 {"COLLSERVE_SIDECAR", absl::StrCat("unix:", dir_, "/s", host, ".sock")},
                 {"COLLSERVE_INIT_TIMEOUT_S", "30"},
                 {"COLLSERVE_OP_TIMEOUT_S", op_timeout},
-                {"COLLSERVE_TOKEN", token_}},
+                {"COLLSERVE_TOKEN", token_},
+                {"COLLSERVE_BACKEND", mpi_ ? "mpi" : ""}},
                absl::StrCat("rank", rank, "-", procs_.size(), ".log"));
   }
 
@@ -251,6 +320,9 @@ class NetnsHosts : public ::testing::Test {
     return Sh(absl::StrCat("ip -n ", sw_, " link set ", prefix_, "p2 up")) == 0;
   }
   bool cut_by_nft_ = false;
+  bool mpi_ = false;          // the sidecars run as one MPI world, the ranks ask for mpi
+  std::string root_link_;     // the root namespace's leg on the bridge (MPI only)
+  std::string rank_binary_;   // what Rank runs; "" = RankBinary()
 
   void WaitFile(const std::string& path) {
     WaitFor([&] { return access(path.c_str(), F_OK) == 0; }, absl::Seconds(20));
@@ -376,6 +448,53 @@ TEST_F(NetnsHosts, CutHostRejoinsAtTheNextGenerationOnceTheLinkHeals) {
   std::printf("host 2 rejoined and all six finished %s after the link healed\n",
               absl::FormatDuration(absl::Now() - healed).c_str());
 }
+
+#ifdef COLLSERVE_MPIEXEC
+// The sidecars as one MPI world under mpirun, each in its host's namespace, and every group
+// asking for mpi (issue 45): the hosts' step runs over Open MPI's TCP transport across the
+// bridge. Only in builds with MPI (the sanitizer presets have none).
+class MpiNetnsHosts : public NetnsHosts {
+ protected:
+  void SetUp() override {
+    NetnsHosts::SetUp();
+    mpi_ = true;
+  }
+
+  // The surface suite's collectives (every dtype and size, arena tensors too) and
+  // point-to-point calls on `hosts` hosts, 2 ranks each (rank r on host 1 + r % hosts).
+  void ExpectSurface(int hosts) {
+    StartService(hosts);
+    rank_binary_ = SurfaceRankBinary();
+    const std::vector<std::pair<std::vector<std::string>, std::string>> modes = {
+        {{"--mode=collectives", "--arena"}, " checked, 0 wrong"}, {{"--mode=p2p"}, " 0 wrong"}};
+    for (const auto& [args, expect] : modes) {
+      const std::string& mode = args[0];
+      std::vector<Process*> ranks;
+      for (int r = 0; r < 2 * hosts; ++r) ranks.push_back(&Rank(r, 2 * hosts, 1 + r % hosts, args, "20"));
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        auto code = ranks[r]->Wait(absl::Seconds(120));
+        ASSERT_TRUE(code.ok()) << "rank " << r << " (" << mode << ") hung:" << LastLines() << Logs();
+        EXPECT_EQ(*code, 0) << ranks[r]->Output() << Logs();
+        EXPECT_NE(ranks[r]->Output().find(expect), std::string::npos) << ranks[r]->Output();
+      }
+    }
+    // The hosts' step ran over MPI.
+    EXPECT_NE(Logs().find(absl::StrCat(" of ", hosts, " (mpi)")), std::string::npos) << Logs();
+  }
+};
+
+TEST_F(MpiNetnsHosts, SurfaceSuiteOverMpiOnTwoHosts) { ExpectSurface(2); }
+TEST_F(MpiNetnsHosts, SurfaceSuiteOverMpiOnThreeHosts) { ExpectSurface(3); }
+
+// A cut link under MPI (MPI reports no failure of a peer): every rank on every side fails
+// within op timeout + 1 s of its call, as over Gloo.
+TEST_F(MpiNetnsHosts, EverySideOfACutFailsWithinTheOpTimeoutPlusOneSecond) {
+  ExpectEverySideOfACutToFailWithinTheOpTimeoutPlusOneSecond(/*hosts=*/2);
+}
+TEST_F(MpiNetnsHosts, EverySideOfACutAmongThreeHostsFailsWithinTheOpTimeoutPlusOneSecond) {
+  ExpectEverySideOfACutToFailWithinTheOpTimeoutPlusOneSecond(/*hosts=*/3);
+}
+#endif
 
 }  // namespace
 }  // namespace collserve::testing

@@ -52,14 +52,18 @@ void ExpectAll(const std::vector<RankResult>& results, const std::string& expect
 }
 
 // Every collective, dtype and size (ordinary and arena tensors), point-to-point and
-// subgroups, with the hosts' step over MPI: 4 ranks on 2 sidecars, 5 on 3.
+// subgroups, with the hosts' step over MPI: 4 ranks on 2 sidecars; subgroups with 5 on 3
+// (and uneven hosts). As root, tests/fault/multihost_netns_test.cc's MpiNetnsHosts runs
+// the collectives and point-to-point on 2 and 3 network-namespace hosts too.
 TEST(MpiSurfaceTest, EveryCollectivePointToPointAndSubgroupsOverMpi) {
   for (auto [world, sidecars] : {std::pair{4, 2}, std::pair{5, 3}}) {
     SCOPED_TRACE(absl::StrCat("world ", world, " on ", sidecars, " sidecars"));
     auto cluster = Cluster::StartUnderMpirun(COLLSERVE_MPIEXEC, sidecars);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
-    ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=collectives", "--arena"}), " checked, 0 wrong");
-    ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=p2p"}, {{"COLLSERVE_OP_TIMEOUT_S", "10"}}), " 0 wrong");
+    if (sidecars == 2) {
+      ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=collectives", "--arena"}), " checked, 0 wrong");
+      ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=p2p"}, {{"COLLSERVE_OP_TIMEOUT_S", "10"}}), " 0 wrong");
+    }
     ExpectAll(RunRanks(**cluster, world, sidecars, {"--mode=groups"}), " 0 wrong");
   }
 }
