@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, device, "cpu",
           "cpu, or cuda: CUDA tensors (cudaMalloc on GPU LOCAL_RANK % GPUs, float; all_reduce, broadcast, "
           "all_gather, reduce_scatter), with raw NCCL on the same buffers and the device's copy bound in the "
           "same output (bench/cuda_perf.cc).");
+ABSL_FLAG(std::string, backend, "",
+          "The backend between the sidecars (InitOptions.backend): gloo, nccl, mpi (sidecars started as one MPI "
+          "world with --mpi); default COLLSERVE_BACKEND, else the sidecar's default. Printed in the header.");
 ABSL_FLAG(bool, nccl, true, "--device=cuda: also time raw NCCL on the same buffers (where each rank has a GPU).");
 
 #ifdef COLLSERVE_PERF_CUDA
@@ -344,6 +347,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "collserve-perf: %s\n", options.status().ToString().c_str());
     return 2;
   }
+  if (!absl::GetFlag(FLAGS_backend).empty()) options->backend = absl::GetFlag(FLAGS_backend);
   auto pg = collserve::client::InitProcessGroup(*options);
   if (!pg.ok()) {
     std::fprintf(stderr, "collserve-perf: init: %s\n", pg.status().ToString().c_str());
@@ -373,10 +377,11 @@ int main(int argc, char** argv) {
     return s.ok() ? x[0] : std::nan("");
   };
   if (rank == 0) {
-    std::printf("# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d -z %d -m %s\n",
-                info->name, type.c_str(), n, (*pg)->num_hosts(), (*pg)->local_world_size(), absl::GetFlag(FLAGS_n),
-                absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c), absl::GetFlag(FLAGS_z),
-                absl::GetFlag(FLAGS_m).c_str());
+    std::printf(
+        "# collserve-perf: %s, %s, %d ranks on %d host(s) (%d on this one), -n %d -w %d -c %d -z %d -m %s, backend %s\n",
+        info->name, type.c_str(), n, (*pg)->num_hosts(), (*pg)->local_world_size(), absl::GetFlag(FLAGS_n),
+        absl::GetFlag(FLAGS_w), absl::GetFlag(FLAGS_c), absl::GetFlag(FLAGS_z), absl::GetFlag(FLAGS_m).c_str(),
+        options->backend.empty() ? "default" : options->backend.c_str());
     std::printf("#%62s%32s\n", "out-of-place", "in-place");
     std::printf("#%11s %12s %8s %6s %6s %8s %7s %7s %6s %8s %7s %7s %6s  %s\n", "size", "count", "type", "redop",
                 "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "algorithm");

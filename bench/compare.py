@@ -28,17 +28,25 @@ busbw of both and the ratio collserve / torch Gloo against issue 5's targets:
       least 20 iterations per size and --reps paired repetitions, and judges the median ratio.
   (d) four such hosts, 1 rank each: all_reduce from 1 MiB to 64 MiB (target 1.5x), with the
       algorithm the sidecars chose.
+  (f) the MPI column (issue 45): two and four such hosts, 1 rank each, all_reduce from 1 KiB
+      to 64 MiB: collserve over MPI (the sidecars started by one mpirun as one MPI world,
+      each in its host's namespace; collserve-perf --backend mpi) against collserve over
+      Gloo between the same sidecars (--backend gloo) and against Open MPI's own
+      MPI_Allreduce between the same namespaces with no collserve code
+      (build/bench/collserve-mpi-allreduce-perf, one process per host), --reps repetitions
+      rotating which goes first; in-place busbw medians. Needs a build with MPI and mpirun.
   (e) DistributedDataParallel training (bench/ddp_step.py, a ~25M-parameter MLP, 4 ranks on
       one host, unmodified torch code) with backend "collserve" against "gloo": the median
       step time of each, --reps paired repetitions (target: collserve's steps 1.5x faster).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/compare.py [-n 10] [-w N (default -n)] [--reps 3]
-        [--skip one_host,rss,two_hosts,four_hosts,ddp]
+        [--skip one_host,rss,two_hosts,four_hosts,mpi,ddp]
         [--sidecar_flag=--ring_segment_bytes=N ...]  (flags for the sidecars of (c))
 """
 import argparse
 import json
 import os
+import statistics
 import shutil
 import subprocess
 import sys
@@ -237,10 +245,13 @@ def sh(cmd):
 
 
 class Hosts:
-    """Namespaces <p>sw (a bridge) and <p>h1 .. <p>h<n>, each with eth0 = 10.233.<x>.<i>/24."""
+    """Namespaces <p>sw (a bridge) and <p>h1 .. <p>h<n>, each with eth0 = 10.233.<x>.<i>/24.
+    root_leg: this (the root) namespace gets <x>.254 on the bridge too (Open MPI's processes
+    reach mpirun's PMIx server over TCP, see docs/guide.md)."""
 
-    def __init__(self, n):
+    def __init__(self, n, root_leg=False):
         self.n = n
+        self.root_leg = root_leg
         self.p = f"csb{os.getpid() % 100000}"
         self.subnet = f"10.233.{os.getpid() % 250}."
         self.made = []
@@ -266,11 +277,29 @@ class Hosts:
             sh(f"ip -n {ns} addr add {self.ip(i)}/24 dev eth0 && ip -n {ns} link set eth0 up && "
                f"ip -n {ns} link set lo up")
             sh(f"ip -n {sw} link set {self.p}p{i} master br0 && ip -n {sw} link set {self.p}p{i} up")
+        if self.root_leg:
+            sh(f"ip link add {self.p}vr type veth peer name {self.p}pr netns {sw}")
+            sh(f"ip addr add {self.subnet}254/24 dev {self.p}vr && ip link set {self.p}vr up")
+            sh(f"ip -n {sw} link set {self.p}pr master br0 && ip -n {sw} link set {self.p}pr up")
         return self
 
     def __exit__(self, *exc):
         for ns in reversed(self.made):
             subprocess.run(["ip", "netns", "del", ns], stderr=subprocess.DEVNULL)
+        if self.root_leg:
+            subprocess.run(["ip", "link", "del", f"{self.p}vr"], stderr=subprocess.DEVNULL)
+
+    def mpirun(self, contexts, log):
+        """mpirun (in this namespace) with one process per (host, argv) in `contexts`, each in
+        its host's namespace, Open MPI's TCP transport and PMIx on the bridge's subnet."""
+        net = f"{self.subnet}0/24"
+        argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--enable-recovery", "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", net, "--mca", "oob_tcp_if_include", net]
+        for i, (host, cmd) in enumerate(contexts):
+            argv += ([":"] if i else []) + ["-np", "1", "ip", "netns", "exec", self.host(host), *cmd]
+        env = dict(os.environ, PMIX_MCA_ptl_tcp_remote_connections="1", PMIX_MCA_ptl_tcp_if_include=net)
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if log is None else log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def run_hosts(net, build, cmd, nproc, sidecar_flags=()):
@@ -387,6 +416,98 @@ def four_hosts(a, build):
                f"## (d) four hosts (network namespaces over a veth bridge), 1 rank each, all_reduce, -n {n} -w {a.w}")
 
 
+def in_place(text):
+    """{size: in-place time in us per op} of a collserve-perf / collserve-mpi-allreduce-perf
+    table (the time, not the printed busbw: small sizes print 0.000 GB/s)."""
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 13 and f[0].isdigit() and f[9] != "N/A":
+            if f[12] not in ("0", "N/A"):
+                raise SystemExit(f"wrong results: {line}")
+            out[int(f[0])] = float(f[9])
+    return out
+
+
+def mpi_hosts(a, build):
+    """(f): collserve over MPI, collserve over Gloo and Open MPI's MPI_Allreduce on 2 and 4 hosts."""
+    if not namespaces_ok("(f) the MPI column"):
+        return
+    ours = os.path.join(build, "bench", "collserve-perf")
+    theirs = os.path.join(build, "bench", "collserve-mpi-allreduce-perf")
+    if shutil.which("mpirun") is None or not os.path.exists(theirs):
+        print("## (f) the MPI column: skipped (needs mpirun and a build with MPI: collserve-mpi-allreduce-perf)")
+        return
+    n = max(a.n, 20)
+    sizes = ["-b", "1K", "-e", "64M", "-f", "4", "-n", str(n), "-w", "5"]
+    for hosts in (2, 4):
+        with Hosts(hosts, root_leg=True) as net:
+            d = tempfile.mkdtemp(prefix="collserve-mpi.")
+            coord = world = None
+            try:
+                token, flags = credentials(build, d)
+                coord = subprocess.Popen(["ip", "netns", "exec", net.host(1),
+                                          os.path.join(build, "server", "collserve-coordinator"),
+                                          f"--listen_address={net.ip(1)}:29400", "--metrics_address=",
+                                          "--log_level=warning", f"--port_file={d}/coord.port", *flags],
+                                         stderr=subprocess.DEVNULL)
+                wait_file(f"{d}/coord.port", coord, "collserve-coordinator")
+                world = net.mpirun([(h, [os.path.join(build, "server", "collserve-sidecar"),
+                                         f"--coordinator={net.ip(1)}:29400", f"--unix_socket={d}/s{h}.sock",
+                                         f"--gloo_hostname={net.ip(h)}", f"--host_id=host{h}", "--metrics_address=",
+                                         "--log_level=warning", f"--port_file={d}/s{h}.port", "--mpi"])
+                                    for h in range(1, hosts + 1)], open(f"{d}/sidecars.log", "w"))
+                for h in range(1, hosts + 1):
+                    wait_file(f"{d}/s{h}.port", world, "the sidecars under mpirun")
+
+                def collserve(backend):
+                    procs = []
+                    for h in range(1, hosts + 1):
+                        env = dict(os.environ, RANK=str(h - 1), WORLD_SIZE=str(hosts), LOCAL_RANK="0",
+                                   MASTER_ADDR=net.ip(1), MASTER_PORT="29400", COLLSERVE_TOKEN=token,
+                                   COLLSERVE_SIDECAR=f"unix:{d}/s{h}.sock", COLLSERVE_OP_TIMEOUT_S="120")
+                        procs.append(subprocess.Popen(["ip", "netns", "exec", net.host(h), ours, *sizes,
+                                                       "-o", "all_reduce", "--backend", backend],
+                                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                      text=True))
+                    return in_place([finish(p, f"collserve-perf --backend {backend} on host {h}")
+                                     for h, p in enumerate(procs, 1)][0])
+
+                def mpi():
+                    p = net.mpirun([(h, [theirs, *sizes]) for h in range(1, hosts + 1)], None)
+                    return in_place(finish(p, "collserve-mpi-allreduce-perf"))
+
+                runs = {"mpi": [], "gloo": [], "MPI_Allreduce": []}
+                order = [("mpi", lambda: collserve("mpi")), ("gloo", lambda: collserve("gloo")),
+                         ("MPI_Allreduce", mpi)]
+                for rep in range(a.reps):
+                    for name, run in order[rep % 3:] + order[:rep % 3]:
+                        runs[name].append(run())
+            finally:
+                if world is not None and world.poll() is None:
+                    world.terminate()
+                    try:
+                        world.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(world.pid, 9)
+                        world.wait()
+                if coord is not None:
+                    coord.terminate()
+                    coord.wait(timeout=10)
+                shutil.rmtree(d, ignore_errors=True)
+        print(f"## (f) the MPI column: {hosts} hosts (network namespaces over a veth bridge), 1 rank each, "
+              f"all_reduce float in place, us per op (busbw GB/s = size / time x 2(n-1)/n), median of {a.reps} "
+              f"(rotating order), -n {n} -w 5; collserve-perf in the arena. Speed ratios: mpi/gloo = gloo's time "
+              f"/ collserve-over-MPI's; mpi/MPI = MPI_Allreduce's time / collserve-over-MPI's")
+        print(f"{'size':>10}{'collserve/mpi':>15}{'collserve/gloo':>16}{'MPI_Allreduce':>15}{'mpi busbw':>11}"
+              f"{'mpi/gloo':>10}{'mpi/MPI':>9}")
+        med = {k: {size: statistics.median(r[size] for r in v) for size in v[0]} for k, v in runs.items()}
+        for size in sorted(med["mpi"]):
+            m, g, o = med["mpi"][size], med["gloo"][size], med["MPI_Allreduce"][size]
+            busbw = size / (m * 1e3) * 2 * (hosts - 1) / hosts
+            print(f"{size:>10}{m:>15.1f}{g:>16.1f}{o:>15.1f}{busbw:>11.3f}{g / m:>10.2f}{o / m:>9.2f}", flush=True)
+
+
 def ddp(a, build):
     """DDP training steps (bench/ddp_step.py), backend collserve against gloo, paired."""
     script = os.path.join(HERE, "ddp_step.py")
@@ -423,7 +544,7 @@ def main():
                    help="a flag for collserve's sidecars in (c), e.g. --sidecar_flag=--ring_segment_bytes=4194304")
     p.add_argument("--reps", type=int, default=3, help="paired repetitions in (c), (d) and (e)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: one_host, rss, two_hosts, "
-                                              "four_hosts, ddp")
+                                              "four_hosts, mpi, ddp")
     a = p.parse_args()
     if a.w is None:
         a.w = a.n
@@ -437,6 +558,8 @@ def main():
         two_hosts(a, build)
     if "four_hosts" not in skip:
         four_hosts(a, build)
+    if "mpi" not in skip:
+        mpi_hosts(a, build)
     if "ddp" not in skip:
         ddp(a, build)
 

@@ -8,8 +8,8 @@ with the default (gloo), in one run. Prints, per op and size, the median in-plac
 their ratio mpi / gloo.
 
 Loopback only: two sidecars on one machine, sharing its cores with the ranks. It measures
-what the transport costs per op on this machine, not a network; the network-namespace and
-multi-host figures are still to come.
+what the transport costs per op on this machine, not a network; bench/compare.py part (f)
+runs network-namespace hosts against Open MPI's own MPI_Allreduce.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/mpi_transport.py [--build build] [--reps 3]
 """

@@ -11,7 +11,6 @@
 #include <map>
 #include <random>
 #include <set>
-#include "absl/strings/string_view.h"
 #include <thread>
 #include <utility>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "backends/reduce.h"
@@ -382,7 +382,10 @@ class MpiCommunicator : public Communicator {
             absl::StrCat(what, " did not complete within its timeout of ", absl::FormatDuration(timeout),
                          " (a host of the group did not take part)")));
       }
-      // Progress happens inside MPI calls: poll often, backing off to 200 us.
+      // Progress happens inside MPI calls (Open MPI's nonblocking collectives advance a
+      // round per MPI_Test): poll often, backing off to 200 us, so that a call waiting on a
+      // slow host does not hold a core of this machine (polling back to back for the first
+      // 2 ms, then napping to 50 us, measured no faster: bench/RESULTS.md).
       if (polls > 64) {
         absl::SleepFor(nap);
         nap = std::min(nap * 2, absl::Microseconds(200));
@@ -442,6 +445,12 @@ bool LaunchedByMpi() {
 absl::Status InitializeMpi() {
   MpiProcess& p = Process();
   absl::call_once(p.once, [&p] {
+    // Open MPI's nonblocking all_reduce (libnbc) picks by default an algorithm that took
+    // 1.65x the time of the blocking MPI_Allreduce for 64 MiB between 2 processes;
+    // Rabenseifner's (reduce-scatter, then all-gather) matched it there and was as fast as
+    // the default with 4 (bench/RESULTS.md, "The MPI column"). An operator's own setting
+    // (mpirun --mca, or this variable) wins.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
     int provided = 0;
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS) {
