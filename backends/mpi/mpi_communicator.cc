@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <glog/logging.h>
+
 #include "absl/base/call_once.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -36,6 +38,7 @@ struct MpiProcess {
   int world_rank = -1;
   int world_size = 0;
   int tag_ub = 32767;
+  std::atomic<int64_t> communicators{0};  // MPI communicators created (never freed)
 };
 
 MpiProcess& Process() {
@@ -547,6 +550,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectMpi(RendezvousStore& store,
       result = MPI_Comm_dup(coll, &p2p);
     }
     if (result == MPI_SUCCESS) MPI_Comm_set_errhandler(p2p, MPI_ERRORS_RETURN);
+    if (coll != MPI_COMM_NULL) ++Process().communicators;
+    if (p2p != MPI_COMM_NULL) ++Process().communicators;
     MPI_Group_free(&group);
     absl::MutexLock lock(&creation->mu);
     creation->done = true;
@@ -561,7 +566,16 @@ absl::StatusOr<std::unique_ptr<Communicator>> ConnectMpi(RendezvousStore& store,
         absl::FormatDuration(options.connect_timeout), ": a host did not take part"));
   }
   if (creation->rc != MPI_SUCCESS) {
-    return absl::UnavailableError(absl::StrCat("creating the group's MPI communicator: ", MpiError(creation->rc)));
+    // Communicators are never freed (~MpiCommunicator): after some 32,000 generations of
+    // groups across hosts the MPI library runs out of context ids (65,536 in Open MPI).
+    return absl::UnavailableError(absl::StrCat(
+        "creating the group's MPI communicator: ", MpiError(creation->rc), " (this sidecar holds ",
+        Process().communicators.load(), " MPI communicators, which it never frees; past Open MPI's 65,536 context "
+        "ids the sidecar must be restarted: docs/guide.md)"));
+  }
+  if (const int64_t held = Process().communicators.load(); held % 10000 < 2 && held >= 10000) {
+    LOG(WARNING) << "this sidecar holds " << held << " MPI communicators, which it never frees (two per generation "
+                 << "of a group across hosts); Open MPI has 65,536 context ids: restart the sidecar before then";
   }
   return std::unique_ptr<Communicator>(new MpiCommunicator(
       rank, size, creation->coll, creation->p2p, std::clamp(options.max_call_elements, 1, INT_MAX)));
