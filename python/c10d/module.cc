@@ -4,6 +4,7 @@
 // compiler, ABI and pybind11 internals; torch.distributed must be imported first).
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "python/c10d/collserve_c10d.h"
 #include "python/common/call_sites.h"
@@ -53,11 +55,52 @@ CollserveProcessGroup* Collserve(const c10::intrusive_ptr<::c10d::ProcessGroup>&
   return pg;
 }
 
+// The keys of every pybind11 internals registry in this interpreter: pybind11 keeps it
+// under PYBIND11_INTERNALS_ID in the builtins module (before 2.12) or in the interpreter's
+// state dict (2.12 and later). Two modules share their types only if they use one key.
+std::vector<std::string> InternalsIds() {
+  std::vector<std::string> ids;
+  auto collect = [&ids](PyObject* dict) {
+    if (dict == nullptr || !PyDict_Check(dict)) return;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+      if (!PyUnicode_Check(key)) continue;
+      const char* k = PyUnicode_AsUTF8(key);
+      if (k != nullptr && std::string(k).rfind("__pybind11_internals_", 0) == 0) ids.emplace_back(k);
+    }
+  };
+  collect(PyEval_GetBuiltins());
+  collect(PyInterpreterState_GetDict(PyInterpreterState_Get()));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_collserve_torch, m) {
   m.doc() = "The collserve c10d backend for torch.distributed (see collserve.torch)";
   py::module_::import("torch.distributed");
+  m.attr("PYBIND11_INTERNALS_ID") = PYBIND11_INTERNALS_ID;
+  m.def("pybind11_internals_ids", &InternalsIds,
+        "The pybind11 internals registries in this interpreter (their keys, sorted): this module's is "
+        "PYBIND11_INTERNALS_ID; torch._C's is another one when they do not share types.");
+  m.def(
+      "shares_torch_types",
+      [](py::handle store) {
+        try {
+          (void)store.cast<c10::intrusive_ptr<::c10d::Store>>();
+          return true;
+        } catch (const py::cast_error&) {
+          return false;
+        }
+      },
+      py::arg("store"),
+      "True when this module sees the types torch._C registered with pybind11 (given a torch.distributed "
+      "Store object, e.g. HashStore()): they share one internals registry, as create() needs to return torch's "
+      "ProcessGroup type. False when the module was built with another pybind11 than this torch's.");
   m.def("create", &Create, py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("sidecar"),
         py::arg("job"), py::arg("group"), py::arg("init_timeout_s"), py::arg("op_timeout_s"),
         py::arg("generation") = 0, py::call_guard<py::gil_scoped_release>(),

@@ -69,6 +69,26 @@ from .torch_elastic import (GroupError, abort, get_error, join_running_group, jo
 from .launch import _host_address, _stop, embedded_credentials, embedded_token_file, find_binary, start_server
 
 BACKEND = "collserve"
+
+
+def _check_pybind11(module):
+    """Raises ImportError when the c10d module `module` (_collserve_torch) does not share
+    pybind11's type registry with the torch imported here: it was built against another
+    pybind11 (another internals version or ABI) than this torch's, and torch would refuse every
+    process group it returns ("Unregistered type"). The message names both registries."""
+    if module.shares_torch_types(dist.HashStore()):
+        return
+    ours = module.PYBIND11_INTERNALS_ID
+    others = [k for k in module.pybind11_internals_ids() if k != ours]
+    raise ImportError(
+        f"collserve.torch: the c10d module ({module.__file__}) was built with pybind11 internals {ours!r}, but "
+        f"torch {torch.__version__} ({os.path.dirname(torch.__file__)}) uses "
+        f"{' / '.join(repr(k) for k in others) or 'another registry'}: they cannot share types. Rebuild collserve "
+        "against this torch (CMake uses the pybind11 headers torch ships under <torch>/include/pybind11 when it "
+        "has them: pip wheels do; Debian's torch uses Debian's pybind11).")
+
+
+_check_pybind11(_collserve_torch)
 # Frames of this package are not call sites (python/common/call_sites.h).
 _collserve_torch.set_package_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)
 _KEY = "collserve/embedded"

@@ -29,10 +29,20 @@ tags=$(python3 -c 'import torch
 for n in ("COMPILER_TYPE", "STDLIB", "BUILD_ABI"):
     v = getattr(torch._C, "_PYBIND11_" + n, None)
     if v is not None: print(f"-DPYBIND11_{n}=\"{v}\"", end=" ")')
-pybind=$(python3 -m pybind11 --includes 2> /dev/null || python3-config --includes)
-# The module must share pybind11's type registry with torch._C: build with the internals
-# version torch's pybind11 registered (a pip pybind11 may be newer than torch's: 3.1's
-# default is 12, torch 2.11's is 11).
+# The module must share pybind11's type registry with torch._C. pip's torch wheels carry the
+# pybind11 headers torch was built with (<torch>/include/pybind11): build with exactly those
+# (as python/CMakeLists.txt does), ahead of any pybind11 on the machine (-I dirs are searched
+# before -isystem ones, so a pip pybind11's -I would win: the first GPU run's "Unregistered
+# type" failures). Without them, a pybind11 from the machine with the internals version
+# torch's registered (a pip pybind11 may be newer than torch's: 3.1's default is 12, torch
+# 2.11's is 11).
+if [ -f "$tdir/include/pybind11/pybind11.h" ]; then
+  pybind="-I$tdir/include $(python3-config --includes)"
+  echo "pybind11: torch's own ($tdir/include/pybind11)"
+else
+  pybind=$(python3 -m pybind11 --includes 2> /dev/null || python3-config --includes)
+  echo "pybind11: the machine's ($pybind)"
+fi
 internals=$(python3 -c 'import ctypes, re, torch
 api = ctypes.pythonapi
 api.PyInterpreterState_Get.restype = ctypes.c_void_p
@@ -40,7 +50,7 @@ api.PyInterpreterState_GetDict.restype = ctypes.py_object
 api.PyInterpreterState_GetDict.argtypes = [ctypes.c_void_p]
 keys = list(api.PyInterpreterState_GetDict(api.PyInterpreterState_Get())) + list(__builtins__.__dict__)
 print(next((m.group(1) for k in keys for m in [re.match(r"__pybind11_internals_v(\d+)", str(k))] if m), ""))')
-[ -n "$internals" ] && tags="$tags -DPYBIND11_INTERNALS_VERSION=$internals"
+[ -n "$internals" ] && [ ! -f "$tdir/include/pybind11/pybind11.h" ] && tags="$tags -DPYBIND11_INTERNALS_VERSION=$internals"
 absl=$(ls .gpu/lib/libabsl_*.so* | tr '\n' ' ')
 g++ -O2 -std=c++17 -shared -fPIC python/_collserve.cc -Iinclude -I.gpu/include $pybind -L"$B/python/collserve" -lcollserve_client $absl -Wl,-rpath,'$ORIGIN' \
   -o "$B/python/collserve/_collserve$suffix" 2> "$out/compile_collserve.log" ||

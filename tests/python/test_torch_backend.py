@@ -178,6 +178,42 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host(start_daemons, daemon
     assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
 
 
+def test_the_c10d_module_shares_torchs_pybind11_types_or_refuses_to_import():
+    """Issue 44, part 1: the c10d module must use the pybind11 registry of the torch it loads
+    into. Here (built against this torch) it does: shares_torch_types sees torch's own Store
+    type, and not an object of no such type; collserve.torch imported. A module built with
+    another pybind11 (a fake one here: no build with a mismatched pybind11 exists on this
+    machine) is refused with ImportError naming both registries and what to do."""
+    code = (
+        "import torch.distributed as dist\n"
+        "import collserve.torch as ct\n"
+        "m = ct._collserve_torch\n"
+        "assert m.shares_torch_types(dist.HashStore()) is True\n"
+        "assert m.shares_torch_types(object()) is False\n"
+        "assert m.PYBIND11_INTERNALS_ID in m.pybind11_internals_ids(), m.pybind11_internals_ids()\n"
+        "class Other:\n"
+        "    __file__ = '/elsewhere/_collserve_torch.so'\n"
+        "    PYBIND11_INTERNALS_ID = '__pybind11_internals_v11_system_libstdcpp_gxx_abi_1xxx_e2xxx__'\n"
+        "    shares_torch_types = staticmethod(lambda store: False)\n"
+        "    pybind11_internals_ids = staticmethod(lambda: sorted([Other.PYBIND11_INTERNALS_ID, "
+        "m.PYBIND11_INTERNALS_ID]))\n"
+        "try:\n"
+        "    ct._check_pybind11(Other)\n"
+        "except ImportError as e:\n"
+        "    print('refused:', e)\n"
+        "ct._check_pybind11(m)\n"
+        "print('real:', m.PYBIND11_INTERNALS_ID)\n"
+        "print('shared ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0 and "shared ok" in r.stdout, r.stdout + r.stderr
+    refused = r.stdout.split("refused:", 1)[1].split("\nreal:", 1)[0]
+    real = r.stdout.split("real:", 1)[1].split()[0]
+    built_with, torch_uses = refused.split(" uses ", 1)
+    assert "__pybind11_internals_v11_system_libstdcpp_gxx_abi_1xxx_e2xxx__" in built_with, refused
+    assert real in torch_uses and "Rebuild collserve against this torch" in torch_uses, refused
+
+
 def test_init_process_group_mpi_runs_through_collserve_over_mpi(start_daemons, daemon_dir):
     """torch here has no MPI of its own (is_mpi_available() is False); with collserve.torch
     imported, `init_process_group("mpi")` runs every collective of the worker through the
