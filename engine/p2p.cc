@@ -57,6 +57,12 @@ void PointToPoint::Start(backends::Communicator* comm) {
 void PointToPoint::Stop() {
   {
     absl::MutexLock lock(&mu_);
+    if (sender_.joinable() && !stop_ && failure_.ok()) {
+      auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return (announce_.empty() && !announcing_) || !failure_.ok();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&flushed), kAnnounceFlush);
+    }
     stop_ = true;
     ++changes_;
   }
@@ -295,6 +301,7 @@ void PointToPoint::SendMain() {
       if (!announce_.empty()) {
         announce = announce_.front();
         announce_.pop_front();
+        announcing_ = true;
       } else {
         send = std::move(outgoing_.front());
         outgoing_.pop_front();
@@ -304,22 +311,32 @@ void PointToPoint::SendMain() {
       // After every message this thread sent for the rank, so no host hears of the
       // departure before the rank's earlier messages. Not to a host whose ranks have all
       // left (it may have ended the generation already: nobody there needs to hear).
+      // (Nor to one whose ranks the coordinator said left: its in-band word may never come.)
       std::vector<bool> listening(topology_.num_hosts, false);
       {
         absl::MutexLock lock(&mu_);
         for (size_t r = 0; r < topology_.rank_host.size(); ++r) {
-          if (departed_.count(static_cast<int>(r)) == 0) listening[topology_.rank_host[r]] = true;
+          const int rank = static_cast<int>(r);
+          if (departed_.count(rank) == 0 && unreachable_.count(rank) == 0) listening[topology_.rank_host[r]] = true;
         }
       }
       P2PHeader header{kDepartMagic, announce, -1, 0, 0, 0};
-      for (int h = 0; h < topology_.num_hosts; ++h) {
+      absl::Status s;
+      for (int h = 0; s.ok() && h < topology_.num_hosts; ++h) {
         if (h == topology_.host_index || !listening[h]) continue;
-        absl::Status s = comm_->Send(&header, sizeof header, h, kHeaderSlot, op_timeout_);
+        s = comm_->Send(&header, sizeof header, h, kHeaderSlot, op_timeout_);
         if (!s.ok()) {
-          on_failure_(absl::Status(s.code(), absl::StrCat("telling host ", topology_.host_ids[h], " that rank ",
-                                                          announce, " left failed: ", s.message())));
-          return;
+          s = absl::Status(s.code(), absl::StrCat("telling host ", topology_.host_ids[h], " that rank ", announce,
+                                                  " left failed: ", s.message()));
         }
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        announcing_ = false;
+      }
+      if (!s.ok()) {
+        on_failure_(s);
+        return;
       }
       continue;
     }

@@ -68,7 +68,12 @@ class PointToPoint {
   // sent before it left may still be on their way), or their deadline.
   void DepartSendsTo(int rank, const absl::Status& why);
   // Stops and joins the threads (idempotent). The communicator may be destroyed after.
+  // Departures of local ranks not yet announced to the other hosts are sent first (for up
+  // to kAnnounceFlush): a host whose last rank leaves closes its connections once stopped,
+  // and the others must hear of its ranks' departures before that end of file, or they
+  // would take it as a failure (and keep announcing their own departures to it).
   void Stop();
+  static constexpr absl::Duration kAnnounceFlush = absl::Seconds(2);
 
  private:
   struct PendingSend {  // a local rank's send, not yet received (or not yet sent across hosts)
@@ -116,6 +121,7 @@ class PointToPoint {
   std::map<int, absl::Status> departed_ ABSL_GUARDED_BY(mu_);  // rank -> why it left
   std::map<int, absl::Status> unreachable_ ABSL_GUARDED_BY(mu_);  // DepartSendsTo: sends only
   std::deque<int> announce_ ABSL_GUARDED_BY(mu_);  // local ranks that left, for the sender to announce
+  bool announcing_ ABSL_GUARDED_BY(mu_) = false;   // the sender is sending one of them
   // The error of `sub` (a send to or a recv from a departed rank).
   absl::Status PeerLeftLocked(const Submission& sub) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The receiver thread's buffers: a cancelled Recv may still write them until the

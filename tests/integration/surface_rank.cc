@@ -17,6 +17,11 @@
 //                prints "status: <code>: <message>".
 //   monitored    the last rank skips a monitored_barrier(--timeout_ms, wait_all_ranks);
 //                prints "status: <code>: <message>".
+//   p2p_after_leave  the ranks in --leavers leave at once (their group ends with this process);
+//                the others pass a ring of point-to-point messages among themselves for
+//                --iters rounds (4096 int64 each, checked) while and after they leave: a
+//                pipeline whose first stage finished first; prints "p2p_after_leave done:
+//                <n> checked, <w> wrong".
 //   big_broadcast --big_broadcast_bytes broadcasts of ordinary float32 vectors from every root, one waited
 //                for at once and three back to back (the SDK's pipelined broadcast: the root
 //                copies after its request); prints "big_broadcast done: <n> checked, <w> wrong".
@@ -27,13 +32,17 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "backends/reduce.h"
 #include "collserve/client.h"
@@ -43,6 +52,8 @@ ABSL_FLAG(std::string, kind, "count", "desync: op | root | dtype | reduce_op | c
 ABSL_FLAG(int64_t, timeout_ms, 2000, "monitored: the barrier's timeout");
 ABSL_FLAG(bool, wait_all_ranks, true, "monitored: name every missing rank");
 ABSL_FLAG(int, skip, 1, "monitored: how many of the last ranks skip the barrier");
+ABSL_FLAG(std::string, leavers, "", "p2p_after_leave: comma-separated ranks that leave at once");
+ABSL_FLAG(int, iters, 200, "p2p_after_leave: rounds of the survivors' ring");
 ABSL_FLAG(bool, arena, false,
           "collectives: every other tensor lives in the group's shared-memory arena "
           "(ProcessGroup::AllocateShared), so zero-copy and copied tensors meet in one call");
@@ -582,6 +593,46 @@ int Examples(ProcessGroup& pg) {
   return c.wrong == 0 && !c.failed ? 0 : 1;
 }
 
+int P2PAfterLeave(ProcessGroup& pg) {
+  const int rank = pg.GetRank(), world = pg.GetWorldSize();
+  std::set<int> leavers;
+  for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_leavers), ',', absl::SkipEmpty())) {
+    int v = -1;
+    if (!absl::SimpleAtoi(r, &v) || v < 0 || v >= world) {
+      std::printf("bad --leavers\n");
+      return 2;
+    }
+    leavers.insert(v);
+  }
+  if (leavers.count(rank) != 0) {
+    std::printf("rank %d leaves\n", rank);
+    return 0;  // the group ends with this process: its session ends, the rank leaves
+  }
+  std::vector<int> ring;
+  for (int r = 0; r < world; ++r) {
+    if (leavers.count(r) == 0) ring.push_back(r);
+  }
+  const size_t me = static_cast<size_t>(std::find(ring.begin(), ring.end(), rank) - ring.begin());
+  const int next = ring[(me + 1) % ring.size()], prev = ring[(me + ring.size() - 1) % ring.size()];
+  Checker c{pg};
+  constexpr int64_t kCount = 4096;
+  std::vector<int64_t> out(kCount), in(kCount);
+  for (int i = 0; i < absl::GetFlag(FLAGS_iters) && !c.failed; ++i) {
+    for (int64_t j = 0; j < kCount; ++j) out[static_cast<size_t>(j)] = int64_t{rank} * 1000000007 + i * kCount + j;
+    auto sent = pg.Send(out.data(), kCount, DataType::kInt64, next, 7);
+    auto got = pg.Recv(in.data(), kCount, DataType::kInt64, prev, 7);
+    if (!c.Ok(got, absl::StrCat("recv ", i, " from rank ", prev)) || !c.Ok(sent, absl::StrCat("send ", i, " to rank ", next))) {
+      break;
+    }
+    int64_t bad = 0;
+    for (int64_t j = 0; j < kCount; ++j) bad += in[static_cast<size_t>(j)] != int64_t{prev} * 1000000007 + i * kCount + j;
+    c.Expect(bad == 0, absl::StrCat("round ", i, ": ", bad, " wrong elements from rank ", prev));
+  }
+  std::printf("p2p_after_leave done: %lld checked, %lld wrong\n", static_cast<long long>(c.checked),
+              static_cast<long long>(c.wrong));
+  return c.failed ? 3 : c.wrong == 0 ? 0 : 1;
+}
+
 int P2P(ProcessGroup& pg) {
   const int rank = pg.GetRank(), world = pg.GetWorldSize();
   Checker c{pg};
@@ -849,6 +900,7 @@ int main(int argc, char** argv) {
   if (mode == "collectives") return Collectives(**pg);
   if (mode == "examples") return Examples(**pg);
   if (mode == "p2p") return P2P(**pg);
+  if (mode == "p2p_after_leave") return P2PAfterLeave(**pg);
   if (mode == "groups") return Groups(**pg);
   if (mode == "desync") return Desync(**pg);
   if (mode == "monitored") return Monitored(**pg);
