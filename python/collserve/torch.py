@@ -32,7 +32,7 @@ rendezvous and each operation; COLLSERVE_INIT_TIMEOUT_S and COLLSERVE_OP_TIMEOUT
 Errors surface as RuntimeError, as torch's own backends raise them; messages start with
 "collserve <op>: <status code>:".
 
-MPI: on a torch without MPI of its own (Debian's, pip's), `init_process_group("mpi")` and
+MPI: on a torch without MPI of its own (Debian 12's 1.13, pip's wheels), `init_process_group("mpi")` and
 `new_group(backend="mpi")` run as "collserve" with MPI between the sidecars (sidecars started
 as one MPI world with --mpi; see docs/guide.md, "The MPI backend"); COLLSERVE_BACKEND=mpi
 does the same for "collserve" groups.
@@ -294,7 +294,8 @@ def _route_mpi(function, position):
 
 
 def _patch_mpi():
-    """torch built without MPI (Debian's, pip's wheels: is_mpi_available() is False) refuses
+    """torch built without MPI (Debian 12's 1.13, pip's wheels: is_mpi_available() is False;
+    Debian 13's 2.6 has MPI) refuses
     backend "mpi"; with collserve.torch imported, init_process_group("mpi") and
     new_group(backend="mpi") run through collserve instead, over MPI between the sidecars
     (docs/guide.md, "The MPI backend"). A torch with MPI of its own keeps it."""

@@ -214,12 +214,56 @@ def test_the_c10d_module_shares_torchs_pybind11_types_or_refuses_to_import():
     assert real in torch_uses and "Rebuild collserve against this torch" in torch_uses, refused
 
 
+def test_backend_mpi_is_routed_to_collserve_on_a_torch_without_mpi():
+    """On a torch without MPI (is_mpi_available() False: Debian 12's 1.13 here, pip's wheels),
+    collserve.torch wraps torch's init_process_group and new_group so that backend "mpi"
+    runs as "collserve" with COLLSERVE_BACKEND=mpi; checked against this torch's own
+    signatures (the backend argument's position: init_process_group's first, new_group's
+    third), without servers. A torch with MPI of its own (Debian 13's 2.6, in that stage)
+    keeps its functions unwrapped: "mpi" stays torch's."""
+    code = (
+        "import inspect, os\n"
+        "import torch.distributed as dist\n"
+        "import collserve.torch as ct\n"
+        "c10d = dist.distributed_c10d\n"
+        "routed_here = getattr(c10d, '_collserve_mpi_routed', False)\n"
+        "if dist.is_mpi_available():\n"
+        "    assert not routed_here\n"
+        "    print('torch has MPI: not routed')\n"
+        "    raise SystemExit(0)\n"
+        "assert routed_here\n"
+        "for name, pos in (('init_process_group', 0), ('new_group', 2)):\n"
+        "    f = getattr(dist, name)\n"
+        "    assert f is getattr(c10d, name) and f.__name__ == 'routed', name\n"
+        "    params = list(inspect.signature(f.__wrapped__).parameters)\n"
+        "    assert params.index('backend') == pos, (name, params)\n"
+        "    seen = []\n"
+        "    routed = ct._route_mpi(lambda *a, **k: seen.append((a, k)), pos)\n"
+        "    os.environ.pop('COLLSERVE_BACKEND', None)\n"
+        "    routed(*([None] * pos), 'MPI', timeout=5)\n"
+        "    routed(backend='mpi')\n"
+        "    routed(*([None] * pos), 'gloo')\n"
+        "    assert seen[0][0][pos] == 'collserve' and seen[0][1] == {'timeout': 5}, seen\n"
+        "    assert seen[1][1]['backend'] == 'collserve', seen\n"
+        "    assert seen[2][0][pos] == 'gloo', seen\n"
+        "    assert os.environ['COLLSERVE_BACKEND'] == 'mpi'\n"
+        "print('routed ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    assert r.returncode == 0 and ("routed ok" in r.stdout or "torch has MPI: not routed" in r.stdout), \
+        r.stdout + r.stderr
+
+
 def test_init_process_group_mpi_runs_through_collserve_over_mpi(start_daemons, daemon_dir):
-    """torch here has no MPI of its own (is_mpi_available() is False); with collserve.torch
-    imported, `init_process_group("mpi")` runs every collective of the worker through the
-    "collserve" backend with MPI between two sidecars that one mpirun started (2 ranks on
-    each), and the coordinator shows the group's backend as mpi."""
+    """torch here has no MPI of its own (is_mpi_available() is False; skipped where it has:
+    "mpi" is torch's there); with collserve.torch imported, `init_process_group("mpi")` runs
+    every collective of the worker through the "collserve" backend with MPI between two
+    sidecars that one mpirun started (2 ranks on each), and the coordinator shows the
+    group's backend as mpi."""
     from daemons import mpi_missing
+    import torch.distributed as dist
+    if dist.is_mpi_available():
+        pytest.skip("this torch has MPI of its own: backend \"mpi\" is torch's")
     missing = mpi_missing()
     if missing:
         pytest.skip(missing)
