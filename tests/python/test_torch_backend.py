@@ -178,6 +178,13 @@ def test_ranks_on_several_hosts_start_one_sidecar_per_host(start_daemons, daemon
     assert sum(started[:2]) == 1 and sum(started[2:]) == 1, started
 
 
+def run_python(code, timeout=120):
+    """`code` run by this Python with the build's package first on its path: its
+    CompletedProcess (stdout and stderr as text)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+
+
 def test_the_c10d_module_shares_torchs_pybind11_types_or_refuses_to_import():
     """Issue 44, part 1: the c10d module must use the pybind11 registry of the torch it loads
     into. Here (built against this torch) it does: shares_torch_types sees torch's own Store
@@ -204,8 +211,7 @@ def test_the_c10d_module_shares_torchs_pybind11_types_or_refuses_to_import():
         "ct._check_pybind11(m)\n"
         "print('real:', m.PYBIND11_INTERNALS_ID)\n"
         "print('shared ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    r = run_python(code)
     assert r.returncode == 0 and "shared ok" in r.stdout, r.stdout + r.stderr
     refused = r.stdout.split("refused:", 1)[1].split("\nreal:", 1)[0]
     real = r.stdout.split("real:", 1)[1].split()[0]
@@ -248,8 +254,7 @@ def test_backend_mpi_is_routed_to_collserve_on_a_torch_without_mpi():
         "    assert seen[2][0][pos] == 'gloo', seen\n"
         "    assert os.environ['COLLSERVE_BACKEND'] == 'mpi'\n"
         "print('routed ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=os.path.join(BUILD, "python")))
+    r = run_python(code)
     assert r.returncode == 0 and ("routed ok" in r.stdout or "torch has MPI: not routed" in r.stdout), \
         r.stdout + r.stderr
 
