@@ -10,6 +10,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "backends/mpi/mpi_communicator.h"
 #include "backends/reduce.h"
+#include "tests/testing/wait_for.h"
 
 namespace collserve::backends {
 namespace {
@@ -262,8 +264,13 @@ TEST(MpiCommunicatorTest, PointToPointOnSlotsFromOneHostOrAnyAndAnAbortedReceive
     EXPECT_EQ(w, 1001);
     // Nobody sends on slot 7: an abort ends the receive at once, and the next one too.
     absl::Status aborted;
-    std::thread t([&] { aborted = (*comm)->Recv(&w, sizeof w, {1, 2}, 7, &from, absl::Seconds(60)); });
-    absl::SleepFor(absl::Milliseconds(50));  // usually blocked by now; either way it ends CANCELLED
+    std::atomic<bool> receiving{false};
+    std::thread t([&] {
+      receiving = true;
+      aborted = (*comm)->Recv(&w, sizeof w, {1, 2}, 7, &from, absl::Seconds(60));
+    });
+    // The abort may land before or while the receive blocks: either way it ends CANCELLED.
+    EXPECT_TRUE(collserve::testing::WaitFor([&] { return receiving.load(); }, absl::Seconds(10)));
     const absl::Time start = absl::Now();
     (*comm)->AbortRecv();
     t.join();
@@ -364,8 +371,13 @@ TEST(MpiCommunicatorTest, ShutdownPeerEndsABlockedReceiveAtOnce) {
     int64_t v = 0;
     int from = -1;
     absl::Status s;
-    std::thread t([&] { s = (*comm)->Recv(&v, sizeof v, {1}, 3, &from, absl::Seconds(60)); });
-    absl::SleepFor(absl::Milliseconds(50));  // usually blocked by now; either way it ends UNAVAILABLE
+    std::atomic<bool> receiving{false};
+    std::thread t([&] {
+      receiving = true;
+      s = (*comm)->Recv(&v, sizeof v, {1}, 3, &from, absl::Seconds(60));
+    });
+    // The shutdown may land before or while the receive blocks: either way it ends UNAVAILABLE.
+    EXPECT_TRUE(collserve::testing::WaitFor([&] { return receiving.load(); }, absl::Seconds(10)));
     const absl::Time start = absl::Now();
     (*comm)->ShutdownPeer(1);
     t.join();
