@@ -294,11 +294,11 @@ def _route_mpi(function, position):
 
 
 def _patch_mpi():
-    """torch built without MPI (Debian 12's 1.13, pip's wheels: is_mpi_available() is False;
-    Debian 13's 2.6 has MPI) refuses
-    backend "mpi"; with collserve.torch imported, init_process_group("mpi") and
-    new_group(backend="mpi") run through collserve instead, over MPI between the sidecars
-    (docs/guide.md, "The MPI backend"). A torch with MPI of its own keeps it."""
+    """A torch built without MPI (Debian 12's 1.13, pip's wheels: is_mpi_available() is
+    False) refuses backend "mpi"; with collserve.torch imported, init_process_group("mpi")
+    and new_group(backend="mpi") run through collserve instead, over MPI between the
+    sidecars (docs/guide.md, "The MPI backend"). A torch with MPI of its own (Debian 13's
+    2.6) keeps it."""
     c10d = dist.distributed_c10d
     if dist.is_mpi_available() or getattr(c10d, "_collserve_mpi_routed", False):
         return
