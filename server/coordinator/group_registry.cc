@@ -92,10 +92,16 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
   }
   std::vector<Completion> completions;
   std::vector<WatchCompletion> watches;
-  uint64_t id = 0;
-  {
+  // Every answer, a refusal of this join included, runs once the lock is released, after
+  // those the join caused (a restarted host's generations lost, a superseded one ended).
+  const uint64_t join_id = [&]() -> uint64_t {
+    auto refuse = [&](absl::Status s) {
+      completions.emplace_back(std::move(done), std::move(s));
+      return uint64_t{0};
+    };
+    uint64_t id = 0;
     absl::MutexLock lock(&mu_);
-    if (stopping_) return fail(absl::UnavailableError("the coordinator is shutting down"));
+    if (stopping_) return refuse(absl::UnavailableError("the coordinator is shutting down"));
     LoseRestartedHostLocked(member.host_id, member.incarnation, &completions, &watches);
     const Key key(job, group);
     auto it = groups_.find(key);
@@ -104,7 +110,7 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
     if (generation > 0) {
       const int64_t at = it != groups_.end() ? it->second.generation : last_formed;
       if (generation < at || (it == groups_.end() && generation == at)) {
-        return fail(absl::FailedPreconditionError(absl::StrCat(
+        return refuse(absl::FailedPreconditionError(absl::StrCat(
             "generation ", generation, " of group \"", group, "\" is over: the group ",
             it != groups_.end() ? "is at" : "last formed", " generation ", at, " here")));
       }
@@ -118,12 +124,12 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
       if (absl::Now() > d->second.until || static_cast<int>(d->second.told.size()) >= d->second.world_size) {
         desyncs_.erase(d);
       } else if (d->second.told.insert(member.rank).second) {
-        return fail(d->second.status);  // a rank of the attempt the desync failed
+        return refuse(d->second.status);  // a rank of the attempt the desync failed
       }
     }
     if (it == groups_.end()) {
       if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
-        return fail(absl::ResourceExhaustedError(absl::StrCat(
+        return refuse(absl::ResourceExhaustedError(absl::StrCat(
             "the coordinator holds ", groups_.size(), " groups, its --max_groups limit; group \"", group,
             "\" cannot be created until one ends")));
       }
@@ -136,15 +142,34 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
     }
     Group& g = it->second;
     if (g.world_size != world_size) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
           "group \"", group, "\" has world_size ", g.world_size, "; rank ", member.rank,
           " asked for world_size ", world_size)));
     }
-    if (g.members.count(member.rank) > 0) {
-      const MemberInfo& old = g.members[member.rank];
-      return fail(absl::AlreadyExistsError(absl::StrCat(
-          "rank ", member.rank, " has already joined generation ", g.generation, " of group \"",
-          group, "\" (from host ", old.host_id, "); duplicate rank from host ", member.host_id)));
+    if (auto m = g.members.find(member.rank); m != g.members.end()) {
+      const MemberInfo& old = m->second;
+      const bool rejoin = member.incarnation != 0 && old.incarnation == member.incarnation && old.host_id == member.host_id;
+      if (!rejoin) {
+        return refuse(absl::AlreadyExistsError(absl::StrCat(
+            "rank ", member.rank, " has already joined generation ", g.generation, " of group \"",
+            group, "\" (from host ", old.host_id, "); duplicate rank from host ", member.host_id)));
+      }
+      // A sidecar attaches a rank once at a time, so its own earlier join or membership of
+      // this rank is on its way out: the leave of a formed generation, or the cancel of a
+      // forming one's join (or of an attempt it retried), is still in flight while the rank
+      // initializes again (found with 100 destroy/init cycles at full speed). A formed
+      // generation holds the new join until it ended (below); a forming one takes the new
+      // join in place of the earlier, which ends CANCELLED.
+      if (g.state == "FORMING") {
+        if (auto w = g.waiters.find(member.rank); w != g.waiters.end()) {
+          waiter_index_.erase(w->second.id);
+          completions.emplace_back(std::move(w->second.done),
+                                   absl::CancelledError(absl::StrCat(
+                                       "rank ", member.rank, " joined group \"", group,
+                                       "\" again from the same sidecar; this earlier join is replaced")));
+          g.waiters.erase(w);
+        }
+      }
     }
     if (g.state != "FORMING") {
       bool held = false;
@@ -152,7 +177,7 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
         held |= h.job == job && h.group == group && h.member.rank == member.rank;
       }
       if (generation > 0 || held || held_.size() >= kMaxHeldJoins) {
-        return fail(absl::FailedPreconditionError(absl::StrCat(
+        return refuse(absl::FailedPreconditionError(absl::StrCat(
             "group \"", group, "\" generation ", g.generation, " is ", g.state,
             "; it can form again once every rank has left",
             held ? absl::StrCat(" (rank ", member.rank, " already waits for that)") : std::string())));
@@ -233,10 +258,11 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
         g.waiters.clear();
       }
     }
-  }
+    return id;
+  }();
   for (auto& [cb, result] : completions) std::move(cb)(std::move(result));
   for (auto& [cb, events] : watches) std::move(cb)(std::move(events));
-  return id;
+  return join_id;
 }
 
 void GroupRegistry::SupersedeLocked(std::map<Key, Group>::iterator it, int64_t generation,
