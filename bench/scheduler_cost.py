@@ -35,7 +35,7 @@ def perf(build, op, a):
     """{size: (time_us, busbw, algorithm)} of one collserve-perf run of `build`'s binaries."""
     env = dict(os.environ, COLLSERVE_BIN_DIR=os.path.join(build, "server"))
     cmd = ["--no_python", os.path.join(build, "bench", "collserve-perf"), "-b", "8", "-e", a.max_bytes, "-f", "8",
-           "-n", str(a.n), "-w", str(a.w), "-o", op, "-m", "arena"]
+           "-n", str(a.n), "-w", str(a.w), "-o", op, "-m", a.m, "-z", str(a.z)]
     # The launcher (and its Python package) is this tree's: it starts COLLSERVE_BIN_DIR's daemons.
     return compare.rows(compare.finish(compare.launch(cmd, a.nproc, a.build, env=env), f"{build} {op}"))
 
@@ -49,20 +49,23 @@ def main():
     p.add_argument("-n", type=int, default=20)
     p.add_argument("-w", type=int, default=5)
     p.add_argument("--max_bytes", default="64M")
+    p.add_argument("-m", default="arena", help="collserve-perf's -m: arena or heap tensors")
+    p.add_argument("-z", type=int, default=0, help="collserve-perf's -z: 1 waits for each op before the next")
+    p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     a = p.parse_args()
     a.build = os.path.abspath(a.build)
     trees = {"landed": os.path.abspath(a.landed), "this": a.build}
     times = {}  # (tree, op, size) -> [time_us per repetition]
     for rep in range(a.reps):
         order = ("landed", "this") if rep % 2 == 0 else ("this", "landed")
-        for op in OPS:
+        for op in a.ops:
             for tree in order:
                 for size, (t, _, _) in perf(trees[tree], op, a).items():
                     times.setdefault((tree, op, size), []).append(t)
         print(f"# repetition {rep + 1} of {a.reps} done", flush=True)
     print(f"\n{'op':<16}{'size':>10}{'landed us':>12}{'this us':>12}{'this/landed':>13}")
     ratios = {}  # op -> [(size, this/landed)]
-    for op in OPS:
+    for op in a.ops:
         for size in sorted({s for (tree, o, s) in times if o == op}):
             landed = statistics.median(times[("landed", op, size)])
             this = statistics.median(times[("this", op, size)])

@@ -51,10 +51,10 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
 }
 
 void Group::AnswerAll(Running& run, const absl::Status& status, bool fails_group) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   // Recorded first, so that a rank that has its answer finds it in the ledger.
   RecordCompletedLocked(run.seq, *run.subs, status, run.agreed ? &run.all : nullptr, "", run.started, fails_group);
-  for (const auto& [rank, sub] : *run.subs) Complete(sub, status, env_.observer);
+  for (auto& [rank, sub] : *run.subs) AnswerLocked(std::move(sub), status);
   if (fails_group) FailLocked(status);
 }
 
@@ -120,11 +120,13 @@ bool Group::AgreeStage(Running& run, const std::vector<int>& absent, const std::
     disagreement = SizeDisagreement(run.all, run.splits);
   }
   if (disagreement.empty()) return true;
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   RecordCompletedLocked(run.seq, subs, absl::InvalidArgumentError(absl::StrCat("ranks disagree: ", disagreement)),
                         &run.all, "", run.started, /*fails_group=*/false);
-  for (const auto& [rank, sub] : subs) {
-    Complete(sub, DisagreementError(run.seq, params_.name, args.op, disagreement, sub.error), env_.observer);
+  const CollectiveOp op = args.op;  // `args` is the first submission's, answered (moved) first
+  for (auto& [rank, sub] : subs) {
+    absl::Status error = DisagreementError(run.seq, params_.name, op, disagreement, sub.error);
+    AnswerLocked(std::move(sub), std::move(error));
   }
   return false;  // nothing moved: the group stays usable
 }
@@ -179,13 +181,13 @@ absl::Status Group::ExecuteStage(Running& run, const char** algorithm) {
 
 void Group::CompleteStage(Running& run, const absl::Status& status, const char* algorithm) {
   std::map<int, Submission>& subs = *run.subs;
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   RecordCompletedLocked(run.seq, subs, status, &run.all, algorithm, run.started, /*fails_group=*/!status.ok());
   for (auto& [rank, sub] : subs) sub.algorithm = algorithm;
   const CompletionPlan plan = PlanCompletion(
       subs, status.ok(), [this](int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return locals_.count(rank) > 0; });
   for (auto& [rank, sub] : subs) {
-    if (rank != plan.owner) Complete(sub, status, env_.observer);
+    if (rank != plan.owner) AnswerLocked(std::move(sub), status);
   }
   if (plan.owner >= 0) {
     // The readers copy out of the owner's segment: its completion (which frees the segment

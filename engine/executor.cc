@@ -52,7 +52,7 @@ void Group::ExecutorMain() {
   // 1. Connect the backend among the group's hosts.
   auto connected = Connect();
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     if (!connected.ok()) {
       FailLocked(connected.status());
       for (auto& [rank, local] : locals_) local.session->Close(connected.status());
@@ -89,7 +89,7 @@ void Group::ExecutorMain() {
     std::vector<std::vector<RankArgs>> ahead;
     absl::Time queued_since = absl::InfinitePast();  // the last local rank's submission
     {
-      absl::MutexLock lock(&mu_);
+      AnswerLock lock(this);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         if (stop_ || state_ == State::kFailed) return true;
         for (const auto& [rank, local] : locals_) {
@@ -106,7 +106,9 @@ void Group::ExecutorMain() {
         // Wake when ready, at the deadline, or when a submission may have moved it earlier.
         const uint64_t seen = submissions_;
         auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready() || submissions_ != seen; };
+        executor_wakes_at_ = deadline;
         mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+        executor_wakes_at_ = absl::InfiniteFuture();
       }
       // No local rank left (the group is being dropped): nothing can run.
       if (stop_ || state_ == State::kFailed || locals_.empty()) break;
@@ -151,20 +153,20 @@ void Group::ExecutorMain() {
       }
     }
     RunCollective(seq, subs, absent, ahead, queued_since);
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     running_since_ = absl::InfiniteFuture();
     if (state_ == State::kFailed) break;
   }
   p2p_->Stop();
   bool failed;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     failed = state_ == State::kFailed;
   }
   StopDevice(failed);
   std::unique_ptr<backends::Communicator> comm;
   {
-    absl::MutexLock lock(&mu_);  // OnWatched may be shutting a peer down
+    AnswerLock lock(this);  // OnWatched may be shutting a peer down
     comm = std::move(comm_);
   }
   comm.reset();  // closes the pairs so peer hosts fail fast
@@ -408,7 +410,7 @@ std::string Group::DescribeCallSites(const std::map<int64_t, std::vector<int64_t
 }
 
 std::string Group::FailedMeanwhileSuffix(const absl::Status& error, absl::Time explain_by) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   auto known = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || state_ == State::kFailed || !remote_left_.empty();
   };
@@ -429,7 +431,7 @@ std::string Group::DiagnosisSuffix(const absl::Status& error, absl::Time explain
   std::string meanwhile = FailedMeanwhileSuffix(error, explain_by);
   std::string credential;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     // The coordinator ended the generation (a host lost): that is the diagnosis.
     if (state_ == State::kFailed) return meanwhile;
     credential = credential_;

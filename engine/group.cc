@@ -40,6 +40,41 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
   }
 }
 
+Group::AnswerLock::AnswerLock(Group* group) : group_(group) { group_->mu_.Lock(); }
+
+Group::AnswerLock::~AnswerLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Group& g = *group_;
+  std::vector<Answer> batch;
+  {
+    absl::MutexLock lock(&g.answers_mu_);
+    g.TakeSendableLocked(&batch);
+  }
+  g.mu_.Unlock();
+  while (!batch.empty()) {
+    for (const Answer& a : batch) Complete(a.sub, a.status, g.env_.observer);
+    absl::MutexLock lock(&g.answers_mu_);
+    for (const Answer& a : batch) g.sending_.erase(a.sub.rank);
+    batch.clear();  // the submissions' mappings are let go outside mu_ too
+    // Answers queued meanwhile for the ranks this thread sent were left to it.
+    g.TakeSendableLocked(&batch);
+  }
+}
+
+void Group::TakeSendableLocked(std::vector<Answer>* batch) {
+  if (answers_.empty()) return;
+  std::vector<Answer> left;
+  for (Answer& a : answers_) {
+    (sending_.count(a.sub.rank) > 0 ? left : *batch).push_back(std::move(a));
+  }
+  answers_ = std::move(left);
+  for (const Answer& a : *batch) sending_.insert(a.sub.rank);
+}
+
+void Group::AnswerLocked(Submission sub, absl::Status status) {
+  absl::MutexLock lock(&answers_mu_);
+  answers_.push_back(Answer{std::move(sub), std::move(status)});
+}
+
 Group::Group(GroupEnv env, GroupParams params) : env_(std::move(env)), params_(std::move(params)) {}
 
 Group::~Group() {
@@ -50,7 +85,7 @@ Group::~Group() {
 absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> session, bool shared_memory,
                           const std::string& credential, bool peer_reads) {
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     if (world_size != params_.world_size) {
       return absl::InvalidArgumentError(absl::StrCat("group \"", params_.name, "\" has world_size ",
                                                      params_.world_size, "; rank ", rank,
@@ -96,7 +131,7 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
   });
   bool session_gone;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     auto it = locals_.find(rank);
     session_gone = it == locals_.end();
     if (!session_gone && !it->second.joined && state_ != State::kFailed) it->second.cancel_join = std::move(cancel);
@@ -109,14 +144,14 @@ absl::Status Group::Attach(int rank, int world_size, std::shared_ptr<Session> se
 std::unique_ptr<backends::RendezvousStore> Group::RendezvousStore() {
   std::string credential;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     credential = credential_;
   }
   return env_.coordinator->RendezvousStoreFor(params_.job, credential);
 }
 
 void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   auto it = locals_.find(rank);
   if (it == locals_.end()) return;  // session already gone
   it->second.cancel_join = nullptr;
@@ -179,7 +214,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
 }
 
 void Group::Submit(int rank, Request request, absl::Status refused) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   auto it = locals_.find(rank);
   if (it == locals_.end()) return;
   LocalRank& local = it->second;
@@ -196,13 +231,13 @@ void Group::Submit(int rank, Request request, absl::Status refused) {
     return;
   }
   if (state_ != State::kReady) {
-    Complete(sub, absl::FailedPreconditionError("collective sent before the session was attached"), env_.observer);
+    AnswerLocked(std::move(sub), absl::FailedPreconditionError("collective sent before the session was attached"));
     return;
   }
   if (sub.args.seq != local.next_seq) {
     absl::Status s = absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " sent seq ", sub.args.seq, " but seq ", local.next_seq, " was expected"));
-    Complete(sub, s, env_.observer);
+    AnswerLocked(std::move(sub), s);
     FailLocked(s);
     return;
   }
@@ -222,14 +257,15 @@ void Group::Submit(int rank, Request request, absl::Status refused) {
   if (!sub.error.ok()) std::string().swap(sub.args.buffer.inline_data);
   if (sub.args.op == CollectiveOp::kSend || sub.args.op == CollectiveOp::kRecv) {
     if (!sub.error.ok()) {
-      Complete(sub, sub.error, env_.observer);
+      absl::Status error = sub.error;
+      AnswerLocked(std::move(sub), std::move(error));
       return;
     }
     p2p_->Submit(std::move(sub));
     return;
   }
   if (!collectives_failure_.ok()) {
-    Complete(sub, collectives_failure_, env_.observer);  // a rank left: no collective can run
+    AnswerLocked(std::move(sub), collectives_failure_);  // a rank left: no collective can run
     return;
   }
   local.last_issued = sub.args;
@@ -238,12 +274,14 @@ void Group::Submit(int rank, Request request, absl::Status refused) {
   local.issued_at = sub.submitted;
   ++local.collectives;
   ++progress_version_;
+  // The executor waits until every local rank queued one, or the earliest deadline: only a
+  // submission due before that wakes it early (each wakeup costs a context switch per op).
+  if (sub.deadline < executor_wakes_at_) ++submissions_;
   local.queue.push_back(std::move(sub));
-  ++submissions_;
 }
 
 void Group::InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest, int64_t* mapped_bytes) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   *ranks = static_cast<int64_t>(locals_.size());
   *in_flight = 0;
   *mapped_bytes = 0;
@@ -258,7 +296,7 @@ void Group::InFlight(int64_t* ranks, int64_t* in_flight, absl::Time* oldest, int
 }
 
 absl::Status Group::AddSegment(int rank, std::shared_ptr<ShmSegment> segment) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   auto it = locals_.find(rank);
   if (it == locals_.end() || !it->second.shared_memory) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " of group \"", params_.name,
@@ -287,11 +325,11 @@ void Group::RefuseFailedLocked(Submission sub) {
                                                    left.message(), "; collectives need every rank"));
     }
   }
-  Complete(sub, why, env_.observer);
+  AnswerLocked(std::move(sub), std::move(why));
 }
 
 void Group::Fail(const absl::Status& status) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   FailLocked(status);
 }
 
@@ -311,7 +349,7 @@ void Group::FailLocked(const absl::Status& status) {
   failure_ = status;
   if (p2p_ != nullptr) p2p_->Fail(status);
   for (auto& [rank, local] : locals_) {
-    for (const Submission& sub : local.queue) Complete(sub, status, env_.observer);
+    for (Submission& sub : local.queue) AnswerLocked(std::move(sub), status);
     local.queue.clear();
     // Sessions still waiting for Attached would otherwise wait for their init timeout.
     if (!attached_) local.session->Close(status);
@@ -325,7 +363,7 @@ void Group::OnSessionClosed(int rank) {
   std::string credential;
   int64_t generation = 0;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     credential = credential_;
     generation = formed_ ? topology_.generation : params_.generation;
     auto it = locals_.find(rank);
@@ -353,7 +391,7 @@ void Group::OnSessionClosed(int rank) {
       left = absl::UnavailableError(absl::StrCat("rank ", rank, " left group \"", params_.name,
                                                  "\" (its session on host ", env_.host_id,
                                                  " ended: it destroyed the group, exited or died)"));
-      for (const Submission& sub : it->second.queue) Complete(sub, left, env_.observer);
+      for (Submission& sub : it->second.queue) AnswerLocked(std::move(sub), left);
       locals_.erase(it);
       departed_.insert(rank);
       ++submissions_;  // the executor may now have every remaining local rank's next collective
@@ -369,7 +407,7 @@ void Group::OnSessionClosed(int rank) {
                   << ": " << left.message() << "; its point-to-point ops among the other ranks go on";
       }
       for (auto& [r, l] : locals_) {
-        for (const Submission& sub : l.queue) Complete(sub, collectives_failure_, env_.observer);
+        for (Submission& sub : l.queue) AnswerLocked(std::move(sub), collectives_failure_);
         l.queue.clear();
       }
     }
@@ -382,14 +420,14 @@ void Group::OnSessionClosed(int rank) {
         FailLocked(absl::UnavailableError(absl::StrCat("rank ", rank, " of group \"", params_.name,
                                                        "\" disconnected from host ", env_.host_id)));
       }
-      for (const Submission& sub : it->second.queue) Complete(sub, failure_, env_.observer);
+      for (Submission& sub : it->second.queue) AnswerLocked(std::move(sub), failure_);
       locals_.erase(it);
     }
   }
   if (!left.ok() && p2p_ != nullptr) p2p_->Depart(rank, left);
   if (cancel_join) cancel_join();
   if (was_member) env_.coordinator->Leave(params_.job, params_.name, rank, generation, credential);
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   MaybeEmptyLocked();
 }
 
@@ -403,37 +441,37 @@ void Group::MaybeEmptyLocked() {
 }
 
 bool Group::Leaving() {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   return !departed_.empty() || state_ == State::kFailed || stop_ || emptied_;
 }
 
 bool Group::AwaitEmptied(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   return mu_.AwaitWithDeadline(absl::Condition(&emptied_), deadline);
 }
 
 int64_t Group::Generation() {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   return formed_ ? topology_.generation : params_.generation;
 }
 
 void Group::Stop() {
   std::function<void()> cancel_watch;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     stop_ = true;  // in the same section as the cancel: no watch starts after it (Watch)
     cancel_watch = std::move(cancel_watch_);
     cancel_watch_ = nullptr;
   }
   if (cancel_watch) cancel_watch();
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   ReleaseHeldLocked(absl::InfiniteFuture());  // their data moved: they succeeded
   FailLocked(absl::UnavailableError(absl::StrCat("sidecar ", env_.host_id, " is shutting down")));
   for (auto& [rank, local] : locals_) local.session->Close(failure_);
 }
 
 absl::StatusOr<int> Group::OpenPeerSegment(int asker, int owner, const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   auto a = locals_.find(asker);
   if (a == locals_.end() || !a->second.peer_reads) {
     return absl::PermissionDeniedError(absl::StrCat("rank ", asker, " is not attached to group \"", params_.name,
@@ -457,7 +495,7 @@ absl::StatusOr<int> Group::OpenPeerSegment(int asker, int owner, const std::stri
 }
 
 void Group::OnReadDone(int rank, int64_t seq) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   bool found = false;
   for (HeldCompletion& h : held_) {
     auto it = h.readers.find(rank);
@@ -471,7 +509,7 @@ void Group::OnReadDone(int rank, int64_t seq) {
 }
 
 void Group::ExpireHeldCompletions() {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   if (!held_.empty()) ReleaseHeldLocked(absl::Now());
 }
 
@@ -488,7 +526,7 @@ void Group::ReleaseHeldLocked(absl::Time now) {
                    << h.readers.size() << " peer reader(s) (rank " << h.readers.begin()->first << ", ...)";
     }
     // The data moved when the collective ran; only the readers' copies were awaited.
-    Complete(h.owner, absl::OkStatus(), env_.observer);
+    AnswerLocked(std::move(h.owner), absl::OkStatus());
     held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }

@@ -347,6 +347,27 @@ class Group : public std::enable_shared_from_this<Group> {
                              const std::vector<RankArgs>* all, const char* algorithm, absl::Time started,
                              bool fails_group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Queues `sub`'s answer (Complete) with `status`, sent once mu_ is released (AnswerLock).
+  void AnswerLocked(Submission sub, absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // mu_, held for its scope; on leaving it, the answers queued meanwhile (AnswerLocked) are
+  // sent with the lock released. Each rank's answers go in the order they were queued (a
+  // session's collectives complete in issue order): one thread at a time sends a given
+  // rank's answers, and a thread that queues answers for a rank another thread is sending
+  // leaves them to that thread; other ranks' answers it sends itself. Answering under mu_
+  // made every rank that an answer woke (and that issued its next request at once) wait for
+  // the lock, and the executor wait for a core while it held it. Every lock of mu_ is one of
+  // these, so that no queued answer is left unsent.
+  class ABSL_SCOPED_LOCKABLE AnswerLock {
+   public:
+    explicit AnswerLock(Group* group) ABSL_EXCLUSIVE_LOCK_FUNCTION(group->mu_);
+    ~AnswerLock() ABSL_UNLOCK_FUNCTION();
+    AnswerLock(const AnswerLock&) = delete;
+    AnswerLock& operator=(const AnswerLock&) = delete;
+
+   private:
+    Group* const group_;
+  };
+
   // Fails the group: every queued submission and every later one gets `status`.
   void FailLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Completes `sub` (a request that arrived after the group failed) without running it:
@@ -383,6 +404,19 @@ class Group : public std::enable_shared_from_this<Group> {
   const GroupParams params_;
 
   absl::Mutex mu_;
+  // Answers queued under mu_ (AnswerLocked), and the local ranks whose answers a thread is
+  // sending (AnswerLock). Their own lock, taken inside mu_ or alone: a sending thread never
+  // takes mu_ again, so a rank that an answer woke does not contend with it there.
+  struct Answer {
+    Submission sub;
+    absl::Status status;
+  };
+  // Moves the queued answers of ranks no thread is sending to `batch` (in order) and marks
+  // those ranks as being sent.
+  void TakeSendableLocked(std::vector<Answer>* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(answers_mu_);
+  absl::Mutex answers_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<Answer> answers_ ABSL_GUARDED_BY(answers_mu_);
+  std::set<int> sending_ ABSL_GUARDED_BY(answers_mu_);
   // The credential of the group's coordinator calls other than a join (AttachRequest::credential).
   std::string credential_ ABSL_GUARDED_BY(mu_);
   State state_ ABSL_GUARDED_BY(mu_) = State::kJoining;
@@ -393,6 +427,9 @@ class Group : public std::enable_shared_from_this<Group> {
   bool emptied_ ABSL_GUARDED_BY(mu_) = false;
   bool attached_ ABSL_GUARDED_BY(mu_) = false;  // Attached was sent to the local sessions
   uint64_t submissions_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the executor to recompute its deadline
+  // When the waiting executor wakes up on its own (the earliest deadline of the queued
+  // submissions); a submission due later does not wake it before it is ready.
+  absl::Time executor_wakes_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   uint64_t progress_version_ ABSL_GUARDED_BY(mu_) = 0;  // Progress()'s version
   // The flight recorder: the last env_.flight_recorder_entries collectives, oldest first.
   std::deque<FlightRecord> flight_ ABSL_GUARDED_BY(mu_);

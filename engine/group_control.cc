@@ -109,7 +109,7 @@ void Group::RecordCompletedLocked(int64_t seq, const std::map<int, Submission>& 
 }
 
 GroupProgress Group::Progress(std::string* credential, uint64_t* version) {
-  absl::MutexLock lock(&mu_);
+  AnswerLock lock(this);
   const absl::Time now = absl::Now();
   GroupProgress p;
   p.job = params_.job;
@@ -171,7 +171,7 @@ void Group::Watch() {
   CoordinatorLink::WatchParams params;
   uint64_t id;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     if (stop_ || emptied_ || state_ == State::kFailed || watching_ || !formed_) return;
     watching_ = true;
     rewatch_at_ = absl::InfiniteFuture();
@@ -193,7 +193,7 @@ void Group::Watch() {
   });
   std::function<void()> stopped;
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     if (watching_ && watch_id_ == id) {
       // Stop ran while the call started: it found nothing to cancel, so cancel it here
       // (no watch may outlive the group's Stop, nor the sidecar's shutdown).
@@ -205,7 +205,7 @@ void Group::Watch() {
 
 void Group::MaybeRewatch() {
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     if (watching_ || rewatch_at_ > absl::Now()) return;
   }
   Watch();
@@ -216,7 +216,7 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
   bool rewatch = false;
   PointToPoint* p2p = nullptr;  // set once, with the executor; lives as long as the group
   {
-    absl::MutexLock lock(&mu_);
+    AnswerLock lock(this);
     p2p = p2p_.get();
     if (id != watch_id_) return;
     watching_ = false;

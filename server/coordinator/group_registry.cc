@@ -470,7 +470,7 @@ std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::Adop
     const std::vector<MemberInfo>& members, absl::Status* why) {
   const Key key(job, group);
   const int world = static_cast<int>(members.size());
-  auto refuse = [&](absl::Status s) {
+  auto refuse = [&](absl::Status s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (why != nullptr) *why = std::move(s);
     return groups_.end();
   };

@@ -426,6 +426,57 @@ TEST(EngineTest, ARequestRefusedByAQuotaFailsItsCollectiveOnEveryRankAndTheGroup
   });
 }
 
+// A group answers with its lock released: a session may call back into its group from an
+// answer (here each rank submits its next all_reduce, asks for the group's in-flight count,
+// and, at the end, sends an out-of-sequence request that fails the group) without a
+// deadlock, and every answer comes once, in order. Answering under the group's lock made
+// such a call wait for that lock forever (and, in the sidecar, made every rank that an
+// answer woke wait for the executor to finish answering).
+TEST(EngineTest, ASessionMayCallIntoItsGroupFromAnAnswer) {
+  TestCluster cluster(1);
+  auto formed = cluster.Form("reentrant", 2);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  constexpr int64_t kChain = 200;
+  std::vector<std::vector<int64_t>> answered(2);
+  for (TestRank& r : *formed) {
+    std::vector<int64_t>* order = &answered[static_cast<size_t>(r.rank)];
+    r.session->SetOnCompletion([&r, order](const Completion& c) {
+      order->push_back(c.seq);  // answers of one session come one at a time
+      int64_t ranks = 0, in_flight = 0, mapped = 0;
+      absl::Time oldest = absl::InfiniteFuture();
+      r.group->InFlight(&ranks, &in_flight, &oldest, &mapped);
+      EXPECT_EQ(ranks, 2);
+      if (c.seq + 1 < kChain) {
+        EXPECT_TRUE(c.status.ok()) << c.status;
+        engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {static_cast<float>(c.seq + 1)});
+        q.seq = c.seq + 1;
+        r.group->Submit(r.rank, std::move(q));
+      } else if (c.seq + 1 == kChain) {
+        engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1});
+        q.seq = kChain + 5;  // out of sequence: fails the group, answered like the rest
+        r.group->Submit(r.rank, std::move(q));
+      }
+    });
+  }
+  OnEveryRank(*formed, [&](TestRank& r) {
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {0});
+    q.seq = 0;
+    r.group->Submit(r.rank, std::move(q));
+    Completion last = r.session->WaitCompletion(kChain - 1, absl::Seconds(60));
+    ASSERT_TRUE(last.status.ok()) << last.status;
+    EXPECT_THAT(FloatsOf(last.inline_data), ::testing::ElementsAre(2.0f * (kChain - 1)));
+    Completion bad = r.session->WaitCompletion(kChain + 5, absl::Seconds(60));
+    EXPECT_EQ(bad.status.code(), absl::StatusCode::kInvalidArgument) << bad.status;
+    EXPECT_THAT(bad.status.message(), HasSubstr("was expected"));
+  });
+  for (TestRank& r : *formed) r.session->SetOnCompletion(nullptr);
+  for (const auto& order : answered) {
+    ASSERT_EQ(order.size(), static_cast<size_t>(kChain + 1));
+    for (int64_t i = 0; i < kChain; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
+    EXPECT_EQ(order.back(), kChain + 5);
+  }
+}
+
 TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
   TestCluster cluster(2);
   auto formed = cluster.Form("timeout", 4, /*op_timeout=*/absl::Seconds(2));

@@ -306,8 +306,21 @@ class RecordingSession : public engine::Session {
     attached_ = info;
   }
   void OnCompletion(engine::Completion c) override {
+    std::function<void(const engine::Completion&)> hook;
+    {
+      absl::MutexLock lock(&mu_);
+      hook = on_completion_;
+    }
+    if (hook) hook(c);  // with no lock of the session's held, as the sidecar's own
     absl::MutexLock lock(&mu_);
     if (!closed_) completions_[c.seq] = std::move(c);
+  }
+  // Called with each completion, on the thread that answers, before it is recorded: a
+  // test's way to call back into the engine from an answer (as a client's next request may
+  // arrive while the sidecar is still answering).
+  void SetOnCompletion(std::function<void(const engine::Completion&)> hook) {
+    absl::MutexLock lock(&mu_);
+    on_completion_ = std::move(hook);
   }
   void Close(const absl::Status& status) override {
     absl::MutexLock lock(&mu_);
@@ -343,6 +356,7 @@ class RecordingSession : public engine::Session {
   std::map<int64_t, engine::Completion> completions_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const engine::Completion&)> on_completion_ ABSL_GUARDED_BY(mu_);
 };
 
 // One rank of a test group.
