@@ -27,6 +27,14 @@ enum class AllReduceAlgorithm {
   kBcube,    // Gloo's bcube (recursive halving-doubling for base 2): 2 log2(h) steps
 };
 
+// One point-to-point transfer of device memory in a grouped call (SendRecvGroupOnStream):
+// `bytes` at `data`, to or from host `peer` (0..size()-1, not this one).
+struct StreamTransfer {
+  void* data = nullptr;
+  size_t bytes = 0;
+  int peer = -1;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -133,6 +141,11 @@ class Communicator {
   //     `out` (count elements).
   //   BroadcastGroupOnStream: several broadcasts as one (ncclGroupStart/End): piece k of
   //     `bytes[k]` at datas[k] from host roots[k].
+  //   SendRecvGroupOnStream: every send and receive as one (ncclGroupStart, ncclSend /
+  //     ncclRecv, ncclGroupEnd; NCCL's point-to-point, 2.7 and later). Between two hosts the
+  //     k-th send of one is the k-th receive of the other, with the same size: both sides
+  //     list them in the same order. Zero-byte transfers are skipped. INVALID_ARGUMENT for a
+  //     peer out of range or this host.
   virtual absl::Status AllReduceOnStream(void* data, size_t count, DataType dtype, ReduceOp op, void* stream) {
     (void)data, (void)count, (void)dtype, (void)op, (void)stream;
     return absl::UnimplementedError("this backend has no device-memory collectives");
@@ -154,6 +167,11 @@ class Communicator {
                                               const std::vector<int>& roots, void* stream) {
     (void)datas, (void)bytes, (void)roots, (void)stream;
     return absl::UnimplementedError("this backend has no device-memory collectives");
+  }
+  virtual absl::Status SendRecvGroupOnStream(const std::vector<StreamTransfer>& sends,
+                                             const std::vector<StreamTransfer>& recvs, void* stream) {
+    (void)sends, (void)recvs, (void)stream;
+    return absl::UnimplementedError("this backend has no device-memory point-to-point");
   }
   // The first asynchronous failure of queued device-memory work (ncclCommGetAsyncError), OK
   // while there is none. Thread-safe.

@@ -157,7 +157,7 @@ absl::Status Group::ExecuteStage(Running& run, const char** algorithm) {
   absl::Status status;
   switch (ChooseDataPath(run.all[0], several_hosts, Hierarchical::Fused(run.all[0]))) {
     case DataPath::kDevice:
-      status = RunOnDevice(run.all, subs, run.timeout, algorithm);
+      status = RunOnDevice(run.all, run.splits, subs, run.timeout, algorithm);
       break;
     case DataPath::kFused:  // never prefetched: the stride is set
       algorithms_->FinishFused(run.all[0], subs, exchange_recv_.data() + payload_offset_, run.stride, algorithm);

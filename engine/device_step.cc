@@ -16,6 +16,11 @@
 //   reduce_scatter (equal counts): H = 1: a kernel per local rank reduces its block; else a
 //     lone rank per host in host order runs ncclReduceScatter, and otherwise the local
 //     reduction of the whole input is all-reduced across hosts and each rank takes its block.
+//   all_to_all (any splits), gather and scatter (any sizes per rank): each piece whose
+//     sender and receiver are both on this host is one copy on the stream; the pieces that
+//     cross hosts go in one grouped ncclSend/ncclRecv (SendRecvGroupOnStream), each directly
+//     between the sender's tensor and the receiver's, listed in (sender, receiver) rank
+//     order on both sides. No NCCL with one host.
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -35,9 +40,14 @@ constexpr size_t kMaxDeviceHandles = 1024;
 // waits for the oldest beyond this (which bounds what a hung GPU or peer holds).
 constexpr int kMaxDeviceOpsInFlight = 8;
 
+// Ops whose data step moves each rank's pieces as they are (PieceWise).
+bool IsPieceWise(CollectiveOp op) {
+  return op == CollectiveOp::kAllToAll || op == CollectiveOp::kGather || op == CollectiveOp::kScatter;
+}
+
 bool RunsOnDevice(CollectiveOp op) {
   return op == CollectiveOp::kAllReduce || op == CollectiveOp::kBroadcast || op == CollectiveOp::kAllGather ||
-         op == CollectiveOp::kReduceScatter;
+         op == CollectiveOp::kReduceScatter || IsPieceWise(op);
 }
 
 }  // namespace
@@ -55,7 +65,8 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
   if (!RunsOnDevice(c.op)) {
     return absl::UnimplementedError(absl::StrCat(OpName(c.op),
                                                  " is not supported on CUDA tensors (all_reduce, broadcast, "
-                                                 "all_gather and reduce_scatter are); pass CPU tensors"));
+                                                 "all_gather, reduce_scatter, all_to_all, gather and scatter are); "
+                                                 "pass CPU tensors"));
   }
   // What only the GPU path lacks is refused here, as this rank's request error (the group
   // stays usable), not in the data step (which would fail the group).
@@ -112,7 +123,8 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
     if (!p.ok()) return p.status();
     sub.in = *p;
   }
-  if (!in_place) {
+  // A gather's non-root ranks (and any rank receiving nothing) may pass no output.
+  if (!in_place && (sub.out_bytes > 0 || !c.output.cuda_ipc_handle.empty())) {
     auto p = map(c.output, sub.out_bytes, "output");
     if (!p.ok()) return p.status();
     sub.out = *p;
@@ -154,6 +166,7 @@ struct DeviceStep {
   ReduceOp rop;                       // AVG runs as SUM ...
   double scale;                       // ... and a scale by 1/world_size in the last kernel
   bool one_rank_per_host;             // host h serves exactly rank h
+  const std::vector<RankSplits>* splits = nullptr;  // every rank's (ops with NeedsSplits)
 
   const RankArgs& a() const { return all[0]; }
   size_t local() const { return subs.size(); }
@@ -261,6 +274,105 @@ absl::StatusOr<const char*> DeviceReduceScatter(DeviceStep& d) {
   return "local_cuda+nccl";
 }
 
+// The pieces of all_to_all, gather and scatter (the module comment): copies for those
+// within this host, one grouped send/receive for those across hosts.
+class PieceWise {
+ public:
+  explicit PieceWise(DeviceStep& d) : d_(d) {}
+  // Piece of `bytes` from rank `from` (at `src` when it is local) to rank `to` (at `dst`
+  // when local). Call in (from, to) rank order, the same on every host.
+  void Add(int from, const char* src, int to, char* dst, size_t bytes) {
+    if (bytes == 0) return;
+    const bool from_here = d_.subs.count(from) > 0, to_here = d_.subs.count(to) > 0;
+    if (from_here && to_here) {
+      copies_.push_back({dst, src, bytes});
+    } else if (from_here) {
+      sends_.push_back({const_cast<char*>(src), bytes, d_.topology.rank_host[to]});
+    } else if (to_here) {
+      recvs_.push_back({dst, bytes, d_.topology.rank_host[from]});
+    }
+  }
+  absl::StatusOr<const char*> Run() {
+    for (const Copy& c : copies_) COLLSERVE_RETURN_IF_ERROR(d_.ds.Copy(c.dst, c.src, c.bytes));
+    const bool remote = !sends_.empty() || !recvs_.empty();
+    if (remote) {
+      if (d_.comm == nullptr) return absl::InternalError("pieces across hosts without a communicator");
+      COLLSERVE_RETURN_IF_ERROR(d_.comm->SendRecvGroupOnStream(sends_, recvs_, d_.stream()));
+    }
+    if (!remote) return copies_.empty() ? "" : "local_cuda";
+    return copies_.empty() ? "nccl" : "local_cuda+nccl";
+  }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+  };
+  DeviceStep& d_;
+  std::vector<Copy> copies_;
+  std::vector<backends::StreamTransfer> sends_, recvs_;
+};
+
+// Element offsets of each piece in a rank's split buffer: offsets[k] = sum of sizes[0..k).
+std::vector<size_t> Offsets(const std::vector<int64_t>& sizes, size_t es) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t k = 0; k < sizes.size(); ++k) offsets[k + 1] = offsets[k] + static_cast<size_t>(sizes[k]) * es;
+  return offsets;
+}
+
+char* At(void* base, size_t offset) { return base == nullptr ? nullptr : static_cast<char*>(base) + offset; }
+
+absl::StatusOr<const char*> DeviceAllToAll(DeviceStep& d) {
+  const std::vector<RankSplits>& sp = *d.splits;
+  std::vector<std::vector<size_t>> in_off(d.world()), out_off(d.world());
+  for (auto& [rank, sub] : d.subs) {
+    in_off[rank] = Offsets(sp[rank].input, d.es);
+    out_off[rank] = Offsets(sp[rank].output, d.es);
+  }
+  PieceWise pieces(d);
+  for (int from = 0; from < d.world(); ++from) {
+    auto f = d.subs.find(from);
+    for (int to = 0; to < d.world(); ++to) {
+      auto t = d.subs.find(to);
+      if (f == d.subs.end() && t == d.subs.end()) continue;
+      const char* src = f != d.subs.end() ? At(f->second.in, in_off[from][to]) : nullptr;
+      char* dst = t != d.subs.end() ? At(t->second.out, out_off[to][from]) : nullptr;
+      pieces.Add(from, src, to, dst, static_cast<size_t>(sp[from].input[to]) * d.es);
+    }
+  }
+  return pieces.Run();
+}
+
+absl::StatusOr<const char*> DeviceGather(DeviceStep& d) {
+  const int root = static_cast<int>(d.a().root);
+  auto r = d.subs.find(root);
+  const std::vector<size_t> out_off = Offsets((*d.splits)[root].output, d.es);
+  PieceWise pieces(d);
+  for (int from = 0; from < d.world(); ++from) {
+    auto f = d.subs.find(from);
+    if (f == d.subs.end() && r == d.subs.end()) continue;
+    pieces.Add(from, f != d.subs.end() ? f->second.in : nullptr, root,
+               r != d.subs.end() ? At(r->second.out, out_off[from]) : nullptr,
+               static_cast<size_t>(d.all[from].count) * d.es);
+  }
+  return pieces.Run();
+}
+
+absl::StatusOr<const char*> DeviceScatter(DeviceStep& d) {
+  const int root = static_cast<int>(d.a().root);
+  auto r = d.subs.find(root);
+  const std::vector<size_t> in_off = Offsets((*d.splits)[root].input, d.es);
+  PieceWise pieces(d);
+  for (int to = 0; to < d.world(); ++to) {
+    auto t = d.subs.find(to);
+    if (t == d.subs.end() && r == d.subs.end()) continue;
+    pieces.Add(root, r != d.subs.end() ? At(r->second.in, in_off[to]) : nullptr, to,
+               t != d.subs.end() ? t->second.out : nullptr, static_cast<size_t>(d.all[to].output_count) * d.es);
+  }
+  return pieces.Run();
+}
+
 }  // namespace
 
 absl::StatusOr<backends::DeviceStream*> Group::DeviceStreamFor(const std::map<int, Submission>& subs) {
@@ -311,19 +423,25 @@ absl::StatusOr<backends::Communicator*> Group::DeviceCommunicator(int device, ab
   return device_comm_.get();
 }
 
-absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
-                                absl::Duration timeout, const char** algorithm) {
+absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                                std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm) {
   COLLSERVE_ASSIGN_OR_RETURN(backends::DeviceStream * ds, DeviceStreamFor(subs));
-  const bool use_comm = topology_.num_hosts > 1 || subs.size() == 1;
+  const RankArgs& a = all[0];
+  const CollectiveOp op = OpOf(a);
+  // A lone rank runs the collectives as NCCL with one rank (torch's ProcessGroupNCCL would);
+  // the piece-wise ops need no NCCL on one host.
+  const bool use_comm = topology_.num_hosts > 1 || (subs.size() == 1 && !IsPieceWise(op));
   backends::Communicator* comm = nullptr;
   if (use_comm) {
     COLLSERVE_ASSIGN_OR_RETURN(comm, DeviceCommunicator(ds->device(), timeout));
   }
-  const RankArgs& a = all[0];
-  const CollectiveOp op = OpOf(a);
   DeviceStep d{all, subs, topology_, *ds, comm, use_comm, {}, {}, static_cast<DataType>(a.dtype), 0,
                static_cast<ReduceOp>(a.reduce_op), 1.0, topology_.num_hosts == topology_.world_size};
   d.es = ElementSize(d.dtype);
+  d.splits = &splits;
+  if (IsPieceWise(op) && splits.size() != static_cast<size_t>(d.world())) {
+    return absl::InternalError(absl::StrCat(OpName(op), " on CUDA tensors without every rank's sizes"));
+  }
   for (int r = 0; d.one_rank_per_host && r < d.world(); ++r) d.one_rank_per_host = topology_.rank_host[r] == r;
   if ((op == CollectiveOp::kAllReduce || op == CollectiveOp::kReduceScatter) && d.rop == ReduceOp::kAvg) {
     d.rop = ReduceOp::kSum;
@@ -352,6 +470,15 @@ absl::Status Group::RunOnDevice(const std::vector<RankArgs>& all, std::map<int, 
       break;
     case CollectiveOp::kReduceScatter:
       ran = DeviceReduceScatter(d);
+      break;
+    case CollectiveOp::kAllToAll:
+      ran = DeviceAllToAll(d);
+      break;
+    case CollectiveOp::kGather:
+      ran = DeviceGather(d);
+      break;
+    case CollectiveOp::kScatter:
+      ran = DeviceScatter(d);
       break;
     default:
       return absl::UnimplementedError(absl::StrCat(OpName(op), " is not supported on CUDA tensors"));

@@ -286,8 +286,9 @@ class Group : public std::enable_shared_from_this<Group> {
   // The data step of an agreed op on CUDA tensors: queued on the group's stream (the local
   // step with CUDA kernels and copies, NCCL across hosts or for a lone local rank), the
   // clients' done events recorded after it. Executor thread.
-  absl::Status RunOnDevice(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
-                           absl::Duration timeout, const char** algorithm);
+  // `splits`: every rank's sizes (ops with NeedsSplits; all_to_all, gather and scatter use them).
+  absl::Status RunOnDevice(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
+                           std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm);
   // Its parts. The group's stream on the GPU of `subs` (made on first use): INVALID_ARGUMENT
   // when the local ranks use different GPUs, or another GPU than before.
   absl::StatusOr<backends::DeviceStream*> DeviceStreamFor(const std::map<int, Submission>& subs);

@@ -211,6 +211,31 @@ class NcclCommunicator : public Communicator {
     return Queued(r != ncclSuccess ? r : end, "grouped ncclBroadcast");
   }
 
+  absl::Status SendRecvGroupOnStream(const std::vector<StreamTransfer>& sends, const std::vector<StreamTransfer>& recvs,
+                                     void* stream) override {
+    COLLSERVE_NCCL_CHECK_USABLE();
+    for (const std::vector<StreamTransfer>* list : {&sends, &recvs}) {
+      for (const StreamTransfer& t : *list) {
+        if (t.peer < 0 || t.peer >= size_ || t.peer == rank_) {
+          return absl::InvalidArgumentError(absl::StrCat("point-to-point peer host ", t.peer, " (this is host ", rank_,
+                                                         " of ", size_, ")"));
+        }
+      }
+    }
+    const auto s = static_cast<cudaStream_t>(stream);
+    ncclResult_t r = ncclGroupStart();
+    for (size_t k = 0; r == ncclSuccess && k < sends.size(); ++k) {
+      if (sends[k].bytes == 0) continue;
+      r = ncclSend(sends[k].data, sends[k].bytes, ncclChar, sends[k].peer, comm_, s);
+    }
+    for (size_t k = 0; r == ncclSuccess && k < recvs.size(); ++k) {
+      if (recvs[k].bytes == 0) continue;
+      r = ncclRecv(recvs[k].data, recvs[k].bytes, ncclChar, recvs[k].peer, comm_, s);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    return Queued(r != ncclSuccess ? r : end, "grouped ncclSend/ncclRecv");
+  }
+
   absl::Status AsyncError() override {
     absl::MutexLock lock(&async_mu_);
     if (!async_failure_.ok()) return async_failure_;

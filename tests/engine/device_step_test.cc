@@ -210,6 +210,41 @@ class FakeDeviceComm : public backends::Communicator {
       return Reduced(all, static_cast<size_t>(rank_) * count, count, dtype, op, out);
     });
   }
+  absl::Status SendRecvGroupOnStream(const std::vector<backends::StreamTransfer>& sends,
+                                     const std::vector<backends::StreamTransfer>& recvs, void*) override {
+    world_->Count("send_recv");
+    const std::pair<const std::vector<backends::StreamTransfer>*, const std::vector<backends::StreamTransfer>*> mine(
+        &sends, &recvs);
+    bool matched = true;
+    absl::Status s = Meet(&mine, [&](const std::vector<const void*>& all) {
+      // The k-th receive from host p is host p's k-th send to this host (NCCL's matching).
+      auto pieces = std::make_shared<std::vector<std::pair<void*, std::vector<char>>>>();
+      std::map<int, size_t> next;  // by peer: its sends to this host taken so far
+      for (const backends::StreamTransfer& r : recvs) {
+        const auto* theirs = static_cast<const decltype(mine)*>(all[static_cast<size_t>(r.peer)])->first;
+        size_t seen = 0;
+        const backends::StreamTransfer* match = nullptr;
+        for (const backends::StreamTransfer& t : *theirs) {
+          if (t.peer == rank_ && seen++ == next[r.peer]) {
+            match = &t;
+            break;
+          }
+        }
+        ++next[r.peer];
+        if (match == nullptr || match->bytes != r.bytes) {
+          matched = false;
+          continue;
+        }
+        const char* src = static_cast<const char*>(match->data);
+        pieces->emplace_back(r.data, std::vector<char>(src, src + r.bytes));
+      }
+      return std::function<void()>([pieces] {
+        for (auto& [dst, b] : *pieces) std::memcpy(dst, b.data(), b.size());
+      });
+    });
+    if (s.ok() && !matched) return absl::InternalError("fake: a receive matched no send of its size");
+    return s;
+  }
   absl::Status BroadcastGroupOnStream(const std::vector<void*>& datas, const std::vector<size_t>& bytes,
                                       const std::vector<int>& roots, void*) override {
     world_->Count("broadcast_group");
@@ -408,9 +443,7 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     }
   });
   OnEveryRank(ranks, [&](TestRank& r) {
-    engine::Request q = DeviceRequest(CollectiveOp::kAllToAll, t[r.rank], 2, &t[r.rank], r.rank);
-    q.input_splits = {1, 1};
-    q.output_splits = {1, 1};
+    engine::Request q = DeviceRequest(CollectiveOp::kReduce, t[r.rank], 2, nullptr, r.rank);
     if (r.rank == 1) q.buffer.cuda_device_uuid = std::string(16, 'X');
     engine::Completion c = r.Call(q);
     EXPECT_FALSE(c.status.ok());
@@ -440,6 +473,116 @@ TEST_F(DeviceStepTest, RefusalsAreClearErrors) {
     EXPECT_TRUE(c.status.ok()) << c.status;
   });
   EXPECT_EQ(t[1], (std::vector<float>{4, 6}));
+}
+
+// The piece-wise ops (issue 44: what pipeline parallelism and mixture-of-experts models
+// need) on one host: every piece one copy on the stream, no NCCL (no CUDA backend is
+// registered here), uneven sizes, every element checked.
+std::vector<float> Filled(size_t n, float first) {
+  std::vector<float> v(n);
+  for (size_t k = 0; k < n; ++k) v[k] = first + static_cast<float>(k);
+  return v;
+}
+
+// Rank s sends rank r (r + s) elements, 100 * s + 10 * r + k (an all_to_all_single with
+// uneven splits among `world` ranks); rank r's input and the output it must get.
+struct AllToAllCase {
+  std::vector<std::vector<float>> in, out, expected;
+  explicit AllToAllCase(int world) : in(world), out(world), expected(world) {
+    for (int s = 0; s < world; ++s) {
+      for (int r = 0; r < world; ++r) {
+        auto piece = Filled(static_cast<size_t>(r + s), 100.0f * s + 10.0f * r);
+        in[s].insert(in[s].end(), piece.begin(), piece.end());
+        // rank r receives from s in rank order
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      for (int s = 0; s < world; ++s) {
+        auto piece = Filled(static_cast<size_t>(r + s), 100.0f * s + 10.0f * r);
+        expected[r].insert(expected[r].end(), piece.begin(), piece.end());
+      }
+      out[r].assign(expected[r].size(), -1.0f);
+    }
+  }
+  engine::Request Request(int rank, int world) {
+    engine::Request q = DeviceRequest(CollectiveOp::kAllToAll, in[rank], static_cast<int64_t>(in[rank].size()),
+                                      &out[rank], rank);
+    for (int k = 0; k < world; ++k) {
+      q.input_splits.push_back(rank + k);
+      q.output_splits.push_back(rank + k);
+    }
+    return q;
+  }
+};
+
+// Gather to `root`: rank k sends k + 1 elements, 10 * k + j. Scatter from `root`: rank k
+// gets k + 2 elements, 20 * k + j.
+struct GatherScatterCase {
+  int world, root;
+  std::vector<std::vector<float>> gather_in, scatter_out;
+  std::vector<float> gathered, scatter_in, empty;
+  GatherScatterCase(int world, int root) : world(world), root(root), gather_in(world), scatter_out(world) {
+    for (int k = 0; k < world; ++k) {
+      gather_in[k] = Filled(static_cast<size_t>(k + 1), 10.0f * k);
+      scatter_out[k].assign(static_cast<size_t>(k + 2), -1.0f);
+      auto piece = Filled(static_cast<size_t>(k + 2), 20.0f * k);
+      scatter_in.insert(scatter_in.end(), piece.begin(), piece.end());
+    }
+    gathered.assign(static_cast<size_t>(world * (world + 1) / 2), -1.0f);
+  }
+  engine::Request Gather(int rank) {
+    engine::Request q = DeviceRequest(CollectiveOp::kGather, gather_in[rank], rank + 1,
+                                      rank == root ? &gathered : nullptr, rank);
+    q.root = root;
+    if (rank == root) {
+      for (int k = 0; k < world; ++k) q.output_splits.push_back(k + 1);
+    }
+    return q;
+  }
+  engine::Request Scatter(int rank) {
+    engine::Request q = DeviceRequest(CollectiveOp::kScatter, rank == root ? scatter_in : empty,
+                                      rank == root ? static_cast<int64_t>(scatter_in.size()) : 0, &scatter_out[rank],
+                                      rank);
+    q.root = root;
+    if (rank == root) {
+      for (int k = 0; k < world; ++k) q.input_splits.push_back(k + 2);
+    }
+    return q;
+  }
+  void Check() {
+    std::vector<float> want;
+    for (int k = 0; k < world; ++k) want.insert(want.end(), gather_in[k].begin(), gather_in[k].end());
+    EXPECT_EQ(gathered, want);
+    for (int k = 0; k < world; ++k) EXPECT_EQ(scatter_out[k], Filled(static_cast<size_t>(k + 2), 20.0f * k)) << k;
+  }
+};
+
+TEST_F(DeviceStepTest, AllToAllGatherAndScatterAmongLocalRanksAreCopiesOnTheStream) {
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "pieces", 3);
+  AllToAllCase a2a(3);
+  GatherScatterCase gs(3, 1);
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Completion c = r.Call(a2a.Request(r.rank, 3));
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.algorithm, "local_cuda");
+    c = r.Call(gs.Gather(r.rank));
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    c = r.Call(gs.Scatter(r.rank));
+    EXPECT_TRUE(c.status.ok()) << c.status;
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(a2a.out[r], a2a.expected[r]) << "rank " << r;
+  gs.Check();
+  // A lone rank's all_to_all is its own copy, without NCCL.
+  auto alone = Form(cluster, "alone", 1);
+  std::vector<float> in = {5, 6, 7}, out(3, 0);
+  engine::Request q = DeviceRequest(CollectiveOp::kAllToAll, in, 3, &out, 0);
+  q.input_splits = {3};
+  q.output_splits = {3};
+  engine::Completion c = alone[0].Call(q);
+  EXPECT_TRUE(c.status.ok()) << c.status;
+  EXPECT_EQ(c.algorithm, "local_cuda");
+  EXPECT_EQ(out, in);
 }
 
 // The paths that cross hosts, over the fake NCCL (FakeDeviceComm): 2 hosts with 2 local ranks
@@ -524,6 +667,35 @@ TEST_F(DeviceAcrossHostsTest, TwoHostsOfTwoLocalRanksRunEveryOp) {
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(rs[r], (std::vector<float>{4.0f * (2 * r + 1), 4.0f * (2 * r + 2)})) << "rank " << r;
   }
+}
+
+// The piece-wise ops across 2 hosts of 2 ranks: the pieces within a host are copies, those
+// across hosts one grouped send/receive per host and op, sent straight between the ranks'
+// tensors; a host with nothing local to copy runs NCCL alone.
+TEST_F(DeviceAcrossHostsTest, AllToAllGatherAndScatterSendOnlyThePiecesThatCrossHosts) {
+  auto cluster = Cluster(2);
+  auto formed = cluster->Form("pieces2x2", 4, absl::Seconds(30), /*shared_memory=*/true);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  AllToAllCase a2a(4);
+  GatherScatterCase gs(4, 3);
+  std::vector<std::string> algorithms(4);
+  OnEveryRank(ranks, [&](TestRank& r) {
+    engine::Completion c = r.Call(a2a.Request(r.rank, 4));
+    EXPECT_TRUE(c.status.ok()) << "rank " << r.rank << ": " << c.status;
+    EXPECT_EQ(c.algorithm, "local_cuda+nccl");
+    c = r.Call(gs.Gather(r.rank));
+    EXPECT_TRUE(c.status.ok()) << "rank " << r.rank << ": " << c.status;
+    algorithms[r.rank] = c.algorithm;
+    c = r.Call(gs.Scatter(r.rank));
+    EXPECT_TRUE(c.status.ok()) << "rank " << r.rank << ": " << c.status;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(a2a.out[r], a2a.expected[r]) << "rank " << r;
+  gs.Check();
+  // The root (rank 3) is on host 1: host 0 only sends.
+  EXPECT_EQ(algorithms, (std::vector<std::string>{"nccl", "nccl", "local_cuda+nccl", "local_cuda+nccl"}));
+  EXPECT_EQ(world_.calls("send_recv"), 6);  // one per host per op
+  EXPECT_EQ(world_.calls("broadcast_group"), 0);
 }
 
 TEST_F(DeviceAcrossHostsTest, OneRankPerHostUsesNcclsOwnCollectives) {
