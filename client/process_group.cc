@@ -167,21 +167,23 @@ std::shared_ptr<Work> SessionProcessGroup::AllToAll(const std::vector<void*>& ou
   return Issue(std::move(r));
 }
 
+absl::StatusOr<std::vector<int64_t>> SessionProcessGroup::SplitsOrEven(const std::vector<int64_t>& splits, int64_t n,
+                                                                      const char* what) const {
+  if (!splits.empty()) return splits;
+  const int world = options_.world_size;
+  if (n < 0 || n % world != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all_to_all_single without ", what, ": ", n,
+                                                   " elements do not split evenly over ", world, " ranks"));
+  }
+  return std::vector<int64_t>(world, n / world);
+}
+
 std::shared_ptr<Work> SessionProcessGroup::AllToAllSingle(void* output, int64_t output_count, const void* input, int64_t count,
                                      const std::vector<int64_t>& output_splits,
                                      const std::vector<int64_t>& input_splits, DataType dtype) {
-  const int world = options_.world_size;
-  auto even = [world](int64_t n, const char* what) -> absl::StatusOr<std::vector<int64_t>> {
-    if (n < 0 || n % world != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("all_to_all_single without ", what, ": ", n,
-                                                     " elements do not split evenly over ", world, " ranks"));
-    }
-    return std::vector<int64_t>(world, n / world);
-  };
   Request r(pb::ALL_TO_ALL, dtype);
-  auto in = input_splits.empty() ? even(count, "input_split_sizes") : absl::StatusOr<std::vector<int64_t>>(input_splits);
-  auto out = output_splits.empty() ? even(output_count, "output_split_sizes")
-                                   : absl::StatusOr<std::vector<int64_t>>(output_splits);
+  auto in = SplitsOrEven(input_splits, count, "input_split_sizes");
+  auto out = SplitsOrEven(output_splits, output_count, "output_split_sizes");
   if (!in.ok()) return WorkImpl::Failed(in.status());
   if (!out.ok()) return WorkImpl::Failed(out.status());
   if (absl::Status s = r.Input(input, count); !s.ok()) return WorkImpl::Failed(s);
@@ -438,6 +440,95 @@ std::shared_ptr<Work> SessionProcessGroup::ReduceScatterTensorCuda(void* output,
   return IssueCuda(r, input, r.count, output, count, stream);
 }
 
+std::shared_ptr<Work> SessionProcessGroup::AllToAllSingleCuda(void* output, int64_t output_count, const void* input,
+                                                              int64_t count, const std::vector<int64_t>& output_splits,
+                                                              const std::vector<int64_t>& input_splits, DataType dtype,
+                                                              void* stream) {
+  auto in = SplitsOrEven(input_splits, count, "input_split_sizes");
+  auto out = SplitsOrEven(output_splits, output_count, "output_split_sizes");
+  if (!in.ok()) return WorkImpl::Failed(in.status());
+  if (!out.ok()) return WorkImpl::Failed(out.status());
+  Request r(pb::ALL_TO_ALL, dtype);
+  r.count = count;
+  r.output_count = output_count;
+  r.input_splits = std::move(*in);
+  r.output_splits = std::move(*out);
+  // A rank that sends nothing still names its GPU through its input's address.
+  return IssueCuda(r, input != nullptr ? input : output, count, output, output_count, stream);
+}
+
+absl::StatusOr<int64_t> SessionProcessGroup::TotalOfCounts(const std::vector<int64_t>& counts,
+                                                           const char* who) const {
+  if (counts.size() != static_cast<size_t>(options_.world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, " passes world_size (", options_.world_size, ") counts, got ", counts.size()));
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) {
+    if (c < 0 || c > (int64_t{1} << 48)) {
+      return absl::InvalidArgumentError(absl::StrCat(who, "'s count ", c, " is out of range"));
+    }
+    total += c;
+  }
+  return total;
+}
+
+std::shared_ptr<Work> SessionProcessGroup::GatherCuda(void* output, const void* input, int64_t count,
+                                                      const std::vector<int64_t>& counts, DataType dtype, int dst,
+                                                      void* stream) {
+  if (absl::Status s = CheckRoot("gather", dst); !s.ok()) return WorkImpl::Failed(s);
+  Request r(pb::GATHER, dtype);
+  r.root = dst;
+  r.count = count;
+  if (dst == options_.rank) {
+    auto total_or = TotalOfCounts(counts, "gather: the destination");
+    if (!total_or.ok()) return WorkImpl::Failed(total_or.status());
+    const int64_t total = *total_or;
+    r.output_count = total;
+    r.output_splits = counts;
+    return IssueCuda(r, input, count, output, total, stream);
+  }
+  if (output != nullptr || !counts.empty()) {
+    return WorkImpl::Failed(absl::InvalidArgumentError("gather: only the destination rank passes outputs"));
+  }
+  return IssueCuda(r, input, count, nullptr, 0, stream);
+}
+
+std::shared_ptr<Work> SessionProcessGroup::ScatterCuda(void* output, int64_t count, const void* input,
+                                                       const std::vector<int64_t>& counts, DataType dtype, int src,
+                                                       void* stream) {
+  if (absl::Status s = CheckRoot("scatter", src); !s.ok()) return WorkImpl::Failed(s);
+  Request r(pb::SCATTER, dtype);
+  r.root = src;
+  r.output_count = count;
+  if (src == options_.rank) {
+    auto total_or = TotalOfCounts(counts, "scatter: the source");
+    if (!total_or.ok()) return WorkImpl::Failed(total_or.status());
+    const int64_t total = *total_or;
+    r.count = total;
+    r.input_splits = counts;
+    return IssueCuda(r, input, total, output, count, stream);
+  }
+  if (input != nullptr || !counts.empty()) {
+    return WorkImpl::Failed(absl::InvalidArgumentError("scatter: only the source rank passes inputs"));
+  }
+  // No input: the output names the GPU (nothing of it is read).
+  return IssueCuda(r, output, 0, output, count, stream);
+}
+
+std::shared_ptr<Work> ProcessGroup::AllToAllSingleCuda(void*, int64_t, const void*, int64_t,
+                                                       const std::vector<int64_t>&, const std::vector<int64_t>&,
+                                                       DataType, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::GatherCuda(void*, const void*, int64_t, const std::vector<int64_t>&, DataType,
+                                               int, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::ScatterCuda(void*, int64_t, const void*, const std::vector<int64_t>&, DataType,
+                                                int, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
 std::shared_ptr<Work> ProcessGroup::AllReduceCuda(void*, int64_t, DataType, ReduceOpArg, void*) {
   return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
 }

@@ -131,6 +131,14 @@ class SessionProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream) override;
   std::shared_ptr<Work> AllGatherIntoTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
                                                 void* stream) override;
+  std::shared_ptr<Work> AllToAllSingleCuda(void* output, int64_t output_count, const void* input, int64_t count,
+                                           const std::vector<int64_t>& output_splits,
+                                           const std::vector<int64_t>& input_splits, DataType dtype,
+                                           void* stream) override;
+  std::shared_ptr<Work> GatherCuda(void* output, const void* input, int64_t count, const std::vector<int64_t>& counts,
+                                   DataType dtype, int dst, void* stream) override;
+  std::shared_ptr<Work> ScatterCuda(void* output, int64_t count, const void* input, const std::vector<int64_t>& counts,
+                                    DataType dtype, int src, void* stream) override;
   std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
                                                 ReduceOpArg op, void* stream) override;
 
@@ -163,6 +171,13 @@ class SessionProcessGroup : public ProcessGroup {
   absl::Status CheckRoot(const char* op, int root) const;
   absl::Status CheckPeer(const char* op, int peer, bool any_ok) const;
 
+  // all_to_all_single's split sizes: `splits` as given, or, when empty, n / world_size each
+  // (INVALID_ARGUMENT naming `what` when that does not divide).
+  absl::StatusOr<std::vector<int64_t>> SplitsOrEven(const std::vector<int64_t>& splits, int64_t n,
+                                                    const char* what) const;
+  // The sum of a gather destination's (scatter source's) per-rank counts: INVALID_ARGUMENT,
+  // naming `who`, unless there are world_size of them, each in [0, 2^48].
+  absl::StatusOr<int64_t> TotalOfCounts(const std::vector<int64_t>& counts, const char* who) const;
   // One collective on CUDA tensors (docs/gpu.md): `in` (in_count elements) and, for
   // out-of-place ops, `out` (out_count) are exported by CUDA IPC; an event recorded on
   // `stream` orders the sidecar's work after the caller's, and a successful Wait makes

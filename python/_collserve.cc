@@ -378,6 +378,27 @@ PYBIND11_MODULE(_collserve, m) {
              py::gil_scoped_release release;
              return pg.ReduceScatterTensorCuda(Ptr(out), Ptr(in), n, Dt(dtype), Op(op, factor), Ptr(stream));
            })
+      .def("all_to_all_single_cuda",
+           [](ProcessGroup& pg, uintptr_t out, int64_t out_n, uintptr_t in, int64_t n,
+              const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits, int dtype,
+              uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.AllToAllSingleCuda(Ptr(out), out_n, Ptr(in), n, out_splits, in_splits, Dt(dtype), Ptr(stream));
+           })
+      // gather_cuda(out (0 off the destination), in, n, counts ([] off it), dtype, dst, stream)
+      .def("gather_cuda",
+           [](ProcessGroup& pg, uintptr_t out, uintptr_t in, int64_t n, const std::vector<int64_t>& counts, int dtype,
+              int dst, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.GatherCuda(Ptr(out), Ptr(in), n, counts, Dt(dtype), dst, Ptr(stream));
+           })
+      // scatter_cuda(out, n, in (0 off the source), counts ([] off it), dtype, src, stream)
+      .def("scatter_cuda",
+           [](ProcessGroup& pg, uintptr_t out, int64_t n, uintptr_t in, const std::vector<int64_t>& counts, int dtype,
+              int src, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.ScatterCuda(Ptr(out), n, Ptr(in), counts, Dt(dtype), src, Ptr(stream));
+           })
       // new_group(ranks) -> (code, message, ProcessGroup or None for a non-member)
       .def("new_group",
            [](ProcessGroup& pg, std::vector<int> ranks) {

@@ -426,6 +426,28 @@ class ProcessGroup {
                                                         DataType dtype, void* stream);
   virtual std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count,
                                                         DataType dtype, ReduceOpArg op, void* stream);
+  // all_to_all_single on CUDA tensors, as AllToAllSingle: `input` (count elements) holds
+  // input_splits[r] elements for rank r in rank order, `output` (output_count) receives
+  // output_splits[r] from rank r; empty splits: count / world_size each (INVALID_ARGUMENT
+  // when it does not divide). Every pair of ranks must agree on its sizes (else
+  // INVALID_ARGUMENT on every rank naming them, the group stays usable).
+  virtual std::shared_ptr<Work> AllToAllSingleCuda(void* output, int64_t output_count, const void* input,
+                                                   int64_t count, const std::vector<int64_t>& output_splits,
+                                                   const std::vector<int64_t>& input_splits, DataType dtype,
+                                                   void* stream);
+  // gather on CUDA tensors: every rank's `input` (count elements; counts may differ) into
+  // rank `dst`'s `output`, rank r's piece at the sum of the earlier ranks' counts
+  // (`counts`: every rank's, on `dst` only; output world_size pieces long). Other ranks pass
+  // output null and counts empty.
+  virtual std::shared_ptr<Work> GatherCuda(void* output, const void* input, int64_t count,
+                                           const std::vector<int64_t>& counts, DataType dtype, int dst,
+                                           void* stream);
+  // scatter on CUDA tensors: rank `src`'s `input` holds counts[r] elements for each rank r in
+  // rank order; rank r's `output` (count elements == counts[r]) receives its piece. Other
+  // ranks pass input null and counts empty.
+  virtual std::shared_ptr<Work> ScatterCuda(void* output, int64_t count, const void* input,
+                                            const std::vector<int64_t>& counts, DataType dtype, int src,
+                                            void* stream);
 
   // ---- Groups ----
   // new_group: a group of the given ranks (ranks of this group, distinct). Every rank of

@@ -27,7 +27,8 @@ def view(t, writable=True, what="tensor"):
     if tensor_type is not None and isinstance(t, tensor_type):
         if t.device.type != "cpu":
             raise TypeError(f"{what} is on {t.device}; this call takes CPU tensors (CUDA tensors: "
-                            "all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor)")
+                            "all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor, "
+                            "all_to_all_single; and with collserve.torch_pg gather and scatter)")
         if t.is_sparse:
             raise TypeError(f"{what} is sparse; collserve takes dense tensors")
         name = str(t.dtype).replace("torch.", "")

@@ -574,9 +574,14 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     g = _group(group)
     if g is None:
         return None
-    po, no, pi, ni, do = _out_in("all_to_all_single", output, "output", input, "input")
     out_splits = [int(s) * _tensors.rows(output) for s in output_split_sizes or []]
     in_splits = [int(s) * _tensors.rows(input) for s in input_split_sizes or []]
+    cuda = _tensors.cuda_out_in("all_to_all_single", output, "output", input, "input")
+    if cuda is not None:
+        po, no, pi, ni, do, stream = cuda
+        return _run(g, g._issue().all_to_all_single_cuda(po, no, pi, ni, out_splits, in_splits, do, stream),
+                    [output], async_op)
+    po, no, pi, ni, do = _out_in("all_to_all_single", output, "output", input, "input")
     return _run(g, g._issue().all_to_all_single(po, no, pi, ni, out_splits, in_splits, do), [output], async_op)
 
 

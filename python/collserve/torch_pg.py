@@ -397,6 +397,85 @@ class CollserveProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base  # its name in newer torch
 
+    def gather(self, output_tensors, input_tensors, opts=None):
+        """gather: on the root, output_tensors[0] (world_size tensors) gets every rank's input
+        (output_tensors is [] on the other ranks, as torch passes it)."""
+        t = _one(input_tensors, "gather", "input_tensors")
+        root = int(getattr(opts, "rootRank", 0))
+        outs = _one(output_tensors, "gather", "output_tensors") if self._rank == root else []
+        if self._rank == root and len(outs) != self._world:
+            raise ValueError(f"collserve gather: needs {self._world} output tensors, got {len(outs)}")
+        if self._rank != root and output_tensors:
+            raise ValueError("collserve gather: only the destination rank passes output tensors")
+        device = _same_device("gather", [t, *outs])
+        if device.type == "cuda":
+            # Into one staging tensor on the root, whose pieces are copied out after wait().
+            if any(o.dtype != t.dtype for o in outs):
+                raise TypeError("collserve gather: the outputs must have the input's dtype")
+            src = t.contiguous()
+            pi, n, d, stream = _cuda_view(src, "gather", "input")
+            counts = [o.numel() for o in outs]
+            flat = torch.empty(sum(counts), dtype=t.dtype, device=t.device) if outs else None
+            po = _cuda_view(flat, "gather", "output")[0] if outs else 0
+            work = self._live().gather_cuda(po, pi, n, counts, d, root, stream)
+
+            def finish():
+                for o, piece in zip(outs, torch.split(flat, counts)):
+                    o.copy_(piece.view_as(o))
+            keep = [src, *outs] + ([flat] if outs else [])
+            return self._work("gather", work, output_tensors, keep, finish if outs else None, device)
+        p, n, d = _tensors.view(t, writable=False, what="input")
+        ptrs, counts, od = _tensors.views(outs, True, "output_tensors")
+        if od is not None and od != d:
+            raise TypeError("collserve gather: the outputs must have the input's dtype")
+        work = self._live().gather(p, n, ptrs, counts, d, root)
+        return self._work("gather", work, output_tensors, [t, *outs], device=device)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """scatter: output_tensors[0] of rank r gets the root's input_tensors[0][r]
+        (input_tensors is [] off the root, as torch passes it)."""
+        out = _one(output_tensors, "scatter", "output_tensors")
+        root = int(getattr(opts, "rootRank", 0))
+        ins = _one(input_tensors, "scatter", "input_tensors") if self._rank == root else []
+        if self._rank == root and len(ins) != self._world:
+            raise ValueError(f"collserve scatter: needs {self._world} input tensors, got {len(ins)}")
+        if self._rank != root and input_tensors:
+            raise ValueError("collserve scatter: only the source rank passes input tensors")
+        device = _same_device("scatter", [out, *ins])
+        if device.type == "cuda":
+            if any(i.dtype != out.dtype for i in ins):
+                raise TypeError("collserve scatter: the inputs must have the output's dtype")
+            counts = [i.numel() for i in ins]
+            flat = torch.cat([i.reshape(-1) for i in ins]) if ins else None  # on the current stream, before the op
+            po, n, d, stream = _cuda_view(out, "scatter", "output")
+            pi = _cuda_view(flat, "scatter", "input")[0] if ins else 0
+            work = self._live().scatter_cuda(po, n, pi, counts, d, root, stream)
+            return self._work("scatter", work, output_tensors, [out] + ([flat] if ins else []), device=device)
+        p, n, d = _tensors.view(out, what="output")
+        ptrs, counts, idt = _tensors.views(ins, False, "input_tensors")
+        if idt is not None and idt != d:
+            raise TypeError("collserve scatter: the inputs must have the output's dtype")
+        work = self._live().scatter(p, n, ptrs, counts, d, root)
+        return self._work("scatter", work, output_tensors, [out, *ins], device=device)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """all_to_all_single: `input` is cut along dim 0 by input_split_sizes (rows; empty =
+        equal parts) and part j goes to rank j; `output` is filled the same way."""
+        device = _same_device("alltoall_base", [output, input])
+        if output.dtype != input.dtype:
+            raise TypeError("collserve all_to_all_single: output and input must share a dtype")
+        out_splits = [int(s) * _tensors.rows(output) for s in output_split_sizes or []]
+        in_splits = [int(s) * _tensors.rows(input) for s in input_split_sizes or []]
+        if device.type == "cuda":
+            po, no, d, stream = _cuda_view(output, "all_to_all_single", "output")
+            pi, ni, _, _ = _cuda_view(input, "all_to_all_single", "input")
+            work = self._live().all_to_all_single_cuda(po, no, pi, ni, out_splits, in_splits, d, stream)
+        else:
+            po, no, d = _tensors.view(output, what="output")
+            pi, ni, _ = _tensors.view(input, writable=False, what="input")
+            work = self._live().all_to_all_single(po, no, pi, ni, out_splits, in_splits, d)
+        return self._work("all_to_all_single", work, [output], [output, input], device=device)
+
     def barrier(self, opts=None):
         return self._work("barrier", self._live().barrier(), [], [])
 

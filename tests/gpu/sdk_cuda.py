@@ -1,7 +1,8 @@
 """GPU check of the Python SDK's CUDA tensors (docs/gpu.md), run by tests/gpu/run.sh under
 `python -m collserve launch --nproc_per_node N` on a machine with a GPU and torch: every rank
 on cuda:0. Checks all_reduce (SUM, AVG, MAX; sync and async), broadcast, all_gather_into_tensor
-and reduce_scatter_tensor results in float32, bfloat16 and int64, and the stream ordering: the
+and reduce_scatter_tensor results in float32, bfloat16 and int64, all_to_all_single (uneven),
+gather and scatter (uneven, SDK calls) in float32, and the stream ordering: the
 input is produced on the current stream behind a long GPU sleep, so a collective that did not
 wait for the caller's stream would read the old values. Prints "sdk_cuda: OK" on rank 0."""
 import sys
@@ -43,6 +44,36 @@ def main():
     dist.reduce_scatter_tensor(part, big)
     expect = (torch.arange(333, device=dev) + rank * 333) * world + want_sum - world
     assert torch.equal(part, expect.float()), f"reduce_scatter: {part[:4]} != {expect[:4]}"
+    # all_to_all_single with uneven splits (rank s sends s + d + 1 rows of 3 to rank d), and
+    # gather / scatter from each root with uneven sizes through the SDK's CUDA calls: every
+    # element checked (issue 44; one host: device copies on the sidecar's stream).
+    send = torch.cat([torch.full((rank + d + 1, 3), float(10 * rank + d), device=dev) for d in range(world)])
+    recv = torch.full((sum(s + rank + 1 for s in range(world)), 3), -1.0, device=dev)
+    dist.all_to_all_single(recv, send, [s + rank + 1 for s in range(world)], [rank + d + 1 for d in range(world)])
+    want = torch.cat([torch.full((s + rank + 1, 3), float(10 * s + rank), device=dev) for s in range(world)])
+    assert torch.equal(recv, want), f"all_to_all_single: {recv[:, 0]} != {want[:, 0]}"
+    pg = dist._group(None)._issue()  # the SDK group: gather_cuda / scatter_cuda
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    f32 = 1  # collserve.v1 DataType FLOAT32 (collserve._tensors)
+    for root in range(world):
+        mine = torch.full((rank + 1,), float(rank + 10), device=dev)
+        counts = [r + 1 for r in range(world)] if rank == root else []
+        flat = torch.full((sum(counts),), -1.0, device=dev) if rank == root else None
+        w = pg.gather_cuda(flat.data_ptr() if flat is not None else 0, mine.data_ptr(), rank + 1, counts, f32, root,
+                           stream)
+        code, message = w.wait(120.0)
+        assert code == 0, f"gather_cuda: {code} {message}"
+        if rank == root:
+            want = torch.cat([torch.full((r + 1,), float(r + 10), device=dev) for r in range(world)])
+            assert torch.equal(flat, want), f"gather to {root}: {flat} != {want}"
+        pieces = torch.cat([torch.full((r + 2,), float(100 * root + r), device=dev) for r in range(world)])
+        got = torch.full((rank + 2,), -1.0, device=dev)
+        counts = [r + 2 for r in range(world)] if rank == root else []
+        w = pg.scatter_cuda(got.data_ptr(), rank + 2, pieces.data_ptr() if rank == root else 0, counts, f32, root,
+                            stream)
+        code, message = w.wait(120.0)
+        assert code == 0, f"scatter_cuda: {code} {message}"
+        assert torch.all(got == 100 * root + rank), f"scatter from {root}: {got}"
     # A CPU tensor with a CUDA one in one call is a clear TypeError.
     try:
         dist.all_gather_into_tensor(out.cpu(), inp)

@@ -151,6 +151,11 @@ TEST(ErrorsTest, CudaCallsOnHostMemoryAreClearErrorsAndTheGroupGoesOn) {
   EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("cuda: INVALID_ARGUMENT: address"),
                                     HasSubstr("cuda: FAILED_PRECONDITION: this collserve build has no CUDA")));
   EXPECT_THAT(out, HasSubstr("after: OK: "));
+  // all_to_all_single, gather and scatter on CUDA tensors refuse host memory the same way,
+  // and check their own arguments first.
+  EXPECT_THAT(out, HasSubstr("cuda piece-wise: INVALID_ARGUMENT: gather: the destination passes world_size (1) "
+                             "counts, got 2"));
+  EXPECT_THAT(out, HasSubstr("cuda piece-wise: INVALID_ARGUMENT: scatter root 1 is out of range"));
 }
 
 TEST(ErrorsTest, GroupStaysUsableAfterAMismatch) {

@@ -313,6 +313,16 @@ int main(int argc, char** argv) {
     std::vector<float> buf(16, 1.0f);
     absl::Status s = (*pg)->AllReduceCuda(buf.data(), 16, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
     std::printf("cuda: %s\n", StatusLine(s).c_str());
+    // The piece-wise CUDA calls (this is rank 0 of 1: the root), and their argument checks.
+    std::vector<float> out(16, 0.0f);
+    const std::vector<absl::Status> pieces = {
+        (*pg)->AllToAllSingleCuda(out.data(), 16, buf.data(), 16, {}, {}, DataType::kFloat32, nullptr)->Wait(),
+        (*pg)->GatherCuda(out.data(), buf.data(), 16, {16}, DataType::kFloat32, 0, nullptr)->Wait(),
+        (*pg)->ScatterCuda(out.data(), 16, buf.data(), {16}, DataType::kFloat32, 0, nullptr)->Wait(),
+        (*pg)->GatherCuda(out.data(), buf.data(), 16, {8, 8}, DataType::kFloat32, 0, nullptr)->Wait(),
+        (*pg)->ScatterCuda(out.data(), 16, buf.data(), {16}, DataType::kFloat32, 1, nullptr)->Wait()};
+    for (const absl::Status& p : pieces) std::printf("cuda piece-wise: %s\n", StatusLine(p).c_str());
+    if (!pieces[0].ok() && pieces[0].code() != s.code()) return 3;
     absl::Status after = (*pg)->AllReduce(buf.data(), 16, DataType::kFloat32, ReduceOp::kSum)->Wait();
     std::printf("after: %s %g\n", StatusLine(after).c_str(), buf[0]);
     return s.ok() || !after.ok() ? 3 : 0;

@@ -1,7 +1,8 @@
 """collserve.torch_pg, the pure-Python torch.distributed ProcessGroup over the Python SDK,
 against a real coordinator and sidecar on loopback: 2 ranks (subprocesses) build
 CollserveProcessGroup directly (CPU tensors) and check allreduce, broadcast, allgather,
-all_gather_into_tensor, reduce_scatter(_tensor), barrier, errors, and a 5-step
+all_gather_into_tensor, reduce_scatter(_tensor), gather, scatter, all_to_all_single (uneven
+splits), barrier, errors, and a 5-step
 DistributedDataParallel training that must equal a single-process reference.
 
 On torch 1.13 (this repository's CPU test machine) the ProcessGroup trampoline works but
@@ -102,6 +103,28 @@ def _collectives(torch, dist, pg, rank, world):
     out2 = torch.zeros(3)
     pg._reduce_scatter_base(out2, torch.arange(3 * world, dtype=torch.float32), rs).wait()
     equal(out2, torch.arange(3 * rank, 3 * rank + 3, dtype=torch.float32) * world)
+    # gather / scatter to and from each root (torch passes [] off the root), and
+    # all_to_all_single with uneven split sizes in rows (each row 2 elements).
+    for root in range(world):
+        go = dist.GatherOptions()
+        go.rootRank = root
+        gathered = [torch.zeros(rank_ + 1) for rank_ in range(world)]
+        pg.gather([gathered] if rank == root else [], [torch.full((rank + 1,), float(rank + 10))], go).wait()
+        if rank == root:
+            for r in range(world):
+                equal(gathered[r], torch.full((r + 1,), float(r + 10)))
+        so = dist.ScatterOptions()
+        so.rootRank = root
+        got = torch.zeros(rank + 2)
+        pieces = [torch.full((r + 2,), float(100 * root + r)) for r in range(world)]
+        pg.scatter([got], [pieces] if rank == root else [], so).wait()
+        equal(got, torch.full((rank + 2,), float(100 * root + rank)))
+    # rank s sends (s + d + 1) rows to rank d.
+    ins = torch.cat([torch.full((rank + d + 1, 2), float(10 * rank + d)) for d in range(world)])
+    outs = torch.zeros(sum(s + rank + 1 for s in range(world)), 2)
+    pg.alltoall_base(outs, ins, [s + rank + 1 for s in range(world)], [rank + d + 1 for d in range(world)],
+                     dist.AllToAllOptions()).wait()
+    equal(outs, torch.cat([torch.full((s + rank + 1, 2), float(10 * s + rank)) for s in range(world)]))
     pg.barrier(dist.BarrierOptions()).wait()
     # Argument errors raise at the call.
     for call, exc in [(lambda: pg.allreduce([torch.ones(1), torch.ones(1)], opts), ValueError),
