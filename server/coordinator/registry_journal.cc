@@ -63,7 +63,9 @@ bool EtcdRegistryJournal::ParseKey(const std::string& key, std::string* job, std
 
 void EtcdRegistryJournal::Formed(const std::string& job, std::shared_ptr<const GroupView> view) {
   absl::MutexLock lock(&mu_);
-  auto [it, added] = pending_.try_emplace(Key(job, view->group));
+  const std::string key = Key(job, view->group);
+  formed_[key] = view->generation;
+  auto [it, added] = pending_.try_emplace(key);
   if (!added) ++written_;  // the queued change is superseded: never written
   it->second = Change{view->generation, std::move(view)};
   ++queued_;
@@ -71,7 +73,14 @@ void EtcdRegistryJournal::Formed(const std::string& job, std::shared_ptr<const G
 
 void EtcdRegistryJournal::Ended(const std::string& job, const std::string& group, int64_t generation) {
   absl::MutexLock lock(&mu_);
-  auto [it, added] = pending_.try_emplace(Key(job, group));
+  const std::string key = Key(job, group);
+  auto formed = formed_.find(key);
+  if (formed != formed_.end()) {
+    // A later generation was recorded (queued, or written already): keep it.
+    if (formed->second > generation) return;
+    formed_.erase(formed);
+  }
+  auto [it, added] = pending_.try_emplace(key);
   if (!added) {
     if (it->second.generation > generation) return;  // a later generation is queued: keep it
     ++written_;

@@ -101,6 +101,10 @@ class EtcdRegistryJournal : public RegistryJournal {
   std::unique_ptr<Stubs> stubs_;
   absl::Mutex mu_;
   std::map<std::string, Change> pending_ ABSL_GUARDED_BY(mu_);  // by key: the latest change
+  // By key: the generation of the latest Formed, queued or already taken by the writer, until
+  // an Ended of it (or later) arrives. An Ended of an older generation is ignored against it
+  // even once the writer took the newer record (else it would delete that record).
+  std::map<std::string, int64_t> formed_ ABSL_GUARDED_BY(mu_);
   uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;   // changes queued so far
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;  // of them, written or dropped
   Stats stats_ ABSL_GUARDED_BY(mu_);
