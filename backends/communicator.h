@@ -125,6 +125,8 @@ class Communicator {
   // Host `peer` is known to be gone (the coordinator lost it): every call blocked on it, and
   // every later one, fails now instead of at its timeout; calls among the other hosts fail
   // as the failure spreads (the communicator is unusable afterwards, as after any error).
+  // Best effort: a call the transport does not wake still ends at its timeout (the engine
+  // answers its ranks without it: engine::Group::AnswerStrandedCollective).
   // Thread-safe; any thread. Default: nothing (calls end at their timeout).
   virtual void ShutdownPeer(int peer) { (void)peer; }
 

@@ -54,7 +54,9 @@ void Group::AnswerAll(Running& run, const absl::Status& status, bool fails_group
   AnswerLock lock(this);
   // Recorded first, so that a rank that has its answer finds it in the ledger.
   RecordCompletedLocked(run.seq, *run.subs, status, run.agreed ? &run.all : nullptr, "", run.started, fails_group);
-  for (auto& [rank, sub] : *run.subs) AnswerLocked(std::move(sub), status);
+  if (!running_answered_) {
+    for (auto& [rank, sub] : *run.subs) AnswerLocked(std::move(sub), status);
+  }
   if (fails_group) FailLocked(status);
 }
 
@@ -125,6 +127,7 @@ bool Group::AgreeStage(Running& run, const std::vector<int>& absent, const std::
                         &run.all, "", run.started, /*fails_group=*/false);
   const CollectiveOp op = args.op;  // `args` is the first submission's, answered (moved) first
   for (auto& [rank, sub] : subs) {
+    if (running_answered_) break;
     absl::Status error = DisagreementError(run.seq, params_.name, op, disagreement, sub.error);
     AnswerLocked(std::move(sub), std::move(error));
   }
@@ -186,6 +189,14 @@ void Group::CompleteStage(Running& run, const absl::Status& status, const char* 
   for (auto& [rank, sub] : subs) sub.algorithm = algorithm;
   const CompletionPlan plan = PlanCompletion(
       subs, status.ok(), [this](int rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return locals_.count(rank) > 0; });
+  if (running_answered_) {
+    // Answered with the group's failure already (AnswerStrandedCollective).
+    if (status.ok()) {
+      LOG(WARNING) << "group \"" << params_.name << "\": collective #" << run.seq
+                   << " succeeded after its ranks were told it failed with the group";
+    }
+    return;
+  }
   for (auto& [rank, sub] : subs) {
     if (rank != plan.owner) AnswerLocked(std::move(sub), status);
   }

@@ -94,6 +94,7 @@ void Engine::ReporterMain() {
       uint64_t version = 0;
       g->MaybeRewatch();
       g->ExpireHeldCompletions();
+      g->AnswerStrandedCollective();
       if (!report) continue;
       GroupProgress progress = g->Progress(&credential, &version);
       if (progress.generation == 0) continue;  // still forming: the registry has no group yet

@@ -133,8 +133,10 @@ void Group::ExecutorMain() {
       absent.insert(absent.end(), departed_.begin(), departed_.end());
       for (auto& [rank, local] : locals_) {
         if (local.queue.empty()) continue;
-        running_since_ = std::min(running_since_, local.queue.front().submitted);
-        queued_since = std::max(queued_since, local.queue.front().submitted);
+        const Submission& front = local.queue.front();
+        running_since_ = std::min(running_since_, front.submitted);
+        queued_since = std::max(queued_since, front.submitted);
+        running_.push_back(RunningRank{rank, front.session, front.args.seq, front.args.op, front.submitted});
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
@@ -155,6 +157,8 @@ void Group::ExecutorMain() {
     RunCollective(seq, subs, absent, ahead, queued_since);
     AnswerLock lock(this);
     running_since_ = absl::InfiniteFuture();
+    running_.clear();
+    running_answered_ = false;
     if (state_ == State::kFailed) break;
   }
   p2p_->Stop();

@@ -173,6 +173,17 @@ class Group : public std::enable_shared_from_this<Group> {
   // by the op deadline. The engine calls it about every second.
   void ExpireHeldCompletions() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // After this host shut its connections to a peer down because the generation is over
+  // (OnWatched), a collective the transport still holds more than kStrandedAfter later is
+  // answered here with the group's failure, without waiting for the transport to return:
+  // a failed Gloo connection wakes the operations in the lists it signals, and, as far as
+  // its source shows, not an unbound send it was still writing nor a receive whose payload
+  // it was reading; such a call would otherwise wait for the op timeout. The executor
+  // answers none of those ranks again when the transport returns; it cannot write their
+  // results any more (its peer's connection is gone). The engine calls it about every second.
+  void AnswerStrandedCollective() ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr absl::Duration kStrandedAfter = absl::Seconds(1);
+
  private:
   struct LocalRank {
     std::shared_ptr<Session> session;
@@ -436,6 +447,19 @@ class Group : public std::enable_shared_from_this<Group> {
   std::deque<FlightRecord> flight_ ABSL_GUARDED_BY(mu_);
   // The earliest submission of the collective the executor runs now (InfiniteFuture: none).
   absl::Time running_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // That collective's local ranks: what answering it early takes (AnswerStrandedCollective).
+  struct RunningRank {
+    int rank = -1;
+    std::shared_ptr<Session> session;
+    int64_t seq = 0;
+    CollectiveOp op = CollectiveOp::kUnspecified;
+    absl::Time submitted;
+  };
+  std::vector<RunningRank> running_ ABSL_GUARDED_BY(mu_);
+  // Its ranks were answered early: the stages answer none of them again.
+  bool running_answered_ ABSL_GUARDED_BY(mu_) = false;
+  // When OnWatched shut the connections to a peer down (the generation is over).
+  absl::Time peers_shut_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)
   // Local ranks that left this generation of a one-host group (OnSessionClosed), and the
   // error every collective gets since the first left.

@@ -253,7 +253,9 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
         // for this generation (or were lost: the coordinator forgets an ended group's
         // departures): it fails now instead of at the op timeout.
         for (int h = 0; comm_ != nullptr && h < topology_.num_hosts; ++h) {
-          if (h != topology_.host_index) comm_->ShutdownPeer(h);
+          if (h == topology_.host_index) continue;
+          comm_->ShutdownPeer(h);
+          peers_shut_at_ = absl::Now();
         }
         return;
       }
@@ -285,7 +287,9 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
             "); re-form the group (reconfigure) to go on")));
         ++progress_version_;
         for (int h : lost_hosts) {
-          if (comm_ != nullptr && h != topology_.host_index) comm_->ShutdownPeer(h);
+          if (comm_ == nullptr || h == topology_.host_index) continue;
+          comm_->ShutdownPeer(h);
+          peers_shut_at_ = absl::Now();
         }
       } else {
         rewatch = true;
@@ -296,6 +300,31 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
     for (const auto& [rank, why] : left) p2p->DepartSendsTo(rank, why);
   }
   if (rewatch) Watch();
+}
+
+void Group::AnswerStrandedCollective() {
+  AnswerLock lock(this);
+  if (state_ != State::kFailed || running_.empty() || running_answered_ ||
+      absl::Now() < peers_shut_at_ + kStrandedAfter) {
+    return;
+  }
+  LOG(WARNING) << "group \"" << params_.name << "\" (job " << params_.job << "): collective #" << running_[0].seq
+               << " (" << OpName(running_[0].op) << ") of its " << running_.size()
+               << " local ranks is still in the transport " << absl::FormatDuration(absl::Now() - peers_shut_at_)
+               << " after the connections to the lost hosts were shut down: its ranks are answered now";
+  running_answered_ = true;
+  const absl::Status why(failure_.code(),
+                         absl::StrCat(failure_.message(), " (collective #", running_[0].seq,
+                                      " was answered without waiting for the transport to return)"));
+  for (const RunningRank& r : running_) {
+    Submission sub;
+    sub.rank = r.rank;
+    sub.session = r.session;
+    sub.args.seq = r.seq;
+    sub.args.op = r.op;
+    sub.submitted = r.submitted;
+    AnswerLocked(std::move(sub), why);
+  }
 }
 
 }  // namespace collserve::engine

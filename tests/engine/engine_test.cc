@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "common/shm.h"
 #include "tests/engine/engine_testing.h"
 
@@ -475,6 +476,105 @@ TEST(EngineTest, ASessionMayCallIntoItsGroupFromAnAnswer) {
     for (int64_t i = 0; i < kChain; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
     EXPECT_EQ(order.back(), kChain + 5);
   }
+}
+
+// A transport whose every call waits for `release` (or its timeout), whatever ShutdownPeer
+// says: Gloo's receive whose payload it was reading when the connection failed (Debian's
+// 2022 Gloo does not wake it).
+class StrandingComm : public backends::Communicator {
+ public:
+  StrandingComm(int rank, int size, absl::Notification* release, std::atomic<int>* entered,
+                std::atomic<int>* shutdowns)
+      : rank_(rank), size_(size), release_(release), entered_(entered), shutdowns_(shutdowns) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status AllReduce(void*, size_t, DataType, ReduceOp, absl::Duration timeout,
+                         backends::AllReduceAlgorithm) override {
+    return Strand(timeout);
+  }
+  absl::Status Broadcast(void*, size_t, int, absl::Duration timeout) override { return Strand(timeout); }
+  absl::Status AllGather(const void*, void*, size_t, absl::Duration timeout) override { return Strand(timeout); }
+  absl::Status AllGatherV(const void*, void*, const std::vector<size_t>&, absl::Duration timeout) override {
+    return Strand(timeout);
+  }
+  void ShutdownPeer(int) override { shutdowns_->fetch_add(1); }
+  // The group's point-to-point receive loop: waits until AbortRecv.
+  absl::Status Recv(void*, size_t, const std::vector<int>&, uint32_t, int*, absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&recv_aborted_), timeout);
+    return absl::CancelledError("receive aborted");
+  }
+  void AbortRecv() override {
+    absl::MutexLock lock(&mu_);
+    recv_aborted_ = true;
+  }
+
+ private:
+  absl::Status Strand(absl::Duration timeout) {
+    entered_->fetch_add(1);
+    release_->WaitForNotificationWithTimeout(timeout);
+    return absl::UnavailableError("test: the stranded transport call returned");
+  }
+  const int rank_, size_;
+  absl::Notification* release_;
+  std::atomic<int>* entered_;
+  std::atomic<int>* shutdowns_;
+  absl::Mutex mu_;
+  bool recv_aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Once this host shut its connections to a host the coordinator lost, a collective the
+// transport still holds is answered with the group's failure (Group::kStrandedAfter later),
+// not at the op timeout; when the transport returns, nobody is answered twice. (The CI
+// failure of NetnsHosts.CutHostIsTakenAsLostByTheCoordinatorLongBeforeTheOpTimeout: a rank
+// had no answer 20 s after the cut with a 60 s op timeout.)
+TEST(EngineTest, ACollectiveStrandedInTheTransportAfterItsPeerWasLostIsAnsweredWithoutWaitingForIt) {
+  absl::Notification release;
+  std::atomic<int> entered{0}, shutdowns{0};
+  TestCluster cluster(2);
+  ASSERT_TRUE(cluster.backends()
+                  .Register("stranded", {DeviceType::kCpu},
+                            [&](backends::RendezvousStore&, const backends::ConnectParams& p)
+                                -> absl::StatusOr<std::unique_ptr<backends::Communicator>> {
+                              return std::make_unique<StrandingComm>(p.rank, p.size, &release, &entered, &shutdowns);
+                            })
+                  .ok());
+  ASSERT_TRUE(cluster.backends().SetDefault(DeviceType::kCpu, "stranded").ok());
+  auto formed = cluster.Form("stranded", 4, /*op_timeout=*/absl::Seconds(60));
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  std::vector<TestRank>& ranks = *formed;
+  absl::Mutex mu;
+  std::map<int, int> answers;  // rank -> completions of seq 0
+  for (TestRank& r : ranks) {
+    r.session->SetOnCompletion([&mu, &answers, rank = r.rank](const Completion& c) {
+      absl::MutexLock lock(&mu);
+      if (c.seq == 0) ++answers[rank];
+    });
+    engine::Request q = FloatRequest(CollectiveOp::kAllReduce, {1, 2});
+    q.seq = r.next_seq++;
+    r.group->Submit(r.rank, std::move(q));
+  }
+  ASSERT_TRUE(WaitFor([&] { return entered.load() == 2; }, absl::Seconds(20)));  // each host's exchange
+  const absl::Time lost = absl::Now();
+  cluster.coordinator().Depart("stranded", engine::Departure{2, "host1", "its lease ran out (the test)", true});
+  for (int r : {0, 1}) {
+    Completion c = ranks[r].session->WaitCompletion(0, absl::Seconds(20));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kUnavailable) << c.status;
+    EXPECT_THAT(c.status.message(), HasSubstr("ranks [2] were lost with their host (its lease ran out (the test))"));
+    EXPECT_THAT(c.status.message(), HasSubstr("was answered without waiting for the transport to return"));
+  }
+  const absl::Duration took = absl::Now() - lost;
+  EXPECT_GE(took, engine::Group::kStrandedAfter);
+  EXPECT_LT(took, absl::Seconds(10));  // the op timeout is 60 s
+  EXPECT_EQ(shutdowns.load(), 1);      // host 0 shut its connections to host 1 down
+  release.Notify();                    // the transports return (with an error)
+  for (int r : {2, 3}) {               // host 1 was the lost one: its own collective ended with the transport
+    EXPECT_FALSE(ranks[r].session->WaitCompletion(0, absl::Seconds(20)).status.ok());
+  }
+  cluster.engine(0).Shutdown();  // joins the executors: whatever they answered is in
+  cluster.engine(1).Shutdown();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(answers, (std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
 }
 
 TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
