@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <tuple>
 
@@ -206,13 +207,16 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn, Po
     loop->order = next_order_++;
     loop->queued = std::chrono::steady_clock::now();
     if (mine->active_loops_ == 0) {
-      // Waking: no credit for the time it had nothing to run (the least virtual runtime of
-      // its class's running tenants, if that is more than its own).
+      // Waking: no credit for the time it had nothing queued (the least virtual runtime of
+      // its class's queued tenants, if that is more than its own; it was the most of them,
+      // which put a waking job behind every busy one of its class once there were three).
+      int64_t least = std::numeric_limits<int64_t>::max();
       for (const std::shared_ptr<Loop>& l : loops_) {
         if (l->tenant->priority_ == mine->priority_ && l->tenant != mine) {
-          mine->vruntime_ns_ = std::max(mine->vruntime_ns_, l->tenant->vruntime_ns_);
+          least = std::min(least, l->tenant->vruntime_ns_);
         }
       }
+      if (least != std::numeric_limits<int64_t>::max()) mine->vruntime_ns_ = std::max(mine->vruntime_ns_, least);
     }
     ++mine->active_loops_;
     loops_.push_back(loop);

@@ -61,7 +61,7 @@ class PoolTenant {
   int weight_ = 1;
   int max_threads_ = 0;      // the most threads running its chunks at once (0 = no limit)
   int running_ = 0;          // threads running one of its chunks now
-  int64_t vruntime_ns_ = 0;  // used time / weight, moved up to the least active one's on waking
+  int64_t vruntime_ns_ = 0;  // used time / weight, moved up to the least queued one's on waking
   int active_loops_ = 0;
 };
 
@@ -73,8 +73,10 @@ class PoolTenant {
 // chunk it takes it from the loop whose tenant has the lowest priority class and, among
 // those, the least virtual runtime (its chunks' time divided by its weight): weighted fair
 // queueing between jobs, as Linux CFS does between threads. A tenant that had no loop
-// running starts at the least virtual runtime of those running, so idleness earns no
-// credit. A caller takes the best loop's chunk too, whoever's it is (of its lane, below),
+// queued starts at the least virtual runtime of its class's tenants with loops queued, so
+// idleness earns no credit. (So weights act between jobs that keep loops queued: a job that
+// issues one loop at a time has none queued between them, and the others run meanwhile;
+// bench/RESULTS.md "Fair share between two busy jobs".) A caller takes the best loop's chunk too, whoever's it is (of its lane, below),
 // until its own loop is claimed: a default job's thread serves a latency-critical job's
 // reduction before its own.
 // Chunks are the unit (kLocalChunkBytes): a loop waits for at most one chunk per thread of

@@ -174,6 +174,89 @@ TEST(ThreadPoolSchedulingTest, JobsOfOneClassShareTheThreadsByWeight) {
   EXPECT_EQ(light->used_ns() % 100000, 0);
 }
 
+// Two jobs of one class and weight, each issuing a mix of loops (collectives of different
+// sizes and per-chunk costs: 500 loops each, 1,000 in all) from two threads, each thread one
+// loop at a time as a group's executor does: while both are busy, each gets within 20% of an
+// equal share of the pool's time, the small-op job included (no job is starved by another's
+// larger loops). A chunk busies its thread for its cost and the fake clock charges exactly
+// that. (What this does not show: weights. A job that issues one loop at a time per thread
+// has nothing queued between its loops, so the others' chunks run meanwhile and the shares
+// follow what each job has queued, whatever the weights: 1:3 weights gave the same shares
+// here, also with 1 or 8 threads per job, larger loops, and with a bounded credit for the
+// gap at wake-up (tried: there is nothing queued to spend it on; not kept).
+// JobsOfOneClassShareTheThreadsByWeight shows the
+// weights between jobs that keep a loop queued.) Returns each job's charged microseconds in
+// the window where both ran (from the later one's first chunk until either had 8 chunks
+// left), and the jobs' order in it.
+std::tuple<int64_t, int64_t, std::string> MixedShares(ThreadPool& pool, PoolTenant* a, PoolTenant* b) {
+  constexpr int kThreadsPerJob = 2;
+  constexpr int kLoopsPerThread = 500 / kThreadsPerJob;
+  struct Chunk {
+    char job;
+    int64_t cost_us;
+  };
+  absl::Mutex mu;
+  std::vector<Chunk> order;
+  std::atomic<int> started{0};
+  // Job 'a': loops of 2 to 16 chunks of 10 to 99 us; job 'b': loops of 4 to 35 chunks of 5 to
+  // 39 us. Both about 0.23 s of work in all.
+  auto run = [&](PoolTenant* t, char job, int thread) {
+    started.fetch_add(1);
+    while (started.load() < 2 * kThreadsPerJob) std::this_thread::yield();
+    for (int i = 0; i < kLoopsPerThread; ++i) {
+      const int k = thread * kLoopsPerThread + i;
+      const size_t chunks = job == 'a' ? 2 + (k * 7) % 15 : 4 + (k * 13) % 32;
+      const int64_t cost_us = job == 'a' ? 10 + (k * 37) % 90 : 5 + (k * 53) % 35;
+      pool.ParallelFor(chunks, [&](size_t) {
+        {
+          absl::MutexLock lock(&mu);
+          order.push_back(Chunk{job, cost_us});
+        }
+        Spin(std::chrono::microseconds(cost_us));
+        fake_now_ns += cost_us * 1000;
+      }, t);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreadsPerJob; ++th) {
+    threads.emplace_back([&, th] { run(a, 'a', th); });
+    threads.emplace_back([&, th] { run(b, 'b', th); });
+  }
+  for (std::thread& t : threads) t.join();
+  size_t total[2] = {0, 0};
+  for (const Chunk& c : order) ++total[c.job - 'a'];
+  size_t first[2] = {order.size(), order.size()};
+  for (size_t i = 0; i < order.size(); ++i) first[order[i].job - 'a'] = std::min(first[order[i].job - 'a'], i);
+  const size_t from = std::max(first[0], first[1]);
+  size_t seen[2] = {0, 0};
+  for (size_t i = 0; i < from; ++i) ++seen[order[i].job - 'a'];
+  int64_t used[2] = {0, 0};
+  std::string jobs;
+  for (size_t i = from; i < order.size() && seen[0] + 8 < total[0] && seen[1] + 8 < total[1]; ++i) {
+    ++seen[order[i].job - 'a'];
+    used[order[i].job - 'a'] += order[i].cost_us;
+    jobs.push_back(order[i].job);
+  }
+  return {used[0], used[1], jobs};
+}
+
+TEST(ThreadPoolSchedulingTest, TwoJobsOfOneClassGetEqualSharesOverAThousandMixedLoops) {
+  ThreadPool pool(2, &FakeNowNs);
+  PoolTenant* a = pool.Tenant("small-ops", PoolTenant::kDefault, 1);
+  PoolTenant* b = pool.Tenant("large-ops", PoolTenant::kDefault, 1);
+  // A loaded machine may run one job's threads late: up to 3 tries for a window in which
+  // each job was charged at least 50 ms.
+  int64_t ua = 0, ub = 0;
+  std::string order;
+  for (int attempt = 0; attempt < 3 && std::min(ua, ub) < 50000; ++attempt) std::tie(ua, ub, order) = MixedShares(pool, a, b);
+  ASSERT_GE(std::min(ua, ub), 50000) << order;
+  const double share = static_cast<double>(ua) / static_cast<double>(ua + ub);
+  EXPECT_GT(share, 0.4) << "small-ops " << ua << " us, large-ops " << ub << " us";
+  EXPECT_LT(share, 0.6) << "small-ops " << ua << " us, large-ops " << ub << " us";
+  std::printf("charged while both ran: small-ops %lld us, large-ops %lld us (share %.3f)\n",
+              static_cast<long long>(ua), static_cast<long long>(ub), share);
+}
+
 // The most chunks of `tenant`'s loop of `n` that ran at once on `pool`, the loop run by one
 // caller (each chunk busy for 200 us, so that the pool's threads overlap).
 int MostAtOnce(ThreadPool& pool, PoolTenant* tenant, size_t n) {
