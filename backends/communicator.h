@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backends/reduce.h"
 #include "common/types.h"
@@ -129,6 +130,21 @@ class Communicator {
   // answers its ranks without it: engine::Group::AnswerStrandedCollective).
   // Thread-safe; any thread. Default: nothing (calls end at their timeout).
   virtual void ShutdownPeer(int peer) { (void)peer; }
+
+  // Marks this communicator's connections to every peer host with a traffic class, so that
+  // priority queueing on the path (a switch's QoS on DSCP, a host qdisc on the socket
+  // priority: pfifo_fast's bands, an htb class chosen by a u32 filter on the DSCP) can send
+  // one job's packets before another's bulk bytes. `dscp` (0-63, RFC 2474; -1 leaves it) goes
+  // into the IP header's traffic-class byte (IP_TOS / IPV6_TCLASS, dscp << 2); `socket_priority`
+  // (SO_PRIORITY, socket(7); -1 leaves it) orders the host's own queues: 0-6 need no
+  // privilege, higher values CAP_NET_ADMIN. Returns how many connections it marked. Errors:
+  // INVALID_ARGUMENT (dscp over 63, a negative priority other than -1), PERMISSION_DENIED
+  // (the kernel refused a priority: names it and CAP_NET_ADMIN), UNIMPLEMENTED (a backend
+  // whose sockets are not reachable: MPI, NCCL). Call it once connected; thread-safe.
+  virtual absl::StatusOr<int> MarkTraffic(int dscp, int socket_priority) {
+    (void)dscp, (void)socket_priority;
+    return absl::UnimplementedError("this backend cannot mark its connections' traffic");
+  }
 
   // Device memory (backends with a GPU data path: NCCL). Each call queues the collective on
   // `stream` (a cudaStream_t on this communicator's device) and returns without waiting;

@@ -18,9 +18,16 @@ Prints A's p50/p99 per size and B's busbw (medians over the repetitions) and the
 issue sets targets for: A's p99 shared / alone (at most 2 with A in the better class) and
 B's busbw shared / alone (at least 0.7).
 
+--link priority: the bottleneck queues by class instead (tc htb at --rate on each host's
+egress, a u32 filter on the DSCP sending EF packets to a class served first, CS1 to one
+served last, the rest to the default one, each class its own queue), and the sidecars mark
+each job's connections with its class (--traffic_dscp=46,0,8: latency-critical EF, default
+0, bulk CS1). The Gloo pair is not marked (all in the default class).
+
 Needs root (ip netns, tc). Every namespace it makes is deleted at exit.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/noisy_neighbor_hosts.py [--rate 1gbit] [--seconds 6] [--reps 3]
+        [--link fifo|priority] [--no-gloo]
 """
 import argparse
 import json
@@ -40,10 +47,36 @@ import noisy_neighbor as nn  # noqa: E402  (the jobs' loops and their parsing)
 COORD_PORT = 29400
 
 
-def shape(net, rate):
-    """Each host's egress (its side of the link) at `rate`, FIFO."""
+# The sidecars' --traffic_dscp with --link priority: latency-critical EF, default 0, bulk CS1.
+TRAFFIC_DSCP = "46,0,8"
+
+
+def shape(net, rate, link="fifo"):
+    """Each host's egress (its side of the link) at `rate`: one FIFO, or (link "priority") an
+    htb whose classes take the packets by DSCP: EF (0xb8) first, CS1 (0x20) last."""
     for h in range(1, net.n + 1):
-        compare.sh(f"ip netns exec {net.host(h)} tc qdisc add dev eth0 root tbf rate {rate} burst 256kb latency 50ms")
+        tc = f"ip netns exec {net.host(h)} tc"
+        if link == "fifo":
+            compare.sh(f"{tc} qdisc add dev eth0 root tbf rate {rate} burst 256kb latency 50ms")
+            continue
+        compare.sh(f"{tc} qdisc add dev eth0 root handle 1: htb default 20 r2q 1000")
+        compare.sh(f"{tc} class add dev eth0 parent 1: classid 1:1 htb rate {rate} ceil {rate} burst 256kb cburst 256kb")
+        for cls, prio, share in ((10, 0, 20), (20, 1, 60), (30, 2, 20)):
+            # each class guaranteed `share`% of the link, and the whole link when the others are idle
+            compare.sh(f"{tc} class add dev eth0 parent 1:1 classid 1:{cls} htb rate {_percent(rate, share)} "
+                       f"ceil {rate} burst 256kb cburst 256kb prio {prio}")
+            compare.sh(f"{tc} qdisc add dev eth0 parent 1:{cls} handle {cls}: pfifo limit 1000")
+        compare.sh(f"{tc} filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0xb8 0xfc flowid 1:10")
+        compare.sh(f"{tc} filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip tos 0x20 0xfc flowid 1:30")
+
+
+def _percent(rate, share):
+    """`share` percent of a tc rate such as 1gbit or 500mbit, in kbit."""
+    units = {"kbit": 1, "mbit": 1000, "gbit": 1000000}
+    for unit, k in units.items():
+        if rate.endswith(unit):
+            return f"{int(float(rate[:-len(unit)]) * k * share / 100)}kbit"
+    raise SystemExit(f"--rate {rate}: use kbit, mbit or gbit")
 
 
 def wait_file(path, proc, what, timeout=30):
@@ -90,7 +123,8 @@ def run(a, net, build, policy, with_a, with_b, b_iters):
             s = subprocess.Popen(["ip", "netns", "exec", net.host(h), os.path.join(build, "server", "collserve-sidecar"),
                                   f"--coordinator={net.ip(1)}:{COORD_PORT}", f"--unix_socket={d}/s{h}.sock",
                                   f"--gloo_hostname={net.ip(h)}", f"--host_id=host{h}", "--metrics_address=",
-                                  "--log_level=warning", f"--port_file={d}/s{h}.port"],
+                                  "--log_level=warning", f"--port_file={d}/s{h}.port",
+                                  *([f"--traffic_dscp={TRAFFIC_DSCP}"] if a.link == "priority" else [])],
                                  stderr=open(os.path.join(d, f"s{h}.log"), "w"))
             started.append(s)
             wait_file(f"{d}/s{h}.port", s, f"collserve-sidecar on host {h}")
@@ -145,15 +179,17 @@ def main():
     p.add_argument("--seconds", type=float, default=6.0, help="how long job A runs in each configuration")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-gloo", dest="gloo", action="store_false", help="leave out the pair on torch's Gloo")
+    p.add_argument("--link", choices=("fifo", "priority"), default="fifo",
+                   help="the bottleneck: one FIFO (tbf), or classes by DSCP (htb) with the jobs' connections marked")
     a = p.parse_args()
     build = os.path.abspath(a.build)
     classes = {"a": {"priority_class": "PRIORITY_CLASS_LATENCY_CRITICAL"}, "b": {"priority_class": "PRIORITY_CLASS_BULK"}}
     with compare.Hosts(2) as net:
-        shape(net, a.rate)
+        shape(net, a.rate, a.link)
         _, bw0 = run(a, net, build, {}, False, True, 2)
         op_s = 2 * 3 / 4 * nn.BULK_BYTES / (bw0 * 1e9)
         b_iters = max(4, int((a.seconds + 2) / op_s))
-        print(f"# link {a.rate}; B alone: {bw0:.3f} GB/s busbw, {op_s * 1e3:.0f} ms per 64 MiB all_reduce; "
+        print(f"# link {a.rate} ({a.link}); B alone: {bw0:.3f} GB/s busbw, {op_s * 1e3:.0f} ms per 64 MiB all_reduce; "
               f"B runs {b_iters} ops per configuration", flush=True)
         names = ("a_alone", "b_alone", "classes", "equal") + (
             ("gloo_a_alone", "gloo_b_alone", "gloo_shared") if a.gloo else ())

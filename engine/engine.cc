@@ -227,6 +227,7 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.flight_recorder_log_threshold = options_.flight_recorder_log_threshold;
     env.straggler_threshold = options_.straggler_threshold;
     env.lease_renewal = options_.lease_renewal;
+    env.traffic_marks = options_.traffic_marks;
     env.fail_after_data_step_group = options_.fail_after_data_step_group;
     env.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     env.on_empty = [this](Group* group) { Remove(group); };

@@ -9,6 +9,7 @@
 #ifndef COLLSERVE_ENGINE_ENGINE_H_
 #define COLLSERVE_ENGINE_ENGINE_H_
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <map>
@@ -82,6 +83,11 @@ struct EngineOptions {
   // run on threads this much nicer than the sidecar (at most 19); 0 = no lane, every class
   // on the same threads at the sidecar's priority.
   int bulk_nice = 10;
+  // The marks of each priority class's connections between hosts, indexed by the class
+  // (backends::PoolTenant: latency-critical, default, bulk): a job's groups mark their
+  // backend's connections with their job's class's once connected (a failure is logged, the
+  // group goes on unmarked). Unmarked by default.
+  std::array<TrafficMark, 3> traffic_marks;
 };
 
 // Thread-safe.

@@ -49,8 +49,22 @@ void Group::ExecutorMain() {
                    << "\": its executor stays at the sidecar's priority: " << s;
     }
   }
-  // 1. Connect the backend among the group's hosts.
+  // 1. Connect the backend among the group's hosts, and mark its connections with the job's
+  // class (EngineOptions::traffic_marks).
   auto connected = Connect();
+  if (connected.ok() && topology_.num_hosts > 1 && params_.priority >= 0 &&
+      params_.priority < static_cast<int>(env_.traffic_marks.size()) && env_.traffic_marks[params_.priority].any()) {
+    const TrafficMark& mark = env_.traffic_marks[params_.priority];
+    absl::StatusOr<int> marked = (*connected)->MarkTraffic(mark.dscp, mark.socket_priority);
+    if (marked.ok()) {
+      LOG(INFO) << "group \"" << params_.name << "\" of job \"" << params_.job << "\": its " << *marked
+                << " connection(s) to other hosts marked with DSCP " << mark.dscp << ", socket priority "
+                << mark.socket_priority;
+    } else {
+      LOG(WARNING) << "group \"" << params_.name << "\" of job \"" << params_.job
+                   << "\": its connections between hosts stay unmarked: " << marked.status();
+    }
+  }
   {
     AnswerLock lock(this);
     if (!connected.ok()) {

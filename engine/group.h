@@ -12,6 +12,7 @@
 #ifndef COLLSERVE_ENGINE_GROUP_H_
 #define COLLSERVE_ENGINE_GROUP_H_
 
+#include <array>
 #include <deque>
 #include <functional>
 #include <map>
@@ -70,6 +71,8 @@ struct GroupEnv {
   absl::Duration straggler_threshold = absl::Milliseconds(100);
   // How long the coordinator may hold one watch of a generation (EngineOptions::lease_renewal).
   absl::Duration lease_renewal = absl::Seconds(2);
+  // EngineOptions::traffic_marks, by priority class.
+  std::array<TrafficMark, 3> traffic_marks;
   // EngineOptions::fail_after_data_step_group/_seq (tests only).
   std::string fail_after_data_step_group;
   int64_t fail_after_data_step_seq = -1;

@@ -218,6 +218,15 @@ struct GroupEvents {
 };
 
 // The answer of a rendezvous (collserve.v1.JoinResponse): every rank of the generation.
+// How one priority class's traffic between hosts is marked once its group connected
+// (backends::Communicator::MarkTraffic): the DSCP (0-63) and the socket priority
+// (SO_PRIORITY); -1 leaves each as the backend made it.
+struct TrafficMark {
+  int dscp = -1;
+  int socket_priority = -1;
+  bool any() const { return dscp >= 0 || socket_priority >= 0; }
+};
+
 struct Membership {
   int64_t generation = 0;
   std::vector<Member> members;

@@ -4,10 +4,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -341,13 +343,71 @@ class GlooCommunicator : public Communicator {
   // (each pair has a socket of its own, bound to a port of its own).
   void ShutdownPeer(int peer) override {
     if (peer < 0 || peer >= size() || peer == rank()) return;
+    ForEachPeerSocket(peer, [](int fd, sa_family_t) {
+      shutdown(fd, SHUT_RDWR);
+      return absl::OkStatus();
+    }).IgnoreError();
+    SetFailure(absl::UnavailableError(absl::StrCat("host ", peer, " of the communicator is gone"))).IgnoreError();
+  }
+
+  // Gloo opens its sockets itself, with no hook for their options: they are found the way
+  // ShutdownPeer finds them, by each pair's local address.
+  absl::StatusOr<int> MarkTraffic(int dscp, int socket_priority) override {
+    if (dscp < -1 || dscp > 63) {
+      return absl::InvalidArgumentError(absl::StrCat("DSCP ", dscp, " is outside [0, 63] (-1 leaves it)"));
+    }
+    if (socket_priority < -1) {
+      return absl::InvalidArgumentError(absl::StrCat("socket priority ", socket_priority, " is negative (-1 leaves it)"));
+    }
+    if (dscp < 0 && socket_priority < 0) return 0;
+    int marked = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      if (peer == rank()) continue;
+      absl::StatusOr<int> n = ForEachPeerSocket(peer, [&](int fd, sa_family_t family) -> absl::Status {
+        if (dscp >= 0) {
+          const int tclass = dscp << 2;
+          const int rc = family == AF_INET6 ? setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tclass, sizeof(tclass))
+                                            : setsockopt(fd, IPPROTO_IP, IP_TOS, &tclass, sizeof(tclass));
+          if (rc != 0) return absl::InternalError(absl::StrCat("setting DSCP ", dscp, ": ", std::strerror(errno)));
+        }
+        if (socket_priority >= 0 &&
+            setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &socket_priority, sizeof(socket_priority)) != 0) {
+          const int err = errno;
+          if (err == EPERM) {
+            return absl::PermissionDeniedError(absl::StrCat("socket priority ", socket_priority,
+                                                            " needs CAP_NET_ADMIN (0-6 do not)"));
+          }
+          return absl::InternalError(absl::StrCat("setting socket priority ", socket_priority, ": ", std::strerror(err)));
+        }
+        return absl::OkStatus();
+      });
+      if (!n.ok()) return n.status();
+      marked += *n;
+    }
+    return marked;
+  }
+
+  void AbortRecv() override {
+    absl::MutexLock lock(&mu_);
+    recv_aborted_ = true;
+    if (current_recv_ != nullptr) current_recv_->abortWaitRecv();
+  }
+
+ private:
+  static constexpr uint8_t kP2PSlotPrefix = 0x7c;
+
+  // Calls fn(fd, family) for each TCP socket of this process whose local address is the
+  // pair to `peer`'s (one, once connected); stops at fn's first error. Returns the count.
+  absl::StatusOr<int> ForEachPeerSocket(int peer, const std::function<absl::Status(int, sa_family_t)>& fn) {
     auto& pair = context_->getPair(peer);
-    if (pair == nullptr) return;
+    if (pair == nullptr) return 0;
     const auto* address = dynamic_cast<const ::gloo::transport::tcp::Address*>(&pair->address());
-    if (address == nullptr) return;
+    if (address == nullptr) return 0;
     const sockaddr_storage target = address->getSockaddr();
     DIR* dir = opendir("/proc/self/fd");
-    if (dir == nullptr) return;
+    if (dir == nullptr) return absl::InternalError(absl::StrCat("opendir /proc/self/fd: ", std::strerror(errno)));
+    int found = 0;
+    absl::Status status;
     while (dirent* entry = readdir(dir)) {
       char* end = nullptr;
       const long fd = std::strtol(entry->d_name, &end, 10);
@@ -359,20 +419,14 @@ class GlooCommunicator : public Communicator {
       int type = 0;
       socklen_t type_len = sizeof(type);
       if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 || type != SOCK_STREAM) continue;
-      shutdown(static_cast<int>(fd), SHUT_RDWR);
+      status = fn(static_cast<int>(fd), local.ss_family);
+      if (!status.ok()) break;
+      ++found;
     }
     closedir(dir);
-    SetFailure(absl::UnavailableError(absl::StrCat("host ", peer, " of the communicator is gone"))).IgnoreError();
+    if (!status.ok()) return status;
+    return found;
   }
-
-  void AbortRecv() override {
-    absl::MutexLock lock(&mu_);
-    recv_aborted_ = true;
-    if (current_recv_ != nullptr) current_recv_->abortWaitRecv();
-  }
-
- private:
-  static constexpr uint8_t kP2PSlotPrefix = 0x7c;
 
   absl::Status Failure() {
     absl::MutexLock lock(&mu_);

@@ -1,13 +1,18 @@
 // collserve-sidecar: serves the training processes of one host and moves their tensors.
 #include <glog/logging.h>
 
+#include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "backends/registry.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
@@ -68,6 +73,16 @@ ABSL_FLAG(int, bulk_nice, 10,
           "(JobPolicy.priority_class PRIORITY_CLASS_BULK: their groups' executors and a lane of data-path workers of "
           "their own), so that the kernel gives the cores to the other classes first. 0 = bulk jobs share the "
           "other workers at the sidecar's priority.");
+ABSL_FLAG(std::string, traffic_dscp, "",
+          "The DSCP (0-63, RFC 2474) of each priority class's connections between hosts, as LC,DEFAULT,BULK "
+          "(latency-critical, default, bulk; -1 leaves a class unmarked), e.g. 46,0,8 (EF, best effort, CS1), for "
+          "switches or host qdiscs that queue by DSCP. Empty = unmarked. Gloo's connections only (MPI and NCCL "
+          "keep theirs).");
+ABSL_FLAG(std::string, traffic_socket_priority, "",
+          "The socket priority (SO_PRIORITY) of each priority class's connections between hosts, as LC,DEFAULT,BULK "
+          "(-1 leaves a class as it is), e.g. 6,0,2: pfifo_fast's bands (the kernel's default queue on many links) "
+          "then send a latency-critical job's packets before a bulk job's. 0-6 need no privilege, higher values "
+          "(an htb class's major:minor) CAP_NET_ADMIN. Empty = unmarked.");
 ABSL_FLAG(int, max_session_requests, 65536,
           "Requests (collectives and send/recv) one rank's session may have in flight on the sidecar (received, not "
           "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "
@@ -163,6 +178,28 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
+  // LC,DEFAULT,BULK: three integers, each -1 or in [0, max].
+  const auto parse_marks = [](const std::string& flag, const std::string& value, int64_t max,
+                              std::array<int, 3>* out) {
+    if (value.empty()) return true;
+    const std::vector<std::string> parts = absl::StrSplit(value, ',');
+    bool ok = parts.size() == out->size();
+    for (size_t c = 0; ok && c < parts.size(); ++c) {
+      int64_t v = 0;
+      ok = absl::SimpleAtoi(parts[c], &v) && (v == -1 || (v >= 0 && v <= max));
+      (*out)[c] = static_cast<int>(v);
+    }
+    if (!ok) {
+      std::cerr << "--" << flag << "=" << value << ": expected LC,DEFAULT,BULK, three integers each -1 or in [0, "
+                << max << "]\n";
+    }
+    return ok;
+  };
+  if (!parse_marks("traffic_dscp", absl::GetFlag(FLAGS_traffic_dscp), 63, &options.traffic_dscp) ||
+      !parse_marks("traffic_socket_priority", absl::GetFlag(FLAGS_traffic_socket_priority), INT32_MAX,
+                   &options.traffic_socket_priority)) {
+    return 2;
+  }
   options.allreduce_algorithm = absl::GetFlag(FLAGS_allreduce_algorithm);
   if (absl::GetFlag(FLAGS_ring_min_bytes) < 0 || absl::GetFlag(FLAGS_ring_segment_bytes) < 0 ||
       absl::GetFlag(FLAGS_direct_max_bytes) < 0) {

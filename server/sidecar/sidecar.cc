@@ -431,6 +431,10 @@ class SidecarImpl : public Sidecar {
     eo.lease_renewal = options_.lease_renewal;
     eo.max_inline_bytes = options_.max_inline_bytes;
     eo.bulk_nice = options_.bulk_nice;
+    for (size_t c = 0; c < eo.traffic_marks.size(); ++c) {
+      eo.traffic_marks[c].dscp = options_.traffic_dscp[c];
+      eo.traffic_marks[c].socket_priority = options_.traffic_socket_priority[c];
+    }
     eo.fail_after_data_step_group = options_.fail_after_data_step_group;
     eo.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     if (!eo.fail_after_data_step_group.empty()) {

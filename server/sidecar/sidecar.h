@@ -12,6 +12,7 @@
 #ifndef COLLSERVE_SERVER_SIDECAR_SIDECAR_H_
 #define COLLSERVE_SERVER_SIDECAR_SIDECAR_H_
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -78,6 +79,10 @@ struct SidecarOptions {
   int max_session_requests = 65536;
   // How much nicer bulk-class jobs' data-path threads run (engine::EngineOptions::bulk_nice).
   int bulk_nice = 10;
+  // The DSCP and socket priority of each priority class's connections between hosts
+  // (latency-critical, default, bulk; -1 = unmarked): engine::EngineOptions::traffic_marks.
+  std::array<int, 3> traffic_dscp{-1, -1, -1};
+  std::array<int, 3> traffic_socket_priority{-1, -1, -1};
   // How long Start waits for the coordinator's channel to connect. After it, the sidecar
   // serves anyway, not ready (below), and keeps trying.
   absl::Duration coordinator_connect_timeout = absl::Seconds(10);

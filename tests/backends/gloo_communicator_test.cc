@@ -14,6 +14,7 @@
 #include "backends/gloo/gloo_communicator.h"
 #include "backends/reduce.h"
 #include "tests/testing/in_memory_rendezvous_store.h"
+#include "tests/testing/sockets.h"
 
 namespace collserve::testing {
 namespace {
@@ -110,6 +111,42 @@ TEST(GlooCommunicatorTest, AllReduceLocalWithEveryAlgorithm) {
       }
     }
   }
+}
+
+// Each host marks its own connections (a job's class: engine::EngineOptions::traffic_marks):
+// the DSCP in the IP header's traffic-class byte and the socket priority, on every
+// connection to a peer and on no other socket; the marked connections still carry
+// collectives; a value out of range is refused by name.
+TEST(GlooCommunicatorTest, MarkTrafficMarksEachConnectionToAPeer) {
+  InMemoryRendezvousStore store;
+  constexpr int kSize = 3;
+  auto comms = ConnectAll(store, "marks", kSize);
+  ASSERT_EQ(testing::TcpSocketsMarked(46 << 2, 6), 0);
+  auto ef = comms[0]->MarkTraffic(46, 6);  // EF, TC_PRIO_INTERACTIVE
+  ASSERT_TRUE(ef.ok()) << ef.status();
+  EXPECT_EQ(*ef, kSize - 1);
+  auto cs1 = comms[1]->MarkTraffic(8, 2);  // CS1, TC_PRIO_BULK
+  ASSERT_TRUE(cs1.ok()) << cs1.status();
+  EXPECT_EQ(*cs1, kSize - 1);
+  auto none = comms[2]->MarkTraffic(-1, -1);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(*none, 0);
+  EXPECT_EQ(testing::TcpSocketsMarked(46 << 2, 6), kSize - 1);
+  EXPECT_EQ(testing::TcpSocketsMarked(8 << 2, 2), kSize - 1);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kSize; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<float> v(100000, 1.0f);
+      ASSERT_TRUE(comms[r]->AllReduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, absl::Seconds(20)).ok());
+      EXPECT_EQ(v.front(), 3.0f);
+      EXPECT_EQ(v.back(), 3.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const absl::Status dscp = comms[2]->MarkTraffic(64, -1).status();
+  EXPECT_EQ(dscp.code(), absl::StatusCode::kInvalidArgument) << dscp;
+  EXPECT_NE(dscp.message().find("DSCP 64 is outside [0, 63]"), std::string::npos) << dscp;
+  EXPECT_EQ(comms[2]->MarkTraffic(-1, -2).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GlooCommunicatorTest, MissingPeerIsDeadlineExceededThenAborted) {

@@ -12,6 +12,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/shm.h"
 #include "tests/engine/engine_testing.h"
+#include "tests/testing/sockets.h"
 
 namespace collserve::testing {
 namespace {
@@ -575,6 +576,27 @@ TEST(EngineTest, ACollectiveStrandedInTheTransportAfterItsPeerWasLostIsAnsweredW
   cluster.engine(1).Shutdown();
   absl::MutexLock lock(&mu);
   EXPECT_EQ(answers, (std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}}));
+}
+
+// A group across hosts marks its backend's connections with its job's class's marks
+// (EngineOptions::traffic_marks; the sidecar's --traffic_dscp and --traffic_socket_priority):
+// one connection on each host, and collectives still run over them.
+TEST(EngineTest, AGroupAcrossHostsMarksItsConnectionsWithItsClasssTrafficMarks) {
+  const int before = TcpSocketsMarked(10 << 2, 3);
+  TestCluster cluster(2, [](engine::EngineOptions& o) {
+    o.traffic_marks[backends::PoolTenant::kDefault] = engine::TrafficMark{10, 3};
+    o.traffic_marks[backends::PoolTenant::kBulk] = engine::TrafficMark{8, 2};
+  });
+  auto formed = cluster.Form("marked", 2);  // a job of the default class, a rank on each host
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  EXPECT_TRUE(WaitFor([&] { return TcpSocketsMarked(10 << 2, 3) == before + 2; }, absl::Seconds(10)))
+      << TcpSocketsMarked(10 << 2, 3);
+  EXPECT_EQ(TcpSocketsMarked(8 << 2, 2), 0);  // no bulk job here
+  OnEveryRank(*formed, [](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1, 2}));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(FloatsOf(c.inline_data), (std::vector<float>{2, 4}));
+  });
 }
 
 TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {

@@ -1,13 +1,16 @@
 // Raw-socket helpers for tests that talk to the daemons' TCP ports byte by byte (the attack
-// suites): header-only.
+// suites), and what a test can see of its own process's sockets: header-only.
 #ifndef COLLSERVE_TESTS_TESTING_SOCKETS_H_
 #define COLLSERVE_TESTS_TESTING_SOCKETS_H_
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 namespace collserve::testing {
 
@@ -28,6 +31,29 @@ inline int ConnectTcp(int port) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   return fd;
+}
+
+// How many TCP sockets of this process have `tos` in their IPv4 traffic-class byte (IP_TOS:
+// the DSCP << 2) and `priority` as SO_PRIORITY. -1 if /proc/self/fd cannot be read.
+inline int TcpSocketsMarked(int tos, int priority) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = 0;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    int type = 0, t = -1, p = -1;
+    socklen_t len = sizeof(int);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) continue;
+    len = sizeof(int);
+    if (getsockopt(static_cast<int>(fd), IPPROTO_IP, IP_TOS, &t, &len) != 0) continue;
+    len = sizeof(int);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_PRIORITY, &p, &len) != 0) continue;
+    if (t == tos && p == priority) ++found;
+  }
+  closedir(dir);
+  return found;
 }
 
 }  // namespace collserve::testing
