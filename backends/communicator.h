@@ -137,10 +137,11 @@ class Communicator {
   // one job's packets before another's bulk bytes. `dscp` (0-63, RFC 2474; -1 leaves it) goes
   // into the IP header's traffic-class byte (IP_TOS / IPV6_TCLASS, dscp << 2); `socket_priority`
   // (SO_PRIORITY, socket(7); -1 leaves it) orders the host's own queues: 0-6 need no
-  // privilege, higher values CAP_NET_ADMIN. Returns how many connections it marked. Errors:
-  // INVALID_ARGUMENT (dscp over 63, a negative priority other than -1), PERMISSION_DENIED
-  // (the kernel refused a priority: names it and CAP_NET_ADMIN), UNIMPLEMENTED (a backend
-  // whose sockets are not reachable: MPI, NCCL). Call it once connected; thread-safe.
+  // privilege, higher values CAP_NET_ADMIN or CAP_NET_RAW. Returns how many connections it
+  // marked. Errors: INVALID_ARGUMENT (dscp over 63, a negative priority other than -1),
+  // PERMISSION_DENIED (the kernel refused a priority: names it and the capabilities; no
+  // socket changed), UNIMPLEMENTED (a backend whose sockets are not reachable: MPI, NCCL).
+  // Call it once connected; thread-safe.
   virtual absl::StatusOr<int> MarkTraffic(int dscp, int socket_priority) {
     (void)dscp, (void)socket_priority;
     return absl::UnimplementedError("this backend cannot mark its connections' traffic");

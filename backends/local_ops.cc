@@ -107,6 +107,11 @@ std::vector<ThreadPool::TenantUsage> ThreadPool::Usage() {
   return out;
 }
 
+int64_t ThreadPool::VirtualRuntimeNs(const PoolTenant* tenant) {
+  absl::MutexLock lock(&mu_);
+  return tenant->vruntime_ns_;
+}
+
 std::shared_ptr<ThreadPool::Loop> ThreadPool::PickLocked(Lane lane) {
   std::shared_ptr<Loop> best;
   for (const std::shared_ptr<Loop>& l : loops_) {

@@ -141,6 +141,9 @@ class ThreadPool {
   };
   // Every tenant that ran a chunk, by name. Thread-safe.
   std::vector<TenantUsage> Usage();
+  // `tenant`'s virtual runtime now (its charged nanoseconds / weight, moved up on waking),
+  // the key the scheduler orders a class's tenants by. Thread-safe; for tests and debugging.
+  int64_t VirtualRuntimeNs(const PoolTenant* tenant);
 
   // Calls fn(i) for every i in [0, n), each exactly once, on the pool and the calling
   // thread, and returns when all calls have returned. fn must not throw. `tenant` (null:

@@ -364,22 +364,29 @@ class GlooCommunicator : public Communicator {
     for (int peer = 0; peer < size(); ++peer) {
       if (peer == rank()) continue;
       absl::StatusOr<int> n = ForEachPeerSocket(peer, [&](int fd, sa_family_t family) -> absl::Status {
+        const auto set_priority = [&]() -> absl::Status {
+          if (socket_priority < 0 ||
+              setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &socket_priority, sizeof(socket_priority)) == 0) {
+            return absl::OkStatus();
+          }
+          const int err = errno;
+          if (err == EPERM) {
+            return absl::PermissionDeniedError(absl::StrCat("socket priority ", socket_priority,
+                                                            " needs CAP_NET_ADMIN or CAP_NET_RAW (0-6 do not)"));
+          }
+          return absl::InternalError(absl::StrCat("setting socket priority ", socket_priority, ": ", std::strerror(err)));
+        };
+        // The priority first: refused for want of a capability, it leaves the first socket,
+        // and so every socket, as it was. Again after the DSCP, since setting IP_TOS resets
+        // an IPv4 socket's priority to the TOS's (ip(7)).
+        if (absl::Status s = set_priority(); !s.ok()) return s;
         if (dscp >= 0) {
           const int tclass = dscp << 2;
           const int rc = family == AF_INET6 ? setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tclass, sizeof(tclass))
                                             : setsockopt(fd, IPPROTO_IP, IP_TOS, &tclass, sizeof(tclass));
           if (rc != 0) return absl::InternalError(absl::StrCat("setting DSCP ", dscp, ": ", std::strerror(errno)));
         }
-        if (socket_priority >= 0 &&
-            setsockopt(fd, SOL_SOCKET, SO_PRIORITY, &socket_priority, sizeof(socket_priority)) != 0) {
-          const int err = errno;
-          if (err == EPERM) {
-            return absl::PermissionDeniedError(absl::StrCat("socket priority ", socket_priority,
-                                                            " needs CAP_NET_ADMIN (0-6 do not)"));
-          }
-          return absl::InternalError(absl::StrCat("setting socket priority ", socket_priority, ": ", std::strerror(err)));
-        }
-        return absl::OkStatus();
+        return set_priority();
       });
       if (!n.ok()) return n.status();
       marked += *n;

@@ -82,7 +82,7 @@ ABSL_FLAG(std::string, traffic_socket_priority, "",
           "The socket priority (SO_PRIORITY) of each priority class's connections between hosts, as LC,DEFAULT,BULK "
           "(-1 leaves a class as it is), e.g. 6,0,2: pfifo_fast's bands (the kernel's default queue on many links) "
           "then send a latency-critical job's packets before a bulk job's. 0-6 need no privilege, higher values "
-          "(an htb class's major:minor) CAP_NET_ADMIN. Empty = unmarked.");
+          "(an htb class's major:minor) CAP_NET_ADMIN or CAP_NET_RAW. Empty = unmarked.");
 ABSL_FLAG(int, max_session_requests, 65536,
           "Requests (collectives and send/recv) one rank's session may have in flight on the sidecar (received, not "
           "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "

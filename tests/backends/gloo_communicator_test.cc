@@ -1,6 +1,9 @@
 // The Gloo communicator with every host on a thread (Gloo's BaseTest::spawn) over an
 // in-memory rendezvous store, plus the reduction kernels it uses.
 #include <gtest/gtest.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -147,6 +150,23 @@ TEST(GlooCommunicatorTest, MarkTrafficMarksEachConnectionToAPeer) {
   EXPECT_EQ(dscp.code(), absl::StatusCode::kInvalidArgument) << dscp;
   EXPECT_NE(dscp.message().find("DSCP 64 is outside [0, 63]"), std::string::npos) << dscp;
   EXPECT_EQ(comms[2]->MarkTraffic(-1, -2).status().code(), absl::StatusCode::kInvalidArgument);
+  // A priority above 6 without CAP_NET_ADMIN and CAP_NET_RAW (dropped from this thread's
+  // effective set: capabilities are per thread) is refused by name, and leaves every socket
+  // as it was.
+  std::thread unprivileged([&] {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct caps[2] = {};
+    ASSERT_EQ(syscall(SYS_capget, &header, caps), 0);
+    for (int cap : {CAP_NET_ADMIN, CAP_NET_RAW}) caps[cap / 32].effective &= ~(1u << (cap % 32));
+    ASSERT_EQ(syscall(SYS_capset, &header, caps), 0);
+    const absl::Status refused = comms[2]->MarkTraffic(46, 7).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+    EXPECT_NE(refused.message().find("socket priority 7 needs CAP_NET_ADMIN or CAP_NET_RAW"), std::string::npos)
+        << refused;
+  });
+  unprivileged.join();
+  EXPECT_EQ(testing::TcpSocketsMarked(46 << 2, 7), 0);
+  EXPECT_EQ(testing::TcpSocketsMarked(46 << 2, 0), 0);
 }
 
 TEST(GlooCommunicatorTest, MissingPeerIsDeadlineExceededThenAborted) {

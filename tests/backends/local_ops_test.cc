@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 
 #include "backends/reduce.h"
@@ -172,6 +173,43 @@ TEST(ThreadPoolSchedulingTest, JobsOfOneClassShareTheThreadsByWeight) {
   EXPECT_GT(ratio, 2.5) << order;
   EXPECT_LT(ratio, 3.5) << order;
   EXPECT_EQ(light->used_ns() % 100000, 0);
+}
+
+// A job that had nothing queued starts at the least virtual runtime of its class's jobs with
+// loops queued (no credit for its idle time, and no debt either): with jobs at 1 ms and 10 ms
+// queued, a waking one starts at 1 ms (it was put at the most, 10 ms: behind every busy job).
+// Deterministic: every chunk blocks until the end, so nothing is charged meanwhile.
+TEST(ThreadPoolSchedulingTest, AWakingJobStartsAtTheLeastVirtualRuntimeOfItsClass) {
+  ThreadPool pool(2, &FakeNowNs);  // one worker and the callers
+  PoolTenant* x = pool.Tenant("x", PoolTenant::kDefault, 1);
+  PoolTenant* y = pool.Tenant("y", PoolTenant::kDefault, 1);
+  PoolTenant* z = pool.Tenant("z", PoolTenant::kDefault, 1);
+  // One chunk runs whole on its caller and is charged at once: x 1 ms, y 10 ms.
+  pool.ParallelFor(1, [](size_t) { fake_now_ns += 1000000; }, x);
+  pool.ParallelFor(1, [](size_t) { fake_now_ns += 10000000; }, y);
+  ASSERT_EQ(pool.VirtualRuntimeNs(x), 1000000);
+  ASSERT_EQ(pool.VirtualRuntimeNs(y), 10000000);
+  ASSERT_EQ(pool.VirtualRuntimeNs(z), 0);
+  absl::Notification release;
+  std::atomic<int> blocked{0};
+  const auto block = [&](size_t) {
+    blocked.fetch_add(1);
+    release.WaitForNotification();
+  };
+  // x's loop: its caller and the worker each hold one of its chunks, 8 stay queued.
+  std::thread tx([&] { pool.ParallelFor(10, block, x); });
+  ASSERT_TRUE(testing::WaitFor([&] { return blocked.load() == 2; }, absl::Seconds(10)));
+  // y's loop queued: its caller takes x's next chunk (x is behind), y's 3 stay queued.
+  std::thread ty([&] { pool.ParallelFor(3, block, y); });
+  ASSERT_TRUE(testing::WaitFor([&] { return blocked.load() == 3; }, absl::Seconds(10)));
+  // z wakes while x (1 ms) and y (10 ms) have loops queued.
+  std::thread tz([&] { pool.ParallelFor(2, block, z); });
+  ASSERT_TRUE(testing::WaitFor([&] { return blocked.load() == 4; }, absl::Seconds(10)));
+  EXPECT_EQ(pool.VirtualRuntimeNs(z), 1000000);
+  release.Notify();
+  tx.join();
+  ty.join();
+  tz.join();
 }
 
 // Two jobs of one class and weight, each issuing a mix of loops (collectives of different
