@@ -315,8 +315,10 @@ std::shared_ptr<Work> SessionProcessGroup::Issue(Request r) {
   if (sent) {
     // The segment stays this op's until `filled`: its Finish (or FailAll) waits for it.
     const char* src = static_cast<const char*>(r.inputs[0].first);
-    for (size_t off = 0; off < stage_in; off += kFillPieceBytes) {
-      const size_t n = std::min(kFillPieceBytes, stage_in - off);
+    // Pieces of a quarter of the tensor, 256 KiB to 1 MiB: the readers start after the first.
+    const size_t piece = std::clamp(stage_in / 4, kFillPieceMinBytes, kFillPieceBytes);
+    for (size_t off = 0; off < stage_in; off += piece) {
+      const size_t n = std::min(piece, stage_in - off);
       std::memcpy(segment + off, src + off, n);
       __atomic_store_n(count, static_cast<uint64_t>(off + n), __ATOMIC_RELEASE);
     }

@@ -59,10 +59,11 @@ namespace collserve::client {
 inline constexpr absl::Duration kClientGrace = absl::Seconds(10);
 // The largest gRPC message of a session (bytes): inline tensors of a remote session.
 inline constexpr int64_t kMaxMessageBytes = 1 << 30;
-// A pipelined broadcast's root publishes its copy's progress every this many bytes (1 MiB:
-// bench/membw.cc's BM_PipelinedHeapBroadcast hides the root's copy of 64 MiB under the
-// readers' with it).
+// A pipelined broadcast's root publishes its copy's progress every quarter of the tensor,
+// at least kFillPieceMinBytes and at most kFillPieceBytes (1 MiB: bench/membw.cc's
+// BM_PipelinedHeapBroadcast hides the root's copy of 64 MiB under the readers' with it).
 inline constexpr size_t kFillPieceBytes = size_t{1} << 20;
+inline constexpr size_t kFillPieceMinBytes = size_t{256} << 10;
 
 // The calling thread's call site (ScopedCallSite, SetCallSite): what its next collective
 // carries (Collective.call_site).

@@ -59,7 +59,7 @@ ABSL_FLAG(bool, arena, false,
           "(ProcessGroup::AllocateShared), so zero-copy and copied tensors meet in one call");
 ABSL_FLAG(int64_t, big_broadcast_bytes, int64_t{8} << 20,
           "big_broadcast: bytes of each broadcast (a multiple of 4; above the SDK's "
-          "kPipelinedBroadcastMinBytes, 4 MiB, for the pipelined broadcast)");
+          "kPipelinedBroadcastMinBytes, 1 MiB, for the pipelined broadcast)");
 
 namespace {
 

@@ -106,11 +106,11 @@ TEST(SurfaceArenaTest, EveryCollectiveWithArenaAndOrdinaryTensors) {
 
 // Large broadcasts of ordinary tensors, whose roots send the request before copying the
 // tensor (the pipelined broadcast): on one host the readers follow the root's copy; across
-// hosts the root's sidecar waits for it before sending the bytes on. 8 MiB each; under a
-// sanitizer (TSan: 120 s for this test at 8 MiB) just above the pipelined broadcast's 4 MiB
-// threshold.
+// hosts the root's sidecar waits for it before sending the bytes on. 8 MiB each (1 MiB
+// pieces); under a sanitizer (TSan: 120 s for this test at 8 MiB) just above the pipelined
+// broadcast's 1 MiB threshold (pieces of a quarter of it, the last one short).
 TEST(SurfaceBroadcastTest, LargeOrdinaryTensorsFromEveryRootOnOneHostAndAcrossHosts) {
-  const int64_t bytes = UnderSanitizer(int64_t{8} << 20, (int64_t{4} << 20) + 4096);  // kPipelinedBroadcastMinBytes: 4 MiB
+  const int64_t bytes = UnderSanitizer(int64_t{8} << 20, (int64_t{1} << 20) + 4096);  // kPipelinedBroadcastMinBytes: 1 MiB
   for (Config cfg : {Config{4, 1}, Config{4, 2}}) {
     SCOPED_TRACE(::testing::PrintToString(cfg));
     ExpectAll(RunRanks(cfg, {"--mode=big_broadcast", absl::StrCat("--big_broadcast_bytes=", bytes)}),
