@@ -76,9 +76,9 @@ class PoolTenant {
 // queued starts at the least virtual runtime of its class's tenants with loops queued, so
 // idleness earns no credit. (So weights act between jobs that keep loops queued: a job that
 // issues one loop at a time has none queued between them, and the others run meanwhile;
-// bench/RESULTS.md "Fair share between two busy jobs".) A caller takes the best loop's chunk too, whoever's it is (of its lane, below),
-// until its own loop is claimed: a default job's thread serves a latency-critical job's
-// reduction before its own.
+// bench/RESULTS.md "Fair share between two busy jobs".) A caller takes the best loop's
+// chunk too, whoever's it is (of its lane, below), until its own loop is claimed: a default
+// job's thread serves a latency-critical job's reduction before its own.
 // Chunks are the unit (kLocalChunkBytes): a loop waits for at most one chunk per thread of
 // another before it runs. Nothing waits on another loop's completion, so no loop can hold
 // up another past the chunks already taken.

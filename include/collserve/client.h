@@ -94,9 +94,9 @@ struct InitOptions {
   bool peer_reads = true;
   // With shared memory: a broadcast root whose ordinary (non-arena) tensor holds at least
   // kPipelinedBroadcastMinBytes sends its request first and then copies the tensor into its
-  // staging segment in pieces (a quarter of it, 256 KiB to 1 MiB), publishing how far it got (collserve.v1.Buffer.fill_offset);
-  // peer readers copy each piece out as soon as it is there, so the root's copy and the
-  // receivers' overlap instead of running one after the other (docs/architecture.md, "Peer
+  // staging segment in pieces (a quarter of it, 256 KiB to 1 MiB), publishing how far it
+  // got (collserve.v1.Buffer.fill_offset); peer readers copy each piece out as soon as it is
+  // there, so the root's copy and the receivers' overlap instead of running one after the other (docs/architecture.md, "Peer
   // reads"). Env: COLLSERVE_PIPELINED_BROADCAST=0 turns it off.
   bool pipelined_broadcast = true;
   static constexpr int64_t kPipelinedBroadcastMinBytes = int64_t{1} << 20;
