@@ -27,7 +27,12 @@ each job's connections with its class (--traffic_dscp=46,0,8: latency-critical E
 Needs root (ip netns, tc). Every namespace it makes is deleted at exit.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/noisy_neighbor_hosts.py [--rate 1gbit] [--seconds 6] [--reps 3]
-        [--link fifo|priority] [--no-gloo]
+        [--link fifo|priority] [--no-gloo] [--compare-whole]
+
+The sidecars run with their default scheduler of steps between hosts (--link_piece_bytes:
+while A's latency-critical collectives run between hosts, B's all_reduce goes in 512 KiB
+pieces, each waiting for A's collective on its host); --compare-whole adds the classes with
+it off (classes_whole), in the same run.
 """
 import argparse
 import json
@@ -103,8 +108,9 @@ def start_ranks(net, cmd, job, token, d, env_extra):
     return procs
 
 
-def run(a, net, build, policy, with_a, with_b, b_iters):
-    """One configuration through collserve: (A's {size: [p50, p99, n]} or None, B's busbw or None)."""
+def run(a, net, build, policy, with_a, with_b, b_iters, sidecar_flags=()):
+    """One configuration through collserve: (A's {size: [p50, p99, n]} or None, B's busbw or None).
+    `sidecar_flags`: more flags of both sidecars."""
     daemons = nn.daemons_module(build)
     d = tempfile.mkdtemp(prefix="collserve-noisy2.")
     started = []
@@ -124,7 +130,9 @@ def run(a, net, build, policy, with_a, with_b, b_iters):
                                   f"--coordinator={net.ip(1)}:{COORD_PORT}", f"--unix_socket={d}/s{h}.sock",
                                   f"--gloo_hostname={net.ip(h)}", f"--host_id=host{h}", "--metrics_address=",
                                   "--log_level=warning", f"--port_file={d}/s{h}.port",
-                                  *([f"--traffic_dscp={TRAFFIC_DSCP}"] if a.link == "priority" else [])],
+                                  *([f"--traffic_dscp={TRAFFIC_DSCP}"] if a.link == "priority" else []),
+                                  *([f"--link_piece_bytes={a.piece_bytes}"] if a.piece_bytes is not None else []),
+                                  *sidecar_flags],
                                  stderr=open(os.path.join(d, f"s{h}.log"), "w"))
             started.append(s)
             wait_file(f"{d}/s{h}.port", s, f"collserve-sidecar on host {h}")
@@ -181,6 +189,11 @@ def main():
     p.add_argument("--no-gloo", dest="gloo", action="store_false", help="leave out the pair on torch's Gloo")
     p.add_argument("--link", choices=("fifo", "priority"), default="fifo",
                    help="the bottleneck: one FIFO (tbf), or classes by DSCP (htb) with the jobs' connections marked")
+    p.add_argument("--piece-bytes", dest="piece_bytes", type=int, default=None,
+                   help="the sidecars' --link_piece_bytes (default: theirs, 512 KiB)")
+    p.add_argument("--compare-whole", dest="compare_whole", action="store_true",
+                   help="also run the classes with the sidecars' scheduler of steps between hosts off "
+                        "(--link_piece_bytes=0: B's transfers go whole), configuration classes_whole")
     a = p.parse_args()
     build = os.path.abspath(a.build)
     classes = {"a": {"priority_class": "PRIORITY_CLASS_LATENCY_CRITICAL"}, "b": {"priority_class": "PRIORITY_CLASS_BULK"}}
@@ -191,7 +204,7 @@ def main():
         b_iters = max(4, int((a.seconds + 2) / op_s))
         print(f"# link {a.rate} ({a.link}); B alone: {bw0:.3f} GB/s busbw, {op_s * 1e3:.0f} ms per 64 MiB all_reduce; "
               f"B runs {b_iters} ops per configuration", flush=True)
-        names = ("a_alone", "b_alone", "classes", "equal") + (
+        names = ("a_alone", "b_alone", "classes", "equal") + (("classes_whole",) if a.compare_whole else ()) + (
             ("gloo_a_alone", "gloo_b_alone", "gloo_shared") if a.gloo else ())
         results = {k: [] for k in names}
         for rep in range(a.reps):
@@ -199,6 +212,9 @@ def main():
             results["b_alone"].append(run(a, net, build, classes, False, True, b_iters))
             results["classes"].append(run(a, net, build, classes, True, True, b_iters))
             results["equal"].append(run(a, net, build, {}, True, True, b_iters))
+            if a.compare_whole:
+                results["classes_whole"].append(run(a, net, build, classes, True, True, b_iters,
+                                                    ("--link_piece_bytes=0",)))
             if a.gloo:
                 results["gloo_a_alone"].append(run_gloo(a, net, True, False, b_iters))
                 results["gloo_b_alone"].append(run_gloo(a, net, False, True, b_iters))
@@ -213,6 +229,8 @@ def main():
         bw = f"{med([r[1] for r in rows]):.3f}" if rows[0][1] is not None else "-"
         print(f"{k:<13} {cols[0]:>18} {cols[1]:>22} {bw:>13}")
     pairs = [("classes", "a_alone", "b_alone"), ("equal", "a_alone", "b_alone")]
+    if a.compare_whole:
+        pairs.append(("classes_whole", "a_alone", "b_alone"))
     if a.gloo:
         pairs.append(("gloo_shared", "gloo_a_alone", "gloo_b_alone"))
     for k, a_alone, b_alone in pairs:

@@ -37,8 +37,12 @@ struct RankArgs {
   // When the request reached its sidecar (Unix ns, that host's clock; 0 = unknown): the
   // flight recorder's arrival times and skew. Not compared between ranks.
   int64_t arrived_ns = 0;
+  // The piece size the rank's host proposes for this collective's transfers between hosts
+  // (LinkScheduler::ProposedPieceBytes; 0 = none); every host cuts at AgreedPieceBytes of
+  // all ranks'. Set by the exchange; not compared between ranks.
+  int64_t piece_bytes = 0;
 };
-static_assert(sizeof(RankArgs) == 96, "RankArgs is exchanged as raw bytes");
+static_assert(sizeof(RankArgs) == 104, "RankArgs is exchanged as raw bytes");
 
 // The largest call site a request may carry, in bytes (longer ones are cut).
 inline constexpr size_t kMaxCallSiteBytes = 256;

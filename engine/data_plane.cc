@@ -37,10 +37,15 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
     run.times[static_cast<int>(stage)] += now - mark;
     mark = now;
   };
+  // Between hosts: better classes' collectives go first on this host's link
+  // (LinkScheduler), from the argument exchange to the end of the data step.
+  LinkScheduler::Active on_link;
+  if (env_.link != nullptr && topology_.num_hosts > 1) on_link = env_.link->Begin(params_.priority);
   if (AgreeStage(run, absent, ahead)) {
     lap(Stage::kAgree);
     const char* algorithm = "local";
     const absl::Status status = ExecuteStage(run, &algorithm);
+    on_link.End();
     lap(Stage::kExecute);
     CompleteStage(run, status, algorithm);
     lap(Stage::kComplete);
@@ -76,7 +81,8 @@ bool Group::AgreeStage(Running& run, const std::vector<int>& absent, const std::
     // An earlier exchange carried every rank's arguments of this collective.
     exchanged = std::move(prefetched_.front());
     prefetched_.pop_front();
-    for (const RankArgs& a : mine) {
+    for (RankArgs& a : mine) {
+      a.piece_bytes = (*exchanged)[a.rank].piece_bytes;  // the host's proposal when it was sent
       if (std::memcmp(&a, &(*exchanged)[a.rank], sizeof a) != 0) {
         exchanged = absl::InternalError(absl::StrCat("rank ", a.rank, "'s arguments changed after they were sent"));
         break;

@@ -29,7 +29,8 @@ Engine::Engine(EngineOptions options, CoordinatorLink* coordinator, const backen
       backends_(backends),
       observer_(observer),
       inline_budget_(options_.max_inline_bytes),
-      job_inline_budgets_(&inline_budget_) {
+      job_inline_budgets_(&inline_budget_),
+      link_(options_.link) {
   int threads = options_.data_threads;
   if (threads <= 0) threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   pool_ = std::make_unique<backends::ThreadPool>(threads, nullptr, options_.bulk_nice);
@@ -228,6 +229,7 @@ std::shared_ptr<Group> Engine::GetOrCreate(const GroupParams& params) {
     env.straggler_threshold = options_.straggler_threshold;
     env.lease_renewal = options_.lease_renewal;
     env.traffic_marks = options_.traffic_marks;
+    env.link = &link_;
     env.fail_after_data_step_group = options_.fail_after_data_step_group;
     env.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     env.on_empty = [this](Group* group) { Remove(group); };

@@ -29,6 +29,7 @@
 #include "engine/group.h"
 #include "engine/hierarchical.h"
 #include "engine/interfaces.h"
+#include "engine/link_scheduler.h"
 #include "engine/stages.h"
 #include "engine/types.h"
 
@@ -88,6 +89,11 @@ struct EngineOptions {
   // backend's connections with their job's class's once connected (a failure is logged, the
   // group goes on unmarked). Unmarked by default.
   std::array<TrafficMark, 3> traffic_marks;
+  // The host's scheduler of steps between hosts (LinkScheduler): while a better class has
+  // collectives between hosts on this host, a lower class's all_reduce and broadcast between
+  // hosts go in pieces of link.piece_bytes, each waiting its turn (at most link.max_wait).
+  // piece_bytes 0: off.
+  LinkSchedulerOptions link;
 };
 
 // Thread-safe.
@@ -141,6 +147,9 @@ class Engine {
   // ranks' bytes, and the time they spent in each stage of the data plane (engine/stages.h),
   // for per-job metrics. Thread-safe.
   std::vector<JobStageTable::Usage> JobStages() const { return job_stages_.Snapshot(); }
+  // The host's scheduler of steps between hosts (EngineOptions::link): its counters per
+  // class for metrics, its waiters for tests. Thread-safe.
+  LinkScheduler& link() { return link_; }
   // Every group with local ranks attached (current and earlier generations), as its ledger
   // would report it (Group::Progress: job, group, generation, state, its local ranks), for
   // a drain's report. Thread-safe.
@@ -172,6 +181,7 @@ class Engine {
   InlineBudget inline_budget_;                  // the same
   JobInlineBudgets job_inline_budgets_;         // the same; each job's, under inline_budget_
   JobStageTable job_stages_;                    // outlives the groups too
+  LinkScheduler link_;                          // the same
 
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);

@@ -216,7 +216,11 @@ absl::StatusOr<std::vector<RankArgs>> Group::ExchangeArgs(std::vector<RankArgs> 
     payload_offset_ = args_bytes * (1 + depth);
     const size_t block = payload_offset_ + Hierarchical::kFusedBytes;
     exchange_send_.assign(block, 0);
+    // This host's proposal for cutting the transfers of these collectives (LinkScheduler).
+    const int64_t piece_bytes =
+        env_.link != nullptr ? static_cast<int64_t>(env_.link->ProposedPieceBytes(params_.priority)) : 0;
     const auto put = [&](std::vector<RankArgs> args, size_t slot) {
+      for (RankArgs& a : args) a.piece_bytes = piece_bytes;
       args.resize(max_local);  // padding: rank -1
       std::memcpy(exchange_send_.data() + slot * args_bytes, args.data(), args_bytes);
     };

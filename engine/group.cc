@@ -210,6 +210,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
           ? env_.pool->Tenant(params_.job, params_.priority, params_.share_weight, params_.max_data_threads)
           : nullptr;
   algorithms_ = std::make_unique<Hierarchical>(topology_, env_.pool, env_.algorithms, tenant);
+  algorithms_->set_link(env_.link, params_.priority);
   executor_ = std::thread([this] { ExecutorMain(); });
 }
 

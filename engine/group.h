@@ -33,6 +33,7 @@
 #include "engine/collective_args.h"
 #include "engine/hierarchical.h"
 #include "engine/interfaces.h"
+#include "engine/link_scheduler.h"
 #include "engine/p2p.h"
 #include "engine/stages.h"
 #include "engine/submission.h"
@@ -73,6 +74,8 @@ struct GroupEnv {
   absl::Duration lease_renewal = absl::Seconds(2);
   // EngineOptions::traffic_marks, by priority class.
   std::array<TrafficMark, 3> traffic_marks;
+  // The host's scheduler of steps between hosts (the engine's); null: transfers go whole.
+  LinkScheduler* link = nullptr;
   // EngineOptions::fail_after_data_step_group/_seq (tests only).
   std::string fail_after_data_step_group;
   int64_t fail_after_data_step_seq = -1;

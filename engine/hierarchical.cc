@@ -58,6 +58,14 @@ void Hierarchical::FinishFused(const RankArgs& a, std::map<int, Submission>& sub
 absl::Status Hierarchical::Run(const std::vector<RankArgs>& all, const std::vector<RankSplits>& splits,
                                std::map<int, Submission>& subs, absl::Duration timeout, const char** algorithm) {
   algorithm_ = "local";
+  last_pieces_ = 1;
+  piece_bytes_ = 0;
+  if (link_ != nullptr && topology_.num_hosts > 1) {
+    std::vector<int64_t> proposals;
+    proposals.reserve(all.size());
+    for (const RankArgs& r : all) proposals.push_back(r.piece_bytes);
+    piece_bytes_ = AgreedPieceBytes(proposals);
+  }
   absl::Status status;
   switch (OpOf(all[0])) {
     case CollectiveOp::kBarrier:
@@ -104,6 +112,21 @@ std::vector<int64_t> Offsets(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+absl::Status Hierarchical::InPieces(
+    size_t count, size_t element_size, absl::Duration timeout,
+    const std::function<absl::Status(size_t first, size_t n, absl::Duration left)>& transfer) {
+  const std::vector<std::pair<size_t, size_t>> pieces = CutIntoPieces(count, element_size, piece_bytes_);
+  last_pieces_ = pieces.size();
+  if (link_ != nullptr && pieces.size() > 1) link_->RecordCut(priority_, pieces.size());
+  const absl::Time deadline = absl::Now() + timeout;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0 && link_ != nullptr) link_->AwaitTurn(priority_);
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    COLLSERVE_RETURN_IF_ERROR(transfer(pieces[i].first, pieces[i].second, left));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Hierarchical::RunBroadcast(const std::vector<RankArgs>& all, std::map<int, Submission>& subs,
                                         absl::Duration timeout) {
   const RankArgs& a = all[0];
@@ -115,7 +138,9 @@ absl::Status Hierarchical::RunBroadcast(const std::vector<RankArgs>& all, std::m
   if (topology_.num_hosts > 1) {
     const int root_host = topology_.rank_host[root];
     algorithm_ = "local+gloo_broadcast";
-    COLLSERVE_RETURN_IF_ERROR(comm_->Broadcast(buf, bytes, root_host, timeout));
+    COLLSERVE_RETURN_IF_ERROR(InPieces(bytes, 1, timeout, [&](size_t first, size_t n, absl::Duration left) {
+      return comm_->Broadcast(buf + first, n, root_host, left);
+    }));
   }
   copies_.clear();
   for (auto& [rank, sub] : subs) {
@@ -166,8 +191,12 @@ absl::Status Hierarchical::ReduceAcrossHosts(const RankArgs& a, std::map<int, Su
   backends::LocalReduce& r = LocalReduceOf(a, subs, offset, count);
   r.dsts.push_back(acc);
   backends::RunLocalReduce(*pool_, r, tenant_);
-  return comm_->AllReduce(acc, count, static_cast<DataType>(a.dtype), wire_op, timeout,
-                          ChooseAllReduce(Bytes(a, static_cast<int64_t>(count))));
+  const DataType dtype = static_cast<DataType>(a.dtype);
+  const size_t element = ElementSize(dtype);
+  const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(Bytes(a, static_cast<int64_t>(count)));
+  return InPieces(count, element, timeout, [&](size_t first, size_t n, absl::Duration left) {
+    return comm_->AllReduce(acc + first * element, n, dtype, wire_op, left, algorithm);
+  });
 }
 
 // ALL_REDUCE and REDUCE. One host: a single pass reduces the local inputs chunk by chunk
@@ -237,8 +266,18 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
       comm_outputs_.push_back(sub.in);
     }
     const backends::AllReduceAlgorithm algorithm = ChooseAllReduce(bytes);
-    COLLSERVE_RETURN_IF_ERROR(comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count,
-                                                    static_cast<DataType>(a.dtype), wire_op, timeout, algorithm));
+    const DataType dtype = static_cast<DataType>(a.dtype);
+    const size_t element = ElementSize(dtype);
+    COLLSERVE_RETURN_IF_ERROR(InPieces(count, element, timeout, [&](size_t first, size_t n, absl::Duration left) {
+      if (first == 0 && n == count) {
+        return comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count, dtype, wire_op, left, algorithm);
+      }
+      piece_inputs_.clear();
+      piece_outputs_.clear();
+      for (const void* in : comm_inputs_) piece_inputs_.push_back(static_cast<const char*>(in) + first * element);
+      for (void* out : comm_outputs_) piece_outputs_.push_back(static_cast<char*>(out) + first * element);
+      return comm_->AllReduceLocal(piece_inputs_, piece_outputs_, n, dtype, wire_op, left, algorithm);
+    }));
     if (avg) {
       backends::LocalReduce& div = LocalReduceOf(a, subs, 0, count);
       div.op = ReduceOp::kSum;

@@ -19,6 +19,7 @@
 #define COLLSERVE_ENGINE_HIERARCHICAL_H_
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "backends/communicator.h"
 #include "backends/local_ops.h"
 #include "engine/collective_args.h"
+#include "engine/link_scheduler.h"
 #include "engine/submission.h"
 #include "engine/topology.h"
 
@@ -55,6 +57,18 @@ class Hierarchical {
 
   // The communicator among the group's hosts (null with one host); must outlive the calls.
   void set_communicator(backends::Communicator* comm) { comm_ = comm; }
+
+  // The host's scheduler of steps between hosts and the group's class in it (null: every
+  // transfer goes whole). all_reduce (and reduce, reduce_scatter) and broadcast between
+  // hosts then go in the pieces the exchanged arguments agree on (AgreedPieceBytes of each
+  // rank's RankArgs::piece_bytes), each piece after the first once `link` gives the class
+  // its turn. all_gather, gather, scatter and all_to_all go whole.
+  void set_link(LinkScheduler* link, int priority) {
+    link_ = link;
+    priority_ = priority;
+  }
+  // How many pieces the last collective's transfer between hosts went in (1: whole).
+  size_t last_pieces() const { return last_pieces_; }
 
   // A small all_reduce across hosts rides with the argument exchange (executor.cc): every
   // host appends its partial result, padded to kFusedBytes, to its ranks' arguments, so
@@ -101,6 +115,11 @@ class Hierarchical {
   // (SUM for AVG/PREMUL_SUM; the caller divides). Sets algorithm_.
   absl::Status ReduceAcrossHosts(const RankArgs& a, std::map<int, Submission>& subs, size_t offset, char* acc,
                                  size_t count, absl::Duration timeout);
+  // Runs `transfer(first, n)` over the pieces of `count` elements of `element_size` bytes
+  // (piece_bytes_; one piece when 0), each after the first once link_ gives priority_ its
+  // turn, every piece within what is left of `timeout`; stops at the first error.
+  absl::Status InPieces(size_t count, size_t element_size, absl::Duration timeout,
+                        const std::function<absl::Status(size_t first, size_t n, absl::Duration left)>& transfer);
   // Gloo's all_reduce algorithm for `bytes` across hosts; sets algorithm_.
   backends::AllReduceAlgorithm ChooseAllReduce(size_t bytes);
   // Whether an all_reduce of `bytes` across `num_hosts` takes the direct exchange.
@@ -115,12 +134,18 @@ class Hierarchical {
   const AlgorithmOptions options_;
   backends::PoolTenant* const tenant_;
   backends::Communicator* comm_ = nullptr;
+  LinkScheduler* link_ = nullptr;
+  int priority_ = 1;
+  size_t piece_bytes_ = 0;  // the running collective's AgreedPieceBytes
+  size_t last_pieces_ = 1;
   const char* algorithm_ = "local";
   // Reused by every collective so that repeated calls allocate no tensor-sized memory.
   backends::LocalReduce local_reduce_;
   std::vector<backends::CopyJob> copies_;
   std::vector<const void*> comm_inputs_;
   std::vector<void*> comm_outputs_;
+  std::vector<const void*> piece_inputs_;  // comm_inputs_/comm_outputs_ at one piece's offset
+  std::vector<void*> piece_outputs_;
   std::vector<char> scratch_a_, scratch_b_;
 };
 

@@ -83,6 +83,16 @@ ABSL_FLAG(std::string, traffic_socket_priority, "",
           "(-1 leaves a class as it is), e.g. 6,0,2: pfifo_fast's bands (the kernel's default queue on many links) "
           "then send a latency-critical job's packets before a bulk job's. 0-6 need no privilege, higher values "
           "(an htb class's major:minor) CAP_NET_ADMIN or CAP_NET_RAW. Empty = unmarked.");
+ABSL_FLAG(int64_t, link_piece_bytes, int64_t{512} << 10,
+          "While a job of a better priority class has collectives between hosts on this host, a lower class's "
+          "all_reduce and broadcast between hosts go in pieces of this many bytes (at least 65536), each piece "
+          "waiting until no better class has a collective between hosts running here (at most "
+          "--link_max_wait_ms), so that a small collective of a better class waits behind one piece of another "
+          "job's bytes, not all of them, on a link that queues in one FIFO. Hosts agree on the smallest of their "
+          "proposals per collective. 0 = never cut.");
+ABSL_FLAG(int64_t, link_max_wait_ms, 20,
+          "The longest one piece of a lower class's transfer waits for better classes (--link_piece_bytes), in "
+          "milliseconds, so that no class starves.");
 ABSL_FLAG(int, max_session_requests, 65536,
           "Requests (collectives and send/recv) one rank's session may have in flight on the sidecar (received, not "
           "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "
@@ -200,6 +210,18 @@ int main(int argc, char** argv) {
                    &options.traffic_socket_priority)) {
     return 2;
   }
+  const int64_t link_piece_bytes = absl::GetFlag(FLAGS_link_piece_bytes);
+  if (link_piece_bytes != 0 && (link_piece_bytes < 65536 || link_piece_bytes > (int64_t{1} << 40))) {
+    std::cerr << "--link_piece_bytes must be 0 (never cut) or in [65536, 2^40]\n";
+    return 2;
+  }
+  const int64_t link_max_wait_ms = absl::GetFlag(FLAGS_link_max_wait_ms);
+  if (link_max_wait_ms < 0 || link_max_wait_ms > 60000) {
+    std::cerr << "--link_max_wait_ms must be in [0, 60000]\n";
+    return 2;
+  }
+  options.link_piece_bytes = static_cast<size_t>(link_piece_bytes);
+  options.link_max_wait = absl::Milliseconds(link_max_wait_ms);
   options.allreduce_algorithm = absl::GetFlag(FLAGS_allreduce_algorithm);
   if (absl::GetFlag(FLAGS_ring_min_bytes) < 0 || absl::GetFlag(FLAGS_ring_segment_bytes) < 0 ||
       absl::GetFlag(FLAGS_direct_max_bytes) < 0) {

@@ -435,6 +435,8 @@ class SidecarImpl : public Sidecar {
       eo.traffic_marks[c].dscp = options_.traffic_dscp[c];
       eo.traffic_marks[c].socket_priority = options_.traffic_socket_priority[c];
     }
+    eo.link.piece_bytes = options_.link_piece_bytes;
+    eo.link.max_wait = options_.link_max_wait;
     eo.fail_after_data_step_group = options_.fail_after_data_step_group;
     eo.fail_after_data_step_seq = options_.fail_after_data_step_seq;
     if (!eo.fail_after_data_step_group.empty()) {
@@ -575,7 +577,32 @@ class SidecarImpl : public Sidecar {
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
     for (GaugeValue& j : JobDataPathMetrics()) g.push_back(std::move(j));
     for (GaugeValue& j : JobStageMetrics()) g.push_back(std::move(j));
+    for (GaugeValue& l : LinkMetrics()) g.push_back(std::move(l));
     return g;
+  }
+
+  // The scheduler of steps between hosts (engine::LinkScheduler), per priority_class.
+  std::vector<GaugeValue> LinkMetrics() {
+    static constexpr const char* kClass[] = {"latency_critical", "default", "bulk"};
+    std::vector<GaugeValue> out;
+    for (int c = 0; c < engine::LinkScheduler::kNumClasses; ++c) {
+      const engine::LinkScheduler::Counters k = engine_->link().CountersOf(c);
+      const std::map<std::string, std::string> labels = {{"priority_class", kClass[c]}};
+      out.push_back(GaugeValue{"collserve_link_cut_transfers_total",
+                               "Transfers between hosts (all_reduce, broadcast) of the class this sidecar cut into "
+                               "pieces because a better class had collectives between hosts here "
+                               "(--link_piece_bytes).",
+                               static_cast<double>(k.cut), /*counter=*/true, labels});
+      out.push_back(GaugeValue{"collserve_link_pieces_total", "The pieces of those transfers.",
+                               static_cast<double>(k.pieces), /*counter=*/true, labels});
+      out.push_back(GaugeValue{"collserve_link_waits_total",
+                               "Pieces of the class that waited for a better class's collective between hosts "
+                               "before going (each at most --link_max_wait_ms).",
+                               static_cast<double>(k.waits), /*counter=*/true, labels});
+      out.push_back(GaugeValue{"collserve_link_wait_seconds_total", "Their time waited, seconds.",
+                               absl::ToDoubleSeconds(k.waited), /*counter=*/true, labels});
+    }
+    return out;
   }
 
   // The collserve_job and priority_class labels of a job's per-job series: its name for the

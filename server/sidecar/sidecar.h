@@ -83,6 +83,11 @@ struct SidecarOptions {
   // (latency-critical, default, bulk; -1 = unmarked): engine::EngineOptions::traffic_marks.
   std::array<int, 3> traffic_dscp{-1, -1, -1};
   std::array<int, 3> traffic_socket_priority{-1, -1, -1};
+  // The host's scheduler of steps between hosts (engine::EngineOptions::link): pieces of a
+  // lower class's transfers while a better class is busy (0 = never cut), and the longest
+  // one piece waits.
+  size_t link_piece_bytes = size_t{512} << 10;
+  absl::Duration link_max_wait = absl::Milliseconds(20);
   // How long Start waits for the coordinator's channel to connect. After it, the sidecar
   // serves anyway, not ready (below), and keeps trying.
   absl::Duration coordinator_connect_timeout = absl::Seconds(10);

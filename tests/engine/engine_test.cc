@@ -599,6 +599,92 @@ TEST(EngineTest, AGroupAcrossHostsMarksItsConnectionsWithItsClasssTrafficMarks) 
   });
 }
 
+// The host-wide scheduler of steps between hosts (engine::LinkScheduler): once a
+// latency-critical job ran collectives between hosts here, a bulk job's all_reduce and
+// broadcast between hosts go in pieces (the hosts agree on the smaller of their proposals),
+// and a piece waits while the latency-critical job has a collective running on its host.
+TEST(EngineTest, ABulkJobsTransfersBetweenHostsGoInPiecesThatWaitForALatencyCriticalJob) {
+  TestCluster cluster(2, [](engine::EngineOptions& o) {
+    o.link.piece_bytes = o.host_id == "host0" ? (64 << 10) : (128 << 10);
+    o.link.max_wait = absl::Seconds(60);
+    o.link.recent = absl::Minutes(10);
+    // Gloo's ring at every size, as a large all_reduce between hosts takes it (the direct
+    // exchange, at most direct_max_bytes, goes whole).
+    o.algorithms.direct_max_bytes = 0;
+    o.algorithms.ring_min_bytes = 0;
+  });
+  auto lc = cluster.Form("lc", 2, absl::Seconds(30), false, [](engine::AttachRequest& a) {
+    a.job = "a";
+    a.priority = 0;
+  });
+  ASSERT_TRUE(lc.ok()) << lc.status();
+  auto bulk = cluster.Form("bulk", 2, absl::Seconds(30), false, [](engine::AttachRequest& a) {
+    a.job = "b";
+    a.priority = 2;
+  });
+  ASSERT_TRUE(bulk.ok()) << bulk.status();
+  constexpr size_t kCount = 64 << 10;  // floats: 256 KiB, 4 pieces of 64 KiB
+  const auto input = [](int rank) {
+    std::vector<float> v(kCount);
+    for (size_t i = 0; i < kCount; ++i) v[i] = static_cast<float>(rank * 1000 + static_cast<int>(i % 977));
+    return v;
+  };
+  std::atomic<int> bulk_done{0};
+  const auto all_reduce_bulk = [&](TestRank& r) {
+    Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, input(r.rank)));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    const std::vector<float> got = FloatsOf(c.inline_data);
+    ASSERT_EQ(got.size(), kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(got[i], static_cast<float>(1000 + 2 * static_cast<int>(i % 977))) << "element " << i;
+    }
+    bulk_done.fetch_add(1);
+  };
+  const auto counters = [&](int host) { return cluster.engine(host).link().CountersOf(2); };
+  // No better class has run here yet: the transfer goes whole.
+  OnEveryRank(*bulk, all_reduce_bulk);
+  EXPECT_EQ(counters(0).cut, 0u);
+  EXPECT_EQ(counters(1).cut, 0u);
+  OnEveryRank(*lc, [](TestRank& r) { ASSERT_TRUE(r.Call(FloatRequest(CollectiveOp::kAllReduce, {1})).status.ok()); });
+  // The latency-critical job's rank 0 calls its next all_reduce alone: host 0 has a
+  // latency-critical collective running (its exchange waits for rank 1).
+  TestRank& lc0 = (*lc)[0];
+  engine::Request held = FloatRequest(CollectiveOp::kAllReduce, {1});
+  held.seq = lc0.next_seq++;
+  const int64_t held_seq = held.seq;
+  lc0.group->Submit(0, std::move(held));
+  ASSERT_TRUE(WaitFor([&] { return cluster.engine(0).link().Running(0) == 1; }, absl::Seconds(20)));
+  bulk_done = 0;
+  std::thread bulk_calls([&] { OnEveryRank(*bulk, all_reduce_bulk); });
+  // Its first piece goes; the second waits on host 0 for the latency-critical collective.
+  const bool waited = WaitFor([&] { return cluster.engine(0).link().Waiting() == 1; }, absl::Seconds(20));
+  EXPECT_TRUE(waited);
+  EXPECT_EQ(bulk_done.load(), 0);
+  Completion c1 = (*lc)[1].Call(FloatRequest(CollectiveOp::kAllReduce, {1}));
+  ASSERT_TRUE(c1.status.ok()) << c1.status;
+  EXPECT_EQ(FloatsOf(c1.inline_data), (std::vector<float>{2}));
+  Completion c0 = lc0.session->WaitCompletion(held_seq, absl::Seconds(30));
+  ASSERT_TRUE(c0.status.ok()) << c0.status;
+  bulk_calls.join();
+  EXPECT_EQ(bulk_done.load(), 2);
+  for (int host = 0; host < 2; ++host) {
+    EXPECT_EQ(counters(host).cut, 1u) << host;
+    EXPECT_EQ(counters(host).pieces, 4u) << host;  // the smaller proposal: 64 KiB
+    EXPECT_EQ(cluster.engine(host).link().CountersOf(0).cut, 0u) << host;  // the better class goes whole
+  }
+  EXPECT_GE(counters(0).waits, 1u);
+  EXPECT_GT(counters(0).waited, absl::ZeroDuration());
+  // A broadcast from host 1's rank: in pieces too, every element delivered.
+  OnEveryRank(*bulk, [&](TestRank& r) {
+    auto q = FloatRequest(CollectiveOp::kBroadcast, r.rank == 1 ? input(7) : std::vector<float>(kCount, -1));
+    q.root = 1;
+    Completion c = r.Call(std::move(q));
+    ASSERT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(FloatsOf(c.inline_data), input(7));
+  });
+  for (int host = 0; host < 2; ++host) EXPECT_EQ(counters(host).pieces, 8u) << host;
+}
+
 TEST(EngineTest, RankThatNeverCallsTimesOutEveryRank) {
   TestCluster cluster(2);
   auto formed = cluster.Form("timeout", 4, /*op_timeout=*/absl::Seconds(2));

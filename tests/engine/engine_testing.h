@@ -464,10 +464,12 @@ class TestCluster {
 
   // Attaches `world_size` ranks to group `name` (rank r on host r * hosts / world_size,
   // so 4 ranks on 2 hosts are [0, 1] and [2, 3]) and waits until all are attached.
-  // With `shared_memory` the sessions are offered shared memory (as unix-socket clients are).
+  // With `shared_memory` the sessions are offered shared memory (as unix-socket clients are);
+  // `tweak` changes each rank's attach (e.g. its job and class).
   absl::StatusOr<std::vector<TestRank>> Form(const std::string& name, int world_size,
                                              absl::Duration op_timeout = absl::Seconds(30),
-                                             bool shared_memory = false) {
+                                             bool shared_memory = false,
+                                             const std::function<void(engine::AttachRequest&)>& tweak = nullptr) {
     std::vector<TestRank> ranks(world_size);
     const int hosts = static_cast<int>(engines_.size());
     for (int r = 0; r < world_size; ++r) {
@@ -484,6 +486,7 @@ class TestCluster {
       a.op_timeout = op_timeout;
       a.credential = absl::StrCat("credential of rank ", r);
       a.shared_memory = shared_memory;
+      if (tweak) tweak(a);
       auto g = engines_[t.host]->Attach(a, t.session);
       if (!g.ok()) return g.status();
       t.group = *g;

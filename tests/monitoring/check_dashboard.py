@@ -36,6 +36,8 @@ EXPORTED = {
     "collserve_job_data_path_seconds_total", "collserve_job_data_path_chunks_total",
     "collserve_job_data_path_loops_total", "collserve_job_data_path_wait_seconds_total",
     "collserve_job_collectives_total", "collserve_job_collective_bytes_total", "collserve_job_stage_seconds_total",
+    "collserve_link_cut_transfers_total", "collserve_link_pieces_total", "collserve_link_waits_total",
+    "collserve_link_wait_seconds_total",
 }
 
 

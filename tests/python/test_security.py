@@ -191,3 +191,8 @@ def test_per_job_quotas_refuse_the_job_over_its_limit_and_spare_its_neighbor():
     assert job_series("collserve_job_stage_seconds_total", ',stage="execute"') > 0, metrics
     for stage in ("queued", "agree", "complete"):
         job_series("collserve_job_stage_seconds_total", f',stage="{stage}"')
+    # The scheduler of steps between hosts reports every class; one host cuts nothing.
+    for name in ("collserve_link_cut_transfers_total", "collserve_link_pieces_total", "collserve_link_waits_total",
+                 "collserve_link_wait_seconds_total"):
+        for cls in ("latency_critical", "default", "bulk"):
+            assert re.search(r'^%s\{priority_class="%s"\} 0$' % (name, cls), metrics, re.M), (name, cls, metrics)
