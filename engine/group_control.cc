@@ -3,7 +3,8 @@
 // collectives and the flight recorder (RecordCompletedLocked, Progress), and the watch of
 // the group's generation with this host's lease on it (Watch, MaybeRewatch, OnWatched),
 // through which the coordinator reports ranks of other hosts that left and a generation
-// that ended.
+// that ended. What a watch's answer means is decided by DecideWatch (engine/control.h, pure
+// and tested on its own); OnWatched applies it.
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/control.h"
 #include "engine/group.h"
 
 namespace collserve::engine {
@@ -212,7 +214,7 @@ void Group::MaybeRewatch() {
 }
 
 void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
-  std::vector<std::pair<int, absl::Status>> left;  // remote ranks that left: point-to-point
+  std::vector<std::pair<int, std::string>> left;  // remote ranks that left: point-to-point
   bool rewatch = false;
   PointToPoint* p2p = nullptr;  // set once, with the executor; lives as long as the group
   {
@@ -222,82 +224,29 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
     watching_ = false;
     cancel_watch_ = nullptr;
     if (stop_ || emptied_ || state_ == State::kFailed) return;
-    if (!events.ok() || events->generation != topology_.generation) {
-      // Unreachable or restarted coordinator: try again later (the data path needs it not).
-      const absl::StatusCode code = events.status().code();
-      if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
-      if (code == absl::StatusCode::kNotFound && !watch_with_members_) {
-        // A coordinator that restarted does not know the generation: again at once (below),
-        // with the membership it can adopt the generation from.
-        watch_with_members_ = true;
-        rewatch = true;
-      } else {
-        // Cancelled: by Stop (stop_, returned above) or by a channel going away; a
-        // coordinator without watches (Unimplemented) is not asked again.
-        if (code != absl::StatusCode::kUnimplemented) rewatch_at_ = absl::Now() + absl::Seconds(1);
-        return;
-      }
-    } else {
-      watch_with_members_ = false;
-      if (events->state != "FORMED" && events->state != "BROKEN") {
-        // SUPERSEDED or ENDED: the coordinator has done with this generation.
-        FailLocked(absl::UnavailableError(absl::StrCat(
-            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
-            " at the coordinator: ",
-            events->state == "SUPERSEDED" ? "a later generation of the group formed or forms there"
-            : events->state == "DELETED"  ? "an operator deleted the group (collservectl delete-group)"
-                                          : "every rank left it (or its hosts were lost)",
-            "); re-form the group (reconfigure) to go on")));
-        ++progress_version_;
-        // The collective in flight waits in the backend for hosts that will never answer
-        // for this generation (or were lost: the coordinator forgets an ended group's
-        // departures): it fails now instead of at the op timeout.
-        for (int h = 0; comm_ != nullptr && h < topology_.num_hosts; ++h) {
-          if (h == topology_.host_index) continue;
-          comm_->ShutdownPeer(h);
-          peers_shut_at_ = absl::Now();
-        }
-        return;
-      }
-      std::set<int> lost_hosts;
-      std::vector<int> lost_ranks;
-      std::string lost_reason;
-      const auto& departures = events->departures;
-      for (size_t i = static_cast<size_t>(watch_known_); i < departures.size(); ++i) {
-        const Departure& d = departures[i];
-        if (d.rank < 0 || d.rank >= topology_.world_size) continue;  // not of this generation
-        if (d.host_lost) {
-          lost_hosts.insert(topology_.rank_host[d.rank]);
-          lost_ranks.push_back(d.rank);
-          lost_reason = d.reason;
-        } else if (topology_.local_ranks.count(d.rank) == 0 && remote_departed_.insert(d.rank).second) {
-          left.emplace_back(d.rank, absl::UnavailableError(absl::StrCat("rank ", d.rank, " left group \"",
-                                                                        params_.name, "\" (the coordinator: ", d.reason,
-                                                                        ")")));
-          remote_left_[d.rank] = std::string(left.back().second.message());
-        }
-      }
-      watch_known_ = static_cast<int>(departures.size());
-      if (!lost_ranks.empty()) {
-        const bool self_lost = lost_hosts.count(topology_.host_index) != 0;
-        FailLocked(absl::UnavailableError(absl::StrCat(
-            "generation ", topology_.generation, " of group \"", params_.name, "\" is over (", events->state,
-            " at the coordinator): ranks [", absl::StrJoin(lost_ranks, ", "), "] ",
-            self_lost ? "are taken as lost with this host (" : "were lost with their host (", lost_reason,
-            "); re-form the group (reconfigure) to go on")));
-        ++progress_version_;
-        for (int h : lost_hosts) {
-          if (comm_ == nullptr || h == topology_.host_index) continue;
-          comm_->ShutdownPeer(h);
-          peers_shut_at_ = absl::Now();
-        }
-      } else {
-        rewatch = true;
+    if (!events.ok()) VLOG(1) << "watch of group " << params_.name << " ended: " << events.status();
+    WatchOutcome out = DecideWatch(events, topology_, params_.name, watch_known_, watch_with_members_, remote_departed_);
+    watch_known_ = out.known;
+    watch_with_members_ = out.with_members;
+    if (out.next == WatchOutcome::Next::kLater) rewatch_at_ = absl::Now() + absl::Seconds(1);
+    rewatch = out.next == WatchOutcome::Next::kNow;
+    for (const auto& [rank, why] : out.left) {
+      remote_departed_.insert(rank);
+      remote_left_[rank] = why;
+    }
+    left = std::move(out.left);
+    if (!out.failure.ok()) {
+      FailLocked(out.failure);
+      ++progress_version_;
+      for (int h : out.shut_hosts) {
+        if (comm_ == nullptr) break;
+        comm_->ShutdownPeer(h);
+        peers_shut_at_ = absl::Now();
       }
     }
   }
   if (p2p != nullptr) {
-    for (const auto& [rank, why] : left) p2p->DepartSendsTo(rank, why);
+    for (const auto& [rank, why] : left) p2p->DepartSendsTo(rank, absl::UnavailableError(why));
   }
   if (rewatch) Watch();
 }
