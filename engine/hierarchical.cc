@@ -115,14 +115,15 @@ std::vector<int64_t> Offsets(const std::vector<int64_t>& v) {
 absl::Status Hierarchical::InPieces(
     size_t count, size_t element_size, absl::Duration timeout,
     const std::function<absl::Status(size_t first, size_t n, absl::Duration left)>& transfer) {
-  const std::vector<std::pair<size_t, size_t>> pieces = CutIntoPieces(count, element_size, piece_bytes_);
-  last_pieces_ = pieces.size();
-  if (link_ != nullptr && pieces.size() > 1) link_->RecordCut(priority_, pieces.size());
+  const size_t per_piece = ElementsPerPiece(count, element_size, piece_bytes_);
+  last_pieces_ = per_piece == 0 ? 1 : (count + per_piece - 1) / per_piece;
+  if (last_pieces_ <= 1) return transfer(0, count, timeout);
+  if (link_ != nullptr) link_->RecordCut(priority_, last_pieces_);
   const absl::Time deadline = absl::Now() + timeout;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    if (i > 0 && link_ != nullptr) link_->AwaitTurn(priority_);
+  for (size_t first = 0; first < count; first += per_piece) {
+    if (first > 0 && link_ != nullptr) link_->AwaitTurn(priority_);
     const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-    COLLSERVE_RETURN_IF_ERROR(transfer(pieces[i].first, pieces[i].second, left));
+    COLLSERVE_RETURN_IF_ERROR(transfer(first, std::min(per_piece, count - first), left));
   }
   return absl::OkStatus();
 }

@@ -101,17 +101,9 @@ size_t AgreedPieceBytes(const std::vector<int64_t>& piece_bytes) {
   return agreed == 0 ? 0 : std::max(agreed, kMinPieceBytes);
 }
 
-std::vector<std::pair<size_t, size_t>> CutIntoPieces(size_t count, size_t element_size, size_t piece_bytes) {
-  std::vector<std::pair<size_t, size_t>> pieces;
-  const size_t per_piece =
-      piece_bytes == 0 || element_size == 0 ? count : std::max<size_t>(piece_bytes / element_size, 1);
-  if (count == 0 || per_piece >= count) {
-    pieces.emplace_back(0, count);
-    return pieces;
-  }
-  pieces.reserve(count / per_piece + 1);
-  for (size_t first = 0; first < count; first += per_piece) pieces.emplace_back(first, std::min(per_piece, count - first));
-  return pieces;
+size_t ElementsPerPiece(size_t count, size_t element_size, size_t piece_bytes) {
+  if (piece_bytes == 0 || element_size == 0) return count;
+  return std::min(count, std::max<size_t>(piece_bytes / element_size, 1));
 }
 
 }  // namespace collserve::engine

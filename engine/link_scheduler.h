@@ -130,10 +130,11 @@ inline constexpr size_t kMinPieceBytes = size_t{64} << 10;
 // positive one, at least kMinPieceBytes; 0 when no host proposed one (no cutting). Pure.
 size_t AgreedPieceBytes(const std::vector<int64_t>& piece_bytes);
 
-// The pieces of a transfer of `count` elements of `element_size` bytes cut at `piece_bytes`
-// (rounded down to whole elements, at least one): {first element, elements} in order; one
-// piece for piece_bytes 0 or a transfer no larger than a piece. Pure.
-std::vector<std::pair<size_t, size_t>> CutIntoPieces(size_t count, size_t element_size, size_t piece_bytes);
+// The elements of each piece of a transfer of `count` elements of `element_size` bytes cut
+// at `piece_bytes` (rounded down to whole elements, at least one); the last piece holds
+// what is left. `count` (one piece) for piece_bytes 0 or a transfer no larger than a
+// piece. Pure.
+size_t ElementsPerPiece(size_t count, size_t element_size, size_t piece_bytes);
 
 }  // namespace collserve::engine
 

@@ -16,7 +16,6 @@ namespace collserve::engine {
 namespace {
 
 using collserve::testing::WaitFor;
-using Pieces = std::vector<std::pair<size_t, size_t>>;
 
 constexpr int kLatencyCritical = 0, kDefault = 1, kBulk = 2;
 
@@ -28,13 +27,14 @@ TEST(LinkSchedulerTest, AgreedPieceBytesIsTheSmallestProposalRaisedToTheMinimum)
   EXPECT_EQ(AgreedPieceBytes({1, 1 << 20}), kMinPieceBytes);
 }
 
-TEST(LinkSchedulerTest, CutIntoPiecesCoversTheTransferInWholeElements) {
-  EXPECT_EQ(CutIntoPieces(10, 4, 0), (Pieces{{0, 10}}));
-  EXPECT_EQ(CutIntoPieces(10, 4, 40), (Pieces{{0, 10}}));       // fits in one piece
-  EXPECT_EQ(CutIntoPieces(10, 4, 8), (Pieces{{0, 2}, {2, 2}, {4, 2}, {6, 2}, {8, 2}}));
-  EXPECT_EQ(CutIntoPieces(10, 4, 14), (Pieces{{0, 3}, {3, 3}, {6, 3}, {9, 1}}));  // rounded down
-  EXPECT_EQ(CutIntoPieces(3, 8, 5), (Pieces{{0, 1}, {1, 1}, {2, 1}}));  // never below one element
-  EXPECT_EQ(CutIntoPieces(0, 4, 8), (Pieces{{0, 0}}));
+TEST(LinkSchedulerTest, APieceIsWholeElementsAndAtLeastOne) {
+  EXPECT_EQ(ElementsPerPiece(10, 4, 0), 10u);   // not cut
+  EXPECT_EQ(ElementsPerPiece(10, 4, 40), 10u);  // fits in one piece
+  EXPECT_EQ(ElementsPerPiece(10, 4, 400), 10u);
+  EXPECT_EQ(ElementsPerPiece(10, 4, 8), 2u);
+  EXPECT_EQ(ElementsPerPiece(10, 4, 14), 3u);  // rounded down: pieces of 3, 3, 3 and 1
+  EXPECT_EQ(ElementsPerPiece(3, 8, 5), 1u);    // never below one element
+  EXPECT_EQ(ElementsPerPiece(0, 4, 8), 0u);
 }
 
 TEST(LinkSchedulerTest, ALowerClassIsCutOnlyWhileABetterOneIsOrWasRecentlyBusy) {
