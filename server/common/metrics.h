@@ -68,8 +68,9 @@ struct GaugeValue {
 // grows) from allocator retention (free grows). Thread-safe. Defined in daemon.cc.
 std::vector<GaugeValue> ProcessMetrics();
 
-// Gauges (and counters) whose values are read when Prometheus scrapes; consecutive values
-// of one name are one family (prometheus-cpp's Collectable): for
+// Gauges (and counters) whose values are read when Prometheus scrapes; the values of one
+// name are one family wherever they come in the list, families in the order their names
+// first come (prometheus-cpp's Collectable): for
 // state another component owns (the store's size, the engine's in-flight collectives), so
 // that it needs no updating thread. `read` runs on the exposer's thread: it must be
 // thread-safe, must not block for long, and what it reads must outlive the exposer (reset
@@ -79,15 +80,19 @@ class ScrapeGauges : public prometheus::Collectable {
   explicit ScrapeGauges(std::function<std::vector<GaugeValue>()> read) : read_(std::move(read)) {}
   std::vector<prometheus::MetricFamily> Collect() const override {
     std::vector<prometheus::MetricFamily> out;
+    // Every series of a name goes to one family, wherever it comes in the list (a second
+    // family of a name is a second HELP line, which the text format forbids).
+    std::map<std::string, size_t> family_of;
     for (GaugeValue& g : read_()) {
-      if (out.empty() || out.back().name != g.name) {
+      auto [it, added] = family_of.try_emplace(g.name, out.size());
+      if (added) {
         prometheus::MetricFamily f;
         f.name = std::move(g.name);
         f.help = std::move(g.help);
         f.type = g.counter ? prometheus::MetricType::Counter : prometheus::MetricType::Gauge;
         out.push_back(std::move(f));
       }
-      prometheus::MetricFamily& f = out.back();
+      prometheus::MetricFamily& f = out[it->second];
       prometheus::ClientMetric m;
       for (auto& [k, v] : g.labels) m.label.push_back({k, v});
       if (g.counter) {

@@ -1,5 +1,6 @@
 // The sidecar's engine metrics (server/sidecar/metrics_observer.h): the straggler and skew
-// series are per group ({collserve_job, group}) and go when the group ends.
+// series are per group ({collserve_job, group}) and go when the group ends; the scraped
+// gauges (server/common/metrics.h) give one family per name.
 #include "server/sidecar/metrics_observer.h"
 
 #include <gtest/gtest.h>
@@ -7,12 +8,39 @@
 #include <prometheus/text_serializer.h>
 
 #include <string>
+#include <vector>
+
+#include "server/common/metrics.h"
 
 namespace collserve::server {
 namespace {
 
 std::string Scrape(prometheus::Registry& registry) {
   return prometheus::TextSerializer().Serialize(registry.Collect());
+}
+
+// Series of one name that come apart in the list (per job, per class: each job's several
+// names in turn) are one family: one HELP line each, as the text format requires.
+TEST(ScrapeGaugesTest, SeriesOfOneNameAreOneFamilyWhereverTheyCome) {
+  ScrapeGauges gauges([] {
+    std::vector<GaugeValue> v;
+    for (const char* cls : {"latency_critical", "bulk"}) {
+      v.push_back(GaugeValue{"collserve_x_total", "X.", 1, /*counter=*/true, {{"priority_class", cls}}});
+      v.push_back(GaugeValue{"collserve_y_seconds_total", "Y.", 2, /*counter=*/true, {{"priority_class", cls}}});
+    }
+    return v;
+  });
+  const std::string text = prometheus::TextSerializer().Serialize(gauges.Collect());
+  const auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("# HELP collserve_x_total"), 1u) << text;
+  EXPECT_EQ(count("# HELP collserve_y_seconds_total"), 1u) << text;
+  EXPECT_EQ(count("collserve_x_total{priority_class="), 2u) << text;
+  EXPECT_NE(text.find("collserve_y_seconds_total{priority_class=\"bulk\"} 2"), std::string::npos) << text;
+  EXPECT_LT(text.find("collserve_x_total"), text.find("collserve_y_seconds_total")) << text;  // first-come order
 }
 
 TEST(PrometheusObserverTest, StragglerAndSkewSeriesArePerGroupAndGoWhenTheGroupEnds) {
