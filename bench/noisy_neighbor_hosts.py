@@ -30,9 +30,10 @@ Needs root (ip netns, tc). Every namespace it makes is deleted at exit.
         [--link fifo|priority] [--no-gloo] [--compare-whole]
 
 The sidecars run with their default scheduler of steps between hosts (--link_piece_bytes:
-while A's latency-critical collectives run between hosts, B's all_reduce goes in 512 KiB
-pieces, each waiting for A's collective on its host); --compare-whole adds the classes with
-it off (classes_whole), in the same run.
+over the FIFO link, while A's latency-critical collectives run between hosts, B's all_reduce
+goes in 512 KiB pieces, each waiting for A's collective on its host; off with --link
+priority, where the sidecars mark their traffic; --piece-bytes sets it); --compare-whole adds
+the classes with it off (classes_whole), in the same run.
 """
 import argparse
 import json
@@ -190,7 +191,8 @@ def main():
     p.add_argument("--link", choices=("fifo", "priority"), default="fifo",
                    help="the bottleneck: one FIFO (tbf), or classes by DSCP (htb) with the jobs' connections marked")
     p.add_argument("--piece-bytes", dest="piece_bytes", type=int, default=None,
-                   help="the sidecars' --link_piece_bytes (default: theirs, 512 KiB)")
+                   help="the sidecars' --link_piece_bytes (default: theirs: 512 KiB over the FIFO link, off "
+                        "with --link priority, where they mark their traffic)")
     p.add_argument("--compare-whole", dest="compare_whole", action="store_true",
                    help="also run the classes with the sidecars' scheduler of steps between hosts off "
                         "(--link_piece_bytes=0: B's transfers go whole), configuration classes_whole")

@@ -83,13 +83,15 @@ ABSL_FLAG(std::string, traffic_socket_priority, "",
           "(-1 leaves a class as it is), e.g. 6,0,2: pfifo_fast's bands (the kernel's default queue on many links) "
           "then send a latency-critical job's packets before a bulk job's. 0-6 need no privilege, higher values "
           "(an htb class's major:minor) CAP_NET_ADMIN or CAP_NET_RAW. Empty = unmarked.");
-ABSL_FLAG(int64_t, link_piece_bytes, int64_t{512} << 10,
+ABSL_FLAG(int64_t, link_piece_bytes, -1,
           "While a job of a better priority class has collectives between hosts on this host, a lower class's "
           "all_reduce and broadcast between hosts go in pieces of this many bytes (at least 65536), each piece "
           "waiting until no better class has a collective between hosts running here (at most "
           "--link_max_wait_ms), so that a small collective of a better class waits behind one piece of another "
           "job's bytes, not all of them, on a link that queues in one FIFO. Hosts agree on the smallest of their "
-          "proposals per collective. 0 = never cut.");
+          "proposals per collective. 0 = never cut. -1 (the default) = 524288, or 0 when --traffic_dscp or "
+          "--traffic_socket_priority is set (a network that queues by class needs no pieces, and they cost the "
+          "lower class bandwidth).");
 ABSL_FLAG(int64_t, link_max_wait_ms, 20,
           "The longest one piece of a lower class's transfer waits for better classes (--link_piece_bytes), in "
           "milliseconds, so that no class starves.");
@@ -210,10 +212,16 @@ int main(int argc, char** argv) {
                    &options.traffic_socket_priority)) {
     return 2;
   }
-  const int64_t link_piece_bytes = absl::GetFlag(FLAGS_link_piece_bytes);
-  if (link_piece_bytes != 0 && (link_piece_bytes < 65536 || link_piece_bytes > (int64_t{1} << 40))) {
-    std::cerr << "--link_piece_bytes must be 0 (never cut) or in [65536, 2^40]\n";
+  int64_t link_piece_bytes = absl::GetFlag(FLAGS_link_piece_bytes);
+  if (link_piece_bytes != -1 && link_piece_bytes != 0 &&
+      (link_piece_bytes < 65536 || link_piece_bytes > (int64_t{1} << 40))) {
+    std::cerr << "--link_piece_bytes must be -1 (auto), 0 (never cut) or in [65536, 2^40]\n";
     return 2;
+  }
+  if (link_piece_bytes == -1) {
+    const bool marked =
+        !absl::GetFlag(FLAGS_traffic_dscp).empty() || !absl::GetFlag(FLAGS_traffic_socket_priority).empty();
+    link_piece_bytes = marked ? 0 : int64_t{512} << 10;
   }
   const int64_t link_max_wait_ms = absl::GetFlag(FLAGS_link_max_wait_ms);
   if (link_max_wait_ms < 0 || link_max_wait_ms > 60000) {
@@ -279,6 +287,12 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "collserve-sidecar " << (*sidecar)->host_id() << " serving on " << options.unix_socket
             << ((*sidecar)->port() != 0 ? " and port " + std::to_string((*sidecar)->port()) : "");
+  LOG(INFO) << "steps between hosts: "
+            << (options.link_piece_bytes == 0
+                    ? std::string("lower classes' transfers go whole (--link_piece_bytes=0, or traffic marks set)")
+                    : absl::StrCat("lower classes' transfers in pieces of ", options.link_piece_bytes,
+                                   " bytes while a better class runs, each waiting at most ",
+                                   absl::FormatDuration(options.link_max_wait)));
   if (const std::string pf = absl::GetFlag(FLAGS_port_file); !pf.empty()) {
     if (absl::Status s = collserve::server::WritePortFile(pf, (*sidecar)->port()); !s.ok()) {
       LOG(ERROR) << s;
