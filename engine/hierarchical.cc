@@ -61,10 +61,9 @@ absl::Status Hierarchical::Run(const std::vector<RankArgs>& all, const std::vect
   last_pieces_ = 1;
   piece_bytes_ = 0;
   if (link_ != nullptr && topology_.num_hosts > 1) {
-    std::vector<int64_t> proposals;
-    proposals.reserve(all.size());
-    for (const RankArgs& r : all) proposals.push_back(r.piece_bytes);
-    piece_bytes_ = AgreedPieceBytes(proposals);
+    proposals_.clear();
+    for (const RankArgs& r : all) proposals_.push_back(r.piece_bytes);
+    piece_bytes_ = AgreedPieceBytes(proposals_);
   }
   absl::Status status;
   switch (OpOf(all[0])) {
@@ -270,9 +269,6 @@ absl::Status Hierarchical::RunReduce(const std::vector<RankArgs>& all, std::map<
     const DataType dtype = static_cast<DataType>(a.dtype);
     const size_t element = ElementSize(dtype);
     COLLSERVE_RETURN_IF_ERROR(InPieces(count, element, timeout, [&](size_t first, size_t n, absl::Duration left) {
-      if (first == 0 && n == count) {
-        return comm_->AllReduceLocal(comm_inputs_, comm_outputs_, count, dtype, wire_op, left, algorithm);
-      }
       piece_inputs_.clear();
       piece_outputs_.clear();
       for (const void* in : comm_inputs_) piece_inputs_.push_back(static_cast<const char*>(in) + first * element);

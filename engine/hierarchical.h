@@ -19,6 +19,7 @@
 #define COLLSERVE_ENGINE_HIERARCHICAL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -137,6 +138,7 @@ class Hierarchical {
   LinkScheduler* link_ = nullptr;
   int priority_ = 1;
   size_t piece_bytes_ = 0;  // the running collective's AgreedPieceBytes
+  std::vector<int64_t> proposals_;  // its ranks' RankArgs::piece_bytes (reused)
   size_t last_pieces_ = 1;
   const char* algorithm_ = "local";
   // Reused by every collective so that repeated calls allocate no tensor-sized memory.
