@@ -76,7 +76,8 @@ class DeviceRuntime {
 };
 
 // One group's queue of GPU work (a cudaStream_t of the sidecar). Used by one thread at a
-// time (the group's executor). Every call queues work and returns; errors are those CUDA
+// time (the group's executor, or one of its point-to-point threads, each with its own).
+// Every call but CopyToHost / CopyFromHost queues work and returns; errors are those CUDA
 // reports when queueing (INTERNAL, with its message).
 class DeviceStream {
  public:
@@ -104,6 +105,18 @@ class DeviceStream {
 
   // Device memory of at least `bytes`, owned by the stream, valid until the next call.
   virtual absl::StatusOr<void*> Scratch(size_t bytes) = 0;
+
+  // Copies `bytes` between host memory (any: pageable, a shared-memory segment) and device
+  // memory, after the work queued before it (e.g. a WaitEvent on a client's ready event),
+  // through the stream's own pinned staging buffer in pieces of at most kHostStagingBytes.
+  // Unlike the other calls these wait for the GPU: CopyToHost returns once the bytes are in
+  // `dst`, CopyFromHost once `src` may be reused (the copy is finished). Both wait at most
+  // `timeout` in all: DEADLINE_EXCEEDED naming it (the stream then counts as failed, as in
+  // EndOp), or the CUDA error of a failed copy. Point-to-point between hosts moves CUDA
+  // tensors this way (engine/p2p.h).
+  static constexpr size_t kHostStagingBytes = size_t{8} << 20;
+  virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes, absl::Duration timeout) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, absl::Duration timeout) = 0;
 
   // Ends one collective: `keep` (the mappings and events it used) stays alive until the
   // GPU has finished it. At most `max_in_flight` collectives stay unfinished: beyond that

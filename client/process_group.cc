@@ -355,14 +355,20 @@ std::shared_ptr<Work> SessionProcessGroup::IssueCuda(const Request& r, const voi
     }
     eout = std::move(*e);
   }
-  // An event pair is reused every CudaTensors::kSlots collectives: the previous user must
-  // have been answered (the sidecar has queued its wait and record) before it is recorded
-  // again.
-  int slot;
+  // An event pair is reused only after its previous user was answered (the sidecar has
+  // queued its wait and record). The next answered slot is taken, so a recv (or send) still
+  // waiting for its peer keeps its pair while later ops go on; when every pair is in use,
+  // this waits for the one after the last taken.
+  int slot = -1;
   std::shared_ptr<WorkImpl> previous;
   {
     absl::MutexLock lock(&cuda_mu_);
-    slot = static_cast<int>(next_cuda_slot_++ % CudaTensors::kSlots);
+    for (int k = 0; k < CudaTensors::kSlots && slot < 0; ++k) {
+      const int s = static_cast<int>((next_cuda_slot_ + static_cast<uint64_t>(k)) % CudaTensors::kSlots);
+      if (cuda_slot_work_[s] == nullptr || cuda_slot_work_[s]->IsCompleted()) slot = s;
+    }
+    if (slot < 0) slot = static_cast<int>(next_cuda_slot_ % CudaTensors::kSlots);
+    next_cuda_slot_ = static_cast<uint64_t>(slot) + 1;
     previous = std::move(cuda_slot_work_[slot]);
   }
   if (previous != nullptr) previous->Wait(absl::InfiniteDuration()).IgnoreError();  // bounded by its op deadline
@@ -459,6 +465,27 @@ std::shared_ptr<Work> SessionProcessGroup::AllToAllSingleCuda(void* output, int6
   return IssueCuda(r, input != nullptr ? input : output, count, output, output_count, stream);
 }
 
+std::shared_ptr<Work> SessionProcessGroup::SendCuda(const void* data, int64_t count, DataType dtype, int dst,
+                                                    int64_t tag, void* stream) {
+  if (absl::Status s = CheckPeer("send", dst, false); !s.ok()) return WorkImpl::Failed(s);
+  Request r(pb::SEND, dtype);
+  r.peer = dst;
+  r.tag = tag;
+  r.count = count;
+  return IssueCuda(r, data, count, nullptr, 0, stream);
+}
+
+std::shared_ptr<Work> SessionProcessGroup::RecvCuda(void* data, int64_t count, DataType dtype, int src, int64_t tag,
+                                                    void* stream) {
+  if (absl::Status s = CheckPeer("recv", src, true); !s.ok()) return WorkImpl::Failed(s);
+  Request r(pb::RECV, dtype);
+  r.peer = src;
+  r.tag = tag;
+  r.output_count = count;
+  // The tensor is the output; the input (no bytes of it) names its GPU.
+  return IssueCuda(r, data, 0, data, count, stream);
+}
+
 absl::StatusOr<int64_t> SessionProcessGroup::TotalOfCounts(const std::vector<int64_t>& counts,
                                                            const char* who) const {
   if (counts.size() != static_cast<size_t>(options_.world_size)) {
@@ -547,12 +574,25 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensorCuda(void*, const void*, 
 
 bool CudaSupported() { return CudaBuilt(); }
 
+std::shared_ptr<Work> ProcessGroup::SendCuda(const void*, int64_t, DataType, int, int64_t, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+std::shared_ptr<Work> ProcessGroup::RecvCuda(void*, int64_t, DataType, int, int64_t, void*) {
+  return WorkImpl::Failed(absl::UnimplementedError("this process group takes no CUDA tensors"));
+}
+
 std::vector<std::shared_ptr<Work>> ProcessGroup::BatchIsendIrecv(const std::vector<P2POp>& ops) {
   std::vector<std::shared_ptr<Work>> works;
   works.reserve(ops.size());
   for (const P2POp& op : ops) {
-    works.push_back(op.kind == P2POp::Kind::kSend ? Send(op.data, op.count, op.dtype, op.peer, op.tag)
-                                                  : Recv(op.data, op.count, op.dtype, op.peer, op.tag));
+    const bool send = op.kind == P2POp::Kind::kSend;
+    if (op.cuda) {
+      works.push_back(send ? SendCuda(op.data, op.count, op.dtype, op.peer, op.tag, op.stream)
+                           : RecvCuda(op.data, op.count, op.dtype, op.peer, op.tag, op.stream));
+    } else {
+      works.push_back(send ? Send(op.data, op.count, op.dtype, op.peer, op.tag)
+                           : Recv(op.data, op.count, op.dtype, op.peer, op.tag));
+    }
   }
   return works;
 }

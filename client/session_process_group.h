@@ -140,6 +140,10 @@ class SessionProcessGroup : public ProcessGroup {
                                    DataType dtype, int dst, void* stream) override;
   std::shared_ptr<Work> ScatterCuda(void* output, int64_t count, const void* input, const std::vector<int64_t>& counts,
                                     DataType dtype, int src, void* stream) override;
+  std::shared_ptr<Work> SendCuda(const void* data, int64_t count, DataType dtype, int dst, int64_t tag,
+                                 void* stream) override;
+  std::shared_ptr<Work> RecvCuda(void* data, int64_t count, DataType dtype, int src, int64_t tag,
+                                 void* stream) override;
   std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
                                                 ReduceOpArg op, void* stream) override;
 

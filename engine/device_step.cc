@@ -47,7 +47,8 @@ bool IsPieceWise(CollectiveOp op) {
 
 bool RunsOnDevice(CollectiveOp op) {
   return op == CollectiveOp::kAllReduce || op == CollectiveOp::kBroadcast || op == CollectiveOp::kAllGather ||
-         op == CollectiveOp::kReduceScatter || IsPieceWise(op);
+         op == CollectiveOp::kReduceScatter || IsPieceWise(op) || op == CollectiveOp::kSend ||
+         op == CollectiveOp::kRecv;
 }
 
 }  // namespace
@@ -65,8 +66,8 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
   if (!RunsOnDevice(c.op)) {
     return absl::UnimplementedError(absl::StrCat(OpName(c.op),
                                                  " is not supported on CUDA tensors (all_reduce, broadcast, "
-                                                 "all_gather, reduce_scatter, all_to_all, gather and scatter are); "
-                                                 "pass CPU tensors"));
+                                                 "all_gather, reduce_scatter, all_to_all, gather, scatter, send and "
+                                                 "recv are); pass CPU tensors"));
   }
   // What only the GPU path lacks is refused here, as this rank's request error (the group
   // stays usable), not in the data step (which would fail the group).
@@ -91,8 +92,12 @@ absl::Status Group::ResolveDeviceBuffers(LocalRank& local, Submission& sub) {
   if (!device.ok()) return device.status();
   const size_t es = ElementSize(static_cast<DataType>(c.dtype));
   const bool in_place = IsInPlace(c.op);
-  sub.in_bytes = static_cast<size_t>(c.count) * es;
-  sub.out_bytes = in_place ? 0 : static_cast<size_t>(c.output_count) * es;
+  // SEND reads `count` elements and writes nothing; RECV's tensor (its output, `count`
+  // elements) is the output buffer, its input buffer only names the GPU.
+  sub.in_bytes = c.op == CollectiveOp::kRecv ? 0 : static_cast<size_t>(c.count) * es;
+  sub.out_bytes = in_place || c.op == CollectiveOp::kSend
+                      ? 0
+                      : static_cast<size_t>(c.op == CollectiveOp::kRecv ? c.count : c.output_count) * es;
   const auto map = [&](const BufferRef& b, size_t bytes, const char* what) -> absl::StatusOr<char*> {
     if (b.cuda_ipc_handle.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("the input is a CUDA tensor but the ", what, " is not"));

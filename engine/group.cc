@@ -201,7 +201,7 @@ void Group::OnJoined(int rank, const absl::StatusOr<Membership>& result) {
   }
   state_ = State::kConnecting;
   p2p_ = std::make_unique<PointToPoint>(topology_, params_.op_timeout, env_.observer,
-                                        [this](const absl::Status& s) { Fail(s); });
+                                        [this](const absl::Status& s) { Fail(s); }, env_.device);
   // Remote ranks the coordinator said left before this (the watch starts at formation).
   for (const auto& [rank, why] : remote_left_) p2p_->DepartSendsTo(rank, absl::UnavailableError(why));
   // The job's share of the host's data-path threads (ThreadPool's scheduling).

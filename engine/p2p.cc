@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/types.h"
 
 namespace collserve::engine {
@@ -37,11 +38,26 @@ bool Matches(const Request& recv, int recv_rank, int src, int dst, int64_t tag) 
   return dst == recv_rank && (recv.peer == -1 || recv.peer == src) && recv.tag == tag;
 }
 
+// CUDA copies queued on a point-to-point stream and not yet finished by the GPU (as
+// device_step.cc's kMaxDeviceOpsInFlight for a group's collectives).
+constexpr int kMaxDeviceCopiesInFlight = 8;
+
+// The mappings and events a CUDA submission holds, to keep until the GPU is done with them.
+void KeepDeviceRefs(const Submission& sub, std::vector<std::shared_ptr<void>>* keep) {
+  keep->insert(keep->end(), sub.device_refs.begin(), sub.device_refs.end());
+  keep->push_back(sub.ready_event);
+  keep->push_back(sub.done_event);
+}
+
 }  // namespace
 
 PointToPoint::PointToPoint(const Topology& topology, absl::Duration op_timeout, EngineObserver* observer,
-                           std::function<void(const absl::Status&)> on_failure)
-    : topology_(topology), op_timeout_(op_timeout), observer_(observer), on_failure_(std::move(on_failure)) {}
+                           std::function<void(const absl::Status&)> on_failure, backends::DeviceRuntime* device)
+    : topology_(topology),
+      op_timeout_(op_timeout),
+      observer_(observer),
+      on_failure_(std::move(on_failure)),
+      device_(device) {}
 
 PointToPoint::~PointToPoint() { Stop(); }
 
@@ -70,6 +86,17 @@ void PointToPoint::Stop() {
   if (timer_.joinable()) timer_.join();
   if (sender_.joinable()) sender_.join();
   if (receiver_.joinable()) receiver_.join();
+  if (mover_.joinable()) mover_.join();
+  {
+    // Pairs the mover did not reach: nothing of them was queued on the GPU.
+    absl::MutexLock lock(&mu_);
+    const absl::Status why = failure_.ok() ? absl::UnavailableError("the group ended before the GPU copy was queued")
+                                           : failure_;
+    CompleteJobsLocked(why);
+  }
+  // Each waits (bounded) for the copies it still has queued.
+  move_streams_.clear();
+  send_streams_.clear();
   comm_ = nullptr;  // the owner may destroy it now: a second Stop must not touch it
 }
 
@@ -80,11 +107,20 @@ void PointToPoint::Fail(const absl::Status& status) {
   for (PendingSend& p : sends_) Complete(p.sub, status, observer_);
   for (PendingSend& p : outgoing_) Complete(p.sub, status, observer_);
   for (Submission& r : recvs_) Complete(r, status, observer_);
+  CompleteJobsLocked(status);
   sends_.clear();
   outgoing_.clear();
   recvs_.clear();
   staged_.clear();
   ++changes_;
+}
+
+void PointToPoint::CompleteJobsLocked(const absl::Status& status) {
+  for (DeviceJob& job : jobs_) {
+    Complete(job.recv, status, observer_);
+    if (job.has_send) Complete(job.send, status, observer_);
+  }
+  jobs_.clear();
 }
 
 const absl::Status* PointToPoint::WhyLeftLocked(int peer) const {
@@ -221,7 +257,7 @@ void PointToPoint::Submit(Submission sub) {
   } else if (staged != staged_.end()) {
     StagedMessage m = std::move(*staged);
     staged_.erase(staged);
-    DeliverLocked(sub, m.src, m.dtype, m.count, m.bytes.data(), nullptr);
+    DeliverLocked(sub, m.src, m.dtype, m.count, m.bytes.data(), nullptr, &m.bytes);
   } else if (peer >= 0 && departed_.count(peer) != 0) {
     Complete(sub, PeerLeftLocked(sub), observer_);
   } else {
@@ -230,7 +266,7 @@ void PointToPoint::Submit(Submission sub) {
 }
 
 void PointToPoint::DeliverLocked(Submission& recv, int src, int64_t dtype, int64_t count, const char* bytes,
-                                 Submission* send) {
+                                 Submission* send, std::string* owned) {
   absl::Status status;
   const Request& r = recv.args;
   if (dtype != r.dtype || count != r.count) {
@@ -241,12 +277,126 @@ void PointToPoint::DeliverLocked(Submission& recv, int src, int64_t dtype, int64
     status = absl::InvalidArgumentError(absl::StrCat("rank ", src, " sent ", count, " ", name(dtype), " elements (tag ",
                                                      r.tag, ") but rank ", recv.rank, " receives ", r.count, " ",
                                                      name(r.dtype), " elements"));
+  } else if (recv.device >= 0 || (send != nullptr && send->device >= 0)) {
+    recv.source = src;
+    DeviceJob job;
+    job.recv = std::move(recv);
+    if (send != nullptr) {
+      job.has_send = true;
+      job.send = std::move(*send);
+    } else if (owned != nullptr) {
+      job.bytes = std::move(*owned);
+    } else {
+      job.bytes.assign(bytes, job.recv.out_bytes);
+    }
+    jobs_.push_back(std::move(job));
+    if (!mover_.joinable()) mover_ = std::thread([this] { MoveMain(); });
+    return;
   } else {
     if (recv.out_bytes > 0) std::memcpy(recv.out, bytes, recv.out_bytes);
     recv.source = src;
   }
   Complete(recv, status, observer_);
   if (send != nullptr) Complete(*send, status, observer_);
+}
+
+absl::Duration PointToPoint::GpuTimeout(const Submission& sub) const {
+  return sub.args.timeout_ms > 0 ? absl::Milliseconds(sub.args.timeout_ms) : op_timeout_;
+}
+
+absl::StatusOr<backends::DeviceStream*> PointToPoint::StreamOf(
+    std::map<int, std::unique_ptr<backends::DeviceStream>>& streams, int device) {
+  auto& stream = streams[device];
+  if (stream == nullptr) {
+    if (device_ == nullptr) return absl::InternalError("a CUDA tensor reached a sidecar without a GPU runtime");
+    auto made = device_->NewStream(device);
+    if (!made.ok()) {
+      streams.erase(device);
+      return made.status();
+    }
+    stream = std::move(*made);
+  }
+  return stream.get();
+}
+
+void PointToPoint::MoveMain() {
+  for (;;) {
+    DeviceJob job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !jobs_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;  // Stop completes what is left
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    absl::Status s = MoveOnDevice(job);
+    // Both sides share the outcome, as a local CPU pair does.
+    Complete(job.recv, s, observer_);
+    if (job.has_send) Complete(job.send, s, observer_);
+    // A request error leaves the stream as it was; anything else (a failed or stuck copy)
+    // leaves it unusable, and the group fails as it does for a collective.
+    if (!s.ok() && s.code() != absl::StatusCode::kInvalidArgument) on_failure_(s);
+  }
+}
+
+absl::Status PointToPoint::MoveOnDevice(DeviceJob& job) {
+  Submission& recv = job.recv;
+  Submission* send = job.has_send ? &job.send : nullptr;
+  const bool recv_on_gpu = recv.device >= 0;
+  const bool send_on_gpu = send != nullptr && send->device >= 0;
+  if (recv_on_gpu && send_on_gpu && recv.device != send->device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank ", send->rank, "'s tensor is on GPU ", send->device, " of this host and rank ", recv.rank, "'s on GPU ",
+        recv.device, "; CUDA send/recv between ranks of one host needs one GPU (one GPU per rank is not supported "
+        "yet: docs/gpu.md)"));
+  }
+  const int device = recv_on_gpu ? recv.device : send->device;
+  auto stream = StreamOf(move_streams_, device);
+  if (!stream.ok()) return stream.status();
+  backends::DeviceStream& ds = **stream;
+  absl::Duration timeout = GpuTimeout(recv);
+  if (send != nullptr) timeout = std::max(timeout, GpuTimeout(*send));
+  const size_t bytes = recv.out_bytes;
+  const char* src = send != nullptr ? send->in : job.bytes.data();
+  if (send_on_gpu) COLLSERVE_RETURN_IF_ERROR(ds.WaitEvent(*send->ready_event));
+  if (recv_on_gpu) COLLSERVE_RETURN_IF_ERROR(ds.WaitEvent(*recv.ready_event));
+  if (bytes > 0) {
+    if (recv_on_gpu && send_on_gpu) {
+      COLLSERVE_RETURN_IF_ERROR(ds.Copy(recv.out, src, bytes));
+    } else if (recv_on_gpu) {
+      COLLSERVE_RETURN_IF_ERROR(ds.CopyFromHost(recv.out, src, bytes, timeout));
+    } else {
+      COLLSERVE_RETURN_IF_ERROR(ds.CopyToHost(recv.out, src, bytes, timeout));
+    }
+  }
+  std::vector<std::shared_ptr<void>> keep;
+  if (send_on_gpu) {
+    COLLSERVE_RETURN_IF_ERROR(ds.RecordEvent(*send->done_event));
+    KeepDeviceRefs(*send, &keep);
+  }
+  if (recv_on_gpu) {
+    COLLSERVE_RETURN_IF_ERROR(ds.RecordEvent(*recv.done_event));
+    KeepDeviceRefs(recv, &keep);
+  }
+  const char* algorithm = send == nullptr ? "host_staged" : (recv_on_gpu && send_on_gpu) ? "local_cuda" : "cuda_host";
+  recv.algorithm = algorithm;
+  if (send != nullptr) send->algorithm = algorithm;
+  return ds.EndOp(std::move(keep), kMaxDeviceCopiesInFlight, timeout, nullptr);
+}
+
+absl::Status PointToPoint::StageDeviceSend(const Submission& send, std::string* bytes) {
+  auto stream = StreamOf(send_streams_, send.device);
+  if (!stream.ok()) return stream.status();
+  backends::DeviceStream& ds = **stream;
+  const absl::Duration timeout = GpuTimeout(send);
+  COLLSERVE_RETURN_IF_ERROR(ds.WaitEvent(*send.ready_event));
+  bytes->resize(send.in_bytes);
+  if (send.in_bytes > 0) COLLSERVE_RETURN_IF_ERROR(ds.CopyToHost(bytes->data(), send.in, send.in_bytes, timeout));
+  COLLSERVE_RETURN_IF_ERROR(ds.RecordEvent(*send.done_event));
+  std::vector<std::shared_ptr<void>> keep;
+  KeepDeviceRefs(send, &keep);
+  return ds.EndOp(std::move(keep), kMaxDeviceCopiesInFlight, timeout, nullptr);
 }
 
 void PointToPoint::TimerMain() {
@@ -343,11 +493,21 @@ void PointToPoint::SendMain() {
     const Request& c = send.sub.args;
     const int dst_host = topology_.rank_host[c.peer];
     P2PHeader header{kHeaderMagic, send.sub.rank, c.peer, c.tag, c.dtype, c.count};
-    const absl::Duration timeout = std::max(send.sub.deadline - absl::Now(), absl::Milliseconds(1));
-    absl::Status s = comm_->Send(&header, sizeof header, dst_host, kHeaderSlot, timeout);
-    if (s.ok() && send.sub.in_bytes > 0) {
-      s = comm_->Send(send.sub.in, send.sub.in_bytes, dst_host, kPayloadSlot, timeout);
+    // A CUDA tensor's bytes leave the GPU first (this thread's stream; the client's done
+    // event is recorded after the copy, so its buffer may be reused from then on).
+    absl::Status s;
+    const char* payload = send.sub.in;
+    if (send.sub.device >= 0) {
+      s = StageDeviceSend(send.sub, &staged_send_);
+      payload = staged_send_.data();
+      if (s.ok()) send.sub.algorithm = "host_staged";
     }
+    const absl::Duration timeout = std::max(send.sub.deadline - absl::Now(), absl::Milliseconds(1));
+    if (s.ok()) s = comm_->Send(&header, sizeof header, dst_host, kHeaderSlot, timeout);
+    if (s.ok() && send.sub.in_bytes > 0) {
+      s = comm_->Send(payload, send.sub.in_bytes, dst_host, kPayloadSlot, timeout);
+    }
+    if (staged_send_.capacity() > (size_t{64} << 20)) std::string().swap(staged_send_);
     if (!s.ok()) {
       s = absl::Status(s.code(), absl::StrCat("send from rank ", send.sub.rank, " to rank ", c.peer, " (tag ", c.tag,
                                               ") across hosts failed: ", s.message()));
@@ -421,7 +581,7 @@ void PointToPoint::RecvMain() {
     if (recv != recvs_.end()) {
       Submission r = std::move(*recv);
       recvs_.erase(recv);
-      DeliverLocked(r, src, h.dtype, h.count, payload_.data(), nullptr);
+      DeliverLocked(r, src, h.dtype, h.count, payload_.data(), nullptr, &payload_);
     } else {
       staged_.push_back(StagedMessage{src, dst, h.tag, h.dtype, h.count, order_++, std::move(payload_)});
     }

@@ -9,7 +9,18 @@
 // received; a send to another host completes when its bytes are handed to the transport.
 // A mismatch in dtype or count fails both sides with INVALID_ARGUMENT naming them.
 //
-// Threads: a timer (deadlines), and with several hosts a sender and a receiver. Thread-safe.
+// CUDA tensors (Submission::device >= 0, docs/gpu.md) follow the same matching. On one
+// host, a matched pair is one device copy on a point-to-point stream of the sidecar, after
+// the sender's and the receiver's ready events, before both done events; both complete once
+// it is queued (the GPU work is not waited for, as in a collective). Between hosts the bytes
+// travel as host bytes over the same protocol: the sender's host copies them off the GPU
+// (DeviceStream::CopyToHost) and the receiver's host onto it (CopyFromHost), so a CUDA
+// tensor may be received into a CPU tensor and the other way round. The two tensors of a
+// pair on one host must be on one GPU (INVALID_ARGUMENT otherwise: a request error, the
+// group stays usable); a failed or timed-out GPU copy fails the group.
+//
+// Threads: a timer (deadlines), with several hosts a sender and a receiver, and for CUDA
+// tensors a mover (started at the first pair that needs the GPU). Thread-safe.
 #ifndef COLLSERVE_ENGINE_P2P_H_
 #define COLLSERVE_ENGINE_P2P_H_
 
@@ -17,13 +28,16 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/communicator.h"
+#include "backends/device.h"
 #include "engine/interfaces.h"
 #include "engine/submission.h"
 #include "engine/topology.h"
@@ -34,8 +48,9 @@ class PointToPoint {
  public:
   // `on_failure` is called (without this object's lock) when the transport between hosts
   // fails; the owner then fails its group, which calls Fail here. `observer` may be null.
+  // `device` (may be null: no CUDA tensors reach it) gives the streams for CUDA tensors.
   PointToPoint(const Topology& topology, absl::Duration op_timeout, EngineObserver* observer,
-               std::function<void(const absl::Status&)> on_failure);
+               std::function<void(const absl::Status&)> on_failure, backends::DeviceRuntime* device = nullptr);
   ~PointToPoint();  // Stop()
 
   // Starts the threads; `comm` (may be null with one host) must outlive Stop().
@@ -96,9 +111,29 @@ class PointToPoint {
     std::string bytes;
   };
 
-  // Delivers a message to `recv`; completes it (and `send`, for a local send).
-  void DeliverLocked(Submission& recv, int src, int64_t dtype, int64_t count, const char* bytes, Submission* send)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A matched pair that needs the GPU (either tensor is a CUDA tensor), for the mover.
+  struct DeviceJob {
+    Submission recv;
+    bool has_send = false;
+    Submission send;    // a local sender's submission (has_send)
+    std::string bytes;  // else the message's bytes, from another host
+  };
+  // Delivers a message to `recv`; completes it (and `send`, for a local send), or hands the
+  // pair to the mover when either tensor is on the GPU. `owned`, when not null, holds
+  // `bytes` and may be moved from (a message from another host).
+  void DeliverLocked(Submission& recv, int src, int64_t dtype, int64_t count, const char* bytes, Submission* send,
+                     std::string* owned = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes every pair waiting for the mover with `status`.
+  void CompleteJobsLocked(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The mover's loop and one job's GPU work; the sender's copy of a CUDA tensor off the GPU.
+  void MoveMain();
+  absl::Status MoveOnDevice(DeviceJob& job);
+  absl::Status StageDeviceSend(const Submission& send, std::string* bytes);
+  // The stream of `device` in `streams` (one thread's), made at first use.
+  absl::StatusOr<backends::DeviceStream*> StreamOf(std::map<int, std::unique_ptr<backends::DeviceStream>>& streams,
+                                                   int device);
+  // How long the GPU may take for `sub`'s copy: its op timeout.
+  absl::Duration GpuTimeout(const Submission& sub) const;
   void TimerMain();
   void SendMain();
   void RecvMain();
@@ -108,6 +143,7 @@ class PointToPoint {
   EngineObserver* const observer_;
   const std::function<void(const absl::Status&)> on_failure_;
   backends::Communicator* comm_ = nullptr;
+  backends::DeviceRuntime* const device_;
 
   mutable absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
@@ -120,6 +156,7 @@ class PointToPoint {
   std::deque<Submission> recvs_ ABSL_GUARDED_BY(mu_);
   std::map<int, absl::Status> departed_ ABSL_GUARDED_BY(mu_);  // rank -> why it left
   std::map<int, absl::Status> unreachable_ ABSL_GUARDED_BY(mu_);  // DepartSendsTo: sends only
+  std::deque<DeviceJob> jobs_ ABSL_GUARDED_BY(mu_);  // for the mover
   std::deque<int> announce_ ABSL_GUARDED_BY(mu_);  // local ranks that left, for the sender to announce
   bool announcing_ ABSL_GUARDED_BY(mu_) = false;   // the sender is sending one of them
   // The error of `sub` (a send to or a recv from a departed rank).
@@ -128,7 +165,10 @@ class PointToPoint {
   // communicator is destroyed, so they live as long as this object.
   char header_[64] = {};
   std::string payload_;
-  std::thread timer_, sender_, receiver_;
+  // CUDA streams by GPU: the mover's and the sender's (each used by its thread only).
+  std::map<int, std::unique_ptr<backends::DeviceStream>> move_streams_, send_streams_;
+  std::string staged_send_;  // the sender's copy of a CUDA tensor's bytes
+  std::thread timer_, sender_, receiver_, mover_;
 };
 
 }  // namespace collserve::engine

@@ -399,6 +399,17 @@ PYBIND11_MODULE(_collserve, m) {
              py::gil_scoped_release release;
              return pg.ScatterCuda(Ptr(out), n, Ptr(in), counts, Dt(dtype), src, Ptr(stream));
            })
+      // send_cuda(p, n, dtype, dst, tag, stream) / recv_cuda(p, n, dtype, src (-1: any), tag, stream)
+      .def("send_cuda",
+           [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int dst, int64_t tag, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.SendCuda(Ptr(p), n, Dt(dtype), dst, tag, Ptr(stream));
+           })
+      .def("recv_cuda",
+           [](ProcessGroup& pg, uintptr_t p, int64_t n, int dtype, int src, int64_t tag, uintptr_t stream) {
+             py::gil_scoped_release release;
+             return pg.RecvCuda(Ptr(p), n, Dt(dtype), src, tag, Ptr(stream));
+           })
       // new_group(ranks) -> (code, message, ProcessGroup or None for a non-member)
       .def("new_group",
            [](ProcessGroup& pg, std::vector<int> ranks) {

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -112,6 +113,7 @@ class CudaStream : public DeviceStream {
     }
     in_flight_.clear();
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (staging_ != nullptr) cudaFreeHost(staging_);
     cudaStreamDestroy(stream_);
   }
 
@@ -180,6 +182,13 @@ class CudaStream : public DeviceStream {
     return scratch_;
   }
 
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, absl::Duration timeout) override {
+    return ThroughStaging(static_cast<char*>(dst), static_cast<const char*>(src), bytes, /*to_host=*/true, timeout);
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, absl::Duration timeout) override {
+    return ThroughStaging(static_cast<char*>(dst), static_cast<const char*>(src), bytes, /*to_host=*/false, timeout);
+  }
+
   absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int max_in_flight, absl::Duration timeout,
                      const std::function<absl::Status()>& check) override {
     DeviceScope scope(device_);
@@ -245,10 +254,55 @@ class CudaStream : public DeviceStream {
     return s;
   }
 
+  // CopyToHost / CopyFromHost: piece by piece through pinned memory (cudaMemcpyAsync with
+  // pageable host memory would block the thread without a bound), each piece waited for.
+  absl::Status ThroughStaging(char* dst, const char* src, size_t bytes, bool to_host, absl::Duration timeout) {
+    if (bytes == 0) return absl::OkStatus();
+    DeviceScope scope(device_);
+    const size_t piece = std::min(bytes, kHostStagingBytes);
+    if (staging_bytes_ < piece) {
+      if (staging_ != nullptr) cudaFreeHost(staging_);  // every earlier use was waited for
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+      if (absl::Status s = FromCuda(cudaHostAlloc(&staging_, piece, cudaHostAllocDefault),
+                                    absl::StrCat("cudaHostAlloc(", piece, ")"));
+          !s.ok()) {
+        return s;
+      }
+      staging_bytes_ = piece;
+    }
+    char* stage = static_cast<char*>(staging_);
+    const absl::Time deadline = absl::Now() + timeout;
+    for (size_t off = 0; off < bytes; off += piece) {
+      const size_t n = std::min(piece, bytes - off);
+      if (!to_host) std::memcpy(stage, src + off, n);
+      absl::Status s = to_host ? FromCuda(cudaMemcpyAsync(stage, src + off, n, cudaMemcpyDeviceToHost, stream_),
+                                          "cudaMemcpyAsync (to the host)")
+                               : FromCuda(cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice, stream_),
+                                          "cudaMemcpyAsync (from the host)");
+      if (!s.ok()) return Failed(s);
+      cudaError_t q;
+      while ((q = cudaStreamQuery(stream_)) == cudaErrorNotReady) {
+        if (absl::Now() >= deadline) {
+          return Failed(absl::DeadlineExceededError(absl::StrCat(
+              "a copy of ", bytes, " bytes ", to_host ? "from the GPU to the host" : "from the host to the GPU",
+              " did not finish within ", absl::FormatDuration(timeout),
+              " (it waits for the work the client queued before it)")));
+        }
+        absl::SleepFor(absl::Microseconds(20));
+      }
+      if (q != cudaSuccess) return Failed(FromCuda(q, "a copy between the host and the GPU failed"));
+      if (to_host) std::memcpy(dst + off, stage, n);
+    }
+    return absl::OkStatus();
+  }
+
   const int device_;
   cudaStream_t stream_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  void* staging_ = nullptr;  // pinned host memory (ThroughStaging)
+  size_t staging_bytes_ = 0;
   bool failed_ = false;
   std::deque<Op> in_flight_;
 };

@@ -231,6 +231,8 @@ struct P2POp {
   DataType dtype;
   int peer;         // group rank; kRecv: -1 = any source
   int64_t tag = 0;
+  bool cuda = false;       // `data` is device memory: SendCuda / RecvCuda on `stream`
+  void* stream = nullptr;  // the caller's cudaStream_t (cuda only; nullptr: the legacy default)
 };
 
 class StoreClient;
@@ -392,7 +394,8 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> Send(const void* data, int64_t count, DataType dtype, int dst, int64_t tag = 0) = 0;
   // `data` receives the message; Work::SourceRank() tells the sender. src = -1: any source.
   virtual std::shared_ptr<Work> Recv(void* data, int64_t count, DataType dtype, int src, int64_t tag = 0) = 0;
-  // batch_isend_irecv: issues every op (in order) and returns their Works.
+  // batch_isend_irecv: issues every op (in order; CUDA ones with SendCuda / RecvCuda) and
+  // returns their Works.
   std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops);
 
   // ---- CUDA tensors (docs/gpu.md) ----
@@ -448,6 +451,22 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> ScatterCuda(void* output, int64_t count, const void* input,
                                             const std::vector<int64_t>& counts, DataType dtype, int src,
                                             void* stream);
+  // send / recv on CUDA tensors, matched as Send / Recv (peer, tag, any source, count and
+  // dtype; a CPU tensor on the other side is fine). Within a host the sidecar copies from the
+  // sender's tensor into the receiver's on its GPU stream after both ranks' `stream` work
+  // queued before the calls, and both Works complete once that copy is queued; Wait then
+  // makes `stream` wait for it (the sender must not overwrite `data` before its stream has
+  // passed that point, as with NCCL). Between hosts the bytes go through host memory on both
+  // sidecars (device -> host, the sidecars' connection, host -> device: the connection's
+  // speed, not NCCL's), and the send completes once its bytes left the GPU and were handed
+  // to the connection. Errors: those of Send / Recv and of the collectives above; the two
+  // tensors of a pair on one host must be on one GPU (INVALID_ARGUMENT on both, the group
+  // stays usable); a GPU copy that fails or does not finish within the op timeout fails the
+  // group.
+  virtual std::shared_ptr<Work> SendCuda(const void* data, int64_t count, DataType dtype, int dst, int64_t tag,
+                                         void* stream);
+  virtual std::shared_ptr<Work> RecvCuda(void* data, int64_t count, DataType dtype, int src, int64_t tag,
+                                         void* stream);
 
   // ---- Groups ----
   // new_group: a group of the given ranks (ranks of this group, distinct). Every rank of

@@ -28,7 +28,8 @@ def view(t, writable=True, what="tensor"):
         if t.device.type != "cpu":
             raise TypeError(f"{what} is on {t.device}; this call takes CPU tensors (CUDA tensors: "
                             "all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor, "
-                            "all_to_all_single; and with collserve.torch_pg gather and scatter)")
+                            "all_to_all_single, send, recv, isend, irecv, batch_isend_irecv; and with "
+                            "collserve.torch_pg gather and scatter)")
         if t.is_sparse:
             raise TypeError(f"{what} is sparse; collserve takes dense tensors")
         name = str(t.dtype).replace("torch.", "")

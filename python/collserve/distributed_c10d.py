@@ -605,22 +605,34 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def isend(tensor, dst, group=None, tag=0):
-    """Starts sending `tensor` to rank `dst`; returns a Work. Do not modify the tensor before wait()."""
+    """Starts sending `tensor` to rank `dst`; returns a Work. Do not modify the tensor before wait().
+    A CUDA tensor is sent after the work queued on its device's current stream, and wait()
+    makes that stream wait for the copy (docs/gpu.md)."""
     g = _group(group)
     if g is None:
         return None
+    peer = _local(g, dst, "dst")
+    cuda = _tensors.cuda_view(tensor)
+    if cuda is not None:
+        p, n, d, stream = cuda
+        return _run(g, g._live().send_cuda(p, n, d, peer, int(tag), stream), [tensor], True)
     p, n, d = _tensors.view(tensor, writable=False)
-    return _run(g, g._live().send(p, n, d, _local(g, dst, "dst"), int(tag)), [tensor], True)
+    return _run(g, g._live().send(p, n, d, peer, int(tag)), [tensor], True)
 
 
 def irecv(tensor, src=None, group=None, tag=0):
     """Starts receiving into `tensor` from rank `src` (None: any source); returns a Work
-    whose source_rank() names the sender."""
+    whose source_rank() names the sender. A CUDA tensor is written on the GPU after the work
+    queued on its device's current stream; wait() makes that stream wait for it."""
     g = _group(group)
     if g is None:
         return None
-    p, n, d = _tensors.view(tensor)
     peer = -1 if src is None else _local(g, src, "src")
+    cuda = _tensors.cuda_view(tensor)
+    if cuda is not None:
+        p, n, d, stream = cuda
+        return _run(g, g._live().recv_cuda(p, n, d, peer, int(tag), stream), [tensor], True)
+    p, n, d = _tensors.view(tensor)
     return _run(g, g._live().recv(p, n, d, peer, int(tag)), [tensor], True)
 
 

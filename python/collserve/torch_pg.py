@@ -175,6 +175,12 @@ class CollserveWork(_BaseWork):
     def result(self):
         return self._result
 
+    def _source_rank(self):
+        """recv: the rank the message came from (torch's recv() of any source reads it)."""
+        return self._work.source_rank() if self._work is not None else -1
+
+    source_rank = _source_rank
+
     def synchronize(self):
         self.wait()
 
@@ -192,6 +198,50 @@ class CollserveWork(_BaseWork):
                 future.set_result(self._result)
             self._future = future
         return self._future
+
+
+class _CoalescedWork(_BaseWork):
+    """The Work of a coalesced batch (torch's _coalescing_manager around batch_isend_irecv of
+    CUDA tensors: _start_coalescing, the sends and receives, _end_coalescing): waits for each
+    of them; fails with the first failure."""
+
+    def __init__(self, works):
+        super().__init__()
+        self._works = list(works)
+
+    def wait(self, timeout=None):
+        for w in self._works:
+            w.wait(timeout)
+        return True
+
+    def is_completed(self):
+        return all(w.is_completed() for w in self._works)
+
+    def is_success(self):
+        return all(w.is_success() for w in self._works)
+
+    def exception(self):
+        for w in self._works:
+            e = w.exception()
+            if e is not None:
+                return e
+        return None
+
+    def result(self):
+        return []
+
+    def synchronize(self):
+        self.wait()
+
+    def get_future(self):
+        future = torch.futures.Future()
+        try:
+            self.wait()
+        except RuntimeError as e:
+            future.set_exception(e)
+        else:
+            future.set_result([])
+        return future
 
 
 def _done_work(result):
@@ -215,6 +265,7 @@ class CollserveProcessGroup(dist.ProcessGroup):
         self._group_name = sdk_pg.name
         self._group_desc = ""
         self._pending = []  # works the caller may have dropped: their tensors stay alive
+        self._coalesced = None  # between _start_coalescing and _end_coalescing: their works
         self._sites = _collserve.CallSites()  # occurrence counts of this group's call sites
 
     @classmethod
@@ -264,15 +315,25 @@ class CollserveProcessGroup(dist.ProcessGroup):
     def _live(self):
         """The SDK's process group, after telling it where the program issues the next
         collective from (the sidecars compare call sites across ranks: distributed_c10d)."""
-        if self._pg is None:
-            raise RuntimeError("collserve: the process group has been shut down")
+        pg = self._open()
         if _CALL_SITES:
             self._sites.mark()
+        return pg
+
+    def _open(self):
+        """The SDK's process group (point-to-point: no call site, only two ranks take part)."""
+        if self._pg is None:
+            raise RuntimeError("collserve: the process group has been shut down")
         return self._pg
 
-    def _work(self, op, work, result, keep, finish=None, device=None):
+    def _work(self, op, work, result, keep, finish=None, device=None, p2p=False):
         w = CollserveWork(op, work, result, keep, finish, device)
-        if not _PY_WORK:
+        if p2p:
+            # Called from Python only (torch's isend/irecv/batch_isend_irecv): the Python Work
+            # works on every torch, and waiting here would deadlock a ring of isends.
+            if self._coalesced is not None:
+                self._coalesced.append(w)
+        elif not _PY_WORK:
             # torch 1.13: C++ would call c10d::Work::wait on a Python Work (see the docstring).
             w.wait()
             return _done_work(result)
@@ -478,6 +539,46 @@ class CollserveProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts=None):
         return self._work("barrier", self._live().barrier(), [], [])
+
+    # ---- point-to-point ----
+    def send(self, tensors, dstRank, tag=0):
+        """isend/send: a CPU or CUDA tensor to group rank dstRank (docs/gpu.md for CUDA)."""
+        t = _one(tensors, "send", "tensors")
+        if _is_cuda(t):
+            p, n, d, stream = _cuda_view(t, "send", "tensor")
+            work = self._open().send_cuda(p, n, d, int(dstRank), int(tag), stream)
+        else:
+            p, n, d = _tensors.view(t, writable=False)
+            work = self._open().send(p, n, d, int(dstRank), int(tag))
+        return self._work("send", work, tensors, [t], device=t.device, p2p=True)
+
+    def recv(self, tensors, srcRank, tag=0):
+        """irecv/recv from group rank srcRank (-1: any source; the Work's _source_rank())."""
+        t = _one(tensors, "recv", "tensors")
+        if _is_cuda(t):
+            p, n, d, stream = _cuda_view(t, "recv", "tensor")
+            work = self._open().recv_cuda(p, n, d, int(srcRank), int(tag), stream)
+        else:
+            p, n, d = _tensors.view(t)
+            work = self._open().recv(p, n, d, int(srcRank), int(tag))
+        return self._work("recv", work, tensors, [t], device=t.device, p2p=True)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self.recv(tensors, -1, tag)
+
+    recvAnysource = recv_anysource
+
+    def _start_coalescing(self, device):
+        """torch's batch_isend_irecv of CUDA tensors: the sends and receives until
+        _end_coalescing are issued as they come (each is matched on its own) and waited for
+        together through the Work _end_coalescing returns."""
+        if self._coalesced is not None:
+            raise RuntimeError("collserve: _start_coalescing while already coalescing")
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        works, self._coalesced = self._coalesced or [], None
+        return _CoalescedWork(works)
 
     def shutdown(self):
         self._pg = None

@@ -1,6 +1,6 @@
 // The sidecar's GPU side (backends/cuda): the local reduction kernels through DeviceStream
 // (every dtype and op, more inputs than one launch takes, unaligned tensors, odd counts),
-// device copies, the NCCL communicator's device-memory calls, and the runtime's refusals of
+// device copies and copies through the host, the NCCL communicator's device-memory calls, and the runtime's refusals of
 // malformed handles. Needs a GPU: skipped (not failed) without one (tests/gpu/run.sh runs
 // it on a GPU machine).
 #include <cuda_runtime.h>
@@ -120,6 +120,20 @@ TEST_F(CudaDeviceTest, CopyScratchAndEndOpBoundWhatIsInFlight) {
     ASSERT_TRUE(stream_->EndOp({std::make_shared<int>(i)}, 2, absl::Seconds(30), nullptr).ok());
   }
   EXPECT_EQ(Download(static_cast<const float*>(*scratch), n)[n - 1], 7.0f);
+}
+
+// Point-to-point between hosts moves CUDA tensors through the host: more than one staging
+// piece (8 MiB) each way, with an odd tail, every element checked.
+TEST_F(CudaDeviceTest, CopiesToAndFromTheHostThroughStagingPieces) {
+  const size_t n = (size_t{5} << 20) + 3;  // 20 MiB + 12 bytes of float32: 3 pieces
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 100003);
+  float* d = Upload(std::vector<float>(n, -1.0f));
+  ASSERT_TRUE(stream_->CopyFromHost(d, host.data(), n * sizeof(float), absl::Seconds(30)).ok());
+  std::vector<float> back(n, 0.0f);
+  ASSERT_TRUE(stream_->CopyToHost(back.data(), d, n * sizeof(float), absl::Seconds(30)).ok());
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(Download(d, n), host);
 }
 
 TEST_F(CudaDeviceTest, RefusesMalformedHandles) {

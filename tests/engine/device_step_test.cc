@@ -21,6 +21,7 @@ namespace {
 using engine::CollectiveOp;
 
 const std::string kUuid(16, 'G');
+const std::string kOtherGpuUuid(16, 'H');  // a second GPU of the fake host
 
 // A "CUDA IPC handle" here is 64 bytes: the host address and size of a test buffer.
 std::string Handle(const void* p, size_t bytes) {
@@ -42,18 +43,18 @@ class FakeStream : public backends::DeviceStream {
   void* stream() const override { return nullptr; }
   absl::Status WaitEvent(const backends::DeviceEvent& e) override {
     ++static_cast<FakeEvent&>(const_cast<backends::DeviceEvent&>(e)).waited;
-    log_->push_back("wait");
+    Log("wait");
     return absl::OkStatus();
   }
   absl::Status RecordEvent(const backends::DeviceEvent& e) override {
     ++static_cast<FakeEvent&>(const_cast<backends::DeviceEvent&>(e)).recorded;
-    log_->push_back("record");
+    Log("record");
     return absl::OkStatus();
   }
   absl::Status Reduce(const std::vector<const void*>& ins, const std::vector<void*>& outs, size_t count, DataType dtype,
                       ReduceOp op, double scale) override {
     if (dtype != DataType::kFloat32) return absl::InvalidArgumentError("fake: float32 only");
-    log_->push_back(absl::StrCat("reduce ", ins.size(), "->", outs.size()));
+    Log(absl::StrCat("reduce ", ins.size(), "->", outs.size()));
     std::vector<float> acc(count);
     for (size_t i = 0; i < count; ++i) {
       float a = static_cast<const float*>(ins[0])[i];
@@ -67,7 +68,7 @@ class FakeStream : public backends::DeviceStream {
     return absl::OkStatus();
   }
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
-    log_->push_back("copy");
+    Log("copy");
     if (dst != src) std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
@@ -75,23 +76,45 @@ class FakeStream : public backends::DeviceStream {
     scratch_.resize(bytes);
     return scratch_.data();
   }
+  absl::Status CopyToHost(void* dst, const void* src, size_t bytes, absl::Duration) override {
+    Log("to_host");
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyFromHost(void* dst, const void* src, size_t bytes, absl::Duration) override {
+    Log("from_host");
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
   absl::Status EndOp(std::vector<std::shared_ptr<void>> keep, int, absl::Duration timeout,
                      const std::function<absl::Status()>&) override {
-    log_->push_back(absl::StrCat("end ", keep.size()));
+    Log(absl::StrCat("end ", keep.size()));
+    absl::MutexLock lock(&log_mu_);
     *end_timeout_ = timeout;
     return absl::OkStatus();
   }
+  // The streams of several threads (a group's executor, its point-to-point mover and
+  // sender) log into one list.
+  static absl::Mutex log_mu_;
 
  private:
+  void Log(std::string what) {
+    absl::MutexLock lock(&log_mu_);
+    log_->push_back(std::move(what));
+  }
+
   std::vector<std::string>* log_;
   absl::Duration* end_timeout_;
   std::vector<char> scratch_;
 };
 
+absl::Mutex FakeStream::log_mu_(absl::kConstInit);
+
 class FakeRuntime : public backends::DeviceRuntime {
  public:
   absl::StatusOr<int> DeviceOf(const std::string& uuid) override {
     if (uuid == kUuid) return 0;
+    if (uuid == kOtherGpuUuid) return 1;
     return absl::NotFoundError("no such GPU");
   }
   absl::StatusOr<std::shared_ptr<backends::DeviceMapping>> MapMemory(int, const std::string& h) override {
@@ -337,6 +360,33 @@ engine::Request DeviceRequest(CollectiveOp op, std::vector<float>& in, int64_t c
   r.cuda_ready_event = absl::StrCat("ready", rank, std::string(58, '.')).substr(0, 64);
   r.cuda_done_event = absl::StrCat("done-", rank, std::string(58, '.')).substr(0, 64);
   return r;
+}
+
+// Point-to-point on "device" tensors: a SEND of `data` (count elements) to `peer`, a RECV of
+// `count` elements into `into` from `peer` (-1: any). A RECV names its tensor as the output
+// and the GPU through the input (as the SDK's RecvCuda does).
+engine::Request DeviceSend(std::vector<float>& data, int peer, int64_t tag, int rank) {
+  engine::Request r = DeviceRequest(CollectiveOp::kSend, data, static_cast<int64_t>(data.size()), nullptr, rank);
+  r.peer = peer;
+  r.tag = tag;
+  return r;
+}
+engine::Request DeviceRecv(std::vector<float>& into, int peer, int64_t tag, int rank) {
+  engine::Request r = DeviceRequest(CollectiveOp::kRecv, into, static_cast<int64_t>(into.size()), &into, rank);
+  r.output_count = 0;
+  r.peer = peer;
+  r.tag = tag;
+  return r;
+}
+
+// Submits `send` and `recv` as rank `r`'s next two requests and waits for both.
+std::pair<engine::Completion, engine::Completion> SendAndRecv(TestRank& r, engine::Request send, engine::Request recv) {
+  send.seq = r.next_seq++;
+  recv.seq = r.next_seq++;
+  r.group->Submit(r.rank, send);
+  r.group->Submit(r.rank, recv);
+  engine::Completion s = r.session->WaitCompletion(send.seq, absl::Seconds(30));
+  return {s, r.session->WaitCompletion(recv.seq, absl::Seconds(30))};
 }
 
 class DeviceStepTest : public ::testing::Test {
@@ -585,6 +635,88 @@ TEST_F(DeviceStepTest, AllToAllGatherAndScatterAmongLocalRanksAreCopiesOnTheStre
   EXPECT_EQ(out, in);
 }
 
+// CUDA send/recv on one host (issue 44: pipeline parallelism): a matched pair is one copy on
+// the sidecar's point-to-point stream between the sender's and the receiver's events; a CPU
+// tensor on either side goes through the host; mismatches and two GPUs are request errors.
+TEST_F(DeviceStepTest, SendRecvOnOneGpuIsOneCopyBetweenBothRanksEvents) {
+  TestCluster cluster(1, [&](engine::EngineOptions& o) { o.device = &runtime_; });
+  auto ranks = Form(cluster, "p2p", 3);
+  // A ring 0 -> 1 -> 2 -> 0, receiving from any source; rank r sends r + 1 elements.
+  std::vector<std::vector<float>> out = {Filled(1, 0), Filled(2, 10), Filled(3, 20)};
+  std::vector<std::vector<float>> in = {std::vector<float>(3, -1), std::vector<float>(1, -1),
+                                        std::vector<float>(2, -1)};
+  OnEveryRank(ranks, [&](TestRank& r) {
+    auto [s, c] = SendAndRecv(r, DeviceSend(out[r.rank], (r.rank + 1) % 3, 7, r.rank),
+                              DeviceRecv(in[r.rank], -1, 7, r.rank));
+    EXPECT_TRUE(s.status.ok()) << s.status;
+    EXPECT_TRUE(c.status.ok()) << c.status;
+    EXPECT_EQ(c.source, (r.rank + 2) % 3);
+    EXPECT_EQ(c.algorithm, "local_cuda");
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(in[r], out[(r + 2) % 3]) << "rank " << r;
+  // Each pair: both ready events, one copy, both done events, then the copy is tracked.
+  int copies = 0, ends = 0;
+  for (const std::string& call : runtime_.log) {
+    copies += call == "copy";
+    ends += call == "end 6";  // the sender's mapping and events, the receiver's
+  }
+  EXPECT_EQ(copies, 3);
+  EXPECT_EQ(ends, 3);
+
+  // A CPU tensor on one side: through the host, both ways.
+  runtime_.log.clear();
+  std::vector<float> gpu_out = {4, 5}, gpu_in(2, -1);
+  OnEveryRank(ranks, [&](TestRank& r) {
+    if (r.rank == 0) {  // CPU -> GPU
+      engine::Request q = FloatRequest(CollectiveOp::kSend, {1, 2});
+      q.peer = 1;
+      EXPECT_TRUE(r.Call(q).status.ok());
+    } else if (r.rank == 1) {
+      engine::Completion c = r.Call(DeviceRecv(gpu_in, 0, 0, 1));
+      EXPECT_TRUE(c.status.ok()) << c.status;
+      EXPECT_EQ(c.algorithm, "cuda_host");
+      engine::Completion s = r.Call(DeviceSend(gpu_out, 2, 0, 1));  // GPU -> CPU
+      EXPECT_TRUE(s.status.ok()) << s.status;
+    } else {
+      engine::Request q = FloatRequest(CollectiveOp::kRecv, {});
+      q.count = 2;
+      q.peer = 1;
+      engine::Completion c = r.Call(q);
+      EXPECT_TRUE(c.status.ok()) << c.status;
+      EXPECT_EQ(FloatsOf(c.inline_data), (std::vector<float>{4, 5}));
+    }
+  });
+  EXPECT_EQ(gpu_in, (std::vector<float>{1, 2}));
+  EXPECT_NE(std::find(runtime_.log.begin(), runtime_.log.end(), "from_host"), runtime_.log.end());
+  EXPECT_NE(std::find(runtime_.log.begin(), runtime_.log.end(), "to_host"), runtime_.log.end());
+
+  // A size mismatch fails both sides, naming both; so does a pair on two GPUs of the host.
+  // Neither moves anything, and the group stays usable.
+  std::vector<float> two = {1, 2}, three(3, -1);
+  OnEveryRank(ranks, [&](TestRank& r) {
+    if (r.rank == 2) return;
+    engine::Completion c = r.rank == 0 ? r.Call(DeviceSend(two, 1, 3, 0)) : r.Call(DeviceRecv(three, 0, 3, 1));
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "rank 0 sent 2 float32 elements")) << c.status;
+  });
+  std::vector<float> other(2, -1);
+  OnEveryRank(ranks, [&](TestRank& r) {
+    if (r.rank == 2) return;
+    engine::Request q = r.rank == 0 ? DeviceSend(two, 1, 4, 0) : DeviceRecv(other, 0, 4, 1);
+    if (r.rank == 1) q.buffer.cuda_device_uuid = q.output.cuda_device_uuid = kOtherGpuUuid;
+    engine::Completion c = r.Call(q);
+    EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument) << c.status;
+    EXPECT_TRUE(absl::StrContains(c.status.message(), "needs one GPU")) << c.status;
+  });
+  EXPECT_EQ(three, std::vector<float>(3, -1));
+  EXPECT_EQ(other, std::vector<float>(2, -1));
+  OnEveryRank(ranks, [&](TestRank& r) {
+    std::vector<float> t = {static_cast<float>(r.rank)};
+    EXPECT_TRUE(r.Call(DeviceRequest(CollectiveOp::kAllReduce, t, 1, nullptr, r.rank)).status.ok());
+    EXPECT_EQ(t[0], 3.0f);
+  });
+}
+
 // The paths that cross hosts, over the fake NCCL (FakeDeviceComm): 2 hosts with 2 local ranks
 // each (the local step, then NCCL among the hosts, then the local copies), 2 hosts with one
 // rank each (NCCL's own all_gather and reduce_scatter), and one rank alone (NCCL with one
@@ -727,6 +859,38 @@ TEST_F(DeviceAcrossHostsTest, OneRankPerHostUsesNcclsOwnCollectives) {
   EXPECT_EQ(rs[0], (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(rs[1], (std::vector<float>{4, 5, 6}));
   EXPECT_EQ(world_.calls("reduce_scatter"), 2);
+}
+
+// CUDA send/recv across hosts: the sender's host copies the tensor off its GPU, the bytes
+// travel over the point-to-point protocol (real Gloo between the two engines here), and the
+// receiver's host copies them onto its GPU; pairs within a host stay copies on the GPU.
+TEST_F(DeviceAcrossHostsTest, SendRecvAcrossHostsGoThroughTheHosts) {
+  auto cluster = Cluster(2);
+  auto formed = cluster->Form("p2p2x2", 4, absl::Seconds(30), /*shared_memory=*/true);
+  ASSERT_TRUE(formed.ok()) << formed.status();
+  // A ring 0 -> 1 -> 2 -> 3 -> 0: 0->1 and 2->3 within a host, 1->2 and 3->0 across.
+  std::vector<std::vector<float>> out(4), in(4);
+  for (int r = 0; r < 4; ++r) {
+    out[r] = Filled(static_cast<size_t>(1000 + r), 100.0f * r);
+    in[(r + 1) % 4].assign(out[r].size(), -1.0f);
+  }
+  std::vector<std::string> algorithms(4);
+  OnEveryRank(*formed, [&](TestRank& r) {
+    const int from = (r.rank + 3) % 4;
+    auto [s, c] = SendAndRecv(r, DeviceSend(out[r.rank], (r.rank + 1) % 4, 1, r.rank),
+                              DeviceRecv(in[r.rank], from, 1, r.rank));
+    EXPECT_TRUE(s.status.ok()) << "rank " << r.rank << ": " << s.status;
+    EXPECT_TRUE(c.status.ok()) << "rank " << r.rank << ": " << c.status;
+    EXPECT_EQ(c.source, from);
+    algorithms[r.rank] = c.algorithm;
+  });
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(in[r], out[(r + 3) % 4]) << "rank " << r;
+  EXPECT_EQ(algorithms, (std::vector<std::string>{"host_staged", "local_cuda", "host_staged", "local_cuda"}));
+  for (FakeRuntime& rt : runtimes_) {
+    EXPECT_NE(std::find(rt.log.begin(), rt.log.end(), "to_host"), rt.log.end());
+    EXPECT_NE(std::find(rt.log.begin(), rt.log.end(), "from_host"), rt.log.end());
+  }
+  EXPECT_EQ(world_.calls("send_recv"), 0);  // no NCCL involved
 }
 
 TEST_F(DeviceAcrossHostsTest, ARankAloneRunsNcclWithOneRank) {

@@ -2,7 +2,8 @@
 `python -m collserve launch --nproc_per_node N` on a machine with a GPU and torch: every rank
 on cuda:0. Checks all_reduce (SUM, AVG, MAX; sync and async), broadcast, all_gather_into_tensor
 and reduce_scatter_tensor results in float32, bfloat16 and int64, all_to_all_single (uneven),
-gather and scatter (uneven, SDK calls) in float32, and the stream ordering: the
+gather and scatter (uneven, SDK calls) in float32, send/recv/batch_isend_irecv (CUDA to
+CUDA, CUDA to CPU and back), and the stream ordering: the
 input is produced on the current stream behind a long GPU sleep, so a collective that did not
 wait for the caller's stream would read the old values. Prints "sdk_cuda: OK" on rank 0."""
 import sys
@@ -74,6 +75,42 @@ def main():
         code, message = w.wait(120.0)
         assert code == 0, f"scatter_cuda: {code} {message}"
         assert torch.all(got == 100 * root + rank), f"scatter from {root}: {got}"
+    # Point-to-point on CUDA tensors (issue 44: pipeline parallelism), every element checked:
+    # a ring of isend/irecv of different sizes with the sender's tensor produced behind a GPU
+    # sleep (the copy must wait for it), a recv from any source, batch_isend_irecv, and a
+    # CUDA tensor received into a CPU one and back. One host: copies on the sidecar's GPU.
+    if world > 1:
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        for n in (1, 4097, 3 << 20):
+            out_t = torch.zeros(n + rank, device=dev)
+            torch.cuda._sleep(100_000_000)
+            out_t.fill_(float(rank + 1))  # queued behind the sleep
+            in_t = torch.full((n + prv,), -1.0, device=dev)
+            works = [dist.isend(out_t, nxt, tag=n), dist.irecv(in_t, prv, tag=n)]
+            for w in works:
+                w.wait()
+            assert torch.all(in_t == prv + 1), f"p2p {n}: {in_t[:4]} from {prv}"
+        anyone = torch.full((5,), -1, dtype=torch.int64, device=dev)
+        w = dist.isend(torch.full((5,), rank, dtype=torch.int64, device=dev), nxt, tag=99)
+        assert dist.recv(anyone, tag=99) == prv
+        w.wait()
+        assert torch.all(anyone == prv), f"recv from any source: {anyone}"
+        got = torch.full((6,), -1.0, device=dev)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((6,), float(rank), device=dev), nxt),
+                                       dist.P2POp(dist.irecv, got, prv)])
+        for r in reqs:
+            r.wait()
+        assert torch.all(got == prv), f"batch_isend_irecv: {got}"
+        host = torch.full((7,), -1.0)
+        w = dist.isend(torch.full((7,), float(rank), device=dev), nxt, tag=5)
+        dist.recv(host, prv, tag=5)  # a CUDA tensor into a CPU one
+        w.wait()
+        assert torch.all(host == prv), f"CUDA -> CPU: {host}"
+        back = torch.full((7,), -1.0, device=dev)
+        w = dist.isend(torch.full((7,), float(rank + 100)), nxt, tag=6)  # and a CPU tensor into a CUDA one
+        dist.recv(back, prv, tag=6)
+        w.wait()
+        assert torch.all(back == prv + 100), f"CPU -> CUDA: {back}"
     # A CPU tensor with a CUDA one in one call is a clear TypeError.
     try:
         dist.all_gather_into_tensor(out.cpu(), inp)

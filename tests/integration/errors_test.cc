@@ -156,6 +156,10 @@ TEST(ErrorsTest, CudaCallsOnHostMemoryAreClearErrorsAndTheGroupGoesOn) {
   EXPECT_THAT(out, HasSubstr("cuda piece-wise: INVALID_ARGUMENT: gather: the destination passes world_size (1) "
                              "counts, got 2"));
   EXPECT_THAT(out, HasSubstr("cuda piece-wise: INVALID_ARGUMENT: scatter root 1 is out of range"));
+  // send / recv on CUDA tensors: the peer first, then the memory like the collectives.
+  EXPECT_THAT(out, HasSubstr("cuda send: INVALID_ARGUMENT: send peer rank 1 is out of range for world_size 1"));
+  EXPECT_THAT(out, ::testing::AnyOf(HasSubstr("cuda recv: INVALID_ARGUMENT: address"),
+                                    HasSubstr("cuda recv: FAILED_PRECONDITION: this collserve build has no CUDA")));
 }
 
 TEST(ErrorsTest, GroupStaysUsableAfterAMismatch) {

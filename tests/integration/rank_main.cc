@@ -322,6 +322,11 @@ int main(int argc, char** argv) {
         (*pg)->GatherCuda(out.data(), buf.data(), 16, {8, 8}, DataType::kFloat32, 0, nullptr)->Wait(),
         (*pg)->ScatterCuda(out.data(), 16, buf.data(), {16}, DataType::kFloat32, 1, nullptr)->Wait()};
     for (const absl::Status& p : pieces) std::printf("cuda piece-wise: %s\n", StatusLine(p).c_str());
+    // send / recv: a peer out of range is refused first, then the memory as above.
+    std::printf("cuda send: %s\n",
+                StatusLine((*pg)->SendCuda(buf.data(), 16, DataType::kFloat32, 1, 0, nullptr)->Wait()).c_str());
+    std::printf("cuda recv: %s\n",
+                StatusLine((*pg)->RecvCuda(out.data(), 16, DataType::kFloat32, -1, 0, nullptr)->Wait()).c_str());
     if (!pieces[0].ok() && pieces[0].code() != s.code()) return 3;
     absl::Status after = (*pg)->AllReduce(buf.data(), 16, DataType::kFloat32, ReduceOp::kSum)->Wait();
     std::printf("after: %s %g\n", StatusLine(after).c_str(), buf[0]);

@@ -2,7 +2,7 @@
 against a real coordinator and sidecar on loopback: 2 ranks (subprocesses) build
 CollserveProcessGroup directly (CPU tensors) and check allreduce, broadcast, allgather,
 all_gather_into_tensor, reduce_scatter(_tensor), gather, scatter, all_to_all_single (uneven
-splits), barrier, errors, and a 5-step
+splits), barrier, send/recv/recv_anysource and coalescing, errors, and a 5-step
 DistributedDataParallel training that must equal a single-process reference.
 
 On torch 1.13 (this repository's CPU test machine) the ProcessGroup trampoline works but
@@ -126,6 +126,26 @@ def _collectives(torch, dist, pg, rank, world):
                      dist.AllToAllOptions()).wait()
     equal(outs, torch.cat([torch.full((s + rank + 1, 2), float(10 * s + rank)) for s in range(world)]))
     pg.barrier(dist.BarrierOptions()).wait()
+    # Point-to-point (torch's isend/irecv call these methods): a ring of sends of different
+    # sizes, a receive from any source, and the coalescing calls torch's batch_isend_irecv
+    # makes for CUDA tensors (here on CPU tensors: the same methods).
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    got = torch.zeros(3 + prv)
+    sent, received = pg.send([torch.full((3 + rank,), float(rank))], nxt, 5), pg.recv([got], prv, 5)
+    assert sent.wait() and received.wait()
+    equal(got, torch.full((3 + prv,), float(prv)))
+    anyone = torch.zeros(2)
+    sent, received = pg.send([torch.full((2,), float(rank + 50))], nxt, 6), pg.recv_anysource([anyone], 6)
+    assert received.wait() and sent.wait()
+    assert received._source_rank() == prv, received._source_rank()
+    equal(anyone, torch.full((2,), float(prv + 50)))
+    pg._start_coalescing(torch.device("cpu"))
+    batch = torch.zeros(4, dtype=torch.int64)
+    pg.send([torch.full((4,), rank, dtype=torch.int64)], nxt, 7)
+    pg.recv([batch], prv, 7)
+    coalesced = pg._end_coalescing(torch.device("cpu"))
+    assert coalesced.wait() and coalesced.is_completed() and coalesced.exception() is None
+    equal(batch, torch.full((4,), prv, dtype=torch.int64))
     # Argument errors raise at the call.
     for call, exc in [(lambda: pg.allreduce([torch.ones(1), torch.ones(1)], opts), ValueError),
                       (lambda: pg.allreduce([torch.ones(2)[::2].expand(3)], opts), ValueError),
