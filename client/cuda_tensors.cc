@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstring>
+
+#include "client/device_scope.h"
 #endif
 
 namespace collserve::client {
@@ -66,19 +68,6 @@ const Driver& GetDriver() {
 
 constexpr int kPointerAttributeBufferId = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
 
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~DeviceScope() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
 
 }  // namespace
 

@@ -99,6 +99,19 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   if (!tls_env.ok()) return tls_env.status();
   absl::StatusOr<std::string> token_env = JobTokenFromEnv();
   if (!token_env.ok()) return token_env.status();
+  CudaPath cuda_path_env = cuda_path;
+  if (const char* c = std::getenv("COLLSERVE_CUDA_PATH"); c != nullptr && *c != '\0') {
+    const std::string path = c;
+    if (path == "nccl") {
+      cuda_path_env = CudaPath::kNccl;
+    } else if (path == "sidecar") {
+      cuda_path_env = CudaPath::kSidecar;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("COLLSERVE_CUDA_PATH=", path, ": must be \"sidecar\" or \"nccl\" (docs/gpu.md)"));
+    }
+  }
+  cuda_path = cuda_path_env;
   if (const char* b = std::getenv("COLLSERVE_BACKEND"); b != nullptr && *b != '\0') backend = b;
   shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
   peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);

@@ -402,9 +402,72 @@ std::shared_ptr<Work> SessionProcessGroup::IssueCuda(const Request& r, const voi
   return Enqueue(req, std::move(pending));
 }
 
+std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op,
+                                                      const std::function<absl::Status(RankComm&)>& call,
+                                                      int source) {
+  absl::Status s;
+  {
+    absl::MutexLock lock(&rank_comm_mu_);
+    if (rank_comm_ == nullptr && rank_comm_failure_.ok()) {
+      std::string why;
+      RankCommFactory* factory = GetRankCommFactory(&why);
+      StoreClient* store = this->store();
+      if (factory == nullptr) {
+        rank_comm_failure_ = absl::FailedPreconditionError(why);
+      } else if (store == nullptr) {
+        rank_comm_failure_ = absl::FailedPreconditionError(
+            "the NCCL unique id goes through the coordinator's store, and this process has no coordinator address "
+            "(COLLSERVE_COORDINATOR)");
+      } else {
+        const std::string key = absl::StrCat("collserve/rank_nccl/", options_.group, "/", generation_, "/unique_id");
+        absl::StatusOr<std::string> id;
+        if (options_.rank == 0) {
+          id = factory->NewUniqueId();
+          if (id.ok()) {
+            if (absl::Status set = store->Set(key, *id); !set.ok()) id = set;
+          }
+        } else {
+          id = store->Get(key, options_.init_timeout);
+        }
+        absl::StatusOr<std::unique_ptr<RankComm>> comm =
+            id.ok() ? factory->Connect(*id, options_.rank, options_.world_size, options_.init_timeout, OpTimeout())
+                    : absl::StatusOr<std::unique_ptr<RankComm>>(id.status());
+        if (comm.ok()) {
+          rank_comm_ = std::move(*comm);
+        } else {
+          rank_comm_failure_ = absl::Status(comm.status().code(),
+                                            absl::StrCat("making this rank's NCCL communicator of group \"",
+                                                         options_.group, "\" failed: ", comm.status().message()));
+        }
+      }
+    }
+    s = rank_comm_ != nullptr ? call(*rank_comm_) : rank_comm_failure_;
+  }
+  if (!s.ok()) {
+    return WorkImpl::Failed(absl::Status(
+        s.code(), absl::StrCat(op, " on CUDA tensors (COLLSERVE_CUDA_PATH=nccl): ", s.message())));
+  }
+  auto work = WorkImpl::Failed(absl::OkStatus());  // complete: queued on the caller's stream
+  work->SetSourceRank(source);
+  work->SetAlgorithm("rank_nccl");
+  return work;
+}
+
+void SessionProcessGroup::AbortRankComm(const absl::Status& why) {
+  absl::MutexLock lock(&rank_comm_mu_);
+  if (rank_comm_ != nullptr) rank_comm_->Abort(why);
+  if (rank_comm_failure_.ok()) rank_comm_failure_ = why;
+}
+
 std::shared_ptr<Work> SessionProcessGroup::AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
                                     void* stream) {
   if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("all_reduce count is negative"));
+    return OnRankComm("all_reduce", [&](RankComm& c) {
+      return c.AllReduce(data, data, static_cast<size_t>(count), dtype, op.op, stream);
+    });
+  }
   Request r(pb::ALL_REDUCE, dtype);
   r.reduce = op;
   r.count = count;
@@ -413,6 +476,12 @@ std::shared_ptr<Work> SessionProcessGroup::AllReduceCuda(void* data, int64_t cou
 
 std::shared_ptr<Work> SessionProcessGroup::BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream) {
   if (absl::Status s = CheckRoot("broadcast", root); !s.ok()) return WorkImpl::Failed(s);
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("broadcast count is negative"));
+    return OnRankComm("broadcast", [&](RankComm& c) {
+      return c.Broadcast(data, static_cast<size_t>(count), dtype, root, stream);
+    });
+  }
   Request r(pb::BROADCAST, dtype);
   r.root = root;
   r.count = count;
@@ -429,6 +498,11 @@ std::shared_ptr<Work> SessionProcessGroup::AllGatherIntoTensorCuda(void* output,
   }
   r.output_count = count * world;
   r.output_splits.assign(static_cast<size_t>(world), count);
+  if (RankNccl()) {
+    return OnRankComm("all_gather_into_tensor", [&](RankComm& c) {
+      return c.AllGather(input, output, static_cast<size_t>(count), dtype, stream);
+    });
+  }
   return IssueCuda(r, input, count, output, r.output_count, stream);
 }
 
@@ -445,6 +519,11 @@ std::shared_ptr<Work> SessionProcessGroup::ReduceScatterTensorCuda(void* output,
   r.count = count * world;
   r.output_count = count;
   r.input_splits.assign(static_cast<size_t>(world), count);
+  if (RankNccl()) {
+    return OnRankComm("reduce_scatter_tensor", [&](RankComm& c) {
+      return c.ReduceScatter(input, output, static_cast<size_t>(count), dtype, op.op, stream);
+    });
+  }
   return IssueCuda(r, input, r.count, output, count, stream);
 }
 
@@ -461,6 +540,15 @@ std::shared_ptr<Work> SessionProcessGroup::AllToAllSingleCuda(void* output, int6
   r.output_count = output_count;
   r.input_splits = std::move(*in);
   r.output_splits = std::move(*out);
+  if (RankNccl()) {
+    // Every rank's pieces in rank order (the sizes each pair agrees on are the caller's
+    // business, as with NCCL: a mismatch is NCCL's error or a hang until the op timeout).
+    auto sends = Pieces(const_cast<void*>(input), r.input_splits, count, dtype, "input_split_sizes");
+    auto recvs = Pieces(output, r.output_splits, output_count, dtype, "output_split_sizes");
+    if (!sends.ok()) return WorkImpl::Failed(sends.status());
+    if (!recvs.ok()) return WorkImpl::Failed(recvs.status());
+    return OnRankComm("all_to_all_single", [&](RankComm& c) { return c.SendRecv(*sends, *recvs, dtype, stream); });
+  }
   // A rank that sends nothing still names its GPU through its input's address.
   return IssueCuda(r, input != nullptr ? input : output, count, output, output_count, stream);
 }
@@ -468,6 +556,13 @@ std::shared_ptr<Work> SessionProcessGroup::AllToAllSingleCuda(void* output, int6
 std::shared_ptr<Work> SessionProcessGroup::SendCuda(const void* data, int64_t count, DataType dtype, int dst,
                                                     int64_t tag, void* stream) {
   if (absl::Status s = CheckPeer("send", dst, false); !s.ok()) return WorkImpl::Failed(s);
+  if (RankNccl()) {
+    // NCCL has no tags: sends to one peer are received in the order sent (torch's NCCL
+    // backend ignores them too).
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("send count is negative"));
+    const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(data), static_cast<size_t>(count), dst}};
+    return OnRankComm("send", [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); });
+  }
   Request r(pb::SEND, dtype);
   r.peer = dst;
   r.tag = tag;
@@ -478,12 +573,89 @@ std::shared_ptr<Work> SessionProcessGroup::SendCuda(const void* data, int64_t co
 std::shared_ptr<Work> SessionProcessGroup::RecvCuda(void* data, int64_t count, DataType dtype, int src, int64_t tag,
                                                     void* stream) {
   if (absl::Status s = CheckPeer("recv", src, true); !s.ok()) return WorkImpl::Failed(s);
+  if (RankNccl()) {
+    if (src == -1) {
+      return WorkImpl::Failed(absl::InvalidArgumentError(
+          "recv from any source on CUDA tensors with COLLSERVE_CUDA_PATH=nccl: NCCL receives only from a named rank "
+          "(as torch's NCCL backend); name the source"));
+    }
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("recv count is negative"));
+    const std::vector<RankComm::Transfer> recvs = {{data, static_cast<size_t>(count), src}};
+    return OnRankComm("recv", [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); }, src);
+  }
   Request r(pb::RECV, dtype);
   r.peer = src;
   r.tag = tag;
   r.output_count = count;
   // The tensor is the output; the input (no bytes of it) names its GPU.
   return IssueCuda(r, data, 0, data, count, stream);
+}
+
+std::vector<std::shared_ptr<Work>> SessionProcessGroup::BatchIsendIrecv(const std::vector<P2POp>& ops) {
+  bool any_cuda = false;
+  for (const P2POp& op : ops) any_cuda |= op.cuda;
+  if (!RankNccl() || !any_cuda) return ProcessGroup::BatchIsendIrecv(ops);
+  // One NCCL group of every transfer, in bytes (dtypes may differ between ops), on the
+  // first op's stream (torch coalesces a batch on one stream too).
+  absl::Status bad;
+  std::vector<RankComm::Transfer> sends, recvs;
+  for (const P2POp& op : ops) {
+    const bool send = op.kind == P2POp::Kind::kSend;
+    if (!bad.ok()) break;
+    if (!op.cuda) {
+      bad = absl::InvalidArgumentError("batch_isend_irecv with COLLSERVE_CUDA_PATH=nccl: every op of a batch with "
+                                       "CUDA tensors must be on CUDA tensors");
+    } else if (op.stream != ops.front().stream) {
+      bad = absl::InvalidArgumentError("batch_isend_irecv: every op of the batch must name one stream");
+    } else if (op.count < 0 || !IsValidDataType(static_cast<int>(op.dtype))) {
+      bad = absl::InvalidArgumentError("batch_isend_irecv: a negative count or an unknown dtype");
+    } else if (!send && op.peer == -1) {
+      bad = absl::InvalidArgumentError(
+          "recv from any source on CUDA tensors with COLLSERVE_CUDA_PATH=nccl: NCCL receives only from a named rank "
+          "(as torch's NCCL backend); name the source");
+    } else {
+      bad = CheckPeer(send ? "send" : "recv", op.peer, false);
+    }
+    if (bad.ok()) {
+      (send ? sends : recvs).push_back({op.data, static_cast<size_t>(op.count) * ElementSize(op.dtype), op.peer});
+    }
+  }
+  std::shared_ptr<Work> batch =
+      bad.ok() ? OnRankComm("batch_isend_irecv",
+                            [&](RankComm& c) { return c.SendRecv(sends, recvs, DataType::kUInt8, ops.front().stream); })
+               : WorkImpl::Failed(bad);
+  const absl::Status s = batch->Wait();
+  std::vector<std::shared_ptr<Work>> works;
+  for (const P2POp& op : ops) {
+    auto w = WorkImpl::Failed(s);
+    if (op.kind == P2POp::Kind::kRecv) w->SetSourceRank(op.peer);
+    works.push_back(std::move(w));
+  }
+  return works;
+}
+
+absl::StatusOr<std::vector<RankComm::Transfer>> SessionProcessGroup::Pieces(void* base, const std::vector<int64_t>& sizes,
+                                                                           int64_t total, DataType dtype,
+                                                                           const char* what) const {
+  if (sizes.size() != static_cast<size_t>(options_.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", sizes.size(), " sizes for world_size ",
+                                                   options_.world_size));
+  }
+  std::vector<RankComm::Transfer> pieces;
+  int64_t offset = 0;
+  for (int r = 0; r < options_.world_size; ++r) {
+    const int64_t n = sizes[static_cast<size_t>(r)];
+    if (n < 0 || n > total - offset) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " do not fit the tensor of ", total, " elements"));
+    }
+    pieces.push_back({static_cast<char*>(base) + static_cast<size_t>(offset) * ElementSize(dtype),
+                      static_cast<size_t>(n), r});
+    offset += n;
+  }
+  if (offset != total) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " add up to ", offset, " elements, not the tensor's ", total));
+  }
+  return pieces;
 }
 
 absl::StatusOr<int64_t> SessionProcessGroup::TotalOfCounts(const std::vector<int64_t>& counts,
@@ -515,10 +687,22 @@ std::shared_ptr<Work> SessionProcessGroup::GatherCuda(void* output, const void* 
     const int64_t total = *total_or;
     r.output_count = total;
     r.output_splits = counts;
+    if (RankNccl()) {
+      if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("gather count is negative"));
+      auto recvs = Pieces(output, counts, total, dtype, "gather counts");
+      if (!recvs.ok()) return WorkImpl::Failed(recvs.status());
+      const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(input), static_cast<size_t>(count), dst}};
+      return OnRankComm("gather", [&](RankComm& c) { return c.SendRecv(sends, *recvs, dtype, stream); });
+    }
     return IssueCuda(r, input, count, output, total, stream);
   }
   if (output != nullptr || !counts.empty()) {
     return WorkImpl::Failed(absl::InvalidArgumentError("gather: only the destination rank passes outputs"));
+  }
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("gather count is negative"));
+    const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(input), static_cast<size_t>(count), dst}};
+    return OnRankComm("gather", [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); });
   }
   return IssueCuda(r, input, count, nullptr, 0, stream);
 }
@@ -536,10 +720,22 @@ std::shared_ptr<Work> SessionProcessGroup::ScatterCuda(void* output, int64_t cou
     const int64_t total = *total_or;
     r.count = total;
     r.input_splits = counts;
+    if (RankNccl()) {
+      if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("scatter count is negative"));
+      auto sends = Pieces(const_cast<void*>(input), counts, total, dtype, "scatter counts");
+      if (!sends.ok()) return WorkImpl::Failed(sends.status());
+      const std::vector<RankComm::Transfer> recvs = {{output, static_cast<size_t>(count), src}};
+      return OnRankComm("scatter", [&](RankComm& c) { return c.SendRecv(*sends, recvs, dtype, stream); });
+    }
     return IssueCuda(r, input, total, output, count, stream);
   }
   if (input != nullptr || !counts.empty()) {
     return WorkImpl::Failed(absl::InvalidArgumentError("scatter: only the source rank passes inputs"));
+  }
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("scatter count is negative"));
+    const std::vector<RankComm::Transfer> recvs = {{output, static_cast<size_t>(count), src}};
+    return OnRankComm("scatter", [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); });
   }
   // No input: the output names the GPU (nothing of it is read).
   return IssueCuda(r, output, 0, output, count, stream);

@@ -55,6 +55,7 @@ SessionProcessGroup::~SessionProcessGroup() {
   if (!reader_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) ctx_.TryCancel();
   if (reader_.joinable()) reader_.join();
   FailAll(absl::CancelledError("process group destroyed"));
+  AbortRankComm(absl::CancelledError("process group destroyed"));
   collective_lane_.reset();  // finishes what it holds, then joins
   p2p_lane_.reset();
   if (ops_sock_ >= 0) close(ops_sock_);  // its reader was joined by reader_
@@ -311,6 +312,19 @@ void SessionProcessGroup::WriteLocked(const pb::SessionRequest& req) {
 }
 
 void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {
+  if (resp.has_group_event()) {
+    // COLLSERVE_CUDA_PATH=nccl: the group's NCCL collectives cannot complete any more (a rank
+    // is gone, or the generation is over); end the communicator rather than let the GPU wait
+    // for the op timeout (torch's watchdog).
+    const pb::GroupEvent& e = resp.group_event();
+    const absl::Status why(static_cast<absl::StatusCode>(e.code()), e.message());
+    if (RankNccl()) {
+      AbortRankComm(e.kind() == pb::GroupEvent::RANK_LEFT
+                        ? absl::UnavailableError(absl::StrCat("rank ", e.rank(), " left the group: ", why.message()))
+                        : absl::Status(why.code(), absl::StrCat("the group failed: ", why.message())));
+    }
+    return;
+  }
   if (!resp.has_completion()) return;
   Done done;
   {
@@ -380,6 +394,7 @@ void SessionProcessGroup::ReadLoop() {
     broken_ = why;
   }
   FailAll(why);
+  AbortRankComm(why);
   reader_done_.Notify();
 }
 

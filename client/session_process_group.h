@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -46,6 +47,7 @@
 #include "client/completion_lane.h"
 #include "client/cuda_tensors.h"
 #include "client/peer_reads.h"
+#include "client/rank_comm.h"
 #include "client/request_builder.h"
 #include "client/staging_pool.h"
 #include "client/work_impl.h"
@@ -142,6 +144,7 @@ class SessionProcessGroup : public ProcessGroup {
                                     DataType dtype, int src, void* stream) override;
   std::shared_ptr<Work> SendCuda(const void* data, int64_t count, DataType dtype, int dst, int64_t tag,
                                  void* stream) override;
+  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops) override;
   std::shared_ptr<Work> RecvCuda(void* data, int64_t count, DataType dtype, int src, int64_t tag,
                                  void* stream) override;
   std::shared_ptr<Work> ReduceScatterTensorCuda(void* output, const void* input, int64_t count, DataType dtype,
@@ -183,12 +186,30 @@ class SessionProcessGroup : public ProcessGroup {
   // The sum of a gather destination's (scatter source's) per-rank counts: INVALID_ARGUMENT,
   // naming `who`, unless there are world_size of them, each in [0, 2^48].
   absl::StatusOr<int64_t> TotalOfCounts(const std::vector<int64_t>& counts, const char* who) const;
+  // The transfers of a tensor at `base` (`total` elements of `dtype`) cut into world_size
+  // consecutive pieces of `sizes`, piece r with rank r: INVALID_ARGUMENT (naming `what`)
+  // unless there are world_size sizes, each >= 0, adding up to `total`.
+  absl::StatusOr<std::vector<RankComm::Transfer>> Pieces(void* base, const std::vector<int64_t>& sizes, int64_t total,
+                                                        DataType dtype, const char* what) const;
   // One collective on CUDA tensors (docs/gpu.md): `in` (in_count elements) and, for
   // out-of-place ops, `out` (out_count) are exported by CUDA IPC; an event recorded on
   // `stream` orders the sidecar's work after the caller's, and a successful Wait makes
   // `stream` wait for the sidecar's done event.
   std::shared_ptr<Work> IssueCuda(const Request& r, const void* in, int64_t in_count, void* out, int64_t out_count,
                                   void* stream);
+
+  // COLLSERVE_CUDA_PATH=nccl (InitOptions::cuda_path, client/rank_comm.h): runs `call` on
+  // this rank's NCCL communicator, made at the group's first CUDA call (rank 0 mints the
+  // unique id and puts it in the coordinator's store under the group's name and generation;
+  // the others read it, within the init timeout). The Work is complete when this returns: the
+  // work is queued on the caller's stream, as NCCL's calls queue theirs (so Wait has nothing
+  // to make the stream wait for). Errors name `op`: the communicator's creation (NCCL
+  // missing, no store, a rank that never joined) and the call's.
+  std::shared_ptr<Work> OnRankComm(const char* op, const std::function<absl::Status(RankComm&)>& call,
+                                   int source = -1);
+  bool RankNccl() const { return options_.cuda_path == InitOptions::CudaPath::kNccl; }
+  // Ends this rank's NCCL communicator (the session ended: the group is over). Thread-safe.
+  void AbortRankComm(const absl::Status& why);
 
   // Sends one request on the session: plans its staging (PlanStaging), copies its inputs
   // into a staging segment (or inline into the message), names its buffers and enqueues it;
@@ -309,6 +330,12 @@ class SessionProcessGroup : public ProcessGroup {
   absl::Mutex cuda_mu_;
   uint64_t next_cuda_slot_ ABSL_GUARDED_BY(cuda_mu_) = 0;
   std::shared_ptr<WorkImpl> cuda_slot_work_[CudaTensors::kSlots] ABSL_GUARDED_BY(cuda_mu_);
+
+  // COLLSERVE_CUDA_PATH=nccl: this rank's communicator, or why it could not be made (final:
+  // the ranks that did make one would otherwise wait for this one).
+  absl::Mutex rank_comm_mu_;
+  std::unique_ptr<RankComm> rank_comm_ ABSL_GUARDED_BY(rank_comm_mu_);
+  absl::Status rank_comm_failure_ ABSL_GUARDED_BY(rank_comm_mu_);
 
   using Lane = CompletionLane<Done>;
   std::unique_ptr<Lane> collective_lane_;  // set before reader_ starts; joined in the destructor

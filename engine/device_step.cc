@@ -386,7 +386,8 @@ absl::StatusOr<backends::DeviceStream*> Group::DeviceStreamFor(const std::map<in
     if (sub.device != device) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the local ranks of group \"", params_.name, "\" use different GPUs (", device, " and ", sub.device,
-          "); the sidecar runs a group's CUDA collectives on one GPU per host"));
+          "); the sidecar runs a group's CUDA collectives on one GPU per host. With one GPU per rank, run NCCL in "
+          "the ranks: COLLSERVE_CUDA_PATH=nccl on every rank (docs/gpu.md)"));
     }
   }
   if (device_stream_ == nullptr) {

@@ -350,6 +350,7 @@ void Group::FailLocked(const absl::Status& status) {
   failure_ = status;
   if (p2p_ != nullptr) p2p_->Fail(status);
   for (auto& [rank, local] : locals_) {
+    local.session->OnGroupEvent(-1, status);
     for (Submission& sub : local.queue) AnswerLocked(std::move(sub), status);
     local.queue.clear();
     // Sessions still waiting for Attached would otherwise wait for their init timeout.
@@ -395,6 +396,7 @@ void Group::OnSessionClosed(int rank) {
       for (Submission& sub : it->second.queue) AnswerLocked(std::move(sub), left);
       locals_.erase(it);
       departed_.insert(rank);
+      for (auto& [r, l] : locals_) l.session->OnGroupEvent(rank, left);
       ++submissions_;  // the executor may now have every remaining local rank's next collective
       // The last local rank gone: the group ends now, under this lock (the executor must
       // never find it ready with no local rank: it would run a collective of nobody).

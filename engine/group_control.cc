@@ -233,6 +233,7 @@ void Group::OnWatched(uint64_t id, absl::StatusOr<GroupEvents> events) {
     for (const auto& [rank, why] : out.left) {
       remote_departed_.insert(rank);
       remote_left_[rank] = why;
+      for (auto& [r, l] : locals_) l.session->OnGroupEvent(rank, absl::UnavailableError(why));
     }
     left = std::move(out.left);
     if (!out.failure.ok()) {

@@ -31,6 +31,10 @@ class Session {
   virtual void OnCompletion(Completion completion) = 0;
   // Ends the session with `status` once queued messages are out. Idempotent.
   virtual void Close(const absl::Status& status) = 0;
+  // Something happened to the group that the rank may need to hear without a request of its
+  // own in flight (collserve.v1.GroupEvent): `left_rank` >= 0: that rank left; else the
+  // group failed. `why` says what. Default: nothing (the rank learns it at its next request).
+  virtual void OnGroupEvent(int left_rank, const absl::Status& why) {}
 };
 
 // The coordinator as the engine sees it. Thread-safe.

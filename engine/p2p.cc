@@ -348,8 +348,8 @@ absl::Status PointToPoint::MoveOnDevice(DeviceJob& job) {
   if (recv_on_gpu && send_on_gpu && recv.device != send->device) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", send->rank, "'s tensor is on GPU ", send->device, " of this host and rank ", recv.rank, "'s on GPU ",
-        recv.device, "; CUDA send/recv between ranks of one host needs one GPU (one GPU per rank is not supported "
-        "yet: docs/gpu.md)"));
+        recv.device, "; CUDA send/recv through the sidecar between ranks of one host needs one GPU (with one GPU per "
+        "rank, run NCCL in the ranks: COLLSERVE_CUDA_PATH=nccl, docs/gpu.md)"));
   }
   const int device = recv_on_gpu ? recv.device : send->device;
   auto stream = StreamOf(move_streams_, device);

@@ -410,6 +410,20 @@ PYBIND11_MODULE(_collserve, m) {
              py::gil_scoped_release release;
              return pg.RecvCuda(Ptr(p), n, Dt(dtype), src, tag, Ptr(stream));
            })
+      // batch_isend_irecv([(is_send, p, n, dtype, peer, tag, cuda, stream), ...]) -> [Work]
+      // (ProcessGroup::BatchIsendIrecv: with COLLSERVE_CUDA_PATH=nccl one NCCL group).
+      .def("batch_isend_irecv",
+           [](ProcessGroup& pg,
+              const std::vector<std::tuple<bool, uintptr_t, int64_t, int, int, int64_t, bool, uintptr_t>>& ops) {
+             std::vector<collserve::client::P2POp> batch;
+             for (const auto& [send, p, n, dtype, peer, tag, cuda, stream] : ops) {
+               batch.push_back(collserve::client::P2POp{
+                   send ? collserve::client::P2POp::Kind::kSend : collserve::client::P2POp::Kind::kRecv, Ptr(p), n,
+                   Dt(dtype), peer, tag, cuda, Ptr(stream)});
+             }
+             py::gil_scoped_release release;
+             return pg.BatchIsendIrecv(batch);
+           })
       // new_group(ranks) -> (code, message, ProcessGroup or None for a non-member)
       .def("new_group",
            [](ProcessGroup& pg, std::vector<int> ranks) {

@@ -111,6 +111,15 @@ struct InitOptions {
   // one MPI world (docs/guide.md, "The MPI backend"). Every rank of a group must ask for the
   // same one. Env: COLLSERVE_BACKEND.
   std::string backend;
+  // Where CUDA tensors' collectives and point-to-point calls run (docs/gpu.md):
+  // kSidecar: through this host's sidecar (CUDA IPC; every local rank of a group on one GPU,
+  // which several ranks may share); kNccl: with NCCL in this process, on the caller's stream
+  // (one GPU per rank, the standard layout; the NCCL unique id goes through the coordinator's
+  // store, so coordinator_address is needed). Every rank of a group must use the same (ranks
+  // that differ wait for each other until their timeouts). Env: COLLSERVE_CUDA_PATH=sidecar or
+  // nccl (INVALID_ARGUMENT otherwise).
+  enum class CudaPath { kSidecar, kNccl };
+  CudaPath cuda_path = CudaPath::kSidecar;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);
@@ -395,8 +404,11 @@ class ProcessGroup {
   // `data` receives the message; Work::SourceRank() tells the sender. src = -1: any source.
   virtual std::shared_ptr<Work> Recv(void* data, int64_t count, DataType dtype, int src, int64_t tag = 0) = 0;
   // batch_isend_irecv: issues every op (in order; CUDA ones with SendCuda / RecvCuda) and
-  // returns their Works.
-  std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops);
+  // returns their Works. With COLLSERVE_CUDA_PATH=nccl, CUDA ops go to NCCL as one group
+  // (ncclGroupStart ... ncclGroupEnd), so that a ring of sends and receives cannot deadlock
+  // (torch's batch_isend_irecv on NCCL); every op of such a batch must then be a CUDA one
+  // (INVALID_ARGUMENT otherwise).
+  virtual std::vector<std::shared_ptr<Work>> BatchIsendIrecv(const std::vector<P2POp>& ops);
 
   // ---- CUDA tensors (docs/gpu.md) ----
   // The same collectives on CUDA device memory, for a process on the sidecar's host (a

@@ -662,10 +662,31 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list):
-    """Issues every P2POp in order; returns their Works."""
+    """Issues every P2POp in order; returns their Works. A batch of CUDA tensors goes to the
+    SDK as one batch (with COLLSERVE_CUDA_PATH=nccl: one NCCL group, so that a ring of sends
+    and receives cannot deadlock); its ops must then share one group."""
     if not p2p_op_list or not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError("batch_isend_irecv takes a non-empty list of P2POp")
-    return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+    views = [_tensors.cuda_view(p.tensor) for p in p2p_op_list]
+    if all(v is None for v in views):
+        return [p.op(p.tensor, p.peer, p.group, p.tag) for p in p2p_op_list]
+    if any(v is None for v in views):
+        raise TypeError("batch_isend_irecv: the tensors must all be CUDA tensors, or all CPU")
+    groups = {id(p.group) for p in p2p_op_list}
+    if len(groups) > 1:
+        raise ValueError("batch_isend_irecv: the ops of a batch of CUDA tensors must share one group")
+    g = _group(p2p_op_list[0].group)
+    if g is None:
+        return []
+    ops = []
+    for p, (ptr, n, d, stream) in zip(p2p_op_list, views):
+        send = p.op is isend
+        if p.peer is None and send:
+            raise ValueError("batch_isend_irecv: an isend needs a peer")
+        peer = -1 if p.peer is None else _local(g, p.peer, "peer")
+        ops.append((send, ptr, n, d, peer, int(p.tag), True, stream))
+    works = g._live().batch_isend_irecv(ops)
+    return [_run(g, w, [p.tensor], True) for p, w in zip(p2p_op_list, works)]
 
 
 def _object_bytes(obj):

@@ -255,7 +255,7 @@ def parse_args(argv):
         if env is not None and action.option_strings and action.nargs is None and action.const is None:
             p.set_defaults(**{action.dest: env})
     args = p.parse_args(argv)
-    args.nproc_per_node = _nproc_per_node(p, args.nproc_per_node)
+    args.nproc_per_node, args.one_gpu_per_rank = _nproc_per_node(p, args.nproc_per_node)
     low, _, high = str(args.nnodes).partition(":")
     if not low.isdigit() or (high and not high.isdigit()):
         p.error(f"--nnodes {args.nnodes!r} must be N or MIN:MAX")
@@ -522,6 +522,9 @@ class Launcher:
                    PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
                    TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job,
                    TORCHELASTIC_ERROR_FILE=self.error_file(local_rank, attempt), **torch_store)
+        if getattr(a, "one_gpu_per_rank", False) and "COLLSERVE_CUDA_PATH" not in os.environ:
+            # One process per GPU: the sidecar serves ranks that share one GPU; these run NCCL.
+            env["COLLSERVE_CUDA_PATH"] = "nccl"
         if a.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks of N threads each would overload the host
         if "join_timeout" in a.rdzv_conf and "COLLSERVE_INIT_TIMEOUT_S" not in os.environ:
@@ -774,11 +777,13 @@ class Launcher:
 
 
 def _nproc_per_node(parser, value):
-    """torchrun's --nproc_per_node: N, cpu, gpu or auto (gpu when CUDA is there, else cpu)."""
+    """torchrun's --nproc_per_node: N, cpu, gpu or auto (gpu when CUDA is there, else cpu).
+    Returns (ranks, one_gpu_per_rank): the latter when it counted two or more GPUs, one rank
+    each (the ranks then run NCCL themselves: COLLSERVE_CUDA_PATH=nccl, docs/gpu.md)."""
     if str(value).lstrip("-").isdigit():
-        return int(value)
+        return int(value), False
     if value == "cpu":
-        return os.cpu_count() or 1
+        return os.cpu_count() or 1, False
     if value in ("gpu", "auto"):
         try:
             import torch  # only for these two: importing it takes a second
@@ -786,10 +791,10 @@ def _nproc_per_node(parser, value):
         except ImportError:
             gpus = 0
         if gpus:
-            return gpus
+            return gpus, gpus > 1
         if value == "gpu":
             parser.error("--nproc_per_node gpu: no CUDA device is visible")
-        return os.cpu_count() or 1
+        return os.cpu_count() or 1, False
     parser.error(f"--nproc_per_node {value!r} must be a number, cpu, gpu or auto")
 
 

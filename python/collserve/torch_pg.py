@@ -244,6 +244,48 @@ class _CoalescedWork(_BaseWork):
         return future
 
 
+class _BatchedWork(_BaseWork):
+    """What send/recv return between _start_coalescing and _end_coalescing (torch's
+    batch_isend_irecv drops them and waits for _end_coalescing's Work): the op's own Work
+    once the batch is issued."""
+
+    def __init__(self, op):
+        super().__init__()
+        self._op = op
+        self._target = None
+
+    def _issued(self):
+        if self._target is None:
+            raise RuntimeError(f"collserve {self._op}: part of a batch not yet issued (wait for _end_coalescing's Work)")
+        return self._target
+
+    def wait(self, timeout=None):
+        return self._issued().wait(timeout)
+
+    def is_completed(self):
+        return self._target is not None and self._target.is_completed()
+
+    def is_success(self):
+        return self._target is not None and self._target.is_success()
+
+    def exception(self):
+        return None if self._target is None else self._target.exception()
+
+    def _source_rank(self):
+        return self._issued()._source_rank()
+
+    source_rank = _source_rank
+
+    def result(self):
+        return self._issued().result()
+
+    def synchronize(self):
+        self.wait()
+
+    def get_future(self):
+        return self._issued().get_future()
+
+
 def _done_work(result):
     """torch < 2: a torch Work wrapping a completed future (see the module docstring)."""
     future = torch.futures.Future()
@@ -328,12 +370,9 @@ class CollserveProcessGroup(dist.ProcessGroup):
 
     def _work(self, op, work, result, keep, finish=None, device=None, p2p=False):
         w = CollserveWork(op, work, result, keep, finish, device)
-        if p2p:
-            # Called from Python only (torch's isend/irecv/batch_isend_irecv): the Python Work
-            # works on every torch, and waiting here would deadlock a ring of isends.
-            if self._coalesced is not None:
-                self._coalesced.append(w)
-        elif not _PY_WORK:
+        # Point-to-point is called from Python only (torch's isend/irecv/batch_isend_irecv):
+        # the Python Work works on every torch, and waiting here would deadlock a ring of isends.
+        if not p2p and not _PY_WORK:
             # torch 1.13: C++ would call c10d::Work::wait on a Python Work (see the docstring).
             w.wait()
             return _done_work(result)
@@ -544,6 +583,8 @@ class CollserveProcessGroup(dist.ProcessGroup):
     def send(self, tensors, dstRank, tag=0):
         """isend/send: a CPU or CUDA tensor to group rank dstRank (docs/gpu.md for CUDA)."""
         t = _one(tensors, "send", "tensors")
+        if self._coalesced is not None:
+            return self._defer("send", t, int(dstRank), tag, tensors)
         if _is_cuda(t):
             p, n, d, stream = _cuda_view(t, "send", "tensor")
             work = self._open().send_cuda(p, n, d, int(dstRank), int(tag), stream)
@@ -555,6 +596,8 @@ class CollserveProcessGroup(dist.ProcessGroup):
     def recv(self, tensors, srcRank, tag=0):
         """irecv/recv from group rank srcRank (-1: any source; the Work's _source_rank())."""
         t = _one(tensors, "recv", "tensors")
+        if self._coalesced is not None:
+            return self._defer("recv", t, int(srcRank), tag, tensors)
         if _is_cuda(t):
             p, n, d, stream = _cuda_view(t, "recv", "tensor")
             work = self._open().recv_cuda(p, n, d, int(srcRank), int(tag), stream)
@@ -570,14 +613,36 @@ class CollserveProcessGroup(dist.ProcessGroup):
 
     def _start_coalescing(self, device):
         """torch's batch_isend_irecv of CUDA tensors: the sends and receives until
-        _end_coalescing are issued as they come (each is matched on its own) and waited for
-        together through the Work _end_coalescing returns."""
+        _end_coalescing are collected and issued there as one batch of the SDK
+        (batch_isend_irecv: with COLLSERVE_CUDA_PATH=nccl one NCCL group, so that a ring of
+        them cannot deadlock), waited for together through the Work _end_coalescing returns."""
         if self._coalesced is not None:
             raise RuntimeError("collserve: _start_coalescing while already coalescing")
         self._coalesced = []
 
+    def _defer(self, op, t, peer, tag, result):
+        work = _BatchedWork(op)
+        self._coalesced.append((op, t, peer, tag, result, work))
+        return work
+
     def _end_coalescing(self, device):
-        works, self._coalesced = self._coalesced or [], None
+        deferred, self._coalesced = self._coalesced or [], None
+        if not deferred:
+            return _CoalescedWork([])
+        ops = []
+        for op, t, peer, tag, _, _ in deferred:
+            if _is_cuda(t):
+                p, n, d, stream = _cuda_view(t, op, "tensor")
+                ops.append((op == "send", p, n, d, peer, int(tag), True, stream))
+            else:
+                p, n, d = _tensors.view(t, writable=op == "recv")
+                ops.append((op == "send", p, n, d, peer, int(tag), False, 0))
+        sdk_works = self._open().batch_isend_irecv(ops)
+        works = []
+        for (op, t, _, _, result, batched), sdk in zip(deferred, sdk_works):
+            w = self._work(op, sdk, result, [t], device=t.device, p2p=True)
+            batched._target = w
+            works.append(w)
         return _CoalescedWork(works)
 
     def shutdown(self):

@@ -102,6 +102,15 @@ class SessionHandle : public engine::Session, public OpsHandler {
   }
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
+  void OnGroupEvent(int left_rank, const absl::Status& why) override {
+    pb::SessionResponse r;
+    pb::GroupEvent* e = r.mutable_group_event();
+    e->set_kind(left_rank >= 0 ? pb::GroupEvent::RANK_LEFT : pb::GroupEvent::GROUP_FAILED);
+    e->set_rank(left_rank);
+    e->set_code(static_cast<int>(why.code()));
+    e->set_message(std::string(why.message()));
+    Send(std::move(r));
+  }
   void OnOpsOpened(std::shared_ptr<OpsLink> link) override {
     absl::MutexLock lock(&mu_);
     ops_link_ = std::move(link);

@@ -17,7 +17,7 @@ class EnvTest : public ::testing::Test {
                           "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL",
                           "COLLSERVE_PIPELINED_BROADCAST", "COLLSERVE_MAX_STAGING_BYTES",
                           "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN", "COLLSERVE_TOKEN_FILE", "COLLSERVE_TLS_CA", "COLLSERVE_TLS_CERT", "COLLSERVE_TLS_KEY",
-                          "COLLSERVE_TLS_SERVER_NAME"}) {
+                          "COLLSERVE_TLS_SERVER_NAME", "COLLSERVE_CUDA_PATH"}) {
       unsetenv(v);
     }
   }
@@ -110,9 +110,24 @@ TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
   EXPECT_EQ(o.token, "t0k");
   EXPECT_EQ(o.tls.server_name, "caller.svc");
 
+  // Where CUDA tensors go: through the sidecar unless COLLSERVE_CUDA_PATH=nccl (one GPU per rank).
+  absl::Status s;
+  EXPECT_EQ(o.cuda_path, InitOptions::CudaPath::kSidecar);
+  setenv("COLLSERVE_CUDA_PATH", "nccl", 1);
+  ASSERT_TRUE(o.ReadTuningFromEnv().ok());
+  EXPECT_EQ(o.cuda_path, InitOptions::CudaPath::kNccl);
+  setenv("COLLSERVE_CUDA_PATH", "gpu", 1);
+  s = o.ReadTuningFromEnv();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("COLLSERVE_CUDA_PATH=gpu: must be \"sidecar\" or \"nccl\""), absl::string_view::npos) << s;
+  EXPECT_EQ(o.cuda_path, InitOptions::CudaPath::kNccl);  // unchanged on error
+  setenv("COLLSERVE_CUDA_PATH", "sidecar", 1);
+  ASSERT_TRUE(o.ReadTuningFromEnv().ok());
+  EXPECT_EQ(o.cuda_path, InitOptions::CudaPath::kSidecar);
+
   setenv("COLLSERVE_SHARED_MEMORY", "1", 1);
   setenv("COLLSERVE_STAGING_WINDOW_BYTES", "-1", 1);
-  absl::Status s = o.ReadTuningFromEnv();
+  s = o.ReadTuningFromEnv();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("COLLSERVE_STAGING_WINDOW_BYTES"), absl::string_view::npos) << s;
   EXPECT_FALSE(o.shared_memory);  // unchanged on error

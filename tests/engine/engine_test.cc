@@ -911,6 +911,12 @@ TEST(EngineTest, RankThatLeavesIsNamedInEveryHostsCollectivesAndPointToPointGoes
   bool left = false;
   for (const auto& [job, group, rank] : cluster.coordinator().leaves()) left |= group == "leave" && rank == 2;
   EXPECT_TRUE(left);
+  // Rank 3, on rank 2's host, heard of it without a request of its own
+  // (collserve.v1.GroupEvent, for ranks that run NCCL themselves); the other host hears of
+  // it from the coordinator (TheCoordinatorsWordThatARemoteRankLeftFailsSendsToItAtOnce).
+  std::vector<std::string> events = (*formed)[3].session->WaitEvents(1, absl::Seconds(20));
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events[0], HasSubstr("rank 2 left: rank 2 left group \"leave\""));
 }
 
 // A host re-watches its generation about every second: its watches carry no membership
@@ -1043,6 +1049,12 @@ TEST(EngineTest, TheCoordinatorsWordThatARemoteRankLeftFailsSendsToItAtOnce) {
   Completion s = (*formed)[1].Call(send, absl::Seconds(20));
   EXPECT_EQ(s.status.code(), absl::StatusCode::kUnavailable) << s.status;
   EXPECT_THAT(s.status.message(), HasSubstr("rank 2 left group \"remote-word\" (the coordinator: left: the test says so)"));
+  // Host 0's ranks are told at once (collserve.v1.GroupEvent).
+  for (int r : {0, 1}) {
+    std::vector<std::string> events = (*formed)[r].session->WaitEvents(1, absl::Seconds(20));
+    ASSERT_FALSE(events.empty()) << "rank " << r;
+    EXPECT_THAT(events[0], HasSubstr("rank 2 left: ")) << "rank " << r;
+  }
   // Collectives go on until its own host says it left (its session is still attached here).
   std::vector<TestRank> all = *formed;
   OnEveryRank(all, [&](TestRank& r) {
@@ -1076,6 +1088,10 @@ TEST(EngineTest, AHostTheCoordinatorLostEndsTheGenerationAndNoCollectiveWaitsFor
   // Later requests get the same failure.
   Completion later = r0.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(10));
   EXPECT_THAT(later.status.message(), HasSubstr("is over"));
+  // Rank 0 was told as soon as the generation ended (collserve.v1.GroupEvent).
+  std::vector<std::string> events = r0.session->WaitEvents(1, absl::Seconds(5));
+  ASSERT_FALSE(events.empty());
+  EXPECT_THAT(events.back(), HasSubstr("failed: generation 1 of group \"host-lost\" is over"));
 }
 
 // The coordinator's word that the generation is over (SUPERSEDED here; ENDED, when it

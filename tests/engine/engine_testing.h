@@ -327,6 +327,19 @@ class RecordingSession : public engine::Session {
     if (!closed_) close_status_ = status;
     closed_ = true;
   }
+  void OnGroupEvent(int left_rank, const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(left_rank >= 0 ? absl::StrCat("rank ", left_rank, " left: ", why.message())
+                                     : absl::StrCat("failed: ", why.message()));
+  }
+  // The group events received (OnGroupEvent), in order, once there are at least `n` (or
+  // after `timeout`).
+  std::vector<std::string> WaitEvents(size_t n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
+    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+    return events_;
+  }
 
   // The attach's outcome: OK once attached, the close status if closed first, or
   // DEADLINE_EXCEEDED after `timeout`.
@@ -354,6 +367,7 @@ class RecordingSession : public engine::Session {
   absl::Mutex mu_;
   std::optional<engine::AttachedInfo> attached_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, engine::Completion> completions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> events_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
   std::function<void(const engine::Completion&)> on_completion_ ABSL_GUARDED_BY(mu_);

@@ -53,10 +53,17 @@ if [ "$what" = all ] || [ "$what" = sdk ]; then
   run sdk_cuda_1rank $launch 1 tests/gpu/sdk_cuda.py
   run sdk_cuda_4ranks $launch 4 tests/gpu/sdk_cuda.py
   run timeout_cuda $launch 1 tests/gpu/timeout_cuda.py
+  # One GPU per rank (COLLSERVE_CUDA_PATH=nccl): the same calls with NCCL in the rank (one rank:
+  # all that one GPU allows; gather/scatter's piece to itself is a copy).
+  run sdk_cuda_rank_nccl_1rank env COLLSERVE_CUDA_PATH=nccl $launch 1 tests/gpu/sdk_cuda.py
 fi
 if [ "$what" = all ] || [ "$what" = perf ]; then
-  # Target: one rank, NCCL n=1 through the sidecar, >= 0.9x raw NCCL from 1 MiB up.
-  run perf_1rank_all_reduce $launch 1 --no_python $perf --device=cuda -o all_reduce -b 1M -e 1G -f 4 -n 50 -w 10
+  # The per-op cost table (1 KiB to 1 GiB) against raw NCCL in the same output: one rank, NCCL
+  # n=1 through the sidecar (target: >= 0.9x raw NCCL from 1 MiB up), and NCCL in the rank
+  # (COLLSERVE_CUDA_PATH=nccl: one GPU per rank).
+  run perf_1rank_all_reduce $launch 1 --no_python $perf --device=cuda -o all_reduce -b 1K -e 1G -f 4 -n 50 -w 10
+  run perf_1rank_all_reduce_rank_nccl env COLLSERVE_CUDA_PATH=nccl $launch 1 --no_python $perf --device=cuda \
+    -o all_reduce -b 1K -e 1G -f 4 -n 50 -w 10
   # Target: 4 ranks sharing the GPU, all_reduce 64 MiB float32 >= 60% of the copy bound.
   run perf_4ranks_all_reduce $launch 4 --no_python $perf --device=cuda -o all_reduce -b 1M -e 256M -f 4 -n 100 -w 10
   for op in broadcast all_gather reduce_scatter; do

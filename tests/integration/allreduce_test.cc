@@ -136,5 +136,32 @@ TEST(AllReduceOpsChannelTest, RanksWithAndWithoutTheOpsChannelMix) {
   });
 }
 
+// One GPU per rank (COLLSERVE_CUDA_PATH=nccl, docs/gpu.md): three ranks on two hosts run every
+// CUDA call of the SDK with NCCL in their own processes, here over the store-backed stand-in
+// for NCCL (tests/testing/store_rank_comm.h; host memory): the communicator is made once per
+// group with its unique id through the coordinator's store, and every element is checked.
+TEST(RankNcclTest, EveryCudaCallRunsInTheRanksWithTheUniqueIdFromTheStore) {
+  auto cluster = Cluster::Start(2, {});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    auto p = (*cluster)->StartRank(r, 3, r / 2, {"--mode=rank_nccl"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  for (int r = 0; r < 3; ++r) {
+    auto code = ranks[r]->Wait(absl::Seconds(120));
+    ASSERT_TRUE(code.ok()) << "rank " << r << " hung: " << ranks[r]->Output();
+    EXPECT_EQ(*code, 0) << ranks[r]->Output() << (*cluster)->Logs();
+    EXPECT_NE(ranks[r]->Output().find("rank_nccl: OK"), std::string::npos) << ranks[r]->Output();
+
+    // NCCL has no receive from any source: refused, naming the fix.
+    EXPECT_NE(ranks[r]->Output().find("recv from any source: INVALID_ARGUMENT: recv from any source on CUDA tensors "
+                                      "with COLLSERVE_CUDA_PATH=nccl"),
+              std::string::npos)
+        << ranks[r]->Output();
+  }
+}
+
 }  // namespace
 }  // namespace collserve::testing

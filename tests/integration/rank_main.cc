@@ -43,6 +43,7 @@
 #include "collserve/client.h"
 #include "collserve/elastic.h"
 #include "common/types.h"
+#include "tests/testing/store_rank_comm.h"
 #include "tests/testing/wait_for.h"
 
 ABSL_FLAG(std::string, mode, "sweep", "sweep | single | loop | init | idle | ...");
@@ -190,6 +191,121 @@ bool ParseOp(const std::string& s, ReduceOp* out) {
 
 }  // namespace
 
+// --mode=rank_nccl: every CUDA call of the SDK with COLLSERVE_CUDA_PATH=nccl (one GPU per
+// rank: NCCL in this process), over the store-backed stand-in for NCCL (host memory), each
+// element checked. Prints "rank_nccl: OK" or the first mismatch.
+int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreRankCommFactory& fake) {
+  const int r = pg.GetRank(), w = pg.GetWorldSize();
+  int failures = 0;
+  const auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      std::printf("MISMATCH: %s\n", what.c_str());
+      ++failures;
+    }
+  };
+  const auto ok = [&](const std::shared_ptr<collserve::client::Work>& work, const std::string& what) {
+    absl::Status s = work->Wait();
+    expect(s.ok(), absl::StrCat(what, ": ", StatusLine(s)));
+  };
+  const auto filled = [](size_t n, float first) {
+    std::vector<float> v(n);
+    for (size_t k = 0; k < n; ++k) v[k] = first + static_cast<float>(k);
+    return v;
+  };
+  // all_reduce: SUM, AVG (float32), MAX (int64).
+  std::vector<float> a = filled(5, static_cast<float>(r));
+  ok(pg.AllReduceCuda(a.data(), 5, DataType::kFloat32, ReduceOp::kSum, nullptr), "all_reduce");
+  for (size_t k = 0; k < 5; ++k) expect(a[k] == w * (w - 1) / 2.0f + w * static_cast<float>(k), "all_reduce SUM");
+  std::vector<float> avg(3, static_cast<float>(2 * r));
+  ok(pg.AllReduceCuda(avg.data(), 3, DataType::kFloat32, ReduceOp::kAvg, nullptr), "all_reduce AVG");
+  expect(avg[2] == static_cast<float>(w - 1), "all_reduce AVG");
+  std::vector<int64_t> mx = {r, -r};
+  ok(pg.AllReduceCuda(mx.data(), 2, DataType::kInt64, ReduceOp::kMax, nullptr), "all_reduce MAX");
+  expect(mx[0] == w - 1 && mx[1] == 0, "all_reduce MAX");
+  // broadcast from each root.
+  for (int root = 0; root < w; ++root) {
+    std::vector<float> b(4, static_cast<float>(r * 10));
+    ok(pg.BroadcastCuda(b.data(), 4, DataType::kFloat32, root, nullptr), "broadcast");
+    expect(b == std::vector<float>(4, static_cast<float>(root * 10)), absl::StrCat("broadcast from ", root));
+  }
+  // all_gather_into_tensor and reduce_scatter_tensor.
+  std::vector<float> in3 = filled(3, static_cast<float>(100 * r)), all(3 * static_cast<size_t>(w), -1);
+  ok(pg.AllGatherIntoTensorCuda(all.data(), in3.data(), 3, DataType::kFloat32, nullptr), "all_gather");
+  for (int q = 0; q < w; ++q) {
+    expect(std::equal(all.begin() + 3 * q, all.begin() + 3 * q + 3, filled(3, 100.0f * q).begin()), "all_gather");
+  }
+  std::vector<float> rs(2, -1);
+  std::vector<float> big = filled(2 * static_cast<size_t>(w), static_cast<float>(r));
+  ok(pg.ReduceScatterTensorCuda(rs.data(), big.data(), 2, DataType::kFloat32, ReduceOp::kSum, nullptr),
+     "reduce_scatter");
+  for (int k = 0; k < 2; ++k) {
+    expect(rs[k] == w * (w - 1) / 2.0f + w * static_cast<float>(2 * r + k), "reduce_scatter");
+  }
+  // all_to_all_single, uneven: rank s sends s + d + 1 elements 100 s + 10 d + k to rank d.
+  std::vector<float> send, recv;
+  std::vector<int64_t> in_splits, out_splits;
+  for (int d = 0; d < w; ++d) {
+    auto piece = filled(static_cast<size_t>(r + d + 1), 100.0f * r + 10.0f * d);
+    send.insert(send.end(), piece.begin(), piece.end());
+    in_splits.push_back(r + d + 1);
+    out_splits.push_back(d + r + 1);
+  }
+  recv.assign(static_cast<size_t>(w * (w - 1) / 2 + w * (r + 1)), -1);
+  ok(pg.AllToAllSingleCuda(recv.data(), static_cast<int64_t>(recv.size()), send.data(),
+                           static_cast<int64_t>(send.size()), out_splits, in_splits, DataType::kFloat32, nullptr),
+     "all_to_all_single");
+  std::vector<float> want;
+  for (int q = 0; q < w; ++q) {
+    auto piece = filled(static_cast<size_t>(q + r + 1), 100.0f * q + 10.0f * r);
+    want.insert(want.end(), piece.begin(), piece.end());
+  }
+  expect(recv == want, "all_to_all_single");
+  // gather and scatter, uneven, from each root: rank k's piece is k + 1 elements.
+  for (int root = 0; root < w; ++root) {
+    std::vector<int64_t> counts;
+    for (int k = 0; k < w; ++k) counts.push_back(k + 1);
+    std::vector<float> mine = filled(static_cast<size_t>(r + 1), 10.0f * r);
+    std::vector<float> gathered(static_cast<size_t>(w * (w + 1) / 2), -1);
+    ok(pg.GatherCuda(r == root ? gathered.data() : nullptr, mine.data(), r + 1,
+                     r == root ? counts : std::vector<int64_t>{}, DataType::kFloat32, root, nullptr),
+       "gather");
+    std::vector<float> pieces;
+    for (int k = 0; k < w; ++k) {
+      auto p = filled(static_cast<size_t>(k + 1), 10.0f * k);
+      pieces.insert(pieces.end(), p.begin(), p.end());
+    }
+    if (r == root) expect(gathered == pieces, absl::StrCat("gather to ", root));
+    std::vector<float> got(static_cast<size_t>(r + 1), -1);
+    ok(pg.ScatterCuda(got.data(), r + 1, r == root ? pieces.data() : nullptr,
+                      r == root ? counts : std::vector<int64_t>{}, DataType::kFloat32, root, nullptr),
+       "scatter");
+    expect(got == mine, absl::StrCat("scatter from ", root));
+  }
+  // send/recv in a ring, then batch_isend_irecv; recv from any source is refused.
+  if (w > 1) {
+    const int next = (r + 1) % w, prev = (r + w - 1) % w;
+    std::vector<float> out = filled(static_cast<size_t>(7 + r), static_cast<float>(r));
+    std::vector<float> back(static_cast<size_t>(7 + prev), -1.0f);
+    auto sw = pg.SendCuda(out.data(), static_cast<int64_t>(out.size()), DataType::kFloat32, next, 0, nullptr);
+    auto rw = pg.RecvCuda(back.data(), static_cast<int64_t>(back.size()), DataType::kFloat32, prev, 0, nullptr);
+    ok(sw, "send");
+    ok(rw, "recv");
+    expect(back == filled(static_cast<size_t>(7 + prev), static_cast<float>(prev)), "recv");
+    expect(rw->SourceRank() == prev, "recv's source rank");
+    std::vector<int64_t> x = {r, r}, y = {-1, -1};
+    using P2P = collserve::client::P2POp;
+    auto works = pg.BatchIsendIrecv({P2P{P2P::Kind::kSend, x.data(), 2, DataType::kInt64, next, 0, true, nullptr},
+                                     P2P{P2P::Kind::kRecv, y.data(), 2, DataType::kInt64, prev, 0, true, nullptr}});
+    for (auto& work : works) ok(work, "batch_isend_irecv");
+    expect(y == std::vector<int64_t>{prev, prev}, "batch_isend_irecv");
+    absl::Status any = pg.RecvCuda(back.data(), 1, DataType::kFloat32, -1, 0, nullptr)->Wait();
+    std::printf("recv from any source: %s\n", StatusLine(any).c_str());
+  }
+  expect(fake.connects() == 1, absl::StrCat("one communicator per group, made ", fake.connects()));
+  if (failures == 0) std::printf("rank_nccl: OK (rank %d of %d)\n", r, w);
+  return failures == 0 ? 0 : 4;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -278,6 +394,18 @@ int main(int argc, char** argv) {
     std::printf("done: rank %d of %d\n", eg.group->GetRank(), eg.group->GetWorldSize());
     return 0;
   }
+  std::unique_ptr<collserve::testing::StoreRankCommFactory> fake_nccl;
+  if (mode == "rank_nccl") {
+    options->cuda_path = collserve::client::InitOptions::CudaPath::kNccl;
+    collserve::client::StoreClientOptions so;
+    so.job = options->job;
+    so.token = options->token;
+    so.tls = options->tls;
+    const std::string address = options->coordinator_address;
+    fake_nccl = std::make_unique<collserve::testing::StoreRankCommFactory>(
+        [address, so] { return collserve::client::StoreClient::Connect(address, so); });
+    collserve::client::SetRankCommFactoryForTesting(fake_nccl.get());
+  }
   auto pg = collserve::client::InitProcessGroup(*options);
   if (!pg.ok()) {
     std::printf("init: %s\n", StatusLine(pg.status()).c_str());
@@ -287,6 +415,7 @@ int main(int argc, char** argv) {
     std::printf("init: OK: hosts=%d local=%d\n", (*pg)->num_hosts(), (*pg)->local_world_size());
     return 0;
   }
+  if (mode == "rank_nccl") return RankNcclMode(**pg, *fake_nccl);
   if (mode == "idle") {
     // Joins, then calls nothing for --iters seconds (the rank that never calls).
     std::printf("init: OK\n");

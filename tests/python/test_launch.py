@@ -346,3 +346,19 @@ def test_bad_arguments_are_refused():
     proc = subprocess.run([sys.executable, "-m", "collserve", "launch", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 0 and "--nproc_per_node" in proc.stdout, proc.stdout
+
+
+def test_one_process_per_gpu_runs_nccl_in_the_ranks(monkeypatch):
+    """--nproc_per_node gpu with two or more GPUs: one GPU per rank, which the sidecar's
+    CUDA path does not serve; the ranks get COLLSERVE_CUDA_PATH=nccl (docs/gpu.md). With one
+    GPU, a number, or no GPU, nothing changes."""
+    import argparse
+    import types
+    from collserve import launch as launch_mod
+    parser = argparse.ArgumentParser()
+    for gpus, value, want in ((8, "gpu", (8, True)), (8, "auto", (8, True)), (1, "gpu", (1, False)),
+                              (8, "4", (4, False)), (0, "auto", (os.cpu_count() or 1, False))):
+        fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda g=gpus: g > 0,
+                                                                     device_count=lambda g=gpus: g))
+        monkeypatch.setitem(sys.modules, "torch", fake_torch)
+        assert launch_mod._nproc_per_node(parser, value) == want, (gpus, value)

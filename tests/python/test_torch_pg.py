@@ -141,11 +141,17 @@ def _collectives(torch, dist, pg, rank, world):
     equal(anyone, torch.full((2,), float(prv + 50)))
     pg._start_coalescing(torch.device("cpu"))
     batch = torch.zeros(4, dtype=torch.int64)
-    pg.send([torch.full((4,), rank, dtype=torch.int64)], nxt, 7)
-    pg.recv([batch], prv, 7)
+    in_batch = [pg.send([torch.full((4,), rank, dtype=torch.int64)], nxt, 7), pg.recv([batch], prv, 7)]
+    try:  # issued only at _end_coalescing, as one batch of the SDK
+        in_batch[1].wait()
+    except RuntimeError as e:
+        assert "not yet issued" in str(e), e
+    else:
+        raise AssertionError("a deferred recv completed before its batch was issued")
     coalesced = pg._end_coalescing(torch.device("cpu"))
     assert coalesced.wait() and coalesced.is_completed() and coalesced.exception() is None
     equal(batch, torch.full((4,), prv, dtype=torch.int64))
+    assert all(w.wait() for w in in_batch) and in_batch[1]._source_rank() == prv
     # Argument errors raise at the call.
     for call, exc in [(lambda: pg.allreduce([torch.ones(1), torch.ones(1)], opts), ValueError),
                       (lambda: pg.allreduce([torch.ones(2)[::2].expand(3)], opts), ValueError),
