@@ -98,7 +98,8 @@ absl::Status SessionProcessGroup::Init() {
     if (!attached.WaitForNotificationWithDeadline(init_deadline + kClientGrace)) ctx_.TryCancel();
   });
   pb::SessionResponse resp;
-  const bool got = stream_->Read(&resp);
+  bool got = stream_->Read(&resp);
+  while (got && resp.has_group_event()) got = stream_->Read(&resp);  // not an answer to attach
   attached.Notify();
   watchdog.join();
   if (!got) return FinishWithError("the sidecar closed the session before attaching");

@@ -350,7 +350,7 @@ void Group::FailLocked(const absl::Status& status) {
   failure_ = status;
   if (p2p_ != nullptr) p2p_->Fail(status);
   for (auto& [rank, local] : locals_) {
-    local.session->OnGroupEvent(-1, status);
+    if (attached_) local.session->OnGroupEvent(-1, status);
     for (Submission& sub : local.queue) AnswerLocked(std::move(sub), status);
     local.queue.clear();
     // Sessions still waiting for Attached would otherwise wait for their init timeout.

@@ -103,6 +103,11 @@ class SessionHandle : public engine::Session, public OpsHandler {
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
   void OnGroupEvent(int left_rank, const absl::Status& why) override {
+    {
+      // Only after Attached went out: the client reads Attached first.
+      absl::MutexLock lock(&mu_);
+      if (!attached_sent_) return;
+    }
     pb::SessionResponse r;
     pb::GroupEvent* e = r.mutable_group_event();
     e->set_kind(left_rank >= 0 ? pb::GroupEvent::RANK_LEFT : pb::GroupEvent::GROUP_FAILED);
@@ -221,6 +226,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
   absl::Mutex mu_;
   SessionReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  bool attached_sent_ ABSL_GUARDED_BY(mu_) = false;  // Attached went out (group events may follow)
   std::optional<engine::AttachedInfo> pending_attached_ ABSL_GUARDED_BY(mu_);
   std::string fd_socket_ ABSL_GUARDED_BY(mu_);
   std::string token_ ABSL_GUARDED_BY(mu_);
@@ -322,6 +328,7 @@ void SessionHandle::SendAttachedLocked(const engine::AttachedInfo& info) {
   } else {
     response.mutable_attached()->set_shared_memory(false);
   }
+  attached_sent_ = true;
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response));
 }
 

@@ -151,9 +151,7 @@ class RawSession {
     pb::Completion out;
     out.set_code(-1);
     if (!stream_->Write(req)) return out;
-    pb::SessionResponse resp;
-    if (stream_->Read(&resp) && resp.has_completion()) out = resp.completion();
-    return out;
+    return Next();
   }
   // Sends `c` with the next seq without waiting for its completion (Next reads them).
   bool Send(pb::Collective c) {
@@ -162,14 +160,23 @@ class RawSession {
     *req.mutable_collective() = std::move(c);
     return stream_->Write(req);
   }
-  // The next completion the sidecar sends (code -1: the stream ended).
+  // The next completion the sidecar sends (code -1: the stream ended). Group events
+  // (collserve.v1.GroupEvent: a rank left, the group failed) are counted, not returned.
   pb::Completion Next() {
     pb::Completion out;
     out.set_code(-1);
     pb::SessionResponse resp;
-    if (stream_->Read(&resp) && resp.has_completion()) out = resp.completion();
+    while (stream_->Read(&resp)) {
+      if (resp.has_group_event()) {
+        ++group_events_;
+        continue;
+      }
+      if (resp.has_completion()) out = resp.completion();
+      break;
+    }
     return out;
   }
+  int group_events() const { return group_events_; }
   // Sends ReadDone for request `seq` (peer reads).
   bool ReadDone(int64_t seq) {
     pb::SessionRequest req;
@@ -181,6 +188,7 @@ class RawSession {
   std::unique_ptr<pb::Collectives::Stub> stub_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<pb::SessionRequest, pb::SessionResponse>> stream_;
+  int group_events_ = 0;
   bool attached_ = false;
   pb::Attached attached_info_;
   int64_t seq_ = 0;
@@ -193,8 +201,8 @@ absl::Status OpsSend(int sock, const pb::SessionRequest& req) {
   return opschannel::SendOpsMessage(sock, req.SerializeAsString(), absl::Now() + absl::Seconds(10));
 }
 
-// Reads one SessionResponse from ops channel `sock` within `wait`. NOT_FOUND: the sidecar
-// closed the channel; DEADLINE_EXCEEDED: nothing came.
+// Reads one SessionResponse other than a group event from ops channel `sock` within `wait`.
+// NOT_FOUND: the sidecar closed the channel; DEADLINE_EXCEEDED: nothing came.
 absl::StatusOr<pb::SessionResponse> OpsReceive(int sock, absl::Duration wait = absl::Seconds(20)) {
   opschannel::Reassembler reassembler;
   const absl::Time deadline = absl::Now() + wait;
@@ -210,6 +218,7 @@ absl::StatusOr<pb::SessionResponse> OpsReceive(int sock, absl::Duration wait = a
     if (!*complete) continue;
     pb::SessionResponse resp;
     if (!resp.ParseFromString(reassembler.Take())) return absl::DataLossError("not a SessionResponse");
+    if (resp.has_group_event()) continue;  // a rank left, the group failed: not an answer
     return resp;
   }
 }

@@ -155,6 +155,13 @@ TEST(RankNcclTest, EveryCudaCallRunsInTheRanksWithTheUniqueIdFromTheStore) {
     EXPECT_EQ(*code, 0) << ranks[r]->Output() << (*cluster)->Logs();
     EXPECT_NE(ranks[r]->Output().find("rank_nccl: OK"), std::string::npos) << ranks[r]->Output();
 
+    if (r < 2) {
+      // Rank 2 left: the others aborted their communicator on the sidecar's word.
+      EXPECT_NE(ranks[r]->Output().find("after the last rank left: ABORTED: all_reduce on CUDA tensors "
+                                        "(COLLSERVE_CUDA_PATH=nccl): aborted: rank 2 left the group"),
+                std::string::npos)
+          << ranks[r]->Output();
+    }
     // NCCL has no receive from any source: refused, naming the fix.
     EXPECT_NE(ranks[r]->Output().find("recv from any source: INVALID_ARGUMENT: recv from any source on CUDA tensors "
                                       "with COLLSERVE_CUDA_PATH=nccl"),

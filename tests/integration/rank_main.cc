@@ -303,6 +303,18 @@ int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreR
   }
   expect(fake.connects() == 1, absl::StrCat("one communicator per group, made ", fake.connects()));
   if (failures == 0) std::printf("rank_nccl: OK (rank %d of %d)\n", r, w);
+  // The last rank leaves; the others hear of it from their sidecar (collserve.v1.GroupEvent,
+  // through the coordinator's watch for the other host) and abort their communicator, so a
+  // later call fails at once naming the leaver instead of waiting on it.
+  if (w > 1 && r < w - 1 && failures == 0) {
+    const bool aborted =
+        collserve::testing::WaitFor([&] { return !fake.LastFailure().ok(); }, absl::Seconds(30));
+    std::printf("aborted: %s\n", aborted ? StatusLine(fake.LastFailure()).c_str() : "no");
+    std::vector<float> t(1, 1.0f);
+    std::printf("after the last rank left: %s\n",
+                StatusLine(pg.AllReduceCuda(t.data(), 1, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait()).c_str());
+    if (!aborted) ++failures;
+  }
   return failures == 0 ? 0 : 4;
 }
 

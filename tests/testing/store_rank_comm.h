@@ -176,17 +176,26 @@ class StoreRankCommFactory : public client::RankCommFactory {
       ++connects_;
     }
     std::string prefix = unique_id.substr(0, unique_id.find('.'));
-    return std::unique_ptr<client::RankComm>(new StoreRankComm(std::move(*store), prefix, rank, size, timeout));
+    auto comm = std::make_unique<StoreRankComm>(std::move(*store), prefix, rank, size, timeout);
+    absl::MutexLock lock(&mu_);
+    last_ = comm.get();
+    return std::unique_ptr<client::RankComm>(std::move(comm));
   }
   int connects() {
     absl::MutexLock lock(&mu_);
     return connects_;
+  }
+  // The failure of the communicator made last (Abort's reason), OK if none or not failed.
+  absl::Status LastFailure() {
+    absl::MutexLock lock(&mu_);
+    return last_ != nullptr ? last_->Failure() : absl::OkStatus();
   }
 
  private:
   Connector connect_;
   absl::Mutex mu_;
   int connects_ ABSL_GUARDED_BY(mu_) = 0;
+  StoreRankComm* last_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by its process group
 };
 
 }  // namespace collserve::testing
