@@ -402,47 +402,60 @@ std::shared_ptr<Work> SessionProcessGroup::IssueCuda(const Request& r, const voi
   return Enqueue(req, std::move(pending));
 }
 
+absl::StatusOr<std::unique_ptr<RankComm>> SessionProcessGroup::MakeRankComm() {
+  std::string why;
+  RankCommFactory* factory = GetRankCommFactory(&why);
+  if (factory == nullptr) return absl::FailedPreconditionError(why);
+  StoreClient* store = this->store();
+  if (store == nullptr) {
+    return absl::FailedPreconditionError(
+        "the NCCL unique id goes through the coordinator's store, and this process has no coordinator address "
+        "(COLLSERVE_COORDINATOR)");
+  }
+  const std::string key = absl::StrCat("collserve/rank_nccl/", options_.group, "/", generation_, "/unique_id");
+  absl::StatusOr<std::string> id;
+  if (options_.rank == 0) {
+    id = factory->NewUniqueId();
+    if (id.ok()) {
+      if (absl::Status set = store->Set(key, *id); !set.ok()) id = set;
+    }
+  } else {
+    id = store->Get(key, options_.init_timeout);
+  }
+  if (!id.ok()) return id.status();
+  return factory->Connect(*id, options_.rank, options_.world_size, options_.init_timeout, OpTimeout());
+}
+
 std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op,
                                                       const std::function<absl::Status(RankComm&)>& call,
                                                       int source) {
+  std::shared_ptr<RankComm> comm;
   absl::Status s;
   {
-    absl::MutexLock lock(&rank_comm_mu_);
-    if (rank_comm_ == nullptr && rank_comm_failure_.ok()) {
-      std::string why;
-      RankCommFactory* factory = GetRankCommFactory(&why);
-      StoreClient* store = this->store();
-      if (factory == nullptr) {
-        rank_comm_failure_ = absl::FailedPreconditionError(why);
-      } else if (store == nullptr) {
-        rank_comm_failure_ = absl::FailedPreconditionError(
-            "the NCCL unique id goes through the coordinator's store, and this process has no coordinator address "
-            "(COLLSERVE_COORDINATOR)");
+    // One creation at a time; rank_comm_mu_ is never held while joining or calling, so that
+    // AbortRankComm (the session's reader, on a GroupEvent) never waits for either.
+    absl::MutexLock init(&rank_comm_init_mu_);
+    {
+      absl::MutexLock lock(&rank_comm_mu_);
+      comm = rank_comm_;
+      s = rank_comm_failure_;
+    }
+    if (comm == nullptr && s.ok()) {
+      absl::StatusOr<std::unique_ptr<RankComm>> made = MakeRankComm();
+      absl::MutexLock lock(&rank_comm_mu_);
+      if (!rank_comm_failure_.ok()) {  // aborted while joining
+        if (made.ok()) (*made)->Abort(rank_comm_failure_);
+        s = rank_comm_failure_;
+      } else if (made.ok()) {
+        rank_comm_ = comm = std::shared_ptr<RankComm>(std::move(*made));
       } else {
-        const std::string key = absl::StrCat("collserve/rank_nccl/", options_.group, "/", generation_, "/unique_id");
-        absl::StatusOr<std::string> id;
-        if (options_.rank == 0) {
-          id = factory->NewUniqueId();
-          if (id.ok()) {
-            if (absl::Status set = store->Set(key, *id); !set.ok()) id = set;
-          }
-        } else {
-          id = store->Get(key, options_.init_timeout);
-        }
-        absl::StatusOr<std::unique_ptr<RankComm>> comm =
-            id.ok() ? factory->Connect(*id, options_.rank, options_.world_size, options_.init_timeout, OpTimeout())
-                    : absl::StatusOr<std::unique_ptr<RankComm>>(id.status());
-        if (comm.ok()) {
-          rank_comm_ = std::move(*comm);
-        } else {
-          rank_comm_failure_ = absl::Status(comm.status().code(),
-                                            absl::StrCat("making this rank's NCCL communicator of group \"",
-                                                         options_.group, "\" failed: ", comm.status().message()));
-        }
+        s = rank_comm_failure_ = absl::Status(
+            made.status().code(), absl::StrCat("making this rank's NCCL communicator of group \"", options_.group,
+                                               "\" failed: ", made.status().message()));
       }
     }
-    s = rank_comm_ != nullptr ? call(*rank_comm_) : rank_comm_failure_;
   }
+  if (comm != nullptr) s = call(*comm);
   if (!s.ok()) {
     return WorkImpl::Failed(absl::Status(
         s.code(), absl::StrCat(op, " on CUDA tensors (COLLSERVE_CUDA_PATH=nccl): ", s.message())));
@@ -454,9 +467,13 @@ std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op,
 }
 
 void SessionProcessGroup::AbortRankComm(const absl::Status& why) {
-  absl::MutexLock lock(&rank_comm_mu_);
-  if (rank_comm_ != nullptr) rank_comm_->Abort(why);
-  if (rank_comm_failure_.ok()) rank_comm_failure_ = why;
+  std::shared_ptr<RankComm> comm;
+  {
+    absl::MutexLock lock(&rank_comm_mu_);
+    comm = rank_comm_;
+    if (rank_comm_failure_.ok()) rank_comm_failure_ = why;
+  }
+  if (comm != nullptr) comm->Abort(why);
 }
 
 std::shared_ptr<Work> SessionProcessGroup::AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,

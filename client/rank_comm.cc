@@ -147,6 +147,8 @@ size_t ElementBytes(DataType d) {
 
 
 constexpr absl::Duration kWatchEvery = absl::Milliseconds(100);
+// How long destroying a communicator waits for the collectives it still has on the GPU.
+constexpr absl::Duration kDrainOnDestroy = absl::Seconds(10);
 // How long NCCL may keep a call "in progress" (a nonblocking communicator connecting to its
 // peers at their first transfer) before the call counts as stuck.
 constexpr absl::Duration kSettleTimeout = absl::Seconds(60);
@@ -163,6 +165,20 @@ class NcclRankComm : public RankComm {
       stop_ = true;
     }
     watchdog_.join();
+    {
+      // What is queued finishes first (bounded), so that destroying a healthy group does not
+      // cancel its last collectives; then the communicator ends (ncclCommAbort never waits
+      // for a peer that is gone).
+      absl::MutexLock lock(&mu_);
+      DeviceScope scope(device_);
+      const absl::Time deadline = absl::Now() + kDrainOnDestroy;
+      while (!aborted_ && !in_flight_.empty() && absl::Now() < deadline) {
+        const cudaError_t q = cudaEventQuery(in_flight_.back().first);
+        if (q != cudaErrorNotReady) break;
+        absl::SleepFor(absl::Microseconds(100));
+      }
+      cudaGetLastError();
+    }
     Abort(absl::CancelledError("the process group was destroyed"));
     DeviceScope scope(device_);
     for (auto& [event, queued] : in_flight_) cudaEventDestroy(event);
@@ -248,6 +264,7 @@ class NcclRankComm : public RankComm {
   }
 
   void Abort(const absl::Status& why) override {
+    abort_requested_.store(true);  // a call waiting for NCCL (SettleLocked) lets go of mu_
     absl::MutexLock lock(&mu_);
     AbortLocked(why);
   }
@@ -292,6 +309,9 @@ class NcclRankComm : public RankComm {
     DeviceScope scope(device_);
     ncclResult_t r = call();
     if (r == ncclInProgress || r == ncclSuccess) r = SettleLocked();
+    if (r != ncclSuccess && abort_requested_.load()) {
+      return absl::AbortedError(absl::StrCat(what, ": the NCCL communicator is being aborted"));  // Abort says why
+    }
     if (absl::Status s = FromNccl(nccl_, r, what); !s.ok()) {
       if (r != ncclInvalidArgument && r != ncclInvalidUsage) AbortLocked(s);
       return s;
@@ -321,7 +341,7 @@ class NcclRankComm : public RankComm {
       ncclResult_t r = nccl_.CommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) return r;
       if (state != ncclInProgress) return state;
-      if (absl::Now() > deadline) return ncclSystemError;
+      if (absl::Now() > deadline || abort_requested_.load()) return ncclSystemError;
       absl::SleepFor(absl::Microseconds(10));
     }
   }
@@ -367,6 +387,7 @@ class NcclRankComm : public RankComm {
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> abort_requested_{false};
   std::deque<std::pair<cudaEvent_t, absl::Time>> in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;

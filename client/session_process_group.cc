@@ -36,6 +36,16 @@ grpc::ChannelArguments ChannelArgs() {
 
 
 SessionProcessGroup::~SessionProcessGroup() {
+  {
+    // COLLSERVE_CUDA_PATH=nccl: the communicator lets what it queued finish (bounded) and
+    // ends, before the session's end would abort it.
+    std::shared_ptr<RankComm> comm;
+    {
+      absl::MutexLock lock(&rank_comm_mu_);
+      comm = std::move(rank_comm_);
+      if (rank_comm_failure_.ok()) rank_comm_failure_ = absl::CancelledError("process group destroyed");
+    }
+  }
   if (fd_channel_ >= 0) close(fd_channel_);  // registrations only; the sidecar keeps its mappings
   if (!reader_.joinable()) {
     // Init failed before the session started: end the stream if it is still open.

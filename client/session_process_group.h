@@ -208,6 +208,8 @@ class SessionProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> OnRankComm(const char* op, const std::function<absl::Status(RankComm&)>& call,
                                    int source = -1);
   bool RankNccl() const { return options_.cuda_path == InitOptions::CudaPath::kNccl; }
+  // This rank's communicator: the unique id through the store, then the factory's Connect.
+  absl::StatusOr<std::unique_ptr<RankComm>> MakeRankComm();
   // Ends this rank's NCCL communicator (the session ended: the group is over). Thread-safe.
   void AbortRankComm(const absl::Status& why);
 
@@ -333,8 +335,9 @@ class SessionProcessGroup : public ProcessGroup {
 
   // COLLSERVE_CUDA_PATH=nccl: this rank's communicator, or why it could not be made (final:
   // the ranks that did make one would otherwise wait for this one).
+  absl::Mutex rank_comm_init_mu_;  // held while one is made (OnRankComm)
   absl::Mutex rank_comm_mu_;
-  std::unique_ptr<RankComm> rank_comm_ ABSL_GUARDED_BY(rank_comm_mu_);
+  std::shared_ptr<RankComm> rank_comm_ ABSL_GUARDED_BY(rank_comm_mu_);
   absl::Status rank_comm_failure_ ABSL_GUARDED_BY(rank_comm_mu_);
 
   using Lane = CompletionLane<Done>;
