@@ -434,6 +434,12 @@ class ProcessGroup {
   // its allocation, a ReduceOp or uneven sizes the GPU path lacks; INVALID_ARGUMENT that
   // fails the group: the local ranks of a group on different GPUs. The defaults return
   // UNIMPLEMENTED.
+  // With InitOptions::cuda_path kNccl (one GPU per rank, docs/gpu.md) every call below runs
+  // with NCCL in this process instead (client/rank_comm.h): queued on `stream` like NCCL's
+  // own calls, its Work complete when the call returns (Wait has nothing left to order);
+  // tags are ignored and a receive from any source is INVALID_ARGUMENT; errors name the call
+  // and NCCL's error, or why the communicator ended (a rank left, the group failed, a call
+  // unfinished past the op timeout: ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED).
   virtual std::shared_ptr<Work> AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
                                               void* stream);
   virtual std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream);

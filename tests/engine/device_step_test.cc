@@ -5,6 +5,7 @@
 // tests/gpu/run.sh); this runs everywhere.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -32,8 +33,10 @@ std::string Handle(const void* p, size_t bytes) {
   return h;
 }
 
+// Counted from several threads: the group's executor, its point-to-point mover and sender
+// (the tests reuse a rank's event handles for its concurrent calls; the SDK would not).
 struct FakeEvent : backends::DeviceEvent {
-  int waited = 0, recorded = 0;
+  std::atomic<int> waited{0}, recorded{0};
 };
 
 class FakeStream : public backends::DeviceStream {
