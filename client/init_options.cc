@@ -116,6 +116,7 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   shared_memory = SwitchFromEnv("COLLSERVE_SHARED_MEMORY", shared_memory);
   peer_reads = SwitchFromEnv("COLLSERVE_PEER_READS", peer_reads);
   ops_channel = SwitchFromEnv("COLLSERVE_OPS_CHANNEL", ops_channel);
+  nccl_records = SwitchFromEnv("COLLSERVE_NCCL_RECORDS", nccl_records);
   pipelined_broadcast = SwitchFromEnv("COLLSERVE_PIPELINED_BROADCAST", pipelined_broadcast);
   max_staging_bytes = *staging;
   staging_window_bytes = *window;

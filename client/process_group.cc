@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/session_process_group.h"
 #include "collserve/client.h"
+#include "common/rendezvous.h"
 #include "common/types.h"
 
 namespace collserve::client {
@@ -402,7 +403,7 @@ std::shared_ptr<Work> SessionProcessGroup::IssueCuda(const Request& r, const voi
   return Enqueue(req, std::move(pending));
 }
 
-absl::StatusOr<std::unique_ptr<RankComm>> SessionProcessGroup::MakeRankComm() {
+absl::StatusOr<std::unique_ptr<RankComm>> SessionProcessGroup::MakeRankComm(int pair_peer) {
   std::string why;
   RankCommFactory* factory = GetRankCommFactory(&why);
   if (factory == nullptr) return absl::FailedPreconditionError(why);
@@ -412,9 +413,13 @@ absl::StatusOr<std::unique_ptr<RankComm>> SessionProcessGroup::MakeRankComm() {
         "the NCCL unique id goes through the coordinator's store, and this process has no coordinator address "
         "(COLLSERVE_COORDINATOR)");
   }
-  const std::string key = absl::StrCat("collserve/rank_nccl/", options_.group, "/", generation_, "/unique_id");
+  // A pair's communicator: ranks 0 and 1 of it are the lower and the higher group rank.
+  const int low = std::min(options_.rank, pair_peer), high = std::max(options_.rank, pair_peer);
+  const std::string scope = pair_peer < 0 ? "" : absl::StrCat("/p2p/", low, ":", high);
+  const std::string formation = RendezvousScope(generation_, rendezvous_id_);
+  const std::string key = absl::StrCat("collserve/rank_nccl/", options_.group, "/", formation, scope, "/unique_id");
   absl::StatusOr<std::string> id;
-  if (options_.rank == 0) {
+  if (options_.rank == (pair_peer < 0 ? 0 : low)) {
     id = factory->NewUniqueId();
     if (id.ok()) {
       if (absl::Status set = store->Set(key, *id); !set.ok()) id = set;
@@ -423,39 +428,101 @@ absl::StatusOr<std::unique_ptr<RankComm>> SessionProcessGroup::MakeRankComm() {
     id = store->Get(key, options_.init_timeout);
   }
   if (!id.ok()) return id.status();
-  return factory->Connect(*id, options_.rank, options_.world_size, options_.init_timeout, OpTimeout());
+  RankCommOptions rco;
+  rco.timeout = options_.init_timeout;
+  rco.op_timeout = OpTimeout();
+  rco.traffic_class = traffic_dscp_ >= 0 ? traffic_dscp_ << 2 : -1;  // the DSCP in the IP traffic class's top six bits
+  rco.name = absl::StrCat("collserve/", options_.job.empty() ? "default" : options_.job, "/", options_.group, "/",
+                          formation, scope);
+  if (pair_peer >= 0) return factory->Connect(*id, RankInPair(options_.rank, pair_peer), 2, rco);
+  return factory->Connect(*id, options_.rank, options_.world_size, rco);
 }
 
-std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op,
-                                                      const std::function<absl::Status(RankComm&)>& call,
-                                                      int source) {
-  std::shared_ptr<RankComm> comm;
-  absl::Status s;
+absl::Status SessionProcessGroup::SendRecord(const char* op, const Request& r) {
+  // A call from a Work's callback on a completion lane never waits: the lanes answer the
+  // records it would wait for.
+  const bool on_lane = collective_lane_ != nullptr && (collective_lane_->OnThisThread() || p2p_lane_->OnThisThread());
   {
+    absl::MutexLock lock(&records_mu_);
+    const auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(records_mu_) {
+      return records_in_flight_ < kMaxRecordsInFlight;
+    };
+    if (!on_lane && !records_mu_.AwaitWithTimeout(absl::Condition(&room), OpTimeout())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the sidecar has not answered this rank's last ", kMaxRecordsInFlight,
+          " records of its NCCL collectives (kMaxRecordsInFlight) within the op timeout of ",
+          absl::FormatDuration(OpTimeout())));
+    }
+    ++records_in_flight_;
+  }
+  pb::SessionRequest req;
+  pb::Collective* c = req.mutable_collective();
+  EncodeCollective(r, op_timeout_ms_.load(std::memory_order_relaxed), c);
+  c->set_in_rank(true);
+  auto pending = std::make_unique<Pending>();
+  pending->work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
+  pending->record = op;
+  std::shared_ptr<WorkImpl> work = pending->work;
+  bool sent = false;
+  Enqueue(req, std::move(pending), &sent);
+  if (sent) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&records_mu_);
+    --records_in_flight_;
+  }
+  return work->Wait(absl::ZeroDuration());  // completed with why it was not sent
+}
+
+void SessionProcessGroup::RecordAnswered(const Pending& p, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&records_mu_);
+    --records_in_flight_;
+  }
+  if (status.ok()) return;
+  // The ranks disagree: the NCCL calls already queued cannot be trusted to finish (or to
+  // have matched), so the communicator ends at once with the sidecar's reason, which every
+  // later call names. The group failed or the session ended: what is queued may still
+  // complete (every rank did its part), so it drains first.
+  AbortRankComm(absl::Status(status.code(), absl::StrCat("the sidecar's check of this rank's ", p.record,
+                                                         " (collective #", p.collective_seq, "): ", status.message())),
+                /*at_once=*/status.code() == absl::StatusCode::kInvalidArgument);
+}
+
+std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op, const Request* record,
+                                                      const std::function<absl::Status(RankComm&)>& call,
+                                                      int source, int pair_peer) {
+  std::shared_ptr<RankComm> comm;
+  absl::Status s = record != nullptr && options_.nccl_records ? SendRecord(op, *record) : absl::OkStatus();
+  if (s.ok()) {
     // One creation at a time; rank_comm_mu_ is never held while joining or calling, so that
     // AbortRankComm (the session's reader, on a GroupEvent) never waits for either.
     absl::MutexLock init(&rank_comm_init_mu_);
+    const auto slot = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(rank_comm_mu_) -> std::shared_ptr<RankComm>& {
+      return pair_peer < 0 ? rank_comm_ : pair_comms_[pair_peer];
+    };
     {
       absl::MutexLock lock(&rank_comm_mu_);
-      comm = rank_comm_;
+      comm = slot();
       s = rank_comm_failure_;
     }
     if (comm == nullptr && s.ok()) {
-      absl::StatusOr<std::unique_ptr<RankComm>> made = MakeRankComm();
+      absl::StatusOr<std::unique_ptr<RankComm>> made = MakeRankComm(pair_peer);
       absl::MutexLock lock(&rank_comm_mu_);
       if (!rank_comm_failure_.ok()) {  // aborted while joining
         if (made.ok()) (*made)->Abort(rank_comm_failure_);
         s = rank_comm_failure_;
       } else if (made.ok()) {
-        rank_comm_ = comm = std::shared_ptr<RankComm>(std::move(*made));
+        slot() = comm = std::shared_ptr<RankComm>(std::move(*made));
       } else {
         s = rank_comm_failure_ = absl::Status(
-            made.status().code(), absl::StrCat("making this rank's NCCL communicator of group \"", options_.group,
-                                               "\" failed: ", made.status().message()));
+            made.status().code(),
+            absl::StrCat("making this rank's NCCL communicator of group \"", options_.group, "\"",
+                         pair_peer < 0 ? "" : absl::StrCat(" for send/recv with rank ", pair_peer), " failed: ",
+                         made.status().message()));
       }
     }
   }
-  if (comm != nullptr) s = call(*comm);
+  if (comm != nullptr) s = call(*comm);  // an aborted communicator says so itself
   if (!s.ok()) {
     return WorkImpl::Failed(absl::Status(
         s.code(), absl::StrCat(op, " on CUDA tensors (COLLSERVE_CUDA_PATH=nccl): ", s.message())));
@@ -466,42 +533,51 @@ std::shared_ptr<Work> SessionProcessGroup::OnRankComm(const char* op,
   return work;
 }
 
-void SessionProcessGroup::AbortRankComm(const absl::Status& why) {
-  std::shared_ptr<RankComm> comm;
+void SessionProcessGroup::AbortRankComm(const absl::Status& why, bool at_once) {
+  std::vector<std::shared_ptr<RankComm>> comms;
   {
     absl::MutexLock lock(&rank_comm_mu_);
-    comm = rank_comm_;
+    if (rank_comm_ != nullptr) comms.push_back(rank_comm_);
+    for (const auto& [peer, pair] : pair_comms_) {
+      if (pair != nullptr) comms.push_back(pair);
+    }
     if (rank_comm_failure_.ok()) rank_comm_failure_ = why;
   }
-  if (comm != nullptr) comm->Abort(why);
+  for (const std::shared_ptr<RankComm>& comm : comms) {
+    if (at_once) {
+      comm->Abort(why);
+    } else {
+      comm->AbortWhenDrained(why, std::min(kRankCommDrain, OpTimeout()));
+    }
+  }
 }
 
 std::shared_ptr<Work> SessionProcessGroup::AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
                                     void* stream) {
   if (absl::Status s = ValidateReduce(dtype, op.op); !s.ok()) return WorkImpl::Failed(s);
-  if (RankNccl()) {
-    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("all_reduce count is negative"));
-    return OnRankComm("all_reduce", [&](RankComm& c) {
-      return c.AllReduce(data, data, static_cast<size_t>(count), dtype, op.op, stream);
-    });
-  }
   Request r(pb::ALL_REDUCE, dtype);
   r.reduce = op;
   r.count = count;
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("all_reduce count is negative"));
+    return OnRankComm("all_reduce", &r, [&](RankComm& c) {
+      return c.AllReduce(data, data, static_cast<size_t>(count), dtype, op.op, stream);
+    });
+  }
   return IssueCuda(r, data, count, nullptr, 0, stream);
 }
 
 std::shared_ptr<Work> SessionProcessGroup::BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream) {
   if (absl::Status s = CheckRoot("broadcast", root); !s.ok()) return WorkImpl::Failed(s);
-  if (RankNccl()) {
-    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("broadcast count is negative"));
-    return OnRankComm("broadcast", [&](RankComm& c) {
-      return c.Broadcast(data, static_cast<size_t>(count), dtype, root, stream);
-    });
-  }
   Request r(pb::BROADCAST, dtype);
   r.root = root;
   r.count = count;
+  if (RankNccl()) {
+    if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("broadcast count is negative"));
+    return OnRankComm("broadcast", &r, [&](RankComm& c) {
+      return c.Broadcast(data, static_cast<size_t>(count), dtype, root, stream);
+    });
+  }
   return IssueCuda(r, data, count, nullptr, 0, stream);
 }
 
@@ -516,7 +592,7 @@ std::shared_ptr<Work> SessionProcessGroup::AllGatherIntoTensorCuda(void* output,
   r.output_count = count * world;
   r.output_splits.assign(static_cast<size_t>(world), count);
   if (RankNccl()) {
-    return OnRankComm("all_gather_into_tensor", [&](RankComm& c) {
+    return OnRankComm("all_gather_into_tensor", &r, [&](RankComm& c) {
       return c.AllGather(input, output, static_cast<size_t>(count), dtype, stream);
     });
   }
@@ -537,7 +613,7 @@ std::shared_ptr<Work> SessionProcessGroup::ReduceScatterTensorCuda(void* output,
   r.output_count = count;
   r.input_splits.assign(static_cast<size_t>(world), count);
   if (RankNccl()) {
-    return OnRankComm("reduce_scatter_tensor", [&](RankComm& c) {
+    return OnRankComm("reduce_scatter_tensor", &r, [&](RankComm& c) {
       return c.ReduceScatter(input, output, static_cast<size_t>(count), dtype, op.op, stream);
     });
   }
@@ -564,7 +640,7 @@ std::shared_ptr<Work> SessionProcessGroup::AllToAllSingleCuda(void* output, int6
     auto recvs = Pieces(output, r.output_splits, output_count, dtype, "output_split_sizes");
     if (!sends.ok()) return WorkImpl::Failed(sends.status());
     if (!recvs.ok()) return WorkImpl::Failed(recvs.status());
-    return OnRankComm("all_to_all_single", [&](RankComm& c) { return c.SendRecv(*sends, *recvs, dtype, stream); });
+    return OnRankComm("all_to_all_single", &r, [&](RankComm& c) { return c.SendRecv(*sends, *recvs, dtype, stream); });
   }
   // A rank that sends nothing still names its GPU through its input's address.
   return IssueCuda(r, input != nullptr ? input : output, count, output, output_count, stream);
@@ -577,8 +653,12 @@ std::shared_ptr<Work> SessionProcessGroup::SendCuda(const void* data, int64_t co
     // NCCL has no tags: sends to one peer are received in the order sent (torch's NCCL
     // backend ignores them too).
     if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("send count is negative"));
-    const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(data), static_cast<size_t>(count), dst}};
-    return OnRankComm("send", [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); });
+    // To another rank: on the pair's communicator, where the lower rank is 0 (OnRankComm).
+    const bool pair = dst != options_.rank;
+    const std::vector<RankComm::Transfer> sends = {
+        {const_cast<void*>(data), static_cast<size_t>(count), pair ? RankInPair(dst, options_.rank) : dst}};
+    return OnRankComm("send", nullptr, [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); }, -1,
+                      pair ? dst : -1);
   }
   Request r(pb::SEND, dtype);
   r.peer = dst;
@@ -597,8 +677,11 @@ std::shared_ptr<Work> SessionProcessGroup::RecvCuda(void* data, int64_t count, D
           "(as torch's NCCL backend); name the source"));
     }
     if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("recv count is negative"));
-    const std::vector<RankComm::Transfer> recvs = {{data, static_cast<size_t>(count), src}};
-    return OnRankComm("recv", [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); }, src);
+    const bool pair = src != options_.rank;
+    const std::vector<RankComm::Transfer> recvs = {
+        {data, static_cast<size_t>(count), pair ? RankInPair(src, options_.rank) : src}};
+    return OnRankComm("recv", nullptr, [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); }, src,
+                      pair ? src : -1);
   }
   Request r(pb::RECV, dtype);
   r.peer = src;
@@ -638,7 +721,7 @@ std::vector<std::shared_ptr<Work>> SessionProcessGroup::BatchIsendIrecv(const st
     }
   }
   std::shared_ptr<Work> batch =
-      bad.ok() ? OnRankComm("batch_isend_irecv",
+      bad.ok() ? OnRankComm("batch_isend_irecv", nullptr,
                             [&](RankComm& c) { return c.SendRecv(sends, recvs, DataType::kUInt8, ops.front().stream); })
                : WorkImpl::Failed(bad);
   const absl::Status s = batch->Wait();
@@ -709,7 +792,7 @@ std::shared_ptr<Work> SessionProcessGroup::GatherCuda(void* output, const void* 
       auto recvs = Pieces(output, counts, total, dtype, "gather counts");
       if (!recvs.ok()) return WorkImpl::Failed(recvs.status());
       const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(input), static_cast<size_t>(count), dst}};
-      return OnRankComm("gather", [&](RankComm& c) { return c.SendRecv(sends, *recvs, dtype, stream); });
+      return OnRankComm("gather", &r, [&](RankComm& c) { return c.SendRecv(sends, *recvs, dtype, stream); });
     }
     return IssueCuda(r, input, count, output, total, stream);
   }
@@ -719,7 +802,7 @@ std::shared_ptr<Work> SessionProcessGroup::GatherCuda(void* output, const void* 
   if (RankNccl()) {
     if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("gather count is negative"));
     const std::vector<RankComm::Transfer> sends = {{const_cast<void*>(input), static_cast<size_t>(count), dst}};
-    return OnRankComm("gather", [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); });
+    return OnRankComm("gather", &r, [&](RankComm& c) { return c.SendRecv(sends, {}, dtype, stream); });
   }
   return IssueCuda(r, input, count, nullptr, 0, stream);
 }
@@ -742,7 +825,7 @@ std::shared_ptr<Work> SessionProcessGroup::ScatterCuda(void* output, int64_t cou
       auto sends = Pieces(const_cast<void*>(input), counts, total, dtype, "scatter counts");
       if (!sends.ok()) return WorkImpl::Failed(sends.status());
       const std::vector<RankComm::Transfer> recvs = {{output, static_cast<size_t>(count), src}};
-      return OnRankComm("scatter", [&](RankComm& c) { return c.SendRecv(*sends, recvs, dtype, stream); });
+      return OnRankComm("scatter", &r, [&](RankComm& c) { return c.SendRecv(*sends, recvs, dtype, stream); });
     }
     return IssueCuda(r, input, total, output, count, stream);
   }
@@ -752,7 +835,7 @@ std::shared_ptr<Work> SessionProcessGroup::ScatterCuda(void* output, int64_t cou
   if (RankNccl()) {
     if (count < 0) return WorkImpl::Failed(absl::InvalidArgumentError("scatter count is negative"));
     const std::vector<RankComm::Transfer> recvs = {{output, static_cast<size_t>(count), src}};
-    return OnRankComm("scatter", [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); });
+    return OnRankComm("scatter", &r, [&](RankComm& c) { return c.SendRecv({}, recvs, dtype, stream); });
   }
   // No input: the output names the GPU (nothing of it is read).
   return IssueCuda(r, output, 0, output, count, stream);

@@ -1,5 +1,6 @@
 #include "client/rank_comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -149,14 +150,13 @@ size_t ElementBytes(DataType d) {
 constexpr absl::Duration kWatchEvery = absl::Milliseconds(100);
 // How long destroying a communicator waits for the collectives it still has on the GPU.
 constexpr absl::Duration kDrainOnDestroy = absl::Seconds(10);
-// How long NCCL may keep a call "in progress" (a nonblocking communicator connecting to its
-// peers at their first transfer) before the call counts as stuck.
-constexpr absl::Duration kSettleTimeout = absl::Seconds(60);
 
 class NcclRankComm : public RankComm {
  public:
-  NcclRankComm(const NcclApi& nccl, ncclComm_t comm, int device, int rank, int size, absl::Duration op_timeout)
-      : nccl_(nccl), comm_(comm), device_(device), rank_(rank), size_(size), op_timeout_(op_timeout) {
+  NcclRankComm(const NcclApi& nccl, ncclComm_t comm, int device, int rank, int size, absl::Duration op_timeout,
+               std::shared_ptr<const std::string> name)
+      : nccl_(nccl), comm_(comm), device_(device), rank_(rank), size_(size), op_timeout_(op_timeout),
+        name_(std::move(name)) {
     watchdog_ = std::thread([this] { WatchMain(); });
   }
   ~NcclRankComm() override {
@@ -166,15 +166,14 @@ class NcclRankComm : public RankComm {
     }
     watchdog_.join();
     {
-      // What is queued finishes first (bounded), so that destroying a healthy group does not
-      // cancel its last collectives; then the communicator ends (ncclCommAbort never waits
-      // for a peer that is gone).
+      // What is queued finishes first (bounded by kDrainOnDestroy and AbortWhenDrained's
+      // deadline), so that destroying a healthy group does not cancel its last collectives;
+      // then the communicator ends (ncclCommAbort never waits for a peer that is gone).
       absl::MutexLock lock(&mu_);
       DeviceScope scope(device_);
-      const absl::Time deadline = absl::Now() + kDrainOnDestroy;
-      while (!aborted_ && !in_flight_.empty() && absl::Now() < deadline) {
-        const cudaError_t q = cudaEventQuery(in_flight_.back().first);
-        if (q != cudaErrorNotReady) break;
+      TakeDrainLocked();
+      const absl::Time deadline = std::min(drain_deadline_, absl::Now() + kDrainOnDestroy);
+      while (!aborted_ && !abort_requested_.load() && !RetireLocked() && absl::Now() < deadline) {
         absl::SleepFor(absl::Microseconds(100));
       }
       cudaGetLastError();
@@ -266,15 +265,44 @@ class NcclRankComm : public RankComm {
   void Abort(const absl::Status& why) override {
     abort_requested_.store(true);  // a call waiting for NCCL (SettleLocked) lets go of mu_
     absl::MutexLock lock(&mu_);
+    if (!aborted_) failure_ = why;  // over AbortWhenDrained's reason: a disagreement says more
     AbortLocked(why);
+  }
+
+  // Never takes mu_, which a call holds while NCCL connects to its peer (SettleLocked, up to
+  // the op timeout): the request waits in drain_why_/drain_by_ for the next holder of mu_
+  // (TakeDrainLocked: a call, which then fails at once, or the watchdog, which aborts when
+  // in_flight_ is empty or at the deadline).
+  void AbortWhenDrained(const absl::Status& why, absl::Duration within) override {
+    {
+      absl::MutexLock lock(&drain_mu_);
+      if (drain_why_.ok()) drain_why_ = why;
+      drain_by_ = std::min(drain_by_, absl::Now() + within);
+    }
+    drain_requested_.store(true);
   }
 
   absl::Status Failure() override {
     absl::MutexLock lock(&mu_);
+    TakeDrainLocked();
     return failure_;
   }
 
  private:
+  // AbortWhenDrained's request, if any, into failure_ (unless failed already) and
+  // drain_deadline_.
+  void TakeDrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!drain_requested_.load()) return;
+    absl::MutexLock lock(&drain_mu_);
+    if (failure_.ok()) failure_ = drain_why_;
+    drain_deadline_ = std::min(drain_deadline_, drain_by_);
+  }
+  bool DrainTimeIsUp() {
+    if (!drain_requested_.load()) return false;
+    absl::MutexLock lock(&drain_mu_);
+    return absl::Now() >= drain_by_;
+  }
+
   void AbortLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (aborted_) return;
     aborted_ = true;
@@ -289,6 +317,7 @@ class NcclRankComm : public RankComm {
   absl::Status Run(const char* what, void* stream, const std::vector<const void*>& buffers,
                    const std::function<ncclResult_t()>& call) {
     absl::MutexLock lock(&mu_);
+    TakeDrainLocked();
     if (!failure_.ok()) return absl::Status(failure_.code(), absl::StrCat("the NCCL communicator failed: ",
                                                                           failure_.message()));
     for (const void* p : buffers) {
@@ -312,6 +341,11 @@ class NcclRankComm : public RankComm {
     if (r != ncclSuccess && abort_requested_.load()) {
       return absl::AbortedError(absl::StrCat(what, ": the NCCL communicator is being aborted"));  // Abort says why
     }
+    if (r != ncclSuccess && DrainTimeIsUp()) {  // still connecting to a peer that is gone
+      TakeDrainLocked();
+      AbortLocked(failure_);
+      return absl::Status(failure_.code(), absl::StrCat(what, ": ", failure_.message()));
+    }
     if (absl::Status s = FromNccl(nccl_, r, what); !s.ok()) {
       if (r != ncclInvalidArgument && r != ncclInvalidUsage) AbortLocked(s);
       return s;
@@ -333,16 +367,37 @@ class NcclRankComm : public RankComm {
     return absl::OkStatus();
   }
 
-  // A nonblocking communicator returns ncclInProgress until the call is queued.
+  // Retires the collectives finished on the GPU from in_flight_ (their events to
+  // free_events_); true when none is left. A failed one aborts the communicator.
+  bool RetireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!in_flight_.empty()) {
+      const cudaError_t q = cudaEventQuery(in_flight_.front().first);
+      if (q == cudaErrorNotReady) return false;
+      if (q != cudaSuccess) {
+        AbortLocked(FromCuda(q, "a collective on the GPU failed"));
+        return false;
+      }
+      free_events_.push_back(in_flight_.front().first);
+      in_flight_.pop_front();
+    }
+    return true;
+  }
+
+  // A nonblocking communicator returns ncclInProgress until the call is queued (its first
+  // transfer with a peer waits for that peer to connect: a pipeline's next stage to post its
+  // first receive), at most the op timeout, as a call unfinished on the GPU; ncclSystemError
+  // when that passed, Abort was called or AbortWhenDrained's time is up.
   ncclResult_t SettleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const absl::Time deadline = absl::Now() + kSettleTimeout;
-    for (;;) {
+    const absl::Time deadline = absl::Now() + op_timeout_;
+    for (int i = 0;; ++i) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t r = nccl_.CommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) return r;
       if (state != ncclInProgress) return state;
-      if (absl::Now() > deadline || abort_requested_.load()) return ncclSystemError;
-      absl::SleepFor(absl::Microseconds(10));
+      if (absl::Now() > deadline || abort_requested_.load() || (i % 1024 == 1023 && DrainTimeIsUp())) {
+        return ncclSystemError;
+      }
+      absl::SleepFor(absl::Microseconds(i < 1000 ? 10 : 1000));
     }
   }
 
@@ -355,17 +410,13 @@ class NcclRankComm : public RankComm {
       mu_.AwaitWithTimeout(absl::Condition(&stop_), kWatchEvery);
       if (stop_ || aborted_) continue;
       DeviceScope scope(device_);
-      while (!in_flight_.empty()) {
-        const cudaError_t q = cudaEventQuery(in_flight_.front().first);
-        if (q == cudaErrorNotReady) break;
-        if (q != cudaSuccess) {
-          AbortLocked(FromCuda(q, "a collective on the GPU failed"));
-          break;
-        }
-        free_events_.push_back(in_flight_.front().first);
-        in_flight_.pop_front();
-      }
+      TakeDrainLocked();
+      const bool drained = RetireLocked();
       if (aborted_) continue;
+      if (!failure_.ok() && (drained || absl::Now() >= drain_deadline_)) {  // AbortWhenDrained
+        AbortLocked(failure_);
+        continue;
+      }
       if (!in_flight_.empty() && absl::Now() - in_flight_.front().second > op_timeout_) {
         AbortLocked(absl::DeadlineExceededError(absl::StrCat(
             "an NCCL collective queued ", absl::FormatDuration(absl::Now() - in_flight_.front().second),
@@ -383,11 +434,18 @@ class NcclRankComm : public RankComm {
   const ncclComm_t comm_;
   const int device_, rank_, size_;
   const absl::Duration op_timeout_;
+  const std::shared_ptr<const std::string> name_;  // ncclConfig_t.commName points into it
   absl::Mutex mu_;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // AbortWhenDrained's
   std::atomic<bool> abort_requested_{false};
+  // AbortWhenDrained's request until TakeDrainLocked takes it (drain_mu_ is never held long).
+  absl::Mutex drain_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Status drain_why_ ABSL_GUARDED_BY(drain_mu_);
+  absl::Time drain_by_ ABSL_GUARDED_BY(drain_mu_) = absl::InfiniteFuture();
+  std::atomic<bool> drain_requested_{false};
   std::deque<std::pair<cudaEvent_t, absl::Time>> in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;
@@ -404,7 +462,8 @@ class NcclFactory : public RankCommFactory {
   }
 
   absl::StatusOr<std::unique_ptr<RankComm>> Connect(const std::string& unique_id, int rank, int size,
-                                                    absl::Duration timeout, absl::Duration op_timeout) override {
+                                                    const RankCommOptions& options) override {
+    const absl::Duration timeout = options.timeout;
     ncclUniqueId id;
     if (unique_id.size() != sizeof id.internal) {
       return absl::InvalidArgumentError(absl::StrCat("an NCCL unique id has ", sizeof id.internal, " bytes, not ",
@@ -418,6 +477,11 @@ class NcclFactory : public RankCommFactory {
     // Nonblocking, so that joining is bounded: NCCL's blocking init waits for every rank forever.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
+    // The job's class on the network (NCCL's InfiniBand/RoCE transport; a library older than
+    // the field ignores it), and a name for NCCL's logs, kept alive with the communicator.
+    if (options.traffic_class >= 0 && options.traffic_class <= 255) config.trafficClass = options.traffic_class;
+    auto name = std::make_shared<const std::string>(options.name);
+    if (!name->empty()) config.commName = name->c_str();
     ncclComm_t comm = nullptr;
     ncclResult_t r = nccl_.CommInitRankConfig(&comm, size, id, rank, &config);
     const absl::Time deadline = absl::Now() + timeout;
@@ -426,7 +490,7 @@ class NcclFactory : public RankCommFactory {
       r = nccl_.CommGetAsyncError(comm, &state);
       if (r != ncclSuccess) break;
       if (state == ncclSuccess) {
-        return std::unique_ptr<RankComm>(new NcclRankComm(nccl_, comm, device, rank, size, op_timeout));
+        return std::unique_ptr<RankComm>(new NcclRankComm(nccl_, comm, device, rank, size, options.op_timeout, name));
       }
       if (state != ncclInProgress) {
         r = state;

@@ -59,12 +59,36 @@ class RankComm {
   virtual absl::Status SendRecv(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs,
                                 DataType dtype, void* stream) = 0;
 
-  // Ends the communicator (ncclCommAbort): later calls return ABORTED naming `why`; work
-  // queued on streams is cancelled rather than left waiting for a peer. Idempotent.
+  // Ends the communicator (ncclCommAbort): later calls return ABORTED naming `why` (the
+  // first Abort's); work queued on streams is cancelled rather than left waiting for a peer.
+  // Idempotent.
   virtual void Abort(const absl::Status& why) = 0;
+  // Ends the communicator once the work it queued finished on the GPU, at most `within` from
+  // now (then as Abort); later calls fail at once naming `why` (Failure() is `why` from now).
+  // For a group that lost a rank, its session or its process group: what a peer already did
+  // its part of (its last collective, a send the receiver's NCCL buffer took) completes on
+  // this GPU instead of being cancelled mid-kernel, which would leave the output half written
+  // with no error; a call that waits on the lost peer ends after `within`. Does not block;
+  // Abort (a check that found the ranks disagree) still ends it at once, and its reason
+  // replaces this one (the two come from different threads in either order). Idempotent.
+  virtual void AbortWhenDrained(const absl::Status& why, absl::Duration within) = 0;
   // The communicator's failure: an asynchronous NCCL error (a peer failed), a collective
   // still unfinished on the GPU longer than the op timeout, or Abort's reason; OK otherwise.
   virtual absl::Status Failure() = 0;
+};
+
+// How a communicator is made (RankCommFactory::Connect).
+struct RankCommOptions {
+  // Every rank joins within it, else DEADLINE_EXCEEDED naming it (the group's init timeout).
+  absl::Duration timeout = absl::Seconds(300);
+  // How long a collective may stay unfinished on the GPU before the communicator fails
+  // (torch's watchdog; checked every 100 ms).
+  absl::Duration op_timeout = absl::Seconds(300);
+  // The IP traffic class of NCCL's network transports (ncclConfig_t.trafficClass: the job's
+  // DSCP << 2, collserve.v1.Attached.traffic_dscp), 0-255; -1 leaves NCCL's own (NCCL_IB_TC).
+  int traffic_class = -1;
+  // The communicator's name in NCCL's logs (ncclConfig_t.commName); "" = none.
+  std::string name;
 };
 
 class RankCommFactory {
@@ -74,11 +98,10 @@ class RankCommFactory {
   // communicator and given to the others.
   virtual absl::StatusOr<std::string> NewUniqueId() = 0;
   // Rank `rank` of `size` of the communicator `unique_id` names, on the calling thread's
-  // current GPU. Blocks until every rank joined, at most `timeout` (DEADLINE_EXCEEDED naming
-  // it). `op_timeout`: how long a collective may stay unfinished on the GPU before the
-  // communicator fails (torch's watchdog; checked every 100 ms).
+  // current GPU, made as `options` say. Blocks until every rank joined, at most
+  // options.timeout (DEADLINE_EXCEEDED naming it).
   virtual absl::StatusOr<std::unique_ptr<RankComm>> Connect(const std::string& unique_id, int rank, int size,
-                                                            absl::Duration timeout, absl::Duration op_timeout) = 0;
+                                                            const RankCommOptions& options) = 0;
 };
 
 // The factory in use: the one a test set, else NCCL loaded at run time; null (with the

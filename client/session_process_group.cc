@@ -143,7 +143,12 @@ absl::Status SessionProcessGroup::Init() {
   peer_reads_ = shared_memory_ && resp.attached().peer_reads();
   num_hosts_ = resp.attached().num_hosts();
   generation_ = resp.attached().generation();
+  rendezvous_id_ = resp.attached().rendezvous_id();
   local_world_size_ = resp.attached().local_world_size();
+  if (resp.attached().has_traffic_dscp() && resp.attached().traffic_dscp() >= 0 &&
+      resp.attached().traffic_dscp() <= 63) {
+    traffic_dscp_ = resp.attached().traffic_dscp();
+  }
   collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
   p2p_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
   reader_ = std::thread([this] { ReadLoop(); });
@@ -267,6 +272,7 @@ void SessionProcessGroup::Finish(Done& done) {
     p->work->SetAlgorithm(c.algorithm());
   }
   if (p->collective_seq >= 0) NoteCollectiveDone(p->collective_seq, status.ok());
+  if (p->record != nullptr) RecordAnswered(*p, status);
   p->work->Complete(std::move(status));
   // After Complete: a collective waiting for room sees this one completed.
   ReleaseSegment(std::move(p->segment), p->collective);
@@ -324,9 +330,10 @@ void SessionProcessGroup::WriteLocked(const pb::SessionRequest& req) {
 
 void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {
   if (resp.has_group_event()) {
-    // COLLSERVE_CUDA_PATH=nccl: the group's NCCL collectives cannot complete any more (a rank
-    // is gone, or the generation is over); end the communicator rather than let the GPU wait
-    // for the op timeout (torch's watchdog).
+    // COLLSERVE_CUDA_PATH=nccl: the group's later NCCL collectives cannot complete (a rank is
+    // gone, or the generation is over); end the communicator once what it queued drained
+    // (AbortRankComm: at most kRankCommDrain) rather than let the GPU wait for the op
+    // timeout (torch's watchdog).
     const pb::GroupEvent& e = resp.group_event();
     const absl::Status why(static_cast<absl::StatusCode>(e.code()), e.message());
     if (RankNccl()) {
@@ -418,6 +425,7 @@ void SessionProcessGroup::FailAll(const absl::Status& why) {
   for (auto& [seq, p] : pending) {
     if (p->filled != nullptr) p->filled->WaitForNotification();  // a memcpy on the issuing thread
     ReleaseSegment(std::move(p->segment), p->collective);
+    if (p->record != nullptr) RecordAnswered(*p, why);
     p->work->Complete(why);
   }
 }

@@ -163,6 +163,7 @@ class SessionProcessGroup : public ProcessGroup {
     bool collective = false;  // a collective's segment (StagingPool::Acquire's `collective`)
     bool p2p = false;         // send/recv: completes on the point-to-point lane
     int64_t collective_seq = -1;  // the group's seq of a collective (not send/recv): last_completed_seq
+    const char* record = nullptr;  // a record (SendRecord): the op's name
     // Set when the issuing thread writes the input into `segment` after sending the request
     // (Buffer.fill_offset); notified once it is all there. The op completes and the segment
     // is released only after that.
@@ -199,19 +200,51 @@ class SessionProcessGroup : public ProcessGroup {
                                   void* stream);
 
   // COLLSERVE_CUDA_PATH=nccl (InitOptions::cuda_path, client/rank_comm.h): runs `call` on
-  // this rank's NCCL communicator, made at the group's first CUDA call (rank 0 mints the
-  // unique id and puts it in the coordinator's store under the group's name and generation;
-  // the others read it, within the init timeout). The Work is complete when this returns: the
-  // work is queued on the caller's stream, as NCCL's calls queue theirs (so Wait has nothing
-  // to make the stream wait for). Errors name `op`: the communicator's creation (NCCL
-  // missing, no store, a rank that never joined) and the call's.
-  std::shared_ptr<Work> OnRankComm(const char* op, const std::function<absl::Status(RankComm&)>& call,
-                                   int source = -1);
+  // this rank's NCCL communicator of the group, made at the group's first CUDA call on it
+  // (rank 0 mints the unique id and puts it in the coordinator's store under the group's name
+  // and generation; the others read it, within the init timeout), or, with `pair_peer` (a
+  // single send or recv to another rank), on the two-rank communicator of this rank and
+  // that peer, made at their first such call (the lower rank mints its id): torch's NCCL
+  // backend pairs single point-to-point calls the same way, so that they never wait for
+  // ranks that are not part of them. A collective's `record` (its arguments; null for
+  // point-to-point) goes to the sidecar first (SendRecord). The Work is complete when this
+  // returns: the work is queued on the caller's stream, as NCCL's calls queue theirs (so Wait
+  // has nothing to make the stream wait for). Errors name `op`: the record's (the session is
+  // gone, or too many records unanswered), the communicator's creation (NCCL missing, no
+  // store, a rank that never joined) and the call's.
+  // Group rank `rank`'s rank in the two-rank communicator it shares with `peer`: the lower
+  // group rank is 0.
+  static int RankInPair(int rank, int peer) { return rank < peer ? 0 : 1; }
+  std::shared_ptr<Work> OnRankComm(const char* op, const Request* record,
+                                   const std::function<absl::Status(RankComm&)>& call, int source = -1,
+                                   int pair_peer = -1);
+  // Sends the record of a collective this rank runs with NCCL (collserve.v1.Collective.in_rank)
+  // without waiting for its answer: the sidecar checks that every rank agrees, and keeps
+  // the ledger, flight recorder and metrics of it. An error answer aborts the communicator
+  // with the sidecar's reason (RecordAnswered). At most kMaxRecordsInFlight go unanswered:
+  // past that the call waits for room, at most the op timeout (DEADLINE_EXCEEDED naming the
+  // limit; a call on a completion lane, from a Work's callback, never waits). The session's
+  // error when it is gone. `op`: the call's name (a literal).
+  absl::Status SendRecord(const char* op, const Request& r);
+  // A record's answer (or the session's end, `status` then its reason): counts it
+  // answered; INVALID_ARGUMENT (the ranks' calls disagree) aborts the communicator at once,
+  // another error (the group failed, the session ended) once its queued work drained.
+  void RecordAnswered(const Pending& p, const absl::Status& status);
+  // Records a rank keeps unanswered at most (a sidecar that checks slower than the rank
+  // issues makes the rank wait for it rather than queue without bound).
+  static constexpr int kMaxRecordsInFlight = 1024;
   bool RankNccl() const { return options_.cuda_path == InitOptions::CudaPath::kNccl; }
-  // This rank's communicator: the unique id through the store, then the factory's Connect.
-  absl::StatusOr<std::unique_ptr<RankComm>> MakeRankComm();
-  // Ends this rank's NCCL communicator (the session ended: the group is over). Thread-safe.
-  void AbortRankComm(const absl::Status& why);
+  // This rank's communicator of the group (`pair_peer` -1) or of it and rank `pair_peer`:
+  // the unique id through the store, then the factory's Connect.
+  absl::StatusOr<std::unique_ptr<RankComm>> MakeRankComm(int pair_peer);
+  // Ends this rank's NCCL communicator with `why`: at once (RankComm::Abort) when the ranks'
+  // calls disagree; else (a rank left, the group or the session ended, the process group is
+  // destroyed) once the work it queued finished on the GPU, at most kRankCommDrain
+  // (RankComm::AbortWhenDrained), so that a collective the lost peer already did its part of
+  // completes here rather than being cut off mid-kernel. Later calls fail at once either
+  // way. Never blocks. Thread-safe.
+  void AbortRankComm(const absl::Status& why, bool at_once = false);
+  static constexpr absl::Duration kRankCommDrain = absl::Seconds(10);
 
   // Sends one request on the session: plans its staging (PlanStaging), copies its inputs
   // into a staging segment (or inline into the message), names its buffers and enqueues it;
@@ -301,7 +334,9 @@ class SessionProcessGroup : public ProcessGroup {
   bool finished_ = false;  // Finish() called during Init
   int num_hosts_ = 0;
   int64_t generation_ = 0;
+  uint64_t rendezvous_id_ = 0;  // Attached.rendezvous_id: names the NCCL unique id's store key
   int local_world_size_ = 0;
+  int traffic_dscp_ = -1;  // Attached.traffic_dscp: the job's class's DSCP, -1 = none
 
   absl::Mutex write_mu_;  // orders seq assignment with stream writes
   int64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
@@ -333,12 +368,16 @@ class SessionProcessGroup : public ProcessGroup {
   uint64_t next_cuda_slot_ ABSL_GUARDED_BY(cuda_mu_) = 0;
   std::shared_ptr<WorkImpl> cuda_slot_work_[CudaTensors::kSlots] ABSL_GUARDED_BY(cuda_mu_);
 
-  // COLLSERVE_CUDA_PATH=nccl: this rank's communicator, or why it could not be made (final:
-  // the ranks that did make one would otherwise wait for this one).
+  // COLLSERVE_CUDA_PATH=nccl: this rank's communicator of the group and those of its single
+  // point-to-point calls (by peer), or why one could not be made (final: the ranks that did
+  // make one would otherwise wait for this one).
   absl::Mutex rank_comm_init_mu_;  // held while one is made (OnRankComm)
   absl::Mutex rank_comm_mu_;
   std::shared_ptr<RankComm> rank_comm_ ABSL_GUARDED_BY(rank_comm_mu_);
+  std::map<int, std::shared_ptr<RankComm>> pair_comms_ ABSL_GUARDED_BY(rank_comm_mu_);
   absl::Status rank_comm_failure_ ABSL_GUARDED_BY(rank_comm_mu_);
+  absl::Mutex records_mu_;
+  int records_in_flight_ ABSL_GUARDED_BY(records_mu_) = 0;  // sent, not yet answered
 
   using Lane = CompletionLane<Done>;
   std::unique_ptr<Lane> collective_lane_;  // set before reader_ starts; joined in the destructor

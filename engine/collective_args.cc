@@ -53,7 +53,9 @@ std::string DescribeValue(const char* field, int64_t v) {
     return std::string(ReduceOpName(static_cast<ReduceOp>(v)));
   }
   if (std::strcmp(field, "op") == 0) return OpName(static_cast<int>(v));
-  if (std::strcmp(field, "device") == 0) return v == 0 ? "cpu" : v == 1 ? "cuda" : absl::StrCat(v);
+  if (std::strcmp(field, "device") == 0) {
+    return v == 0 ? "cpu" : v == 1 ? "cuda" : v == 2 ? "cuda with NCCL in the rank (COLLSERVE_CUDA_PATH=nccl)" : absl::StrCat(v);
+  }
   return absl::StrCat(v);
 }
 
@@ -82,7 +84,7 @@ RankArgs ArgsOf(int rank, const Request& c, bool valid) {
   }
   if (UsesReduceOp(c.op)) a.reduce_op = c.reduce_op;
   if (UsesRoot(c.op)) a.root = c.root;
-  a.device = c.OnDevice() ? 1 : 0;
+  a.device = c.in_rank ? 2 : c.OnDevice() ? 1 : 0;
   if (ChecksCallSite(c.op)) a.call_site = CallSiteFingerprint(c.call_site);
   return a;
 }
@@ -124,6 +126,22 @@ absl::Status ValidateRequest(const Request& c, int rank, int world_size) {
           "fill_offset ", c.buffer.fill_offset != 0 ? c.buffer.fill_offset : c.output.fill_offset,
           " (bytes written after the request) is only for a broadcast root's input staged in a segment; this is ",
           OpName(op), " root ", c.root, " from rank ", rank));
+    }
+  }
+  if (c.in_rank) {
+    if (op == CollectiveOp::kBarrier || op == CollectiveOp::kMonitoredBarrier || op == CollectiveOp::kSend ||
+        op == CollectiveOp::kRecv) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "in_rank records a collective with tensors that the rank runs itself (COLLSERVE_CUDA_PATH=nccl), not ",
+          OpName(op)));
+    }
+    const auto names_memory = [](const BufferRef& b) {
+      return !b.segment.empty() || !b.inline_data.empty() || !b.cuda_ipc_handle.empty() || b.fill_offset != 0;
+    };
+    if (names_memory(c.buffer) || names_memory(c.output) || !c.cuda_ready_event.empty() ||
+        !c.cuda_done_event.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "an in_rank record of ", OpName(op), " names a tensor or an event: the rank runs it itself, so it names none"));
     }
   }
   if (op == CollectiveOp::kBarrier || op == CollectiveOp::kMonitoredBarrier) {

@@ -4,7 +4,7 @@
 // per-rank sizes, their splits) before any data moves, and every host computes the same
 // verdict from the same table, so a desync gives every rank the same error instead of a
 // hang (always-on desync detection, in the spirit of torch's TORCH_DISTRIBUTED_DEBUG=DETAIL
-// collective fingerprints, ../shared/reference/torch_distributed_api_docs.md).
+// collective fingerprints, https://pytorch.org/docs/stable/distributed.html).
 #ifndef COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_
 #define COLLSERVE_ENGINE_COLLECTIVE_ARGS_H_
 
@@ -32,7 +32,9 @@ struct RankArgs {
   int64_t output_count = 0;
   int64_t reduce_op = 0;
   int64_t root = 0;
-  int64_t device = 0;   // where the tensors live: 0 = host memory, 1 = CUDA (Request::OnDevice)
+  // Where the tensors live: 0 = host memory, 1 = CUDA through the sidecar (Request::OnDevice),
+  // 2 = CUDA with NCCL in the rank (Request::in_rank: a record, no data step).
+  int64_t device = 0;
   int64_t call_site = 0;  // CallSiteFingerprint(Request::call_site); 0 = unknown
   // When the request reached its sidecar (Unix ns, that host's clock; 0 = unknown): the
   // flight recorder's arrival times and skew. Not compared between ranks.
@@ -79,7 +81,8 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 
 // The checks one rank's request must pass on its own: known op and dtype, the reduce op
 // defined for the dtype, root in range, counts within kMaxTensorBytes, splits of world_size
-// entries that sum to the counts (see collectives.proto). INVALID_ARGUMENT with the reason.
+// entries that sum to the counts (see collectives.proto); an in_rank record is a collective
+// with tensors that names no buffer or event. INVALID_ARGUMENT with the reason.
 absl::Status ValidateRequest(const Request& c, int rank, int world_size);
 
 // "" if the ranks agree on op, and for that op on dtype, reduce_op, root and count (call

@@ -168,6 +168,9 @@ absl::Status Group::ExecuteStage(Running& run, const char** algorithm) {
     case DataPath::kDevice:
       status = RunOnDevice(run.all, run.splits, subs, run.timeout, algorithm);
       break;
+    case DataPath::kInRank:  // every rank agreed; each runs it with NCCL itself
+      *algorithm = "rank_nccl";
+      break;
     case DataPath::kFused:  // never prefetched: the stride is set
       algorithms_->FinishFused(run.all[0], subs, exchange_recv_.data() + payload_offset_, run.stride, algorithm);
       break;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rendezvous.h"
 #include "common/status_macros.h"
 #include "common/types.h"
 #include "engine/group.h"
@@ -412,7 +413,8 @@ absl::StatusOr<backends::Communicator*> Group::DeviceCommunicator(int device, ab
   }
   std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
   backends::ConnectParams connect;
-  connect.prefix = absl::StrCat("collserve/", *name, "/", params_.name, "/", topology_.generation, "/cuda");
+  connect.prefix = absl::StrCat("collserve/", *name, "/", params_.name, "/",
+                                RendezvousScope(topology_.generation, topology_.rendezvous_id), "/cuda");
   connect.rank = topology_.host_index;
   connect.size = hosts;
   connect.hostname = env_.hostname;

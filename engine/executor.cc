@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rendezvous.h"
 #include "common/status_macros.h"
 #include "engine/group.h"
 #include "engine/stages.h"
@@ -24,7 +25,8 @@ absl::StatusOr<std::unique_ptr<backends::Communicator>> Group::Connect() {
   if (topology_.num_hosts <= 1) return std::unique_ptr<backends::Communicator>();
   std::unique_ptr<backends::RendezvousStore> store = RendezvousStore();
   backends::ConnectParams connect;
-  connect.prefix = absl::StrCat("collserve/", params_.backend, "/", params_.name, "/", topology_.generation);
+  connect.prefix = absl::StrCat("collserve/", params_.backend, "/", params_.name, "/",
+                                RendezvousScope(topology_.generation, topology_.rendezvous_id));
   connect.rank = topology_.host_index;
   connect.size = topology_.num_hosts;
   connect.hostname = env_.hostname;
@@ -83,11 +85,15 @@ void Group::ExecutorMain() {
     for (auto& [rank, local] : locals_) {
       AttachedInfo info;
       info.generation = topology_.generation;
+      info.rendezvous_id = topology_.rendezvous_id;
       info.shared_memory = local.shared_memory;
       info.num_hosts = topology_.num_hosts;
       info.local_world_size = static_cast<int>(topology_.local_ranks.size());
       info.host_id = env_.host_id;
       info.peer_reads = local.peer_reads;
+      if (params_.priority >= 0 && params_.priority < static_cast<int>(env_.traffic_marks.size())) {
+        info.traffic_dscp = env_.traffic_marks[params_.priority].dscp;
+      }
       local.session->OnAttached(info);
     }
   }

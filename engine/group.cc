@@ -248,7 +248,13 @@ void Group::Submit(int rank, Request request, absl::Status refused) {
   if (sub.error.ok() && !sub.args.buffer.segment.empty() && !local.shared_memory) {
     sub.error = absl::PermissionDeniedError("this session may not use shared memory: send tensors inline");
   }
-  if (sub.error.ok() && sub.args.OnDevice()) {
+  if (sub.error.ok() && sub.args.in_rank) {
+    // A record (the rank runs the op with NCCL itself): nothing to map; its sizes count in
+    // the metrics as the op's.
+    const size_t es = ElementSize(static_cast<DataType>(sub.args.dtype));
+    sub.in_bytes = static_cast<size_t>(sub.args.count) * es;
+    sub.out_bytes = IsInPlace(sub.args.op) ? 0 : static_cast<size_t>(sub.args.output_count) * es;
+  } else if (sub.error.ok() && sub.args.OnDevice()) {
     sub.error = ResolveDeviceBuffers(local, sub);
   } else if (sub.error.ok()) {
     sub.error = ResolveBuffers(local.segments, sub, env_.observer, env_.inline_budget);

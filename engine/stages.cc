@@ -88,6 +88,7 @@ absl::Status DisagreementError(int64_t seq, const std::string& group, Collective
 }
 
 DataPath ChooseDataPath(const RankArgs& first, bool several_hosts, bool fused) {
+  if (first.device == 2) return DataPath::kInRank;
   if (first.device != 0) return DataPath::kDevice;
   if (several_hosts && fused) return DataPath::kFused;
   return DataPath::kHost;

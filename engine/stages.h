@@ -102,7 +102,9 @@ absl::Status DisagreementError(int64_t seq, const std::string& group, Collective
 // path); kFused: a small all_reduce between hosts whose partial results rode with the
 // argument exchange (Hierarchical::Fused): only the final reduction is left; kHost: host
 // memory, local reductions and copies and, with several hosts, the backend between them.
-enum class DataPath { kDevice, kFused, kHost };
+// kInRank: records of collectives the ranks run with NCCL themselves (RankArgs::device 2):
+// no data step.
+enum class DataPath { kDevice, kFused, kHost, kInRank };
 // `first`: rank 0's exchanged arguments; `fused`: Hierarchical::Fused(first). Pure.
 DataPath ChooseDataPath(const RankArgs& first, bool several_hosts, bool fused);
 

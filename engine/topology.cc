@@ -12,6 +12,7 @@ absl::StatusOr<Topology> Topology::FromMembership(const Membership& membership, 
                                                   const std::string& host_id) {
   Topology t;
   t.generation = membership.generation;
+  t.rendezvous_id = membership.rendezvous_id;
   t.world_size = world_size;
   if (membership.members.size() != static_cast<size_t>(world_size)) {
     return absl::InvalidArgumentError(absl::StrCat("the coordinator sent ", membership.members.size(),

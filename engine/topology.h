@@ -15,6 +15,7 @@ namespace collserve::engine {
 
 struct Topology {
   int64_t generation = 0;
+  uint64_t rendezvous_id = 0;  // Membership::rendezvous_id: names the connects' store keys
   int world_size = 0;
   int num_hosts = 0;
   int host_index = 0;  // this host's index in the communicator

@@ -85,6 +85,9 @@ struct Request {
   std::string cuda_done_event;
   // Where the rank issued the call (collserve.v1.Collective.call_site); "" = unknown.
   std::string call_site;
+  // A record of a collective the rank runs itself with NCCL (collserve.v1.Collective.in_rank):
+  // no buffers; agreed, recorded and answered, no data step.
+  bool in_rank = false;
   // Whether the request names CUDA tensors.
   bool OnDevice() const { return !buffer.cuda_ipc_handle.empty(); }
 };
@@ -109,11 +112,15 @@ struct Completion {
 // Sent once per session when its group is ready (collserve.v1.Attached).
 struct AttachedInfo {
   int64_t generation = 0;
+  uint64_t rendezvous_id = 0;  // Membership::rendezvous_id (collserve.v1.Attached.rendezvous_id)
   bool shared_memory = false;  // the client may register segments and name them
   int num_hosts = 0;
   int local_world_size = 0;
   std::string host_id;
   bool peer_reads = false;  // AttachRequest.peer_reads, granted (shared memory too)
+  // The group's priority class's DSCP (EngineOptions::traffic_marks), for connections the
+  // rank makes itself (collserve.v1.Attached.traffic_dscp); -1 = none.
+  int traffic_dscp = -1;
 };
 
 // What a rank asks for when it attaches (collserve.v1.Attach, after the RPC layer's checks).
@@ -229,6 +236,7 @@ struct TrafficMark {
 
 struct Membership {
   int64_t generation = 0;
+  uint64_t rendezvous_id = 0;  // collserve.v1.JoinResponse.rendezvous_id (0: none)
   std::vector<Member> members;
 };
 

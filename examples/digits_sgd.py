@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Distributed synchronous SGD on the scikit-learn digits dataset, through collserve.
 
-The reference tutorial's program (../shared/reference/dist_tuto_writing_distributed_applications.md,
+The program of the PyTorch tutorial "Writing Distributed Applications with PyTorch"
+(https://pytorch.org/tutorials/intermediate/dist_tuto.html,
 section 4: Partition/DataPartitioner, a small network, average_gradients with all_reduce)
 with two changes: the data is scikit-learn's digits (1797 real 8x8 handwritten digits that
 ship with Debian's python3-sklearn, no download) instead of MNIST, and the network is sized

@@ -1,8 +1,8 @@
 // The coordinator's key-value engine: torch.distributed TCPStore semantics, no gRPC.
 //
-// Semantics follow torch.distributed's Store/TCPStore (see
-// ../shared/reference/torch_distributed_api_docs.md, "Distributed Key-Value Store", and
-// ../shared/research/torch_interop.md §1.4):
+// Semantics follow torch.distributed's Store/TCPStore (see "Distributed Key-Value Store" in
+// https://pytorch.org/docs/stable/distributed.html, and torch/csrc/distributed/c10d/
+// TCPStore.cpp):
 //   - values are raw bytes;
 //   - Add() keeps the counter as ASCII decimal text, so Get() of a counter returns e.g. "3";
 //   - CompareSet() on a missing key with a non-empty `expected` stores nothing and returns

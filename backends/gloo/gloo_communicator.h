@@ -1,6 +1,6 @@
 // Gloo (CPU, TCP transport) implementation of backends::Communicator.
 // Rendezvous follows gloo::rendezvous::Context::connectFullMesh (Debian libgloo 0.5.0,
-// see ../shared/research/torch_interop.md §2.3) over a RendezvousStore under a key prefix.
+// gloo/rendezvous/context.cc) over a RendezvousStore under a key prefix.
 #ifndef COLLSERVE_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 #define COLLSERVE_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The tutorial's non-blocking point-to-point example (section 2.2 of
-../shared/reference/dist_tuto_writing_distributed_applications.md), unchanged apart from
+"""The tutorial's non-blocking point-to-point example
+(section 2.2 of the PyTorch tutorial "Writing Distributed Applications with PyTorch",
+https://pytorch.org/tutorials/intermediate/dist_tuto.html), unchanged apart from
 the import and init lines.
 
     collserve launch --nproc_per_node 2 examples/tutorial/p2p_nonblocking.py

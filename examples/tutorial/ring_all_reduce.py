@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""The tutorial's ring all-reduce built from isend/recv (section 4.5 of
-../shared/reference/dist_tuto_writing_distributed_applications.md), unchanged apart from
+"""The tutorial's ring all-reduce built from isend/recv
+(section 4.5 of the PyTorch tutorial "Writing Distributed Applications with PyTorch",
+https://pytorch.org/tutorials/intermediate/dist_tuto.html), unchanged apart from
 the import and init lines; run() calls it on each rank's tensor and checks the sum.
 
     collserve launch --nproc_per_node 4 examples/tutorial/ring_all_reduce.py

@@ -1,6 +1,6 @@
 // collserve C++ client SDK.
 //
-// Names follow torch.distributed (../shared/reference/torch_distributed_api_docs.md):
+// Names follow torch.distributed (https://pytorch.org/docs/stable/distributed.html):
 // InitProcessGroup ~ init_process_group, ProcessGroup::AllReduce ~ all_reduce, Work ~
 // torch.distributed.Work, ReduceOp, GetRank/GetWorldSize, and StoreClient ~ TCPStore.
 //
@@ -115,11 +115,22 @@ struct InitOptions {
   // kSidecar: through this host's sidecar (CUDA IPC; every local rank of a group on one GPU,
   // which several ranks may share); kNccl: with NCCL in this process, on the caller's stream
   // (one GPU per rank, the standard layout; the NCCL unique id goes through the coordinator's
-  // store, so coordinator_address is needed). Every rank of a group must use the same (ranks
-  // that differ wait for each other until their timeouts). Env: COLLSERVE_CUDA_PATH=sidecar or
-  // nccl (INVALID_ARGUMENT otherwise).
+  // store, so coordinator_address is needed; the sidecar still checks and records each
+  // collective from a record the rank sends before the NCCL call, collserve.v1.Collective.
+  // in_rank). Every rank of a group must use the same: the sidecars find ranks that differ
+  // disagreeing at their first CUDA collective (INVALID_ARGUMENT naming the device on the
+  // sidecar path; the NCCL ranks' communicator is aborted with it, though a join already
+  // waiting for the unique id waits out the init timeout). Env: COLLSERVE_CUDA_PATH=sidecar
+  // or nccl (INVALID_ARGUMENT otherwise).
   enum class CudaPath { kSidecar, kNccl };
   CudaPath cuda_path = CudaPath::kSidecar;
+  // With cuda_path kNccl: send the sidecar a record of each CUDA collective (the ledger,
+  // desync checks, diagnosis and metrics of them; docs/gpu.md). Off saves the rank about one
+  // message per collective (bench/RESULTS.md, "records") and gives those up. Every rank of a
+  // group must use the same (the records are part of the group's sequence of collectives:
+  // ranks that differ disagree at their next collective through the sidecar, or wait for each
+  // other until the op timeout). Env: COLLSERVE_NCCL_RECORDS=0 turns it off.
+  bool nccl_records = true;
   // Rendezvous + backend connect deadline. Env: COLLSERVE_INIT_TIMEOUT_S. torch's default
   // is 30 minutes; ours is 300 s.
   absl::Duration init_timeout = absl::Seconds(300);
@@ -168,8 +179,8 @@ struct InitOptions {
   static absl::StatusOr<InitOptions> FromEnv();
   // Reads the variables that tune a rank's process group rather than name it into this
   // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL,
-  // COLLSERVE_PIPELINED_BROADCAST ("0" or
-  // "false" turn one off; anything else on), COLLSERVE_BACKEND, COLLSERVE_MAX_STAGING_BYTES,
+  // COLLSERVE_PIPELINED_BROADCAST, COLLSERVE_NCCL_RECORDS ("0" or
+  // "false" turn one off; anything else on), COLLSERVE_CUDA_PATH, COLLSERVE_BACKEND, COLLSERVE_MAX_STAGING_BYTES,
   // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
   // that is unset or empty leaves its field as it is. For bindings that take the rank,
   // group and timeouts from their caller (the Python SDK, the c10d backend); FromEnv calls
@@ -439,7 +450,9 @@ class ProcessGroup {
   // own calls, its Work complete when the call returns (Wait has nothing left to order);
   // tags are ignored and a receive from any source is INVALID_ARGUMENT; errors name the call
   // and NCCL's error, or why the communicator ended (a rank left, the group failed, a call
-  // unfinished past the op timeout: ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED).
+  // unfinished past the op timeout, the sidecars found the ranks' calls disagreeing in the
+  // records each collective sends them: ABORTED / UNAVAILABLE / DEADLINE_EXCEEDED).
+  // DEADLINE_EXCEEDED too when 1024 records stay unanswered for the op timeout.
   virtual std::shared_ptr<Work> AllReduceCuda(void* data, int64_t count, DataType dtype, ReduceOpArg op,
                                               void* stream);
   virtual std::shared_ptr<Work> BroadcastCuda(void* data, int64_t count, DataType dtype, int root, void* stream);

@@ -4,7 +4,7 @@
 // DistributedDataParallel run through the collserve sidecar.
 //
 // Registered from Python by collserve/torch.py through torch.distributed.Backend.
-// register_backend ("Third-party backends" in ../shared/reference/torch_distributed_api_docs.md;
+// register_backend ("Third-party backends" in https://pytorch.org/docs/stable/distributed.html;
 // torch's example is test/cpp_extensions/cpp_c10d_extension.cpp). The creator attaches to the
 // sidecar as (group, rank, world_size) and returns a CollserveProcessGroup.
 //

@@ -10,7 +10,7 @@ Run ranks with the launcher: `collserve launch --nproc_per_node 4 train.py` (or
 `python -m collserve.launch`), which starts a coordinator and a sidecar on loopback unless
 told where they are.
 
-Names and semantics follow torch.distributed (../shared/reference/torch_distributed_api_docs.md);
+Names and semantics follow torch.distributed (https://pytorch.org/docs/stable/distributed.html);
 see distributed_c10d.py for the calls, store.py for Store, errors.py for the exceptions.
 """
 from .errors import (DistArgumentError, DistAuthError, DistBackendError, DistError, DistNetworkError,

@@ -1,7 +1,7 @@
 """The torch.distributed-shaped API of collserve (torch/distributed/distributed_c10d.py).
 
-Every function follows its torch.distributed namesake (../shared/reference/
-torch_distributed_api_docs.md): the same names, argument names and defaults, ranks given as
+Every function follows its torch.distributed namesake
+(https://pytorch.org/docs/stable/distributed.html): the same names, argument names and defaults, ranks given as
 global ranks (ranks of the default group) and translated for subgroups, async_op=True
 returning a Work. Tensors are numpy arrays or torch CPU tensors used in place (see
 _tensors.py); all_reduce, broadcast, all_gather_into_tensor and reduce_scatter_tensor also

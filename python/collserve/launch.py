@@ -314,6 +314,8 @@ class Launcher:
         self.token = None  # the embedded coordinator's job token, handed to the ranks
         self.no_libuv = False  # torch_without_libuv()
         self.attempt = 0  # the restart count of the ranks running now
+        self.launch_id = secrets.token_hex(8)  # names this launch's elastic keys (run_id)
+        self.run_id = ""  # COLLSERVE_RUN_ID of the ranks running now (start_ranks)
         self.signalled = None  # the first signal the launcher forwarded to its ranks
         self.pids = {}  # rank -> pid of its current process (for the root-cause summary)
         self.watchers = []  # collservectl wait (watch_formation)
@@ -464,6 +466,15 @@ class Launcher:
     def start_ranks(self, coordinator, sidecar, tcpstore_port, attempt):
         a = self.args
         self.ranks, self.pumps = [], []
+        # COLLSERVE_RUN_ID names the store keys of reconfigure and elastic joins
+        # (collserve/reconfigure/<run_id>/...). A coordinator outlives launches, so a second
+        # launch of a job name would read the first one's lists (a run of --survive_failures
+        # against a shared --coordinator began by "admitting a joiner" from the run before):
+        # one launcher gives each attempt a name of its own. Several nodes' launchers could
+        # not agree on a random one: they keep the caller's (default "") and share keys with
+        # earlier runs of the job name on a long-lived coordinator (docs/guide.md).
+        base = os.environ.get("COLLSERVE_RUN_ID", "")
+        self.run_id = f"{base or self.launch_id}.{attempt}" if a.nnodes == 1 and a.min_nodes == 1 else base
         exits = os.path.join(self.dir, "exits")
         for name in os.listdir(exits):  # the exit times of the previous attempt's ranks
             os.unlink(os.path.join(exits, name))
@@ -521,6 +532,7 @@ class Launcher:
                    COLLSERVE_COORDINATOR=coordinator, COLLSERVE_SIDECAR=sidecar, COLLSERVE_JOB=a.job,
                    PYTHONUNBUFFERED="1", COLLSERVE_EXIT_DIR=exits, TORCHELASTIC_RESTART_COUNT=str(attempt),
                    TORCHELASTIC_MAX_RESTARTS=str(a.max_restarts), TORCHELASTIC_RUN_ID=a.job,
+                   COLLSERVE_RUN_ID=self.run_id,
                    TORCHELASTIC_ERROR_FILE=self.error_file(local_rank, attempt), **torch_store)
         if getattr(a, "one_gpu_per_rank", False) and "COLLSERVE_CUDA_PATH" not in os.environ:
             # One process per GPU: the sidecar serves ranks that share one GPU; these run NCCL.

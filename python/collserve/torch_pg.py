@@ -392,6 +392,26 @@ class CollserveProcessGroup(dist.ProcessGroup):
             work = self._live().all_reduce(p, n, d, op, 1.0)
         return self._work("allreduce", work, tensor_list, [t], device=t.device)
 
+    def reduce(self, tensor_list, opts=None):
+        """reduce: the reduction of every rank's tensor into rank rootRank's (in place); the
+        others' tensors are left as they were. On CUDA tensors the others reduce a copy (an
+        all_reduce: the CUDA paths have no reduce of their own)."""
+        t = _one(tensor_list, "reduce")
+        op = _op_code(getattr(opts, "reduceOp", None))
+        root = int(getattr(opts, "rootRank", 0))
+        if int(getattr(opts, "rootTensor", 0)) != 0:
+            raise ValueError("collserve reduce: rootTensor must be 0 (one tensor per call)")
+        if not 0 <= root < self._world:
+            raise ValueError(f"collserve reduce: rootRank {root} is not a rank of the group (world_size {self._world})")
+        if _is_cuda(t):
+            target = t if self._rank == root else t.clone()  # on the current stream, before the op
+            p, n, d, stream = _cuda_view(target, "reduce", "tensor")
+            work = self._live().all_reduce_cuda(p, n, d, op, 1.0, stream)
+            return self._work("reduce", work, tensor_list, [t, target], device=t.device)
+        p, n, d = _tensors.view(t)
+        work = self._live().reduce(p, n, d, op, 1.0, root)
+        return self._work("reduce", work, tensor_list, [t], device=t.device)
+
     def broadcast(self, tensor_list, opts=None):
         t = _one(tensor_list, "broadcast")
         root = int(getattr(opts, "rootRank", 0))
@@ -575,6 +595,35 @@ class CollserveProcessGroup(dist.ProcessGroup):
             pi, ni, _ = _tensors.view(input, writable=False, what="input")
             work = self._live().all_to_all_single(po, no, pi, ni, out_splits, in_splits, d)
         return self._work("all_to_all_single", work, [output], [output, input], device=device)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """all_to_all: input_tensors[j] goes to rank j, output_tensors[i] comes from rank i (any
+        sizes; every tensor of one dtype and device)."""
+        if len(output_tensors) != self._world or len(input_tensors) != self._world:
+            raise ValueError(f"collserve all_to_all: needs {self._world} output and {self._world} input tensors, got "
+                             f"{len(output_tensors)} and {len(input_tensors)}")
+        device = _same_device("alltoall", [*output_tensors, *input_tensors])
+        if len({t.dtype for t in (*output_tensors, *input_tensors)}) != 1:
+            raise TypeError("collserve all_to_all: every tensor must share one dtype")
+        if device.type == "cuda":
+            # One all_to_all_single over the inputs side by side (copied on the current
+            # stream, before the op); the outputs are copied out after wait().
+            src = torch.cat([t.reshape(-1) for t in input_tensors])
+            flat = torch.empty(sum(o.numel() for o in output_tensors), dtype=src.dtype, device=src.device)
+            out_splits = [o.numel() for o in output_tensors]
+            po, no, d, stream = _cuda_view(flat, "all_to_all", "output")
+            pi, ni, _, _ = _cuda_view(src, "all_to_all", "input")
+            work = self._live().all_to_all_single_cuda(po, no, pi, ni, out_splits,
+                                                       [t.numel() for t in input_tensors], d, stream)
+
+            def finish():
+                for o, block in zip(output_tensors, flat.split(out_splits)):
+                    o.copy_(block.view_as(o))
+            return self._work("all_to_all", work, output_tensors, [src, flat, *output_tensors], finish, device)
+        optrs, ocounts, d = _tensors.views(output_tensors, True, "output_tensors")
+        iptrs, icounts, _ = _tensors.views(input_tensors, False, "input_tensors")
+        work = self._live().all_to_all(optrs, ocounts, iptrs, icounts, d)
+        return self._work("all_to_all", work, output_tensors, [*output_tensors, *input_tensors], device=device)
 
     def barrier(self, opts=None):
         return self._work("barrier", self._live().barrier(), [], [])

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -105,6 +106,14 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Option
                                                    options.max_request_bytes, " is not 1 KiB - 16 MiB"));
   }
   const int64_t idle_s = std::max<int64_t>(1, absl::ToInt64Seconds(options.idle_timeout));
+  // Never more than a quarter of the process's descriptors: beyond them a flood of scrapes
+  // (a client that opens connections and keeps them) starved the daemon's other servers,
+  // its store and WAL of descriptors until the connections idled out.
+  rlim_t max_connections = static_cast<rlim_t>(options.max_connections);
+  rlimit nofile{};
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
+    max_connections = std::min(max_connections, std::max<rlim_t>(nofile.rlim_cur / 4, 8));
+  }
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -123,7 +132,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Option
     if (a->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     server->daemon_ = MHD_start_daemon(
         flags, 0, nullptr, nullptr, &MetricsServerCallbacks::Handle, server.get(), MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr, MHD_OPTION_SOCK_ADDR, a->ai_addr,
-        MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned int>(options.max_connections),
+        MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned int>(max_connections),
         MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned int>(idle_s), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         options.max_request_bytes, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (server->daemon_ == nullptr) why = std::strerror(errno);

@@ -17,9 +17,12 @@
 //   any other path               404
 //   a request line and headers over Options::max_request_bytes: 414 or 431 (libmicrohttpd)
 //   a malformed request          400 (libmicrohttpd)
-// Bounds: at most Options::max_connections connections at once (one over it is closed as
-// soon as it is accepted; the ones being served are not disturbed), each closed after
-// Options::idle_timeout without traffic (slow or half-open clients).
+// Bounds: at most Options::max_connections connections at once, and never more than a
+// quarter of the process's descriptor limit (RLIMIT_NOFILE's soft limit at Start, at least 8),
+// so that a flood of connections leaves the daemon's other servers their descriptors. One
+// over the bound is closed as soon as it is accepted; the ones being served are not
+// disturbed. Each is closed after Options::idle_timeout without traffic (slow or half-open
+// clients).
 #pragma once
 
 #include <memory>
@@ -43,7 +46,8 @@ class MetricsServer {
     // "host:port", "[v6 address]:port" or ":port" (every address); port 0 picks a free one
     // (port() says which). A host name is resolved (the first address that binds).
     std::string address;
-    // Connections served at once; more are closed at accept. Each holds a descriptor.
+    // Connections served at once; more are closed at accept. Each holds a descriptor; at
+    // most a quarter of RLIMIT_NOFILE's soft limit are used (see above).
     int max_connections = 256;
     // A connection with no traffic for this long is closed (whole seconds, at least 1).
     absl::Duration idle_timeout = absl::Seconds(10);

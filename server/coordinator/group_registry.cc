@@ -41,6 +41,7 @@ GroupView GroupRegistry::ViewOf(const Group& g) {
   v.group = g.name;
   v.world_size = g.world_size;
   v.generation = g.generation;
+  v.rendezvous_id = g.rendezvous_id;
   v.state = g.state;
   for (const auto& [rank, m] : g.members) v.members.push_back(m);
   return v;
@@ -244,6 +245,9 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
         g.state = "FORMED";
         g.formed_members = g.members;
         ++generations_formed_;
+        if (std::all_of(g.members.begin(), g.members.end(), [](const auto& m) { return m.second.rendezvous_ids; })) {
+          while (g.rendezvous_id == 0) g.rendezvous_id = absl::Uniform<uint64_t>(random_);
+        }
         // Every member host holds a lease from now on (GroupRegistryLimits::adoption_lease),
         // on one host as across hosts: one that never watches is lost like one that stops.
         const absl::Time lease = absl::Now() + limits_.adoption_lease + limits_.lease_grace;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -44,6 +45,9 @@ struct MemberInfo {
   // The backend its sidecar connects the group's hosts with (Member.backend); every member
   // of a generation names the same one (GroupRegistry::JoinAsync); "" = not compared.
   std::string backend;
+  // Its sidecar names its connects' store keys with the generation's rendezvous id
+  // (Member.rendezvous_ids).
+  bool rendezvous_ids = false;
 };
 
 struct GroupView {
@@ -52,6 +56,11 @@ struct GroupView {
   int64_t generation = 0;
   std::string state;                // "FORMING", "FORMED" or "BROKEN"
   std::vector<MemberInfo> members;  // ordered by rank
+  // Drawn at random (never 0) when the generation formed here, if every member's sidecar
+  // takes one (MemberInfo::rendezvous_ids); 0 otherwise, and for a generation adopted from
+  // a watch or restored from the journal (its hosts connected before). JoinResponse.
+  // rendezvous_id: the generation's rendezvous keys carry it (common/rendezvous.h).
+  uint64_t rendezvous_id = 0;
   // In a join's answer only (JoinCallback): each member host once, in the order of its
   // lowest rank (rank -1), and for each rank 0..world_size-1 the index of its host in
   // `hosts` (the compact JoinResponse).
@@ -315,6 +324,7 @@ class GroupRegistry {
     std::string name;
     int world_size = 0;
     int64_t generation = 0;
+    uint64_t rendezvous_id = 0;  // GroupView::rendezvous_id
     std::string state = "FORMING";
     absl::Time started;
     std::map<int, MemberInfo> members;
@@ -401,6 +411,7 @@ class GroupRegistry {
   RegistryJournal* journal_ ABSL_GUARDED_BY(mu_) = nullptr;
   // host id -> the incarnation of its sidecar last seen in a join (LoseRestartedHostLocked).
   std::map<std::string, uint64_t> incarnations_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen random_ ABSL_GUARDED_BY(mu_);  // rendezvous ids
   size_t incarnations_pruned_at_ ABSL_GUARDED_BY(mu_) = 0;  // its size after the last prune
   std::thread timer_;
 };

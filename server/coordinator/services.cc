@@ -316,6 +316,7 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_sidecar_address(m.sidecar_address);
   out->set_incarnation(m.incarnation);
   out->set_backend(m.backend);
+  out->set_rendezvous_ids(m.rendezvous_ids);
 }
 
 MemberInfo MemberOf(const pb::Member& m) {
@@ -326,6 +327,7 @@ MemberInfo MemberOf(const pb::Member& m) {
   out.sidecar_address = m.sidecar_address().substr(0, 256);
   out.incarnation = m.incarnation();
   out.backend = m.backend().substr(0, 32);
+  out.rendezvous_ids = m.rendezvous_ids();
   return out;
 }
 
@@ -389,6 +391,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
         if (view.ok()) {
           const GroupView& v = **view;
           resp->set_generation(v.generation);
+          resp->set_rendezvous_id(v.rendezvous_id);
           if (compact) {
             for (const MemberInfo& host : v.hosts) {
               pb::MemberHost* out = resp->add_hosts();

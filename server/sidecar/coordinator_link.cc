@@ -221,6 +221,7 @@ std::function<void()> GrpcCoordinatorLink::Join(const JoinParams& params,
   join->req.mutable_member()->set_sidecar_address(sidecar_address_);
   join->req.mutable_member()->set_incarnation(incarnation_);
   join->req.mutable_member()->set_backend(params.backend);
+  join->req.mutable_member()->set_rendezvous_ids(true);  // engine/executor.cc names its keys with it
   join->req.set_timeout_ms(absl::ToInt64Milliseconds(params.timeout));
   join->req.set_generation(params.generation);
   join->req.set_compact(true);

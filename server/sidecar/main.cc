@@ -76,8 +76,9 @@ ABSL_FLAG(int, bulk_nice, 10,
 ABSL_FLAG(std::string, traffic_dscp, "",
           "The DSCP (0-63, RFC 2474) of each priority class's connections between hosts, as LC,DEFAULT,BULK "
           "(latency-critical, default, bulk; -1 leaves a class unmarked), e.g. 46,0,8 (EF, best effort, CS1), for "
-          "switches or host qdiscs that queue by DSCP. Empty = unmarked. Gloo's connections only (MPI and NCCL "
-          "keep theirs).");
+          "switches or host qdiscs that queue by DSCP. Empty = unmarked. Gloo's connections, and the NCCL "
+          "communicators of ranks with COLLSERVE_CUDA_PATH=nccl as their traffic class (InfiniBand/RoCE); MPI and "
+          "the sidecar's own NCCL keep theirs.");
 ABSL_FLAG(std::string, traffic_socket_priority, "",
           "The socket priority (SO_PRIORITY) of each priority class's connections between hosts, as LC,DEFAULT,BULK "
           "(-1 leaves a class as it is), e.g. 6,0,2: pfifo_fast's bands (the kernel's default queue on many links) "

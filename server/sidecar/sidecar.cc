@@ -21,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -93,11 +94,13 @@ class SessionHandle : public engine::Session, public OpsHandler {
     pending_attached_.reset();
   }
   void OnCompletion(engine::Completion completion) override {
+    bool record = false;
     {
       absl::MutexLock lock(&mu_);
       if (requests_ > 0) --requests_;
+      record = records_.erase(completion.seq) > 0;
     }
-    ReleaseInFlight(1);
+    if (!record) ReleaseInFlight(1);
     Send(ToProto(std::move(completion)));
   }
   void Send(pb::SessionResponse response);
@@ -150,7 +153,10 @@ class SessionHandle : public engine::Session, public OpsHandler {
   };
   // Hands a request of this session to its group. With a max_inflight_collectives policy it
   // counts in the job's quota until its completion is sent or the session ends, and one past
-  // the quota goes to the group carrying its refusal (JobQuotas::AdmitCollective). A request
+  // the quota goes to the group carrying its refusal (JobQuotas::AdmitCollective); records
+  // of collectives the rank runs with NCCL itself (Collective.in_rank) do not count (they hold
+  // no tensor and cost the data path nothing, and a refused one would end the rank's NCCL
+  // communicator), only in --max_session_requests. A request
   // past a.max_requests of the session's in flight ends the session instead (a refused
   // request still waits in its group for the other ranks, so refusing would not bound what
   // the session holds): RESOURCE_EXHAUSTED naming the limit, and the rank leaves its group.
@@ -163,7 +169,11 @@ class SessionHandle : public engine::Session, public OpsHandler {
       held = requests_;
       if (a.max_requests <= 0 || held < a.max_requests) {
         ++requests_;
-        if (a.quotas != nullptr) ++in_flight_;
+        if (request.in_rank()) {
+          records_.insert(request.seq());
+        } else if (a.quotas != nullptr) {
+          ++in_flight_;
+        }
         held = -1;
       }
     }
@@ -173,7 +183,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
           a.max_requests, "); request seq ", request.seq(), " ends the session (wait for some before issuing more)")));
       return;
     }
-    if (a.quotas != nullptr) admitted = a.quotas->AdmitCollective(a.job, *a.policy, request.seq());
+    if (a.quotas != nullptr && !request.in_rank()) admitted = a.quotas->AdmitCollective(a.job, *a.policy, request.seq());
     a.group->Submit(a.rank, FromProto(std::move(request)), std::move(admitted));
   }
   // Records the attach's outcome. False when the session already ended: the caller then
@@ -234,6 +244,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests counted in attachment_.quotas
   int requests_ ABSL_GUARDED_BY(mu_) = 0;   // requests in flight (Submit to OnCompletion)
+  std::set<int64_t> records_ ABSL_GUARDED_BY(mu_);  // the seqs of in_rank records among them
   std::shared_ptr<OpsLink> ops_link_ ABSL_GUARDED_BY(mu_);
 };
 

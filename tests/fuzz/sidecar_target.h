@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ struct Target {
   std::unique_ptr<collserve::server::Coordinator> coordinator;
   std::unique_ptr<collserve::server::Sidecar> sidecar;
   std::string address;
+  std::string dir;  // the sidecar's socket directory (mkdtemp), removed by StopTarget
 };
 
 // The servers stop before the process exits: their threads must not outlive the globals
@@ -60,6 +62,7 @@ inline Target& Get() {
     }
     target->sidecar = std::move(*sidecar);
     target->address = "unix:" + so.unix_socket;
+    target->dir = dir;
     return target;
   }();
   static const bool stop_registered = std::atexit(StopTarget) == 0;
@@ -71,6 +74,8 @@ inline void StopTarget() {
   Target* t = &Get();
   t->sidecar->Shutdown(absl::Seconds(5));
   t->coordinator->Shutdown(absl::Seconds(5));
+  std::error_code ignored;
+  std::filesystem::remove_all(t->dir, ignored);
   delete t;
 }
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The c10d backend's CPU suite (tests/python/test_torch_backend.py) against the torch of a
+# The c10d backend's CPU suite (tests/python/test_torch_backend.py, then torch_pg's,
+# tests/python/test_torch_pg.py) against the torch of a
 # device machine (PyTorch 2.x from pip, newer than Debian's), a further check of the torch
 # 2.x port (docs/torch.md). Run from the repository root on that machine, with .gpu/ made by
 # tests/gpu/bundle.sh here:
@@ -52,10 +53,10 @@ keys = list(api.PyInterpreterState_GetDict(api.PyInterpreterState_Get())) + list
 print(next((m.group(1) for k in keys for m in [re.match(r"__pybind11_internals_v(\d+)", str(k))] if m), ""))')
 [ -n "$internals" ] && [ ! -f "$tdir/include/pybind11/pybind11.h" ] && tags="$tags -DPYBIND11_INTERNALS_VERSION=$internals"
 absl=$(ls .gpu/lib/libabsl_*.so* | tr '\n' ' ')
-g++ -O2 -std=c++17 -shared -fPIC python/_collserve.cc -Iinclude -I.gpu/include $pybind -L"$B/python/collserve" -lcollserve_client $absl -Wl,-rpath,'$ORIGIN' \
+g++ -O2 -std=c++17 -shared -fPIC python/_collserve.cc python/common/call_sites.cc -I. -Iinclude -I.gpu/include $pybind -L"$B/python/collserve" -lcollserve_client $absl -Wl,-rpath,'$ORIGIN' \
   -o "$B/python/collserve/_collserve$suffix" 2> "$out/compile_collserve.log" ||
   { echo "FAILED: compiling _collserve"; tail -20 "$out/compile_collserve.log"; exit 1; }
-g++ -O2 -std=c++17 -shared -fPIC python/c10d/module.cc python/c10d/collserve_c10d.cc -I. -Iinclude -I.gpu/include \
+g++ -O2 -std=c++17 -shared -fPIC python/c10d/module.cc python/c10d/collserve_c10d.cc python/common/call_sites.cc -I. -Iinclude -I.gpu/include \
   -isystem "$tdir/include" -isystem "$tdir/include/torch/csrc/api/include" $pybind \
   -DTORCH_API_INCLUDE_EXTENSION_H -D_GLIBCXX_USE_CXX11_ABI="$abi" $tags \
   -L"$B/python/collserve" -lcollserve_client $absl -L"$tdir/lib" -lc10 -ltorch_cpu -ltorch -ltorch_python \
@@ -71,4 +72,10 @@ PYTHONPATH=$pythonpath COLLSERVE_BUILD_DIR=$B PYTHONUNBUFFERED=1 timeout -k 10 4
 rc=$?
 grep -E "passed|failed|^FAILED|^SKIPPED|^ERROR" "$out/test_torch_backend.log" | tail -n 30
 echo "=== test_torch_backend.py: exit $rc"
-exit $rc
+# torch_pg, the torch 2.x backend over the Python SDK (its CUDA calls: tests/gpu/torch_cuda.py).
+PYTHONPATH=$pythonpath COLLSERVE_BUILD_DIR=$B PYTHONUNBUFFERED=1 timeout -k 10 240 \
+  python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_torch_pg.py > "$out/test_torch_pg.log" 2>&1
+rc_pg=$?
+grep -E "passed|failed|^FAILED|^SKIPPED|^ERROR" "$out/test_torch_pg.log" | tail -n 30
+echo "=== test_torch_pg.py: exit $rc_pg"
+[ $rc -eq 0 ] && [ $rc_pg -eq 0 ]

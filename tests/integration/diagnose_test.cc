@@ -42,6 +42,21 @@ std::pair<int, std::string> Ctl(Cluster& cluster, const std::vector<std::string>
   return {code.ok() ? *code : -1, (*p)->Output()};
 }
 
+// Polls Registry.DiagnoseGroup of group "world" (4 ranks) until it names one rank missing and
+// three arrived (30 s at most); the last answer in *named.
+bool AwaitOneOfFourMissing(Cluster& cluster, pb::DiagnoseGroupResponse* named) {
+  auto stub = pb::Registry::NewStub(grpc::CreateChannel(cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
+  return WaitFor(
+      [&] {
+        grpc::ClientContext ctx;
+        client::AddJobToken(ctx, cluster.job_token());
+        pb::DiagnoseGroupRequest req;
+        req.set_group("world");
+        return stub->DiagnoseGroup(&ctx, req, named).ok() && named->missing_size() == 1 && named->arrived_size() == 3;
+      },
+      absl::Seconds(30), absl::Milliseconds(100));
+}
+
 TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError) {
   auto started = Cluster::Start(2);
   ASSERT_TRUE(started.ok()) << started.status();
@@ -56,17 +71,8 @@ TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError)
     ASSERT_TRUE(p.ok()) << p.status();
     ranks.push_back(std::move(*p));
   }
-  auto stub = pb::Registry::NewStub(grpc::CreateChannel(cluster.coordinator_address(), grpc::InsecureChannelCredentials()));
   pb::DiagnoseGroupResponse named;
-  const bool found = WaitFor(
-      [&] {
-        grpc::ClientContext ctx;
-        client::AddJobToken(ctx, cluster.job_token());
-        pb::DiagnoseGroupRequest req;
-        req.set_group("world");
-        return stub->DiagnoseGroup(&ctx, req, &named).ok() && named.missing_size() == 1 && named.arrived_size() == 3;
-      },
-      absl::Seconds(30), absl::Milliseconds(100));
+  const bool found = AwaitOneOfFourMissing(cluster, &named);
   ASSERT_TRUE(found) << cluster.Logs();
   EXPECT_EQ(named.missing(0), 3);
   EXPECT_EQ(named.oldest_incomplete_seq(), 0);
@@ -110,6 +116,36 @@ TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError)
   for (int r = 0; r < 2; ++r) {
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("the coordinator's ledger: all_reduce #0 of group \"world\""));
     EXPECT_THAT(ranks[r]->Output(), HasSubstr("ranks [3] (host host1) have not called it"));
+  }
+}
+
+// One GPU per rank (COLLSERVE_CUDA_PATH=nccl): the ranks run NCCL themselves, and the
+// records of their collectives (collserve.v1.Collective.in_rank) keep the ledger. Ranks 0-2
+// wait inside the stand-in for NCCL (tests/testing/store_rank_comm.h) for rank 3, which never
+// calls; the coordinator names it as it does for collectives through the sidecars.
+TEST(DiagnoseTest, RanksRunningNcclThemselvesKeepTheLedger) {
+  auto started = Cluster::Start(2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  Cluster& cluster = **started;
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
+                                           : std::vector<std::string>{"--mode=rank_nccl_hang"};
+    auto p = cluster.StartRank(r, 4, r / 2, args);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ranks.push_back(std::move(*p));
+  }
+  pb::DiagnoseGroupResponse named;
+  const bool found = AwaitOneOfFourMissing(cluster, &named);
+  ASSERT_TRUE(found) << named.summary() << cluster.Logs();
+  EXPECT_EQ(named.missing(0), 3);
+  EXPECT_EQ(named.oldest_incomplete_op(), pb::ALL_REDUCE);
+  EXPECT_LE(named.waiting_ms(), 5000) << named.summary();
+  EXPECT_THAT(named.summary(), HasSubstr("all_reduce #0 of group \"world\" (generation 1): ranks [3] (host host1) "
+                                         "have not called it; ranks [0, 1, 2] have"));
+  for (int r = 0; r < 3; ++r) {
+    // Still waiting in NCCL's stand-in (the test's cleanup ends them).
+    EXPECT_THAT(ranks[r]->Output(), Not(HasSubstr("all_reduce:"))) << ranks[r]->Output();
   }
 }
 

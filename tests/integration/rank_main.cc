@@ -27,6 +27,7 @@
 #include <memory>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -212,6 +213,24 @@ int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreR
     for (size_t k = 0; k < n; ++k) v[k] = first + static_cast<float>(k);
     return v;
   };
+  // A single send/recv runs on the pair's own communicator, as with torch's NCCL backend, so
+  // it needs no other rank: ranks 0 and 1 exchange before rank 2 made any CUDA call (it
+  // waits for them in the store; a communicator of the whole group would wait for it).
+  if (w >= 3 && r <= 2) {
+    auto store = fake.NewStoreClient();
+    if (!store.ok()) return 4;
+    std::vector<float> first = filled(6, 7.0f);
+    absl::Status s;
+    if (r == 0) s = pg.SendCuda(first.data(), 6, DataType::kFloat32, 1, 0, nullptr)->Wait();
+    if (r == 1) {
+      std::vector<float> got(6, -1.0f);
+      s = pg.RecvCuda(got.data(), 6, DataType::kFloat32, 0, 0, nullptr)->Wait();
+      expect(got == first, "the first recv, on the pair's communicator");
+      if (s.ok()) s = (*store)->Set("rank_nccl_test/pair_done", "1");
+    }
+    if (r == 2) s = (*store)->Wait({"rank_nccl_test/pair_done"}, absl::Seconds(20));
+    expect(s.ok(), absl::StrCat("a send/recv before rank 2's first CUDA call: ", StatusLine(s)));
+  }
   // all_reduce: SUM, AVG (float32), MAX (int64).
   std::vector<float> a = filled(5, static_cast<float>(r));
   ok(pg.AllReduceCuda(a.data(), 5, DataType::kFloat32, ReduceOp::kSum, nullptr), "all_reduce");
@@ -301,7 +320,27 @@ int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreR
     absl::Status any = pg.RecvCuda(back.data(), 1, DataType::kFloat32, -1, 0, nullptr)->Wait();
     std::printf("recv from any source: %s\n", StatusLine(any).c_str());
   }
-  expect(fake.connects() == 1, absl::StrCat("one communicator per group, made ", fake.connects()));
+  // A last all_reduce, so that no rank leaves (which aborts the others' communicators)
+  // before every rank's point-to-point calls ran: rank 2 can finish its batch while rank 0
+  // has yet to send its part.
+  std::vector<int64_t> last = {1};
+  ok(pg.AllReduceCuda(last.data(), 1, DataType::kInt64, ReduceOp::kSum, nullptr), "last all_reduce");
+  expect(last[0] == w, "last all_reduce");
+  // One communicator for the group and one per peer of a single send/recv: at 3 ranks, the
+  // ring's next and previous ranks (rank 0 and 1 made theirs first).
+  const int pairs = w > 2 ? 2 : w - 1;
+  expect(fake.connects() == 1 + pairs, absl::StrCat("communicators made: ", fake.connects(), ", not ", 1 + pairs));
+  const collserve::client::RankCommOptions made = fake.last_options();
+  std::printf("communicator: traffic_class=%d name=%s\n", made.traffic_class, made.name.c_str());
+  // Each collective's record (collserve.v1.Collective.in_rank) was agreed by the sidecars:
+  // 4 all_reduces, w broadcasts, all_gather, reduce_scatter, all_to_all, w gathers and w
+  // scatters. With COLLSERVE_NCCL_RECORDS=0 the sidecars saw none.
+  const char* records_env = std::getenv("COLLSERVE_NCCL_RECORDS");
+  const bool records = records_env == nullptr || std::string(records_env) != "0";
+  const int64_t last_seq = records ? 6 + 3 * static_cast<int64_t>(w) : -1;
+  const bool recorded = collserve::testing::WaitFor([&] { return pg.last_completed_seq() == last_seq; },
+                                                    absl::Seconds(30));
+  expect(recorded, absl::StrCat("records agreed through seq ", pg.last_completed_seq(), ", not ", last_seq));
   if (failures == 0) std::printf("rank_nccl: OK (rank %d of %d)\n", r, w);
   // The last rank leaves; the others hear of it from their sidecar (collserve.v1.GroupEvent,
   // through the coordinator's watch for the other host) and abort their communicator, so a
@@ -309,13 +348,37 @@ int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreR
   if (w > 1 && r < w - 1 && failures == 0) {
     const bool aborted =
         collserve::testing::WaitFor([&] { return !fake.LastFailure().ok(); }, absl::Seconds(30));
-    std::printf("aborted: %s\n", aborted ? StatusLine(fake.LastFailure()).c_str() : "no");
+    std::printf("aborted (%s): %s\n", fake.LastAbortHow().c_str(),
+                aborted ? StatusLine(fake.LastFailure()).c_str() : "no");
     std::vector<float> t(1, 1.0f);
     std::printf("after the last rank left: %s\n",
                 StatusLine(pg.AllReduceCuda(t.data(), 1, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait()).c_str());
     if (!aborted) ++failures;
   }
   return failures == 0 ? 0 : 4;
+}
+
+// --mode=rank_nccl_desync: COLLSERVE_CUDA_PATH=nccl over the stand-in for NCCL; after one
+// all_reduce every rank agrees on, rank 0 calls broadcast where the others call all_reduce
+// (the stand-in moves the bytes regardless, as NCCL might). The sidecars find the
+// disagreement in the calls' records and each rank aborts its communicator with their reason;
+// prints it and the next call's error.
+int RankNcclDesyncMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreRankCommFactory& fake) {
+  const int r = pg.GetRank();
+  std::vector<float> a(4, 1.0f);
+  absl::Status first = pg.AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+  std::printf("agreed all_reduce: %s\n", StatusLine(first).c_str());
+  absl::Status odd = r == 0 ? pg.BroadcastCuda(a.data(), 4, DataType::kFloat32, 0, nullptr)->Wait()
+                            : pg.AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+  std::printf("odd call queued: %s\n", StatusLine(odd).c_str());
+  // At once, by the sidecars' answer (a rank that left first, aborted by it, only starts a
+  // drain, whose reason the answer's replaces: the two come from different threads).
+  const bool aborted = collserve::testing::WaitFor([&] { return fake.LastAbortHow() == "at once"; }, absl::Seconds(30));
+  std::printf("aborted (%s): %s\n", fake.LastAbortHow().c_str(),
+              aborted ? StatusLine(fake.LastFailure()).c_str() : "no");
+  std::printf("next call: %s\n",
+              StatusLine(pg.AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait()).c_str());
+  return first.ok() && aborted ? 0 : 4;
 }
 
 int main(int argc, char** argv) {
@@ -407,7 +470,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::unique_ptr<collserve::testing::StoreRankCommFactory> fake_nccl;
-  if (mode == "rank_nccl") {
+  if (absl::StartsWith(mode, "rank_nccl")) {
     options->cuda_path = collserve::client::InitOptions::CudaPath::kNccl;
     collserve::client::StoreClientOptions so;
     so.job = options->job;
@@ -428,6 +491,31 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "rank_nccl") return RankNcclMode(**pg, *fake_nccl);
+  if (mode == "rank_nccl_desync") return RankNcclDesyncMode(**pg, *fake_nccl);
+  if (mode == "rank_nccl_lost_sidecar") {
+    // One all_reduce (the communicator is made), then "ready"; the test kills host1's sidecar,
+    // and every rank's communicator must end, once drained, naming why.
+    std::vector<float> a(4, 1.0f);
+    absl::Status s = (*pg)->AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+    std::printf("all_reduce: %s\nready\n", StatusLine(s).c_str());
+    std::fflush(stdout);
+    const bool ended = collserve::testing::WaitFor([&] { return !fake_nccl->LastAbortHow().empty(); },
+                                                   absl::Seconds(60));
+    std::printf("aborted (%s): %s\n", fake_nccl->LastAbortHow().c_str(),
+                ended ? StatusLine(fake_nccl->LastFailure()).c_str() : "no");
+    std::printf("next call: %s\n",
+                StatusLine((*pg)->AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait())
+                    .c_str());
+    return s.ok() && ended ? 0 : 4;
+  }
+  if (mode == "rank_nccl_hang") {
+    // One all_reduce, which waits in the stand-in for a rank that never calls (as NCCL
+    // would) until the op timeout.
+    std::vector<float> a(4, 1.0f);
+    absl::Status s = (*pg)->AllReduceCuda(a.data(), 4, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+    std::printf("all_reduce: %s\n", StatusLine(s).c_str());
+    return 0;
+  }
   if (mode == "idle") {
     // Joins, then calls nothing for --iters seconds (the rank that never calls).
     std::printf("init: OK\n");

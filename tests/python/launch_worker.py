@@ -29,7 +29,7 @@ def main(mode):
     if mode == "env":
         names = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "COLLSERVE_SIDECAR", "COLLSERVE_JOB", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE",
-                 "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "COLLSERVE_INIT_TIMEOUT_S"]
+                 "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "COLLSERVE_INIT_TIMEOUT_S", "COLLSERVE_RUN_ID"]
         print(" ".join(f"{n}={os.environ.get(n, '')}" for n in names))
         print("to stderr", file=sys.stderr)
     elif mode == "token":

@@ -105,14 +105,22 @@ def test_gradient_averaging_is_exact(tmp_path):
 
 def test_environment_and_output_prefixes():
     out, err = launch("--nproc_per_node", "3", "--job", "envjob", WORKER, "env")
+    run_ids = set()
     for r in range(3):
         (line,) = lines_of(out, r)
-        env = dict(kv.split("=", 1) for kv in line.split())
+        env = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in line.split())
         assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"]) == (
             str(r), "3", str(r), "3", "0"), line
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0, line
         assert env["COLLSERVE_SIDECAR"].startswith("unix:") and env["COLLSERVE_JOB"] == "envjob", line
         assert f"[rank{r}]: to stderr" in err.splitlines(), err
+        run_ids.add(env["COLLSERVE_RUN_ID"])
+    # One run id for the launch's ranks (reconfigure's keys), ending in the attempt; another
+    # launch of the same job name gets another (its keys never meet this one's).
+    (run_id,) = run_ids
+    assert run_id.endswith(".0") and len(run_id) > 2, run_id
+    out, _ = launch("--nproc_per_node", "1", "--job", "envjob", WORKER, "env")
+    assert f"COLLSERVE_RUN_ID={run_id}" not in out and "COLLSERVE_RUN_ID=" in out, (run_id, out)
 
 
 def test_exit_code_is_the_first_failing_ranks():

@@ -1,8 +1,8 @@
 """collserve.torch_pg, the pure-Python torch.distributed ProcessGroup over the Python SDK,
 against a real coordinator and sidecar on loopback: 2 ranks (subprocesses) build
-CollserveProcessGroup directly (CPU tensors) and check allreduce, broadcast, allgather,
+CollserveProcessGroup directly (CPU tensors) and check allreduce, reduce, broadcast, allgather,
 all_gather_into_tensor, reduce_scatter(_tensor), gather, scatter, all_to_all_single (uneven
-splits), barrier, send/recv/recv_anysource and coalescing, errors, and a 5-step
+splits), all_to_all (lists, uneven), barrier, send/recv/recv_anysource and coalescing, errors, and a 5-step
 DistributedDataParallel training that must equal a single-process reference.
 
 On torch 1.13 (this repository's CPU test machine) the ProcessGroup trampoline works but
@@ -125,6 +125,21 @@ def _collectives(torch, dist, pg, rank, world):
     pg.alltoall_base(outs, ins, [s + rank + 1 for s in range(world)], [rank + d + 1 for d in range(world)],
                      dist.AllToAllOptions()).wait()
     equal(outs, torch.cat([torch.full((s + rank + 1, 2), float(10 * s + rank)) for s in range(world)]))
+    # all_to_all with lists of tensors of any sizes (torch's dist.all_to_all calls alltoall):
+    # rank s sends s + d + 1 elements to rank d.
+    got = [torch.zeros(s + rank + 1) for s in range(world)]
+    pg.alltoall(got, [torch.full((rank + d + 1,), float(10 * rank + d)) for d in range(world)],
+                dist.AllToAllOptions()).wait()
+    for s in range(world):
+        equal(got[s], torch.full((s + rank + 1,), float(10 * s + rank)))
+    # reduce to each root (torch's dist.reduce calls reduce): the others' tensors stay.
+    for root in range(world):
+        ro = dist.ReduceOptions()
+        ro.rootRank = root
+        ro.reduceOp = dist.ReduceOp.MAX
+        r = torch.full((4,), float(rank + 1))
+        pg.reduce([r], ro).wait()
+        equal(r, torch.full((4,), float(world if rank == root else rank + 1)))
     pg.barrier(dist.BarrierOptions()).wait()
     # Point-to-point (torch's isend/irecv call these methods): a ring of sends of different
     # sizes, a receive from any source, and the coalescing calls torch's batch_isend_irecv

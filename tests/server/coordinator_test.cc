@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -389,26 +390,39 @@ TEST(GroupRegistryLimitsTest, TimeoutNamesTheFirstMissingRanksAndCountsTheRest) 
   EXPECT_LT(s.message().size(), 400u);
 }
 
-// Forms (job "job", `group`) with rank r served by hosts[r]; every join must succeed.
-void FormGroup(server::GroupRegistry& registry, const std::string& group, const std::vector<std::string>& hosts,
-               uint64_t incarnation = 0) {
+// Joins every one of `members` (ranks 0..n-1 in order) to (job "job", `group`) of world
+// size n at once; returns every rank's view (null where its join failed, which fails the test).
+std::vector<std::shared_ptr<const server::GroupView>> JoinAll(server::GroupRegistry& registry,
+                                                              const std::string& group,
+                                                              const std::vector<server::MemberInfo>& members) {
+  std::vector<std::shared_ptr<const server::GroupView>> views(members.size());
   std::vector<std::thread> joins;
-  for (size_t r = 0; r < hosts.size(); ++r) {
+  for (size_t r = 0; r < members.size(); ++r) {
     joins.emplace_back([&, r] {
       absl::Notification done;
-      server::MemberInfo m;
-      m.rank = static_cast<int>(r);
-      m.host_id = hosts[r];
-      m.incarnation = incarnation;
-      registry.JoinAsync("job", group, static_cast<int>(hosts.size()), m, absl::Now() + absl::Seconds(10),
+      registry.JoinAsync("job", group, static_cast<int>(members.size()), members[r], absl::Now() + absl::Seconds(10),
                          [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
                            EXPECT_TRUE(v.ok()) << v.status();
+                           if (v.ok()) views[r] = *v;
                            done.Notify();
                          });
       done.WaitForNotification();
     });
   }
   for (auto& t : joins) t.join();
+  return views;
+}
+
+// Forms (job "job", `group`) with rank r served by hosts[r]; every join must succeed.
+void FormGroup(server::GroupRegistry& registry, const std::string& group, const std::vector<std::string>& hosts,
+               uint64_t incarnation = 0) {
+  std::vector<server::MemberInfo> members(hosts.size());
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    members[r].rank = static_cast<int>(r);
+    members[r].host_id = hosts[r];
+    members[r].incarnation = incarnation;
+  }
+  JoinAll(registry, group, members);
 }
 
 // A watch whose answer a test waits for.
@@ -666,25 +680,13 @@ TEST(GroupRegistryWatchTest, AJoinFromARestartedSidecarTakesItsEarlierProcessAsL
   EXPECT_FALSE(b.done.HasBeenNotified());
 
   // The restarted sidecar's ranks form "one-host" again: generation 2.
-  std::vector<std::shared_ptr<const server::GroupView>> views(2);
-  std::vector<std::thread> joins;
+  std::vector<server::MemberInfo> members(2);
   for (int r = 0; r < 2; ++r) {
-    joins.emplace_back([&, r] {
-      absl::Notification done;
-      server::MemberInfo m;
-      m.rank = r;
-      m.host_id = "a";
-      m.incarnation = 12;
-      registry.JoinAsync("job", "one-host", 2, m, absl::Now() + absl::Seconds(10),
-                         [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
-                           EXPECT_TRUE(v.ok()) << v.status();
-                           if (v.ok()) views[r] = *v;
-                           done.Notify();
-                         });
-      done.WaitForNotification();
-    });
+    members[r].rank = r;
+    members[r].host_id = "a";
+    members[r].incarnation = 12;
   }
-  for (auto& t : joins) t.join();
+  const auto views = JoinAll(registry, "one-host", members);
   ASSERT_NE(views[0], nullptr);
   EXPECT_EQ(views[0]->generation, 2);
   ASSERT_TRUE(b.Wait());
@@ -925,6 +927,39 @@ TEST(GroupRegistryScaleTest, EveryJoinerSharesOneViewWithTheCompactMembership) {
     EXPECT_EQ(view->hosts[view->rank_host[r]].host_id, view->members[r].host_id);
     EXPECT_EQ(view->hosts[view->rank_host[r]].host_address, view->members[r].host_address);
   }
+}
+
+// Generation numbers repeat (a registry that restarted counts a finished group's generations
+// from 1 again), so the store keys of a formation's connects carry an id the registry draws
+// for it: the same for every member, another for every formation, and none (0) when a
+// member's sidecar does not name its keys with one (an older sidecar: every host then uses
+// the generation alone).
+TEST(GroupRegistryReformTest, EachFormationDrawsItsOwnRendezvousIdForEveryMember) {
+  std::set<uint64_t> ids;
+  for (int restart = 0; restart < 3; ++restart) {
+    server::GroupRegistry registry;  // a fresh one: the coordinator restarted
+    std::vector<server::MemberInfo> members(3);
+    for (int r = 0; r < 3; ++r) {
+      members[r].rank = r;
+      members[r].host_id = absl::StrCat("host", r);
+      members[r].rendezvous_ids = true;
+    }
+    const auto views = JoinAll(registry, "g", members);
+    ASSERT_NE(views[0], nullptr);
+    EXPECT_EQ(views[0]->generation, 1);
+    EXPECT_NE(views[0]->rendezvous_id, 0u);
+    for (const auto& v : views) {
+      ASSERT_NE(v, nullptr);
+      EXPECT_EQ(v->rendezvous_id, views[0]->rendezvous_id);
+    }
+    ids.insert(views[0]->rendezvous_id);
+    members.resize(2);
+    members[1].rendezvous_ids = false;
+    const auto older = JoinAll(registry, "h", members);
+    ASSERT_NE(older[0], nullptr);
+    EXPECT_EQ(older[0]->rendezvous_id, 0u) << "a member's sidecar does not take an id";
+  }
+  EXPECT_EQ(ids.size(), 3u) << "generation 1 formed three times with a repeated id";
 }
 
 TEST(GroupRegistryReformTest, TheNextGenerationOfANameEndsTheEarlierOneForEveryMember) {

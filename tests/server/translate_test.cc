@@ -16,6 +16,7 @@ TEST(TranslateTest, CompactAndMembersAnswersGiveTheSameMembership) {
   pb::JoinResponse compact;
   members.set_generation(3);
   compact.set_generation(3);
+  compact.set_rendezvous_id(0xc0ffee12345678u);
   for (int h = 0; h < 2; ++h) {
     pb::MemberHost* host = compact.add_hosts();
     host->set_host_id("h" + std::to_string(h));
@@ -34,6 +35,8 @@ TEST(TranslateTest, CompactAndMembersAnswersGiveTheSameMembership) {
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->generation, 3);
+  EXPECT_EQ(b->rendezvous_id, 0xc0ffee12345678u);
+  EXPECT_EQ(a->rendezvous_id, 0u);
   ASSERT_EQ(a->members.size(), 5u);
   ASSERT_EQ(b->members.size(), 5u);
   for (int rank = 0; rank < 5; ++rank) {

@@ -9,6 +9,8 @@
 #ifndef COLLSERVE_TESTS_TESTING_STORE_RANK_COMM_H_
 #define COLLSERVE_TESTS_TESTING_STORE_RANK_COMM_H_
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -65,8 +67,8 @@ class StoreRankComm : public client::RankComm {
   }
   absl::Status SendRecv(const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs, DataType dtype,
                         void*) override {
-    absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    absl::MutexLock lock(&call_mu_);
+    if (absl::Status f = Failure(); !f.ok()) return f;
     const size_t es = ElementSize(dtype);
     for (const Transfer& t : sends) {
       if (t.count == 0) continue;
@@ -78,7 +80,7 @@ class StoreRankComm : public client::RankComm {
     for (const Transfer& t : recvs) {
       if (t.count == 0) continue;
       const std::string key = absl::StrCat(prefix_, "/p2p/", t.peer, "-", rank_, "/", received_[t.peer]++);
-      absl::StatusOr<std::string> v = store_->Get(key, timeout_);
+      absl::StatusOr<std::string> v = GetUnlessAborted(key);
       if (!v.ok()) return v.status();
       if (v->size() != t.count * es) {
         return absl::InternalError(absl::StrCat("fake NCCL: rank ", t.peer, " sent ", v->size(), " bytes, rank ",
@@ -90,7 +92,24 @@ class StoreRankComm : public client::RankComm {
   }
   void Abort(const absl::Status& why) override {
     absl::MutexLock lock(&mu_);
-    if (failure_.ok()) failure_ = absl::AbortedError(absl::StrCat("aborted: ", why.message()));
+    end_by_ = absl::InfinitePast();  // ends a call waiting for a peer (GetUnlessAborted)
+    if (how_ == "at once") return;   // the first Abort's reason, over AbortWhenDrained's
+    failure_ = absl::AbortedError(absl::StrCat("aborted: ", why.message()));
+    how_ = "at once";
+  }
+  // A call in progress (the stand-in's "queued work": every call completes before it
+  // returns) may finish, within `within`; later calls fail at once.
+  void AbortWhenDrained(const absl::Status& why, absl::Duration within) override {
+    absl::MutexLock lock(&mu_);
+    end_by_ = std::min(end_by_, absl::Now() + within);
+    if (!failure_.ok()) return;
+    failure_ = absl::AbortedError(absl::StrCat("aborted: ", why.message()));
+    how_ = absl::StrCat("when drained, within ", absl::FormatDuration(within));
+  }
+  // How the first abort came: "at once" (Abort) or "when drained, within D"; "" if none.
+  std::string how() {
+    absl::MutexLock lock(&mu_);
+    return how_;
   }
   absl::Status Failure() override {
     absl::MutexLock lock(&mu_);
@@ -98,11 +117,31 @@ class StoreRankComm : public client::RankComm {
   }
 
  private:
+  // A peer's bytes under `key`, waited for at most the communicator's timeout; ABORTED once
+  // Abort is called or AbortWhenDrained's time is up (as ncclCommAbort ends a call that
+  // waits for a peer).
+  absl::StatusOr<std::string> GetUnlessAborted(const std::string& key) {
+    const absl::Time deadline = absl::Now() + timeout_;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (absl::Now() >= end_by_) return absl::AbortedError("fake NCCL: aborted while waiting for a peer");
+      }
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("fake NCCL: no ", key, " from the peer within ", absl::FormatDuration(timeout_)));
+      }
+      absl::StatusOr<std::string> v = store_->Get(key, std::min(left, absl::Milliseconds(50)));
+      if (v.ok() || v.status().code() != absl::StatusCode::kDeadlineExceeded) return v;
+    }
+  }
+
   // Deposits this rank's bytes of call number n, reads every rank's, then `compute`s.
   absl::Status Collective(const void* mine, size_t bytes,
                           const std::function<absl::Status(const std::vector<std::string>&)>& compute) {
-    absl::MutexLock lock(&mu_);
-    if (!failure_.ok()) return failure_;
+    absl::MutexLock lock(&call_mu_);
+    if (absl::Status f = Failure(); !f.ok()) return f;
     const std::string call = absl::StrCat(prefix_, "/c/", calls_++, "/");
     if (absl::Status s = store_->Set(absl::StrCat(call, rank_), std::string(static_cast<const char*>(mine), bytes));
         !s.ok()) {
@@ -110,7 +149,7 @@ class StoreRankComm : public client::RankComm {
     }
     std::vector<std::string> all;
     for (int r = 0; r < size_; ++r) {
-      absl::StatusOr<std::string> v = store_->Get(absl::StrCat(call, r), timeout_);
+      absl::StatusOr<std::string> v = GetUnlessAborted(absl::StrCat(call, r));
       if (!v.ok()) return v.status();
       all.push_back(std::move(*v));
     }
@@ -146,14 +185,17 @@ class StoreRankComm : public client::RankComm {
     }
   }
 
-  absl::Mutex mu_;
+  absl::Mutex call_mu_;  // held by a call
   std::unique_ptr<client::StoreClient> store_;
   const std::string prefix_;
   const int rank_, size_;
   const absl::Duration timeout_;
-  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, int64_t> sent_ ABSL_GUARDED_BY(mu_), received_ ABSL_GUARDED_BY(mu_);
+  int64_t calls_ ABSL_GUARDED_BY(call_mu_) = 0;
+  std::map<int, int64_t> sent_ ABSL_GUARDED_BY(call_mu_), received_ ABSL_GUARDED_BY(call_mu_);
+  absl::Mutex mu_;  // never held while waiting
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::string how_ ABSL_GUARDED_BY(mu_);
+  absl::Time end_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();  // a call in progress ends then
 };
 
 // Makes StoreRankComms whose store clients `connect` opens (one per communicator).
@@ -163,38 +205,61 @@ class StoreRankCommFactory : public client::RankCommFactory {
   explicit StoreRankCommFactory(Connector connect) : connect_(std::move(connect)) {}
 
   absl::StatusOr<std::string> NewUniqueId() override {
-    std::string id = absl::StrCat("fake-nccl-", absl::ToUnixNanos(absl::Now()));
+    std::string id = absl::StrCat("fake-nccl-", getpid(), "-", absl::ToUnixNanos(absl::Now()));
     id.resize(128, '.');
     return id;
   }
   absl::StatusOr<std::unique_ptr<client::RankComm>> Connect(const std::string& unique_id, int rank, int size,
-                                                            absl::Duration timeout, absl::Duration) override {
+                                                            const client::RankCommOptions& options) override {
+    const absl::Duration timeout = options.timeout;
     auto store = connect_();
     if (!store.ok()) return store.status();
     {
       absl::MutexLock lock(&mu_);
       ++connects_;
+      last_options_ = options;
     }
     std::string prefix = unique_id.substr(0, unique_id.find('.'));
+    // As ncclCommInitRank: returns once every rank of the communicator joined.
+    if (absl::Status s = (*store)->Set(absl::StrCat(prefix, "/joined/", rank), "1"); !s.ok()) return s;
+    std::vector<std::string> joined;
+    for (int r = 0; r < size; ++r) joined.push_back(absl::StrCat(prefix, "/joined/", r));
+    if (absl::Status s = (*store)->Wait(joined, timeout); !s.ok()) {
+      return absl::DeadlineExceededError(absl::StrCat("fake NCCL: not every rank of ", size, " joined within ",
+                                                      absl::FormatDuration(timeout), ": ", s.message()));
+    }
     auto comm = std::make_unique<StoreRankComm>(std::move(*store), prefix, rank, size, timeout);
     absl::MutexLock lock(&mu_);
     last_ = comm.get();
     return std::unique_ptr<client::RankComm>(std::move(comm));
   }
+  // A client of the coordinator's store (for a test's own keys).
+  absl::StatusOr<std::unique_ptr<client::StoreClient>> NewStoreClient() { return connect_(); }
   int connects() {
     absl::MutexLock lock(&mu_);
     return connects_;
+  }
+  // What the last Connect was asked for (traffic class, name, timeouts).
+  client::RankCommOptions last_options() {
+    absl::MutexLock lock(&mu_);
+    return last_options_;
   }
   // The failure of the communicator made last (Abort's reason), OK if none or not failed.
   absl::Status LastFailure() {
     absl::MutexLock lock(&mu_);
     return last_ != nullptr ? last_->Failure() : absl::OkStatus();
   }
+  // How it was aborted (StoreRankComm::how).
+  std::string LastAbortHow() {
+    absl::MutexLock lock(&mu_);
+    return last_ != nullptr ? last_->how() : "";
+  }
 
  private:
   Connector connect_;
   absl::Mutex mu_;
   int connects_ ABSL_GUARDED_BY(mu_) = 0;
+  client::RankCommOptions last_options_ ABSL_GUARDED_BY(mu_);
   StoreRankComm* last_ ABSL_GUARDED_BY(mu_) = nullptr;  // owned by its process group
 };
 
