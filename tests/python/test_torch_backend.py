@@ -22,8 +22,9 @@ from daemons import BUILD, credentials, free_port, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-# The reference texts (../shared/reference next to the checkout, where there is one). Their
-# programs are kept verbatim in examples/torch/, which the tests run.
+# The reference texts, where a directory "shared/reference" sits next to the checkout (the
+# development machines'; not part of the repository). Their programs are kept verbatim in
+# examples/torch/, which the tests run; the comparison is skipped without the texts.
 REFERENCE = os.path.join(os.path.dirname(ROOT), "shared", "reference")
 WORKER = os.path.join(HERE, "torch_worker.py")
 pytestmark = pytest.mark.skipif(
@@ -40,6 +41,25 @@ def private_tmp():
 
 def embedded_dirs(tmp):
     return set(d for d in os.listdir(tmp) if d.startswith("collserve-embedded-"))
+
+
+def readable(out):
+    """A rank's output for a failure's message: torch 2.x's excepthook prefixes each line of
+    a traceback with "[rankR]: " once per init_process_group the process made (each wraps the
+    last), so after 100 re-inits one prefix stands for the run; the last 8000 characters."""
+    return re.sub(r"(\[rank\d+\]: )+", r"\1", out)[-8000:]
+
+
+def server_logs(tmp):
+    """The last lines of the logs of the embedded servers the ranks left in `tmp` (a failed
+    run's: a clean stop removes them), for a failure's message."""
+    text = []
+    for d in sorted(embedded_dirs(tmp)):
+        for name in sorted(os.listdir(os.path.join(tmp, d))):
+            if name.endswith(".log"):
+                with open(os.path.join(tmp, d, name), errors="replace") as f:
+                    text.append(f"--- {d}/{name} (last 60 lines):\n" + "".join(f.readlines()[-60:]))
+    return "\n".join(text) or "(no embedded server logs left)"
 
 
 def servers_started_by(pids):
@@ -84,7 +104,7 @@ def run_ranks(world, args, env=None, timeout=120, expect_ok=True, program=WORKER
                 p.wait()
     for rank, (p, out) in enumerate(zip(procs, outs)):
         assert not expect_ok or (p.returncode == 0 and f"rank {rank}: {tag or args[0]} ok" in out), \
-            f"rank {rank} (exit {p.returncode}):\n{out}"
+            f"rank {rank} (exit {p.returncode}):\n{readable(out)}\n{server_logs(tmp)}"
     assert not servers_started_by({str(p.pid) for p in procs})
     try:
         if expect_ok:
