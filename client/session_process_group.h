@@ -91,6 +91,7 @@ class SessionProcessGroup : public ProcessGroup {
   const std::string& group_name() const override { return options_.group; }
   int num_hosts() const override { return num_hosts_; }
   int64_t generation() const override { return generation_; }
+  uint64_t rendezvous_id() const override { return rendezvous_id_; }
   int local_world_size() const override { return local_world_size_; }
   int64_t last_completed_seq() const override {
     absl::MutexLock lock(&completed_mu_);

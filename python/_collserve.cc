@@ -272,6 +272,8 @@ PYBIND11_MODULE(_collserve, m) {
       .def_property_readonly("name", &ProcessGroup::group_name)
       // The generation of the name this group is (InitOptions::generation).
       .def_property_readonly("generation", &ProcessGroup::generation)
+      // ProcessGroup::rendezvous_id: this formation's id (0 with an older sidecar).
+      .def_property_readonly("rendezvous_id", &ProcessGroup::rendezvous_id)
       // ProcessGroup::last_completed_seq: the last collective seq completed OK in order, -1 none.
       .def_property_readonly("last_completed_seq", &ProcessGroup::last_completed_seq)
       .def("all_reduce",

@@ -304,6 +304,14 @@ class ProcessGroup {
   // The generation of the group's name that this process group is (1 for a name's first
   // formation at the coordinator, then 2, ...; InitOptions::generation).
   virtual int64_t generation() const = 0;
+  // The id the coordinator drew for this formation of the group
+  // (collserve.v1.JoinResponse.rendezvous_id): random, nonzero, the same at every rank of
+  // the formation, and another at each formation, also when a restarted coordinator counts
+  // a name's generations from 1 again. 0 when a sidecar of the group predates rendezvous
+  // ids (the coordinator then draws none). With generation() it names store keys that only
+  // this formation's ranks read (common/rendezvous.h's RendezvousScope; `collserve launch`'s
+  // run id on several nodes). Thread-safe; never blocks.
+  virtual uint64_t rendezvous_id() const = 0;
   // The seq of the last collective this rank completed with OK such that every earlier
   // one also completed OK: collectives (not send/recv) are numbered 0, 1, 2, ... in the
   // order this rank issued them, as the sidecar numbers the group's collectives (the

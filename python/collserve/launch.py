@@ -467,14 +467,20 @@ class Launcher:
         a = self.args
         self.ranks, self.pumps = [], []
         # COLLSERVE_RUN_ID names the store keys of reconfigure and elastic joins
-        # (collserve/reconfigure/<run_id>/...). A coordinator outlives launches, so a second
-        # launch of a job name would read the first one's lists (a run of --survive_failures
-        # against a shared --coordinator began by "admitting a joiner" from the run before):
-        # one launcher gives each attempt a name of its own. Several nodes' launchers could
-        # not agree on a random one: they keep the caller's (default "") and share keys with
-        # earlier runs of the job name on a long-lived coordinator (docs/guide.md).
+        # (collserve/reconfigure/<run_id>/...) and of node 0's torch master
+        # (torch_master). A coordinator outlives launches, so a second launch of a job name
+        # would read the first one's (a run of --survive_failures against a shared
+        # --coordinator began by "admitting a joiner" from the run before): one launcher
+        # gives each attempt a name of its own; several nodes' launchers agree on one
+        # (agree_run_id). An elastic formation (--nnodes MIN:MAX) keeps the caller's
+        # (default ""): its nodes need not all come (docs/guide.md).
         base = os.environ.get("COLLSERVE_RUN_ID", "")
-        self.run_id = f"{base or self.launch_id}.{attempt}" if a.nnodes == 1 and a.min_nodes == 1 else base
+        if a.nnodes == 1 and a.min_nodes == 1:
+            self.run_id = f"{base or self.launch_id}.{attempt}"
+        elif a.min_nodes == a.nnodes:
+            self.run_id = self.agree_run_id(coordinator, sidecar, base)
+        else:
+            self.run_id = base
         exits = os.path.join(self.dir, "exits")
         for name in os.listdir(exits):  # the exit times of the previous attempt's ranks
             os.unlink(os.path.join(exits, name))
@@ -497,18 +503,42 @@ class Launcher:
         for local_rank in range(a.nproc_per_node):
             self.spawn(local_rank, attempt)
 
+    def agree_run_id(self, coordinator, sidecar, base):
+        """The run id of this attempt on several nodes, the same at every node's launcher and
+        at no earlier launch of the job name: the launchers form a group of their own
+        ("collserve.launch" of the job, one member per node, through this node's sidecar) and
+        name the run after that formation's generation and rendezvous id (the coordinator
+        draws a new one at every formation, also after a restart), then leave the group.
+        With a caller's COLLSERVE_RUN_ID `base`, "<base>.<generation>.<id>". Waits for the
+        other nodes' launchers up to init_timeout() (as torchrun's rendezvous); raises
+        collserve's DistError (a RuntimeError) naming why it could not form."""
+        a = self.args
+        from . import _collserve
+        from .errors import raise_for
+        if self.token_file is not None:  # the SDK reads the job token from the environment
+            os.environ["COLLSERVE_TOKEN_FILE"] = self.token_file
+            os.environ.pop("COLLSERVE_TOKEN", None)
+        timeout = self.init_timeout()
+        code, message, pg = _collserve.init(a.node_rank, a.nnodes, -1, sidecar, coordinator, a.job,
+                                            "collserve.launch", timeout, timeout)
+        raise_for(code, message)
+        formation = f"{pg.generation}.{pg.rendezvous_id:016x}"
+        del pg  # ends the session: the group's formation was all it was for
+        return f"{base}.{formation}" if base else formation
+
     def torch_master(self, coordinator, attempt):
         """MASTER_ADDR and MASTER_PORT for a torch without libuv (see the module docstring):
         a free port of node 0, where rank 0 hosts torch's TCPStore in this attempt. Node 0
-        publishes it under collserve/launch/torch_master/<attempt> in the coordinator's
-        store; the other nodes wait for it (COLLSERVE_INIT_TIMEOUT_S, default 300 s)."""
+        publishes it under collserve/launch/torch_master/<run id> in the coordinator's
+        store (the nodes agreed on the run id: a key no earlier launch wrote); the other
+        nodes wait for it (COLLSERVE_INIT_TIMEOUT_S, default 300 s)."""
         a = self.args
         if a.nnodes == 1:
             return "127.0.0.1", str(_free_port())
         from .store import Store
         store = Store(address=coordinator, job=a.job, token=self.token,
                       timeout=self.init_timeout())
-        key = f"collserve/launch/torch_master/{attempt}"
+        key = f"collserve/launch/torch_master/{self.run_id or attempt}"
         if a.node_rank == 0:
             store.set(key, f"{a.gloo_hostname or _host_address()}:{_free_port()}")
         host, _, port = store.get(key).decode().rpartition(":")

@@ -376,6 +376,9 @@ std::string JoinProgress(const pb::GroupInfo& g) {
 // Polls Registry.List every second until `group` is FORMED (a later generation of it when
 // it re-forms in place meanwhile: collserve.reconfigure); `group` "": until any group of the
 // job is (the progress then names the groups forming, at most 3).
+// The group the launchers of a several-node `collserve launch` form to agree on a run id.
+constexpr std::string_view kLauncherGroup = "collserve.launch";
+
 absl::Status Wait(const Ctl& c, const std::string& group) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + absl::GetFlag(FLAGS_wait_timeout);
@@ -394,6 +397,9 @@ absl::Status Wait(const Ctl& c, const std::string& group) {
     if (s.ok() && any) {
       std::vector<std::string> forming;
       for (const pb::GroupInfo& g : resp.groups()) {
+        // Several nodes' `collserve launch` form this group of their own before they start
+        // the ranks (python/collserve/launch.py, agree_run_id): not one of the job's.
+        if (g.group() == kLauncherGroup) continue;
         if (g.state() == "FORMED") {
           std::set<std::string> hosts;
           for (const pb::Member& m : g.members()) hosts.insert(m.host_id());
@@ -926,7 +932,9 @@ const std::vector<Command>& Commands() {
        "Prints GROUP's generation, state and every member: rank, host id, host and sidecar address.\n"
        "Exit status 1 with NOT_FOUND when the job has no such group.",
        [](const Ctl& c, const std::string& g) { return Describe(c, g); }},
-      {"wait", "[GROUP]", 0, "blocks until GROUP (or any group of the job) is formed, or --wait_timeout",
+      {"wait", "[GROUP]", 0,
+       "blocks until GROUP (or any group of the job but the launchers' collserve.launch) is formed, or "
+       "--wait_timeout",
        "Blocks until GROUP is FORMED (exit 0) or --wait_timeout passes (exit 1), printing every\n"
        "--progress_interval how many ranks joined and which are missing: an init container or exec\n"
        "readiness probe for \"my job's group is up\". A group re-formed in place (reconfigure) keeps\n"

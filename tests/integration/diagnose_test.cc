@@ -427,7 +427,12 @@ TEST(DiagnoseTest, CollservectlWaitReportsMissingRanksAndReturnsOnceTheGroupForm
   EXPECT_EQ(code, 1) << out;
   EXPECT_THAT(out, HasSubstr("2 of 3 ranks joined; missing ranks [2]"));
   EXPECT_THAT(out, HasSubstr("DEADLINE_EXCEEDED: group \"world\" (job default) did not form within 3s"));
-  // Without a group (what collserve launch runs): any group of the job, whatever its name.
+  // Without a group (what collserve launch runs): any group of the job, whatever its name,
+  // but the launchers' own (collserve.launch, formed here by one rank of its own).
+  auto launchers = cluster.StartRank(0, 1, 0, {"--mode=idle", "--iters=30", "--group=collserve.launch"});
+  ASSERT_TRUE(launchers.ok()) << launchers.status();
+  auto [formed_code, formed] = Ctl(cluster, {"--wait_timeout=20s", "wait", "collserve.launch"});
+  ASSERT_EQ(formed_code, 0) << formed;
   auto [any_code, any_out] = Ctl(cluster, {"--wait_timeout=2s", "--progress_interval=500ms", "wait"});
   EXPECT_EQ(any_code, 1) << any_out;
   EXPECT_THAT(any_out, ::testing::ContainsRegex("waiting for the job's groups \\([0-9]+s\\): group \"world\" "

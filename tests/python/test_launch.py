@@ -5,6 +5,7 @@ Every test bounds its time (subprocess timeouts) and checks that the servers the
 started are gone afterwards.
 """
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -156,28 +157,53 @@ def test_signals_are_forwarded_and_everything_stops():
     assert_none_left(log_dir)
 
 
+def communicate_all(procs, timeout):
+    """Each launcher's (stdout, stderr), read in turn, each within `timeout` seconds; one
+    still running after its wait is killed."""
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout))
+        finally:
+            if p.poll() is None:
+                p.kill()
+    return outs
+
+
 def test_two_nodes_against_one_coordinator():
+    """Two launchers (--nnodes 2, two "nodes" on loopback) against one long-lived coordinator,
+    each starting its own sidecar: the all_reduce crosses them. Then the same job name twice
+    more: within a launch every rank of both nodes gets one COLLSERVE_RUN_ID (the launchers'
+    formation of "collserve.launch"), and the next launch another, so its reconfigure lists
+    and torch master key are not the earlier run's."""
     cluster = Cluster(jobs=("twonodes",))  # its coordinator; each launcher starts its own sidecar
     try:
-        common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
-                  "--gloo_hostname", "127.0.0.1", "--job", "twonodes"]
-        logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
-        procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
-                                   "--node_rank", str(n), WORKER, "allreduce"], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True,
-                                  env=launcher_env(logs[n], COLLSERVE_TOKEN=cluster.token)) for n in range(2)]
-        outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=90))
-            finally:
-                if p.poll() is None:
-                    p.kill()
-        for n, (p, (out, err)) in enumerate(zip(procs, outs)):
-            assert p.returncode == 0, (out, err)
+        def two_nodes(mode):
+            common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
+                      "--gloo_hostname", "127.0.0.1", "--job", "twonodes"]
+            logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
+            procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
+                                       "--node_rank", str(n), WORKER, mode], cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      env=launcher_env(logs[n], COLLSERVE_TOKEN=cluster.token)) for n in range(2)]
+            outs = communicate_all(procs, 90)
+            for n, (p, (out, err)) in enumerate(zip(procs, outs)):
+                assert p.returncode == 0, (out, err)
+                assert_none_left(logs[n])
+            return [out for out, _ in outs]
+
+        outs = two_nodes("allreduce")
+        for n, out in enumerate(outs):
             for r in (2 * n, 2 * n + 1):
                 assert lines_of(out, r) == ["world 4 sum 6"], out
-            assert_none_left(logs[n])
+        runs = []
+        for _ in range(2):
+            outs = two_nodes("env")
+            ids = {re.search(r"COLLSERVE_RUN_ID=(\S*)", lines_of(outs[r // 2], r)[0]).group(1) for r in range(4)}
+            (run_id,) = ids
+            assert re.fullmatch(r"\d+\.[0-9a-f]{16}", run_id), run_id
+            runs.append(run_id)
+        assert runs[0] != runs[1], runs
     finally:
         cluster.stop()
 
@@ -202,13 +228,7 @@ def test_a_kubeflow_pytorchjob_command_line_runs_a_torch_program_on_two_nodes(tm
                                                PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port,
                                                COLLSERVE_TOKEN_FILE=str(token), WORKER_TIMEOUT_S="60"))
              for n in (1, 0)]  # node 1 first: it waits for node 0's coordinator
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=150))
-        finally:
-            if p.poll() is None:
-                p.kill()
+    outs = communicate_all(procs, 150)
     for p, (out, err), log in zip(procs, outs, reversed(logs)):
         assert p.returncode == 0, (out, err)
         assert_none_left(log)
