@@ -10,10 +10,13 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -57,20 +60,32 @@ bool AwaitOneOfFourMissing(Cluster& cluster, pb::DiagnoseGroupResponse* named) {
       absl::Seconds(30), absl::Milliseconds(100));
 }
 
+// Starts ranks 0-3 of group "world", ranks 0 and 1 on host0 and 2 and 3 on host1: ranks 0-2
+// run rank_main with `args`, rank 3 joins and then never calls (idle). `env(r)` is rank r's
+// environment. The processes, or the first error starting one.
+absl::StatusOr<std::vector<std::unique_ptr<Process>>> StartFourRank3Idle(
+    Cluster& cluster, const std::vector<std::string>& args,
+    const std::function<std::map<std::string, std::string>(int)>& env) {
+  std::vector<std::unique_ptr<Process>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    auto p = cluster.StartRank(r, 4, r / 2, r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"} : args,
+                               env(r));
+    if (!p.ok()) return p.status();
+    ranks.push_back(std::move(*p));
+  }
+  return ranks;
+}
+
 TEST(DiagnoseTest, ARankThatNeverCallsIsNamedWithin5SecondsAndInTheTimeoutError) {
   auto started = Cluster::Start(2);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   // Ranks 0 and 1 on host0, 2 and 3 on host1; rank 3 joins and then never calls.
-  std::vector<std::unique_ptr<Process>> ranks;
-  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "12"}};
-  for (int r = 0; r < 4; ++r) {
-    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
-                                           : std::vector<std::string>{"--mode=loop", "--iters=1", "--count=1000"};
-    auto p = cluster.StartRank(r, 4, r / 2, args, env);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ranks.push_back(std::move(*p));
-  }
+  auto started_ranks = StartFourRank3Idle(cluster, {"--mode=loop", "--iters=1", "--count=1000"}, [](int) {
+    return std::map<std::string, std::string>{{"COLLSERVE_OP_TIMEOUT_S", "12"}};
+  });
+  ASSERT_TRUE(started_ranks.ok()) << started_ranks.status();
+  std::vector<std::unique_ptr<Process>>& ranks = *started_ranks;
   pb::DiagnoseGroupResponse named;
   const bool found = AwaitOneOfFourMissing(cluster, &named);
   ASSERT_TRUE(found) << cluster.Logs();
@@ -127,14 +142,10 @@ TEST(DiagnoseTest, RanksRunningNcclThemselvesKeepTheLedger) {
   auto started = Cluster::Start(2);
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
-  std::vector<std::unique_ptr<Process>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
-                                           : std::vector<std::string>{"--mode=rank_nccl_hang"};
-    auto p = cluster.StartRank(r, 4, r / 2, args);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ranks.push_back(std::move(*p));
-  }
+  auto started_ranks =
+      StartFourRank3Idle(cluster, {"--mode=rank_nccl_hang"}, [](int) { return std::map<std::string, std::string>{}; });
+  ASSERT_TRUE(started_ranks.ok()) << started_ranks.status();
+  std::vector<std::unique_ptr<Process>>& ranks = *started_ranks;
   pb::DiagnoseGroupResponse named;
   const bool found = AwaitOneOfFourMissing(cluster, &named);
   ASSERT_TRUE(found) << named.summary() << cluster.Logs();
@@ -158,15 +169,11 @@ TEST(DiagnoseTest, ThePeerHostLeavingAtItsOwnTimeoutStillGivesTheLedgerDiagnosis
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   // Ranks 0 and 1 on host0 (op timeout 30 s), 2 and 3 on host1 (6 s); rank 3 never calls.
-  std::vector<std::unique_ptr<Process>> ranks;
-  for (int r = 0; r < 4; ++r) {
-    std::vector<std::string> args = r == 3 ? std::vector<std::string>{"--mode=idle", "--iters=40"}
-                                           : std::vector<std::string>{"--mode=loop", "--iters=1", "--count=1000"};
-    const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", r < 2 ? "30" : "6"}};
-    auto p = cluster.StartRank(r, 4, r / 2, args, env);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ranks.push_back(std::move(*p));
-  }
+  auto started_ranks = StartFourRank3Idle(cluster, {"--mode=loop", "--iters=1", "--count=1000"}, [](int r) {
+    return std::map<std::string, std::string>{{"COLLSERVE_OP_TIMEOUT_S", r < 2 ? "30" : "6"}};
+  });
+  ASSERT_TRUE(started_ranks.ok()) << started_ranks.status();
+  std::vector<std::unique_ptr<Process>>& ranks = *started_ranks;
   for (int r = 0; r < 3; ++r) {
     auto c = ranks[r]->Wait(absl::Seconds(60));
     ASSERT_TRUE(c.ok()) << "rank " << r << " hung: " << ranks[r]->Output();
