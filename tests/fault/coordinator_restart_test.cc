@@ -223,7 +223,7 @@ TEST(CoordinatorRestartTest, AGenerationFormedAgainAfterARestartDoesNotReadTheEa
 // stopped (SIGSTOP: silent, its connections open) is taken as lost, and the other host's
 // ranks fail at once, naming the lost ranks, instead of at their op timeout (60 s).
 TEST(CoordinatorRestartTest, ARestartedCoordinatorAdoptsTheRunningGroupAndLeasesItsHosts) {
-  auto started = Cluster::Start(2);
+  auto started = Cluster::Start(2, {kMeasuredLeaseGraceFlag});
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& c = **started;
   std::vector<std::unique_ptr<Process>> ranks;
@@ -236,7 +236,7 @@ TEST(CoordinatorRestartTest, ARestartedCoordinatorAdoptsTheRunningGroupAndLeases
   for (auto& p : ranks) ASSERT_TRUE(p->WaitForOutput("iter 2 ok", absl::Seconds(30))) << p->Output() << c.Logs();
   c.coordinator().Kill(SIGKILL);
   absl::SleepFor(absl::Seconds(1));  // the outage
-  ASSERT_TRUE(c.RestartCoordinator({}).ok()) << c.Logs();
+  ASSERT_TRUE(c.RestartCoordinator({kMeasuredLeaseGraceFlag}).ok()) << c.Logs();
   // Known again within a few seconds (the sidecars retry their watches every second).
   std::string described;
   WaitFor(

@@ -131,7 +131,7 @@ TEST(RankNcclTest, WithoutRecordsEveryCallStillRuns) {
 // and 1 (the coordinator's word that rank 2's host is lost) end their communicators once what
 // they queued drained, not at once, and their next calls fail naming why.
 TEST(RankNcclTest, ALostSidecarEndsEveryRanksCommunicatorOnceDrained) {
-  auto cluster = Cluster::Start(2, {});
+  auto cluster = Cluster::Start(2, {kMeasuredLeaseGraceFlag});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;
   for (int r = 0; r < 3; ++r) {

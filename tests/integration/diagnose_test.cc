@@ -24,6 +24,7 @@
 #include "collserve/client.h"
 #include "collserve/v1/registry.grpc.pb.h"
 #include "tests/testing/process.h"
+#include "tests/testing/sanitizers.h"
 #include "tests/testing/wait_for.h"
 
 namespace collserve::testing {
@@ -600,7 +601,7 @@ TEST(CollservectlTest, DeleteGroupDeleteKeysAndDeleteJobExitCodes) {
 // watch is renewed every --lease_renewal, 2 s). A sidecar restarted with the same host id is
 // a new host: its ranks form the group again at once, and the earlier process is named lost.
 TEST(CollservectlTest, AKilledSidecarsOneHostGroupIsGoneWithinTheLeaseAndARestartIsANewHost) {
-  auto started = Cluster::Start(1);
+  auto started = Cluster::Start(1, {kMeasuredLeaseGraceFlag});
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   std::vector<std::unique_ptr<Process>> ranks;

@@ -32,11 +32,11 @@ namespace {
 namespace pb = ::collserve::v1;
 using ::testing::HasSubstr;
 
-// No test that starts its cluster here measures leases: a sanitizer's grace (kLeaseGraceFlag;
-// under TSan on CI's loaded machine the sidecar of SdkCompletionTest's group renewed its
-// lease past 3 s and the generation ended under rank 0's recv).
+// A cluster with a sanitizer's lease grace (Cluster's kLeaseGraceFlag: under TSan on CI's
+// loaded machine the sidecar of SdkCompletionTest's group renewed its lease past 3 s and the
+// generation ended under rank 0's recv).
 std::unique_ptr<Cluster> StartCluster(int sidecars) {
-  auto c = Cluster::Start(sidecars, {kLeaseGraceFlag});
+  auto c = Cluster::Start(sidecars);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? std::move(*c) : nullptr;
 }

@@ -152,9 +152,8 @@ TEST_F(TlsTest, JobRunsWithTlsBetweenEveryParty) {
                                absl::StrCat("--coordinator_tls_key=", pki_.Path("client.key"))}) {
     sidecar_flags.push_back(f);
   }
-  // A sanitizer's lease grace (kLeaseGraceFlag); and 1/8 of the bytes there.
+  // A sanitizer's lease grace (Cluster's kLeaseGraceFlag); and 1/8 of the bytes there.
   std::vector<std::string> coordinator_flags = ServerFlags(/*mutual=*/true);
-  coordinator_flags.push_back(kLeaseGraceFlag);
   auto cluster = Cluster::Start(2, coordinator_flags, sidecar_flags);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   std::vector<std::unique_ptr<Process>> ranks;

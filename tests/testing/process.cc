@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::ve
   c->admin_token_ = *admin_token;
   std::vector<std::string> argv = {CoordinatorBinary(), "--listen_address=127.0.0.1:0",
                                    absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
-                                   "--metrics_address=", "--log_level=warning"};
+                                   "--metrics_address=", "--log_level=warning", kLeaseGraceFlag};
   for (const std::string& f : c->credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
@@ -333,7 +333,8 @@ absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_f
   const std::string pf = absl::StrCat(dir_, "/coordinator.port");
   std::remove(pf.c_str());
   std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", coordinator_port_),
-                                   absl::StrCat("--port_file=", pf), "--metrics_address=", "--log_level=warning"};
+                                   absl::StrCat("--port_file=", pf), "--metrics_address=", "--log_level=warning",
+                                   kLeaseGraceFlag};
   for (const std::string& f : credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(dir_, "/coordinator-", next_log_++, ".log"));

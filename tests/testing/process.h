@@ -51,7 +51,10 @@ absl::StatusOr<std::string> WriteRandomToken(const std::string& path);
 // A coordinator plus N sidecars on loopback, in a fresh temp dir, torn down on destruction.
 // The coordinator requires tokens (docs/security.md): it is started with a fresh admin token
 // (<dir>/admin.token) and a job token for job "default" (<dir>/job-tokens/default), which
-// StartRank hands to its ranks as COLLSERVE_TOKEN (extra_env may override it).
+// StartRank hands to its ranks as COLLSERVE_TOKEN (extra_env may override it). Every
+// coordinator it starts has kLeaseGraceFlag (tests/testing/sanitizers.h: 20 s under a
+// sanitizer) before the caller's flags; a test that measures leases passes
+// kMeasuredLeaseGraceFlag.
 class Cluster {
  public:
   // `sidecar_flags` are added to every sidecar's command line, then `each_sidecar_flags[i]`

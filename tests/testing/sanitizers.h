@@ -51,11 +51,17 @@ constexpr T UnderSanitizer(T release, T sanitized) {
   return kSanitized ? sanitized : release;
 }
 
-// The coordinator's --lease_grace for a test that does not measure leases. Under a sanitizer
-// beside other test steps a sidecar renewed its lease on a group past the default 3 s: the
+// The coordinator's --lease_grace for a test that does not measure leases; Cluster starts
+// every coordinator with it. Under a sanitizer beside other test steps a sidecar renewed its
+// lease on a group past the default 3 s (a stall of the loaded 2-core CI machine): the
 // coordinator took its host as lost and ended the generation, and the ranks' calls failed
-// with "generation G ... is over". 20 s there; the default elsewhere.
+// with "generation G ... is over" (in SdkCompletionTest, the TLS job, and DesyncTest, whose
+// init failed so). 20 s there; the default elsewhere.
 inline constexpr const char* kLeaseGraceFlag = UnderSanitizer("--lease_grace=3s", "--lease_grace=20s");
+
+// The coordinator's default --lease_grace, for a test that measures how soon a lost host is
+// taken as lost: a later flag wins, so this after Cluster's kLeaseGraceFlag restores it.
+inline constexpr const char* kMeasuredLeaseGraceFlag = "--lease_grace=3s";
 
 }  // namespace collserve::testing
 
