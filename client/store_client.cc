@@ -29,6 +29,14 @@ constexpr absl::Duration kWaitGrace = absl::Seconds(5);
 // also do; the point is that a restarted coordinator is not hit by every rank at once).
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+// Keys per Store.ListKeys page of DeleteKeysWithPrefix (the server allows up to 10000).
+constexpr int64_t kDeletePageKeys = 1000;
+
+// `s` (an error of DeleteKeysWithPrefix) saying how many keys went before it, if any.
+absl::Status AfterDeleting(const absl::Status& s, int64_t deleted) {
+  if (deleted == 0) return s;
+  return absl::Status(s.code(), absl::StrCat(s.message(), " (after deleting ", deleted, " keys)"));
+}
 
 int64_t TimeoutMs(absl::Duration d) {
   // The protocol reads 0 as "server default" and < 0 as "do not wait".
@@ -126,6 +134,29 @@ class GrpcStoreClient : public StoreClient {
     COLLSERVE_RETURN_IF_ERROR(Call("delete_key", WriteDeadline(),
                                    [&](grpc::ClientContext* ctx) { return stub_->DeleteKey(ctx, req, &resp); }));
     return resp.deleted();
+  }
+
+  absl::StatusOr<int64_t> DeleteKeysWithPrefix(absl::string_view prefix) override {
+    if (prefix.empty()) {
+      return absl::InvalidArgumentError("delete_keys_with_prefix: the prefix may not be empty");
+    }
+    int64_t deleted = 0;
+    for (;;) {
+      pb::ListKeysRequest req;
+      req.set_job(options_.job);
+      req.set_prefix(std::string(prefix));
+      req.set_limit(kDeletePageKeys);
+      pb::ListKeysResponse resp;
+      absl::Status listed =
+          Call("list_keys", WriteDeadline(), [&](grpc::ClientContext* ctx) { return stub_->ListKeys(ctx, req, &resp); });
+      if (!listed.ok()) return AfterDeleting(listed, deleted);
+      if (resp.keys().empty()) return deleted;
+      for (const std::string& key : resp.keys()) {
+        absl::StatusOr<bool> one = DeleteKey(key);
+        if (!one.ok()) return AfterDeleting(one.status(), deleted);
+        deleted += *one ? 1 : 0;
+      }
+    }
   }
 
   absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) override {

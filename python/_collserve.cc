@@ -144,6 +144,15 @@ void BindStore(py::module_& m) {
              }
              return Result(std::move(r), [](bool v) { return py::bool_(v); });
            })
+      .def("delete_keys_with_prefix",
+           [](StoreClient& s, const std::string& prefix) {
+             absl::StatusOr<int64_t> r;
+             {
+               py::gil_scoped_release release;
+               r = s.DeleteKeysWithPrefix(prefix);
+             }
+             return Result(std::move(r), [](int64_t v) { return py::int_(v); });
+           })
       .def("num_keys",
            [](StoreClient& s, const std::string& prefix) {
              absl::StatusOr<int64_t> r;

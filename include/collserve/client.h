@@ -612,6 +612,12 @@ class StoreClient {
   virtual absl::Status MultiSet(const std::vector<std::string>& keys,
                                 const std::vector<std::string>& values) = 0;
   virtual absl::Status Append(absl::string_view key, absl::string_view value) = 0;
+  // Deletes the job's keys that start with `prefix` and returns how many it deleted: pages of
+  // up to 1000 keys (Store.ListKeys), each key deleted once (Store.DeleteKey, with a request
+  // id). Not atomic: a key set meanwhile may stay; on an error, the keys deleted before it
+  // stay deleted and the message says how many there were (when any). INVALID_ARGUMENT for an empty prefix (every
+  // key of a job is collservectl delete-job's). Each call has the store timeout.
+  virtual absl::StatusOr<int64_t> DeleteKeysWithPrefix(absl::string_view prefix) = 0;
 };
 
 // ---- implementation details of the template above ----

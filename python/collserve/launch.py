@@ -88,6 +88,20 @@ def torch_without_libuv(python=sys.executable):
     return r.stdout.strip() == "True"
 
 
+# How often the launcher repeats collservectl wait's "the coordinator has no group of job J
+# yet" (watch_formation), in seconds.
+NO_GROUP_INTERVAL_S = 30
+# The launchers' own keys in the job's namespace.
+LAUNCH_KEYS = "collserve/launch/"
+# The keys torch's ranks write to an agent store (TORCHELASTIC_USE_AGENT_STORE=True), as they
+# arrive at the TCPStore endpoint: torch's TCPStore client puts "/" before every key; torch <=
+# 2.3 puts every key under /worker/attempt_<restart count>/ (so "//worker/..." arrives); later
+# torch adds no prefix (it counts on a new store per attempt), and its keys start with
+# default_pg/ (init_process_group's PrefixStore, every process group's below it) or
+# rpc_prefix_<n>/ (torch.distributed.rpc).
+TORCH_AGENT_STORE_PREFIXES = ("//worker/", "/default_pg/", "/rpc_prefix_")
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("", 0))
@@ -495,13 +509,43 @@ class Launcher:
             # torch's env:// rendezvous reaches the coordinator's TCPStore endpoint, every rank
             # as a client (as under torchrun's agent store).
             port = str(tcpstore_port)
-            # torch prefixes its keys with the restart count (/worker/attempt_<n>), so every
-            # attempt rendezvouses afresh.
             torch_store = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+            self.reset_torch_keys(coordinator)
         self.rank_env = dict(host=host, port=port, coordinator=coordinator, sidecar=sidecar, exits=exits,
                              torch_store=torch_store)
         for local_rank in range(a.nproc_per_node):
             self.spawn(local_rank, attempt)
+
+    def reset_torch_keys(self, coordinator):
+        """Gives this attempt's ranks an empty torch store on the coordinator's TCPStore
+        endpoint, as torchrun's agent does by starting a TCPStore per attempt: deletes what
+        torch's ranks of the job's earlier launches and attempts wrote there
+        (TORCH_AGENT_STORE_PREFIXES). Left there, a second launch of a job name against a
+        long-lived coordinator met the first one's keys: Gloo dialed the old ranks' addresses
+        (connection refused) and torch 1.13's store-based barrier counted past world_size
+        until init_process_group's timeout. One node: before its ranks start. Several nodes
+        (a static --nnodes N): node 0 deletes once the launchers' formation
+        (agree_run_id) is complete, when no node still runs a rank of an earlier attempt, and
+        then sets collserve/launch/torch_store_reset/<run id>; the other nodes wait for that
+        key (up to the init timeout) before starting theirs. An elastic formation (--nnodes
+        MIN:MAX) has no such formation: its keys are not reset (docs/guide.md)."""
+        a = self.args
+        if a.min_nodes != a.nnodes:
+            return
+        from .store import Store
+        store = Store(address=coordinator, job=a.job, token=self.token, timeout=self.init_timeout())
+        done = f"{LAUNCH_KEYS}torch_store_reset/{self.run_id}"
+        if a.node_rank == 0:
+            deleted = sum(store.delete_keys_with_prefix(p) for p in TORCH_AGENT_STORE_PREFIXES)
+            if a.nnodes > 1:
+                # The markers of earlier runs: no launcher waits for them any more.
+                store.delete_keys_with_prefix(f"{LAUNCH_KEYS}torch_store_reset/")
+                store.set(done, str(deleted))
+            if deleted:
+                self.say(f"deleted {deleted} key(s) that torch's ranks of earlier runs of job {a.job} left on the "
+                         "coordinator's TCPStore endpoint")
+        else:
+            store.get(done)
 
     def agree_run_id(self, coordinator, sidecar, base):
         """The run id of this attempt on several nodes, the same at every node's launcher and
@@ -538,8 +582,10 @@ class Launcher:
         from .store import Store
         store = Store(address=coordinator, job=a.job, token=self.token,
                       timeout=self.init_timeout())
-        key = f"collserve/launch/torch_master/{self.run_id or attempt}"
+        key = f"{LAUNCH_KEYS}torch_master/{self.run_id or attempt}"
         if a.node_rank == 0:
+            # The addresses of earlier runs: no launcher waits for them any more.
+            store.delete_keys_with_prefix(f"{LAUNCH_KEYS}torch_master/")
             store.set(key, f"{a.gloo_hostname or _host_address()}:{_free_port()}")
         host, _, port = store.get(key).decode().rpartition(":")
         return host, port
@@ -645,8 +691,12 @@ class Launcher:
         """Says every 5 s how far the job's rendezvous got while none of its groups has formed
         (collservectl wait without a group: "group G generation g: n of m ranks joined;
         missing ranks [...]", whatever the groups are named: "world" for the SDK, "torch/0"
-        for the c10d backend); quiet when one forms within 5 s, and from then on. Not with elastic formation (its ranks agree on the
-        membership in the store before they join, so the registry's count says little)."""
+        for the c10d backend); quiet when one forms within 5 s, and from then on. While no
+        group of the job exists at all, only every NO_GROUP_INTERVAL_S: ranks that use
+        another backend (torch's gloo or nccl under this launcher) form none, and a line
+        every 5 s for their whole init timeout said nothing. Not with elastic formation (its
+        ranks agree on the membership in the store before they join, so the registry's count
+        says little)."""
         a = self.args
         if a.min_nodes < a.nnodes:
             return
@@ -665,9 +715,15 @@ class Launcher:
         self.watchers.append(proc)
 
         def say_progress():
+            last = time.monotonic()  # of a "no group" line said (or the start)
             for line in iter(proc.stdout.readline, b""):
-                if line.startswith(b"waiting for"):
-                    self.say(line.decode(errors="replace").rstrip())
+                if not line.startswith(b"waiting for"):
+                    continue
+                if b"has no group of job" in line:
+                    if time.monotonic() - last < NO_GROUP_INTERVAL_S:
+                        continue
+                    last = time.monotonic()
+                self.say(line.decode(errors="replace").rstrip())
             proc.stdout.close()
         threading.Thread(target=say_progress, daemon=True).start()
 

@@ -98,6 +98,16 @@ class Store:
         raise_for_store(code, message)
         return value
 
+    def delete_keys_with_prefix(self, prefix):
+        """Deletes the job's keys that start with `prefix` (not empty: ValueError) and returns
+        how many it deleted, a page of 1000 at a time; not atomic (a key set meanwhile may
+        stay). collserve's own, not torch's Store API (collservectl delete-keys does the same)."""
+        if not prefix:
+            raise ValueError("delete_keys_with_prefix: the prefix may not be empty")
+        code, message, value = self._client.delete_keys_with_prefix(prefix)
+        raise_for_store(code, message)
+        return value
+
     def num_keys(self):
         """The number of keys in the job's namespace."""
         code, message, value = self._client.num_keys("")

@@ -493,6 +493,36 @@ def test_torchrun_forms_a_job_through_the_coordinator(start_daemons, daemon_dir)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_launches_of_a_job_name_through_a_long_lived_coordinators_tcpstore_endpoint(start_daemons, daemon_dir):
+    """`collserve launch --coordinator --tcpstore_port` twice with one job name: torch's env://
+    keys of the first launch (torch <= 2.3 under /worker/attempt_0/, later torch under
+    /default_pg/) stayed on the coordinator's endpoint, so the second launch's Gloo dialed the
+    first one's ranks (connection refused) and torch 1.13's store-based barrier counted past
+    world_size until the init timeout. The launcher now deletes them before starting the
+    ranks, as torchrun's agent starts a new store per attempt. (A torch without libuv takes
+    the rank-0 store path instead: there this checks that path's launches.)"""
+    import collserve.launch as launch_module
+    d = daemon_dir
+    flags, tokens = credentials(d, ("reuse",))
+    coordinator = start_daemons.coordinator(d, "--tcpstore_address=127.0.0.1:0",
+                                            f"--tcpstore_port_file={d}/tcpstore.port", "--tcpstore_job=reuse", *flags,
+                                            extra_port_files=("tcpstore.port",))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLSERVE_") or k == "COLLSERVE_BUILD_DIR"}
+    env.update(COLLSERVE_TOKEN=tokens["reuse"], WORKER_TIMEOUT_S="20")
+    for n, backend in enumerate(("gloo", "collserve")):
+        r = subprocess.run([sys.executable, "-m", "collserve.launch", "--nproc_per_node", "2", "--coordinator",
+                            f"127.0.0.1:{coordinator.port}", "--tcpstore_port", str(coordinator.ports["tcpstore.port"]),
+                            "--job", "reuse", WORKER, "hosts", backend, "env"], capture_output=True, text=True,
+                           timeout=120, env=env)
+        out = r.stdout + r.stderr
+        if r.returncode != 0:
+            raise AssertionError(f"launch {n} ({backend}) exited with {r.returncode}:\n{readable(out)}")
+        for rank in range(2):
+            assert f"rank {rank}: hosts ok" in out, readable(out)
+        if n == 1 and not launch_module.torch_without_libuv():
+            assert re.search(r"deleted \d+ key\(s\) that torch's ranks of earlier runs of job reuse left", out), out
+
+
 def gloo_aborted_after_its_work(r, ranks):
     """True when a `collserve launch` of the gloo reference failed only because a rank aborted
     in the interpreter's teardown after its last line: torch 2.6's ProcessGroupGloo sometimes

@@ -127,6 +127,29 @@ TEST(CoordinatorStoreTest, JobsAreSeparateNamespaces) {
   EXPECT_THAT(b->NumKeys(), IsOkAndHolds(0));
 }
 
+// DeleteKeysWithPrefix deletes exactly the job's keys under the prefix, over several
+// ListKeys pages (2500 keys: pages of 1000), and refuses an empty prefix.
+TEST(CoordinatorStoreTest, DeleteKeysWithPrefixDeletesOnlyThatPrefixOfTheJob) {
+  const std::string job = UniqueName("prefix");
+  auto c = Client(job);
+  auto other = Client(UniqueName("prefix-other"));
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < 2500; ++i) {
+    keys.push_back(absl::StrCat("default_pg/", i));
+    values.push_back("v");
+  }
+  ASSERT_TRUE(c->MultiSet(keys, values).ok());
+  ASSERT_TRUE(c->Set("default_pgx", "kept").ok());
+  ASSERT_TRUE(c->Set("mine/default_pg/1", "kept").ok());
+  ASSERT_TRUE(other->Set("default_pg/1", "other job's").ok());
+  EXPECT_THAT(c->DeleteKeysWithPrefix("default_pg/"), IsOkAndHolds(2500));
+  EXPECT_THAT(c->NumKeys(), IsOkAndHolds(2));
+  EXPECT_THAT(other->NumKeys(), IsOkAndHolds(1));
+  EXPECT_THAT(c->DeleteKeysWithPrefix("default_pg/"), IsOkAndHolds(0));
+  EXPECT_THAT(c->DeleteKeysWithPrefix(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(c->NumKeys(), IsOkAndHolds(2));
+}
+
 TEST(CoordinatorStoreTest, BadJobNameIsInvalidArgument) {
   auto c = Client("bad/job");
   EXPECT_THAT(c->Set("k", "v"), StatusIs(absl::StatusCode::kInvalidArgument));
