@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+import collserve
+
 from test_sdk import Cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -175,12 +177,15 @@ def test_two_nodes_against_one_coordinator():
     each starting its own sidecar: the all_reduce crosses them. Then the same job name twice
     more: within a launch every rank of both nodes gets one COLLSERVE_RUN_ID (the launchers'
     formation of "collserve.launch"), and the next launch another, so its reconfigure lists
-    and torch master key are not the earlier run's."""
-    cluster = Cluster(jobs=("twonodes",))  # its coordinator; each launcher starts its own sidecar
+    and torch master key are not the earlier run's. The ranks get the coordinator's TCPStore
+    endpoint: before each launch's ranks start, node 0 deletes the keys torch's ranks of
+    earlier runs left there (here planted ones) and says so, and node 1 waits for its word."""
+    cluster = Cluster(jobs=("twonodes",), tcpstore=True)  # each launcher starts its own sidecar
     try:
         def two_nodes(mode):
             common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
-                      "--gloo_hostname", "127.0.0.1", "--job", "twonodes"]
+                      "--tcpstore_port", str(cluster.tcpstore_port), "--gloo_hostname", "127.0.0.1", "--job",
+                      "twonodes"]
             logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
             procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
                                        "--node_rank", str(n), WORKER, mode], cwd=ROOT, stdout=subprocess.PIPE,
@@ -190,20 +195,27 @@ def test_two_nodes_against_one_coordinator():
             for n, (p, (out, err)) in enumerate(zip(procs, outs)):
                 assert p.returncode == 0, (out, err)
                 assert_none_left(logs[n])
-            return [out for out, _ in outs]
+            return [out for out, _ in outs], [err for _, err in outs]
 
-        outs = two_nodes("allreduce")
+        outs, _ = two_nodes("allreduce")
         for n, out in enumerate(outs):
             for r in (2 * n, 2 * n + 1):
                 assert lines_of(out, r) == ["world 4 sum 6"], out
+        store = collserve.Store(address=f"127.0.0.1:{cluster.port}", job="twonodes", token=cluster.token, timeout=5)
+        stale = ["//worker/attempt_0/default_pg/0/rank_0", "/default_pg/0/rank_0", "/rpc_prefix_0/x"]
         runs = []
         for _ in range(2):
-            outs = two_nodes("env")
+            store.multi_set(stale + ["/mine"], ["127.0.0.1:1"] * 4)
+            outs, errs = two_nodes("env")
             ids = {re.search(r"COLLSERVE_RUN_ID=(\S*)", lines_of(outs[r // 2], r)[0]).group(1) for r in range(4)}
             (run_id,) = ids
             assert re.fullmatch(r"\d+\.[0-9a-f]{16}", run_id), run_id
             runs.append(run_id)
-        assert runs[0] != runs[1], runs
+            assert not any(store.check([k]) for k in stale) and store.check(["/mine"])
+            assert "deleted 3 key(s) that torch's ranks of earlier runs of job twonodes left" in errs[0], errs[0]
+            # This launch's word from node 0 is there; an earlier launch's was deleted.
+            marker = "collserve/launch/torch_store_reset/"
+            assert store.check([marker + run_id]) and not any(store.check([marker + r]) for r in runs[:-1])
     finally:
         cluster.stop()
 

@@ -20,11 +20,17 @@ class Cluster:
     requires the token of each job in `jobs` (self.tokens); env() hands the first job's
     (self.token) to the ranks."""
 
-    def __init__(self, jobs=("default",)):
+    def __init__(self, jobs=("default",), tcpstore=False):
+        """tcpstore: the coordinator also serves its TCPStore endpoint for the first job, on
+        an ephemeral port (self.tcpstore_port)."""
         self.dir = tempfile.mkdtemp(prefix="collserve-py-")
         flags, self.tokens = credentials(self.dir, jobs)
         self.token = self.tokens[jobs[0]]
-        self.daemons = [start_coordinator(self.dir, *flags)]
+        if tcpstore:
+            flags = ["--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={self.dir}/tcpstore.port",
+                     f"--tcpstore_job={jobs[0]}", *flags]
+        self.daemons = [start_coordinator(self.dir, *flags, extra_port_files=("tcpstore.port",) if tcpstore else ())]
+        self.tcpstore_port = self.daemons[0].ports.get("tcpstore.port")
         self.port = self.daemons[0].port
         self.coordinator = self.daemons[0].proc
         self.socket = f"{self.dir}/sidecar.sock"
