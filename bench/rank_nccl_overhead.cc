@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "client/rank_comm.h"
 #include "collserve/client.h"
+#include "tests/testing/null_rank_comm.h"
 
 ABSL_FLAG(int, n, 20000, "Timed calls.");
 ABSL_FLAG(int, w, 2000, "Warm-up calls.");
@@ -30,38 +31,6 @@ namespace {
 
 using collserve::DataType;
 using collserve::ReduceOp;
-using collserve::client::RankComm;
-
-class NullRankComm : public RankComm {
- public:
-  NullRankComm(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  absl::Status AllReduce(const void*, void*, size_t, DataType, ReduceOp, void*) override { return absl::OkStatus(); }
-  absl::Status Broadcast(void*, size_t, DataType, int, void*) override { return absl::OkStatus(); }
-  absl::Status AllGather(const void*, void*, size_t, DataType, void*) override { return absl::OkStatus(); }
-  absl::Status ReduceScatter(const void*, void*, size_t, DataType, ReduceOp, void*) override {
-    return absl::OkStatus();
-  }
-  absl::Status SendRecv(const std::vector<Transfer>&, const std::vector<Transfer>&, DataType, void*) override {
-    return absl::OkStatus();
-  }
-  void Abort(const absl::Status&) override {}
-  void AbortWhenDrained(const absl::Status&, absl::Duration) override {}
-  absl::Status Failure() override { return absl::OkStatus(); }
-
- private:
-  const int rank_, size_;
-};
-
-class NullFactory : public collserve::client::RankCommFactory {
- public:
-  absl::StatusOr<std::string> NewUniqueId() override { return std::string(128, 'n'); }
-  absl::StatusOr<std::unique_ptr<RankComm>> Connect(const std::string&, int rank, int size,
-                                                    const collserve::client::RankCommOptions&) override {
-    return std::unique_ptr<RankComm>(new NullRankComm(rank, size));
-  }
-};
 
 }  // namespace
 
@@ -74,7 +43,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   options->cuda_path = collserve::client::InitOptions::CudaPath::kNccl;
-  NullFactory factory;
+  collserve::testing::NullRankCommFactory factory;
   collserve::client::SetRankCommFactoryForTesting(&factory);
   auto pg = collserve::client::InitProcessGroup(*options);
   if (!pg.ok()) {

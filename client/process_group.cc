@@ -462,15 +462,12 @@ absl::Status SessionProcessGroup::SendRecord(const char* op, const Request& r) {
   auto pending = std::make_unique<Pending>();
   pending->work = std::make_shared<WorkImpl>(absl::Now() + absl::Milliseconds(c->timeout_ms()) + kClientGrace);
   pending->record = op;
-  std::shared_ptr<WorkImpl> work = pending->work;
-  bool sent = false;
-  Enqueue(req, std::move(pending), &sent);
-  if (sent) return absl::OkStatus();
-  {
+  absl::Status queued = QueueRecord(std::move(req), std::move(pending));
+  if (!queued.ok()) {
     absl::MutexLock lock(&records_mu_);
     --records_in_flight_;
   }
-  return work->Wait(absl::ZeroDuration());  // completed with why it was not sent
+  return queued;
 }
 
 void SessionProcessGroup::RecordAnswered(const Pending& p, const absl::Status& status) {

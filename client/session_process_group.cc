@@ -46,6 +46,16 @@ SessionProcessGroup::~SessionProcessGroup() {
       if (rank_comm_failure_.ok()) rank_comm_failure_ = absl::CancelledError("process group destroyed");
     }
   }
+  {
+    // The records still queued are written first: the other ranks' sidecars wait for them.
+    std::thread sender;
+    {
+      absl::MutexLock lock(&write_mu_);
+      record_sender_stop_ = true;
+      sender = std::move(record_sender_);
+    }
+    if (sender.joinable()) sender.join();
+  }
   if (fd_channel_ >= 0) close(fd_channel_);  // registrations only; the sidecar keeps its mappings
   if (!reader_.joinable()) {
     // Init failed before the session started: end the stream if it is still open.
@@ -57,6 +67,7 @@ SessionProcessGroup::~SessionProcessGroup() {
     return;
   }
   {
+    absl::MutexLock send(&send_mu_);
     absl::MutexLock lock(&write_mu_);
     if (stream_ != nullptr && !closed_) stream_->WritesDone();
     closed_ = true;
@@ -155,11 +166,30 @@ absl::Status SessionProcessGroup::Init() {
   return absl::OkStatus();
 }
 
-std::shared_ptr<Work> SessionProcessGroup::Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending, bool* sent) {
-  pb::Collective* c = req.mutable_collective();
+void SessionProcessGroup::SetCallSite(pb::Collective* c) {
   if (c->op() != pb::SEND && c->op() != pb::RECV && !CallSiteOfThisThread().empty()) {
     c->set_call_site(CallSiteOfThisThread().substr(0, 256));
   }
+}
+
+absl::Status SessionProcessGroup::OpsMessageSizeOk(const pb::SessionRequest& req) const {
+  if (ops_sock_ < 0 || req.ByteSizeLong() + 16 <= opschannel::kMaxOpsMessageBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("a request of ", req.ByteSizeLong(),
+                                                 " bytes exceeds the ops channel's limit of ",
+                                                 opschannel::kMaxOpsMessageBytes, " bytes"));
+}
+
+void SessionProcessGroup::NumberLocked(pb::Collective* c, std::unique_ptr<Pending> pending) {
+  const int64_t seq = next_seq_++;
+  c->set_seq(seq);
+  if (c->op() != pb::SEND && c->op() != pb::RECV) pending->collective_seq = next_collective_seq_++;
+  absl::MutexLock plock(&pending_mu_);
+  pending_[seq] = std::move(pending);
+}
+
+std::shared_ptr<Work> SessionProcessGroup::Enqueue(pb::SessionRequest& req, std::unique_ptr<Pending> pending, bool* sent) {
+  pb::Collective* c = req.mutable_collective();
+  SetCallSite(c);
   std::shared_ptr<WorkImpl> work = pending->work;
   {
     std::vector<std::string> released;
@@ -168,33 +198,75 @@ std::shared_ptr<Work> SessionProcessGroup::Enqueue(pb::SessionRequest& req, std:
     for (std::string& name : released) c->add_released_segments(std::move(name));
   }
 
+  absl::MutexLock send(&send_mu_);
   absl::MutexLock lock(&write_mu_);
-  if (closed_ || !broken_.ok()) {
-    absl::Status why = broken_.ok() ? absl::FailedPreconditionError("process group destroyed")
-                                    : broken_;
+  absl::Status refused = UsableLocked();
+  if (refused.ok()) refused = OpsMessageSizeOk(req);  // refused before it takes a seq
+  if (!refused.ok()) {
     ReleaseSegment(std::move(pending->segment), pending->collective);
-    work->Complete(why);
+    work->Complete(refused);
     return work;
   }
-  if (ops_sock_ >= 0 && req.ByteSizeLong() + 16 > opschannel::kMaxOpsMessageBytes) {
-    // Refused before it takes a seq (16: room for the seq's varint).
-    ReleaseSegment(std::move(pending->segment), pending->collective);
-    work->Complete(absl::InvalidArgumentError(absl::StrCat("a request of ", req.ByteSizeLong(),
-                                                           " bytes exceeds the ops channel's limit of ",
-                                                           opschannel::kMaxOpsMessageBytes, " bytes")));
-    return work;
-  }
-  const int64_t seq = next_seq_++;
-  c->set_seq(seq);
-  if (c->op() != pb::SEND && c->op() != pb::RECV) pending->collective_seq = next_collective_seq_++;
-  {
-    absl::MutexLock plock(&pending_mu_);
-    pending_[seq] = std::move(pending);
-  }
+  NumberLocked(c, std::move(pending));
   // On failure the reader thread sees the session end and fails every pending Work.
+  FlushRecordsLocked();
   WriteLocked(req);
   if (sent != nullptr) *sent = true;
   return work;
+}
+
+absl::Status SessionProcessGroup::UsableLocked() const {
+  if (!broken_.ok()) return broken_;
+  if (closed_ || record_sender_stop_) return absl::FailedPreconditionError("process group destroyed");
+  return absl::OkStatus();
+}
+
+absl::Status SessionProcessGroup::QueueRecord(pb::SessionRequest req, std::unique_ptr<Pending> pending) {
+  pb::Collective* c = req.mutable_collective();
+  SetCallSite(c);
+  if (absl::Status s = OpsMessageSizeOk(req); !s.ok()) return s;
+  absl::MutexLock lock(&write_mu_);
+  if (absl::Status s = UsableLocked(); !s.ok()) return s;
+  NumberLocked(c, std::move(pending));
+  unsent_records_.push_back(std::move(req));
+  if (!record_sender_.joinable()) record_sender_ = std::thread([this] { RecordSendLoop(); });
+  return absl::OkStatus();
+}
+
+void SessionProcessGroup::FlushRecordsLocked() {
+  for (const pb::SessionRequest& record : unsent_records_) {
+    if (!closed_) WriteLocked(record);
+  }
+  unsent_records_.clear();
+}
+
+void SessionProcessGroup::RecordSendLoop() {
+  const auto queued_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    return !unsent_records_.empty() || record_sender_stop_;
+  };
+  std::vector<pb::SessionRequest> batch;
+  for (;;) {
+    {
+      absl::MutexLock lock(&write_mu_, absl::Condition(&queued_or_stop));
+      if (unsent_records_.empty()) return;  // stopped with nothing queued
+    }
+    // write_mu_ is released while writing, so the training thread queues the next records
+    // meanwhile; send_mu_ keeps any other writer (whose requests take later seqs) behind.
+    absl::MutexLock send(&send_mu_);
+    bool usable;
+    {
+      absl::MutexLock lock(&write_mu_);
+      batch.swap(unsent_records_);
+      usable = !closed_ && broken_.ok();  // else the reader fails their Works
+    }
+    bool ok = true;
+    for (size_t i = 0; usable && ok && i < batch.size(); ++i) ok = WriteRaw(batch[i]);
+    batch.clear();
+    if (!ok) {
+      absl::MutexLock lock(&write_mu_);
+      closed_ = true;
+    }
+  }
 }
 
 absl::StatusOr<std::shared_ptr<SharedBuffer>> SessionProcessGroup::AllocateShared(size_t bytes) {
@@ -308,24 +380,26 @@ void SessionProcessGroup::NoteCollectiveDone(int64_t collective_seq, bool ok) {
 void SessionProcessGroup::SendReadDone(int64_t seq) {
   pb::SessionRequest req;
   req.mutable_read_done()->set_seq(seq);
+  absl::MutexLock send(&send_mu_);
   absl::MutexLock lock(&write_mu_);
   if (closed_ || !broken_.ok()) return;
   WriteLocked(req);  // on failure the reader sees the session end
 }
 
 void SessionProcessGroup::WriteLocked(const pb::SessionRequest& req) {
-  if (ops_sock_ < 0) {
-    if (!stream_->Write(req)) closed_ = true;
-    return;
-  }
+  if (!WriteRaw(req)) closed_ = true;
+}
+
+bool SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
+  if (ops_sock_ < 0) return stream_->Write(req);
   // The sidecar's channel thread reads continuously: waiting the op timeout for room means
   // it is stuck.
   absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + OpTimeout());
   if (!s.ok()) {
     std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
-    closed_ = true;
     shutdown(ops_sock_, SHUT_RDWR);
   }
+  return s.ok();
 }
 
 void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {

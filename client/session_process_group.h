@@ -221,7 +221,9 @@ class SessionProcessGroup : public ProcessGroup {
                                    int pair_peer = -1);
   // Sends the record of a collective this rank runs with NCCL (collserve.v1.Collective.in_rank)
   // without waiting for its answer: the sidecar checks that every rank agrees, and keeps
-  // the ledger, flight recorder and metrics of it. An error answer aborts the communicator
+  // the ledger, flight recorder and metrics of it. The calling thread only numbers and
+  // queues it; the record sender's thread writes it (or the next request's writer, first),
+  // so the training thread makes no system call for it. An error answer aborts the communicator
   // with the sidecar's reason (RecordAnswered). At most kMaxRecordsInFlight go unanswered:
   // past that the call waits for room, at most the op timeout (DEADLINE_EXCEEDED naming the
   // limit; a call on a completion lane, from a Work's callback, never waits). The session's
@@ -296,7 +298,29 @@ class SessionProcessGroup : public ProcessGroup {
   // Sends `req` over the ops channel, or else the stream. A failure marks the session
   // closed (and shuts the ops channel down, so that the sidecar ends the session and the
   // reader sees it end).
-  void WriteLocked(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  void WriteLocked(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_, write_mu_);
+  // WriteLocked's write alone: false when it failed (the caller marks the session closed).
+  bool WriteRaw(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // Why no request can be written any more (the session's end, or the group destroyed), or OK.
+  absl::Status UsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // INVALID_ARGUMENT naming the limit when `req` is too long for the ops channel (16 bytes
+  // of room for the seq it has yet to take); OK on a stream.
+  absl::Status OpsMessageSizeOk(const v1::SessionRequest& req) const;
+  // Puts this thread's call site (SetCallSite) on a collective (not send/recv).
+  static void SetCallSite(v1::Collective* c);
+  // Gives `c` the next seq (and, unless send/recv, the group's next collective seq) and
+  // files `pending` under it.
+  void NumberLocked(v1::Collective* c, std::unique_ptr<Pending> pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Numbers the record `req` (SendRecord) and queues it for the record sender, which it
+  // starts at the first; UsableLocked's or OpsMessageSizeOk's error when refused.
+  absl::Status QueueRecord(v1::SessionRequest req, std::unique_ptr<Pending> pending);
+  // Writes the records SendRecord queued (unsent_records_, in seq order) before anything
+  // that takes a later seq: every writer of a request calls it first.
+  void FlushRecordsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_, write_mu_);
+  // The record sender's thread (started by the first SendRecord): writes queued records,
+  // as many as have queued while it wrote the last ones, until record_sender_stop_ and
+  // nothing is queued.
+  void RecordSendLoop();
 
   // Hands a completion to its lane (the lane copies the result out and completes the Work).
   void Dispatch(v1::SessionResponse& resp);
@@ -339,7 +363,15 @@ class SessionProcessGroup : public ProcessGroup {
   int local_world_size_ = 0;
   int traffic_dscp_ = -1;  // Attached.traffic_dscp: the job's class's DSCP, -1 = none
 
+  // One writer on the stream and the ops channel at a time (a message longer than a
+  // datagram is several datagrams); taken before write_mu_.
+  absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(write_mu_);
   absl::Mutex write_mu_;  // orders seq assignment with stream writes
+  // Records of NCCL-in-the-rank collectives taken a seq, not yet written (SendRecord queues,
+  // RecordSendLoop or the next writer writes), and their sender.
+  std::vector<v1::SessionRequest> unsent_records_ ABSL_GUARDED_BY(write_mu_);
+  bool record_sender_stop_ ABSL_GUARDED_BY(write_mu_) = false;
+  std::thread record_sender_ ABSL_GUARDED_BY(write_mu_);
   int64_t next_seq_ ABSL_GUARDED_BY(write_mu_) = 0;
   int64_t next_collective_seq_ ABSL_GUARDED_BY(write_mu_) = 0;  // collectives only (the group's seq)
   mutable absl::Mutex completed_mu_;

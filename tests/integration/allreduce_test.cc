@@ -127,6 +127,20 @@ TEST(RankNcclTest, WithoutRecordsEveryCallStillRuns) {
   for (const std::string& out : outs) EXPECT_NE(out.find("rank_nccl: OK"), std::string::npos) << out;
 }
 
+// The records of a rank's NCCL collectives go to the sidecar from a thread of their own
+// (the training thread only queues them); an all_reduce of host memory right after a burst
+// of them, which the training thread writes itself, still takes its turn in the group's
+// order (the records queued before it are written first; the sidecar refuses a seq out of
+// order): every host all_reduce right, every record answered.
+TEST(RankNcclTest, AHostCollectiveAfterABurstOfRecordsTakesItsTurn) {
+  auto cluster = Cluster::Start(2, {});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<std::string> outs;
+  RunThreeRanks(**cluster, {"--mode=rank_nccl_burst"}, {}, absl::Seconds(120), &outs);
+  ASSERT_FALSE(HasFatalFailure());
+  for (const std::string& out : outs) EXPECT_NE(out.find("rank_nccl_burst: OK"), std::string::npos) << out;
+}
+
 // COLLSERVE_CUDA_PATH=nccl when host1's sidecar dies: rank 2 (its session ended) and ranks 0
 // and 1 (the coordinator's word that rank 2's host is lost) end their communicators once what
 // they queued drained, not at once, and their next calls fail naming why.

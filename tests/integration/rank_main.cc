@@ -44,6 +44,7 @@
 #include "collserve/client.h"
 #include "collserve/elastic.h"
 #include "common/types.h"
+#include "tests/testing/null_rank_comm.h"
 #include "tests/testing/store_rank_comm.h"
 #include "tests/testing/wait_for.h"
 
@@ -358,6 +359,43 @@ int RankNcclMode(collserve::client::ProcessGroup& pg, collserve::testing::StoreR
   return failures == 0 ? 0 : 4;
 }
 
+// --mode=rank_nccl_burst: COLLSERVE_CUDA_PATH=nccl over a communicator that does nothing
+// (tests/testing/null_rank_comm.h), so that this rank queues the records of its NCCL
+// collectives faster than the record sender's thread writes them: rounds of 16 CUDA
+// all_reduces then one all_reduce of host memory (through the sidecar), which must take its
+// turn after the records queued before it (the sidecar refuses a seq out of order). Prints
+// "rank_nccl_burst: OK" once every record and every host all_reduce was answered.
+int RankNcclBurstMode(collserve::client::ProcessGroup& pg) {
+  const int r = pg.GetRank(), w = pg.GetWorldSize();
+  void* fake_device_memory = reinterpret_cast<void*>(uintptr_t{1} << 40);  // never dereferenced
+  constexpr int kRounds = 100, kRecords = 16;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int k = 0; k < kRecords; ++k) {
+      absl::Status s =
+          pg.AllReduceCuda(fake_device_memory, 1024, DataType::kFloat32, ReduceOp::kSum, nullptr)->Wait();
+      if (!s.ok()) {
+        std::printf("round %d, CUDA all_reduce %d: %s\n", round, k, StatusLine(s).c_str());
+        return 4;
+      }
+    }
+    std::vector<int64_t> host = {r + round};
+    absl::Status s = pg.AllReduce(host.data(), 1, DataType::kInt64, ReduceOp::kSum)->Wait();
+    if (!s.ok() || host[0] != w * (w - 1) / 2 + int64_t{w} * round) {
+      std::printf("round %d, host all_reduce: %s, %lld\n", round, StatusLine(s).c_str(),
+                  static_cast<long long>(host[0]));
+      return 4;
+    }
+  }
+  const int64_t last_seq = int64_t{kRounds} * (kRecords + 1) - 1;
+  if (!collserve::testing::WaitFor([&] { return pg.last_completed_seq() == last_seq; }, absl::Seconds(30))) {
+    std::printf("answered through seq %lld, not %lld\n", static_cast<long long>(pg.last_completed_seq()),
+                static_cast<long long>(last_seq));
+    return 4;
+  }
+  std::printf("rank_nccl_burst: OK (rank %d of %d)\n", r, w);
+  return 0;
+}
+
 // --mode=rank_nccl_desync: COLLSERVE_CUDA_PATH=nccl over the stand-in for NCCL; after one
 // all_reduce every rank agrees on, rank 0 calls broadcast where the others call all_reduce
 // (the stand-in moves the bytes regardless, as NCCL might). The sidecars find the
@@ -470,7 +508,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::unique_ptr<collserve::testing::StoreRankCommFactory> fake_nccl;
-  if (absl::StartsWith(mode, "rank_nccl")) {
+  collserve::testing::NullRankCommFactory null_nccl;
+  if (mode == "rank_nccl_burst") {
+    options->cuda_path = collserve::client::InitOptions::CudaPath::kNccl;
+    collserve::client::SetRankCommFactoryForTesting(&null_nccl);
+  } else if (absl::StartsWith(mode, "rank_nccl")) {
     options->cuda_path = collserve::client::InitOptions::CudaPath::kNccl;
     collserve::client::StoreClientOptions so;
     so.job = options->job;
@@ -491,6 +533,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "rank_nccl") return RankNcclMode(**pg, *fake_nccl);
+  if (mode == "rank_nccl_burst") return RankNcclBurstMode(**pg);
   if (mode == "rank_nccl_desync") return RankNcclDesyncMode(**pg, *fake_nccl);
   if (mode == "rank_nccl_lost_sidecar") {
     // One all_reduce (the communicator is made), then "ready"; the test kills host1's sidecar,
