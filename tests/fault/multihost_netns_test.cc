@@ -174,7 +174,10 @@ class NetnsHosts : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p.status();
     procs_.push_back(std::move(*p));
     names_.push_back("mpirun.log");
-    for (int h = 1; h <= hosts; ++h) WaitFile(absl::StrCat(dir_, "/s", h, ".port"));
+    // Each sidecar writes its port file after MPI_Init, which waits for every process of the
+    // world through mpirun's PMIx server: on a loaded 2-core CI machine once more than 20 s
+    // for three of them (that run did not say why; the logs now come with the failure).
+    for (int h = 1; h <= hosts; ++h) WaitFile(absl::StrCat(dir_, "/s", h, ".port"), absl::Seconds(60));
 #else
     (void)hosts;
     FAIL() << "a build without MPI";
@@ -324,9 +327,12 @@ class NetnsHosts : public ::testing::Test {
   std::string root_link_;     // the root namespace's leg on the bridge (MPI only)
   std::string rank_binary_;   // what Rank runs; "" = RankBinary()
 
-  void WaitFile(const std::string& path) {
-    WaitFor([&] { return access(path.c_str(), F_OK) == 0; }, absl::Seconds(20));
-    ASSERT_EQ(access(path.c_str(), F_OK), 0) << path << " never appeared";
+  // Waits for a daemon's port file, at most `within`; the failure says what every process
+  // of the test printed (a daemon that never started, or mpirun's complaint).
+  void WaitFile(const std::string& path, absl::Duration within = absl::Seconds(20)) {
+    WaitFor([&] { return access(path.c_str(), F_OK) == 0; }, within);
+    ASSERT_EQ(access(path.c_str(), F_OK), 0)
+        << path << " did not appear within " << within << LastLines() << Logs();
   }
 
   std::string prefix_, sw_, subnet_, dir_, token_;
