@@ -217,6 +217,7 @@ std::shared_ptr<Work> SessionProcessGroup::Enqueue(pb::SessionRequest& req, std:
 
 absl::Status SessionProcessGroup::UsableLocked() const {
   if (!broken_.ok()) return broken_;
+  if (!write_failure_.ok()) return write_failure_;  // the reader has yet to see the session end
   if (closed_ || record_sender_stop_) return absl::FailedPreconditionError("process group destroyed");
   return absl::OkStatus();
 }
@@ -259,12 +260,12 @@ void SessionProcessGroup::RecordSendLoop() {
       batch.swap(unsent_records_);
       usable = !closed_ && broken_.ok();  // else the reader fails their Works
     }
-    bool ok = true;
-    for (size_t i = 0; usable && ok && i < batch.size(); ++i) ok = WriteRaw(batch[i]);
+    absl::Status written;
+    for (size_t i = 0; usable && written.ok() && i < batch.size(); ++i) written = WriteRaw(batch[i]);
     batch.clear();
-    if (!ok) {
+    if (!written.ok()) {
       absl::MutexLock lock(&write_mu_);
-      closed_ = true;
+      WriteFailedLocked(written);
     }
   }
 }
@@ -387,19 +388,26 @@ void SessionProcessGroup::SendReadDone(int64_t seq) {
 }
 
 void SessionProcessGroup::WriteLocked(const pb::SessionRequest& req) {
-  if (!WriteRaw(req)) closed_ = true;
+  if (absl::Status s = WriteRaw(req); !s.ok()) WriteFailedLocked(s);
 }
 
-bool SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
-  if (ops_sock_ < 0) return stream_->Write(req);
+void SessionProcessGroup::WriteFailedLocked(const absl::Status& why) {
+  closed_ = true;
+  if (write_failure_.ok()) write_failure_ = why;
+}
+
+absl::Status SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
+  if (ops_sock_ < 0) {
+    if (stream_->Write(req)) return absl::OkStatus();
+    return absl::UnavailableError("the session with the sidecar broke: its stream took no more requests");
+  }
   // The sidecar's channel thread reads continuously: waiting the op timeout for room means
   // it is stuck.
   absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + OpTimeout());
-  if (!s.ok()) {
-    std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
-    shutdown(ops_sock_, SHUT_RDWR);
-  }
-  return s.ok();
+  if (s.ok()) return s;
+  std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
+  shutdown(ops_sock_, SHUT_RDWR);
+  return absl::UnavailableError(absl::StrCat("the session with the sidecar broke: its ops channel: ", s.message()));
 }
 
 void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {

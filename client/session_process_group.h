@@ -299,8 +299,12 @@ class SessionProcessGroup : public ProcessGroup {
   // closed (and shuts the ops channel down, so that the sidecar ends the session and the
   // reader sees it end).
   void WriteLocked(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_, write_mu_);
-  // WriteLocked's write alone: false when it failed (the caller marks the session closed).
-  bool WriteRaw(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // WriteLocked's write alone: UNAVAILABLE naming what broke when it failed (the caller
+  // then calls WriteFailedLocked).
+  absl::Status WriteRaw(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // Marks the session closed after a failed write; the first failure is why later requests
+  // are refused until the reader sees the session end (UsableLocked).
+  void WriteFailedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Why no request can be written any more (the session's end, or the group destroyed), or OK.
   absl::Status UsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // INVALID_ARGUMENT naming the limit when `req` is too long for the ops channel (16 bytes
@@ -381,6 +385,7 @@ class SessionProcessGroup : public ProcessGroup {
   int64_t next_subgroup_ ABSL_GUARDED_BY(write_mu_) = 0;
   std::vector<int> ranks_;  // GetProcessGroupRanks
   bool closed_ ABSL_GUARDED_BY(write_mu_) = false;
+  absl::Status write_failure_ ABSL_GUARDED_BY(write_mu_);  // the first failed write's error
   absl::Status broken_ ABSL_GUARDED_BY(write_mu_);
 
   absl::Mutex pending_mu_;
