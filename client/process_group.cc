@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/session_process_group.h"
 #include "collserve/client.h"
+#include "common/mutex_mode.h"
 #include "common/rendezvous.h"
 #include "common/types.h"
 
@@ -937,6 +938,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions
                                                    options.world_size));
   }
   if (options.group.empty()) return absl::InvalidArgumentError("empty group name");
+  // Abseil's lock-order tracking off, as in its release builds (common/mutex_mode.h).
+  if (absl::Status s = ApplyMutexDeadlockDetectionMode(); !s.ok()) return s;
   auto pg = std::make_unique<SessionProcessGroup>(options);
   if (absl::Status s = pg->Init(); !s.ok()) return s;
   return std::unique_ptr<ProcessGroup>(std::move(pg));

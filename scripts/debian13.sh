@@ -157,6 +157,7 @@ export ROOT
 # Each suite's -k selection travels in a file (xargs -I would split a quoted expression).
 for s in "${SUITES[@]}"; do printf '%s' "${SELECT[$s]:-}" > "$ROOT/src/build/pytest-logs/$s.select"; done
 printf '%s\n' "${SUITES[@]}" | xargs -P "$JOBS" -I{} bash -c 'in_root "$@"' _ USE_LIBUV=0 PYTHONPATH=/src/build/python \
+  COLLSERVE_MUTEX_DEADLOCK_DETECTION="${COLLSERVE_MUTEX_DEADLOCK_DETECTION:-abort}" \
   COLLSERVE_TEST_FORKSERVER="${COLLSERVE_TEST_FORKSERVER:-1}" COLLSERVE_CONFORMANCE_SEEDS="${COLLSERVE_CONFORMANCE_SEEDS:-4}" \
   COLLSERVE_BUILD_DIR=/src/build sh -c 'cd /src && timeout 1200 python3 -m pytest -q -p no:cacheprovider \
   -k "$(cat build/pytest-logs/{}.select)" tests/python/test_{}.py > build/pytest-logs/{}.log 2>&1; \

@@ -554,9 +554,13 @@ class ProcessGroup {
 // Connects to the sidecar, attaches as (group, rank) and blocks until every rank of the
 // group has joined and the backend is connected, or init_timeout passes.
 // Errors: INVALID_ARGUMENT (rank outside [0, world_size), world_size <= 0, empty group,
-// a world_size disagreeing with the group's), ALREADY_EXISTS (the rank is taken),
-// DEADLINE_EXCEEDED (rendezvous timed out; names the missing ranks), UNAVAILABLE (no
-// sidecar/coordinator at the address).
+// a world_size disagreeing with the group's, or COLLSERVE_MUTEX_DEADLOCK_DETECTION other
+// than ignore, report or abort), ALREADY_EXISTS (the rank is taken), DEADLINE_EXCEEDED
+// (rendezvous timed out; names the missing ranks), UNAVAILABLE (no sidecar/coordinator at
+// the address). The first call also switches off Abseil's Mutex deadlock detection for
+// the process (unless COLLSERVE_MUTEX_DEADLOCK_DETECTION says report or abort): the
+// tracking that Debian's Abseil does on every lock and Abseil's release builds do not
+// (docs/operations.md, "Abseil's deadlock detection").
 absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions& options);
 
 // Whether this build of the SDK takes CUDA tensors (ProcessGroup::AllReduceCuda, ...).

@@ -11,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "common/mutex_mode.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/coordinator/coordinator.h"
@@ -143,6 +144,10 @@ int main(int argc, char** argv) {
       "collserve-coordinator", "collserve coordinator: key-value store + group registry for rendezvous.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 2;
+  }
+  if (absl::Status s = collserve::ApplyMutexDeadlockDetectionMode(); !s.ok()) {
     std::cerr << s << "\n";
     return 2;
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "backends/registry.h"
+#include "common/mutex_mode.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/sidecar/sidecar.h"
@@ -149,6 +150,10 @@ int main(int argc, char** argv) {
       "collserve-sidecar", "collserve sidecar: runs the collectives of the training processes on this host.");
   absl::ParseCommandLine(argc, argv);
   if (absl::Status s = collserve::server::InitLogging(argv[0], absl::GetFlag(FLAGS_log_level)); !s.ok()) {
+    std::cerr << s << "\n";
+    return 2;
+  }
+  if (absl::Status s = collserve::ApplyMutexDeadlockDetectionMode(); !s.ok()) {
     std::cerr << s << "\n";
     return 2;
   }

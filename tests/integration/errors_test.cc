@@ -528,6 +528,19 @@ TEST(StagingTest, BadLimitsAreInitErrors) {
   }
 }
 
+// COLLSERVE_MUTEX_DEADLOCK_DETECTION (common/mutex_mode.h) is checked by InitProcessGroup too:
+// a value other than ignore/report/abort is the caller's INVALID_ARGUMENT, naming it.
+TEST(ErrorsTest, BadMutexDeadlockDetectionIsAnInitError) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto r0 = cluster->StartRank(0, 1, 0, {"--mode=init"}, {{"COLLSERVE_MUTEX_DEADLOCK_DETECTION", "always"}});
+  ASSERT_TRUE(r0.ok());
+  auto [code, out] = Finish(**r0);
+  EXPECT_EQ(code, 3) << out;  // rank_main's "init failed"
+  EXPECT_THAT(out, HasSubstr("init: INVALID_ARGUMENT: COLLSERVE_MUTEX_DEADLOCK_DETECTION=\"always\": use ignore (the default), "
+                             "report or abort"));
+}
+
 TEST(WorkTest, WaitTimeoutIsCompletedAndCallbacks) {
   auto cluster = StartCluster(2);
   ASSERT_NE(cluster, nullptr);
