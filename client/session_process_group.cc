@@ -260,8 +260,8 @@ void SessionProcessGroup::RecordSendLoop() {
       batch.swap(unsent_records_);
       usable = !closed_ && broken_.ok();  // else the reader fails their Works
     }
-    absl::Status written;
-    for (size_t i = 0; usable && written.ok() && i < batch.size(); ++i) written = WriteRaw(batch[i]);
+    // Several records per system call (sendmmsg) when several queued.
+    absl::Status written = usable ? WriteRawBatch(batch) : absl::OkStatus();
     batch.clear();
     if (!written.ok()) {
       absl::MutexLock lock(&write_mu_);
@@ -404,7 +404,24 @@ absl::Status SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
   // The sidecar's channel thread reads continuously: waiting the op timeout for room means
   // it is stuck.
   absl::Status s = opschannel::SendOpsMessage(ops_sock_, req.SerializeAsString(), absl::Now() + OpTimeout());
-  if (s.ok()) return s;
+  return s.ok() ? s : OpsWriteFailed(s);
+}
+
+absl::Status SessionProcessGroup::WriteRawBatch(const std::vector<pb::SessionRequest>& reqs) {
+  if (ops_sock_ < 0 || reqs.size() == 1) {
+    for (const pb::SessionRequest& req : reqs) {
+      if (absl::Status s = WriteRaw(req); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  std::vector<std::string> messages;
+  messages.reserve(reqs.size());
+  for (const pb::SessionRequest& req : reqs) messages.push_back(req.SerializeAsString());
+  absl::Status s = opschannel::SendOpsMessages(ops_sock_, messages, absl::Now() + OpTimeout());
+  return s.ok() ? s : OpsWriteFailed(s);
+}
+
+absl::Status SessionProcessGroup::OpsWriteFailed(const absl::Status& s) {
   std::fprintf(stderr, "collserve: the ops channel broke: %s\n", s.ToString().c_str());
   shutdown(ops_sock_, SHUT_RDWR);
   return absl::UnavailableError(absl::StrCat("the session with the sidecar broke: its ops channel: ", s.message()));
@@ -439,27 +456,33 @@ void SessionProcessGroup::Dispatch(pb::SessionResponse& resp) {
 }
 
 void SessionProcessGroup::OpsReadLoop() {
-  std::vector<char> buf(opschannel::kMaxDatagramBytes);
+  // What the sidecar sent meanwhile comes in one system call (completions come in bursts when
+  // the rank issues faster than one round trip per op).
+  opschannel::BatchReceiver receiver(kOpsReceiveBatch);
   opschannel::Reassembler reassembler;
   pb::SessionResponse resp;
-  for (;;) {
-    const ssize_t n = recv(ops_sock_, buf.data(), buf.size(), MSG_TRUNC);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    absl::StatusOr<bool> complete =
-        static_cast<size_t>(n) > buf.size()
-            ? absl::InvalidArgumentError(absl::StrCat("a datagram of ", n, " bytes"))
-            : reassembler.Add(buf.data(), static_cast<size_t>(n));
-    if (complete.ok() && !*complete) continue;
-    if (!complete.ok() || !resp.ParseFromString(reassembler.Take())) {
-      const absl::Status why = complete.ok() ? absl::InvalidArgumentError("not a SessionResponse") : complete.status();
-      std::fprintf(stderr, "collserve: a malformed message on the ops channel; ending the session: %s\n",
-                   why.ToString().c_str());
-      shutdown(ops_sock_, SHUT_RDWR);
-      ctx_.TryCancel();
-      break;
+  const auto malformed = [&](const absl::Status& why) {
+    std::fprintf(stderr, "collserve: a malformed message on the ops channel; ending the session: %s\n",
+                 why.ToString().c_str());
+    shutdown(ops_sock_, SHUT_RDWR);
+    ctx_.TryCancel();
+  };
+  for (bool reading = true; reading;) {
+    absl::StatusOr<int> got = receiver.Receive(ops_sock_, /*wait=*/true);
+    if (!got.ok()) {
+      if (got.status().code() == absl::StatusCode::kInvalidArgument) malformed(got.status());
+      break;  // else the sidecar closed the channel, or it broke: the stream says why
     }
-    Dispatch(resp);
+    for (int i = 0; i < *got; ++i) {
+      absl::StatusOr<bool> complete = reassembler.Add(receiver.data(i), receiver.size(i));
+      if (complete.ok() && !*complete) continue;
+      if (!complete.ok() || !resp.ParseFromString(reassembler.Take())) {
+        malformed(complete.ok() ? absl::InvalidArgumentError("not a SessionResponse") : complete.status());
+        reading = false;
+        break;
+      }
+      Dispatch(resp);
+    }
   }
   ops_done_.Notify();
 }

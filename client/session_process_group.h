@@ -302,6 +302,12 @@ class SessionProcessGroup : public ProcessGroup {
   // WriteLocked's write alone: UNAVAILABLE naming what broke when it failed (the caller
   // then calls WriteFailedLocked).
   absl::Status WriteRaw(const v1::SessionRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // WriteRaw of each of `reqs` in order; on the ops channel several datagrams per system
+  // call (opschannel::SendOpsMessages).
+  absl::Status WriteRawBatch(const std::vector<v1::SessionRequest>& reqs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // WriteRaw's and WriteRawBatch's failure on the ops channel: says so on stderr, shuts the
+  // channel down (the sidecar ends the session) and returns UNAVAILABLE naming `s`.
+  absl::Status OpsWriteFailed(const absl::Status& s);
   // Marks the session closed after a failed write; the first failure is why later requests
   // are refused until the reader sees the session end (UsableLocked).
   void WriteFailedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
@@ -332,6 +338,8 @@ class SessionProcessGroup : public ProcessGroup {
   // The ops channel's reader: completions until the sidecar closes the channel (when the
   // session ends) or it breaks.
   void OpsReadLoop();
+  // The datagrams OpsReadLoop takes per system call (its buffers: 8 * 32 KiB).
+  static constexpr int kOpsReceiveBatch = 8;
 
   // The reader thread: reads the stream (and starts OpsReadLoop) until the session ends,
   // lets the lanes drain what was read (30 s at most), then fails the rest with why the

@@ -15,10 +15,7 @@
 #include "common/status_macros.h"
 
 namespace collserve::fdchannel {
-namespace {
 
-
-// Waits until `sock` is ready for `events` or `deadline`.
 absl::Status WaitFor(int sock, short events, absl::Time deadline, const char* what) {
   for (;;) {
     const absl::Duration left = deadline - absl::Now();
@@ -31,8 +28,6 @@ absl::Status WaitFor(int sock, short events, absl::Time deadline, const char* wh
     if (rc < 0 && errno != EINTR) return absl::UnavailableError(absl::StrCat("shared-memory channel: poll: ", ErrnoText(errno)));
   }
 }
-
-}  // namespace
 
 absl::Status SendMessage(int sock, const void* data, size_t bytes, int fd, absl::Time deadline) {
   iovec iov{const_cast<void*>(data), bytes};

@@ -76,6 +76,10 @@ struct Reply {
 // The channel's path for a sidecar whose gRPC socket is `grpc_socket_path`.
 inline std::string PathFor(const std::string& grpc_socket_path) { return grpc_socket_path + ".fd"; }
 
+// Waits until `sock` is ready for poll(2) `events` (POLLIN, POLLOUT) or an error, at most
+// until `deadline`: OK, DEADLINE_EXCEEDED (naming `what`), UNAVAILABLE (poll failed).
+absl::Status WaitFor(int sock, short events, absl::Time deadline, const char* what);
+
 // Sends `bytes` of `data` as one datagram, with descriptor `fd` attached unless it is -1.
 // Waits at most until `deadline` for room. UNAVAILABLE / DEADLINE_EXCEEDED on failure.
 absl::Status SendMessage(int sock, const void* data, size_t bytes, int fd, absl::Time deadline);

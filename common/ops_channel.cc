@@ -1,8 +1,15 @@
 #include "common/ops_channel.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_text.h"
 #include "common/fd_channel.h"
 #include "common/status_macros.h"
 
@@ -42,6 +49,100 @@ absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time dead
     COLLSERVE_RETURN_IF_ERROR(fdchannel::SendMessage(sock, d.data(), d.size(), -1, deadline));
   }
   return absl::OkStatus();
+}
+
+absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline) {
+  // Every datagram as two pieces, its header and its slice of the message (no copies).
+  size_t datagrams = 0;
+  for (const std::string& m : messages) {
+    if (m.size() > kMaxOpsMessageBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("an ops channel message of ", m.size(),
+                                                     " bytes exceeds the limit of ", kMaxOpsMessageBytes, " bytes"));
+    }
+    datagrams += m.empty() ? 1 : (m.size() + kMaxFragmentPayload - 1) / kMaxFragmentPayload;
+  }
+  std::vector<FragmentHeader> headers(datagrams);
+  std::vector<iovec> iov(2 * datagrams);
+  std::vector<mmsghdr> msgs(datagrams);
+  size_t d = 0;
+  for (const std::string& m : messages) {
+    size_t off = 0;
+    do {
+      const size_t n = std::min(kMaxFragmentPayload, m.size() - off);
+      headers[d].flags = off + n < m.size() ? kMore : 0;
+      iov[2 * d] = {&headers[d], sizeof(FragmentHeader)};
+      iov[2 * d + 1] = {const_cast<char*>(m.data()) + off, n};
+      msgs[d] = {};
+      msgs[d].msg_hdr.msg_iov = &iov[2 * d];
+      msgs[d].msg_hdr.msg_iovlen = n > 0 ? 2 : 1;
+      off += n;
+      ++d;
+    } while (off < m.size());
+  }
+  // sendmmsg takes at most UIO_MAXIOV (1024) messages a call.
+  for (size_t sent = 0; sent < datagrams;) {
+    const unsigned int batch = static_cast<unsigned int>(std::min<size_t>(datagrams - sent, 1024));
+    const int n = sendmmsg(sock, &msgs[sent], batch, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      // A datagram goes whole or not at all on a SOCK_SEQPACKET socket.
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || errno != EAGAIN) {
+      return absl::UnavailableError(
+          absl::StrCat("shared-memory channel: send: ", n == 0 ? "no datagram sent" : ErrnoText(errno)));
+    }
+    COLLSERVE_RETURN_IF_ERROR(fdchannel::WaitFor(sock, POLLOUT, deadline, "room to send"));
+  }
+  return absl::OkStatus();
+}
+
+BatchReceiver::BatchReceiver(int batch)
+    : buffers_(static_cast<size_t>(std::clamp(batch, 1, 64)) * kMaxDatagramBytes),
+      sizes_(static_cast<size_t>(std::clamp(batch, 1, 64))) {}
+
+absl::StatusOr<int> BatchReceiver::Receive(int sock, bool wait) {
+  closed_ = false;
+  const size_t batch = sizes_.size();
+  std::vector<iovec> iov(batch);
+  std::vector<mmsghdr> msgs(batch);
+  for (size_t i = 0; i < batch; ++i) {
+    iov[i] = {buffers_.data() + i * kMaxDatagramBytes, kMaxDatagramBytes};
+    msgs[i] = {};
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+  }
+  int n;
+  do {
+    // MSG_TRUNC: a datagram's real size, to refuse one longer than its buffer by its size.
+    n = recvmmsg(sock, msgs.data(), static_cast<unsigned int>(batch),
+                 MSG_TRUNC | (wait ? MSG_WAITFORONE : MSG_DONTWAIT), nullptr);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) {
+    if (!wait && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    return absl::UnavailableError(absl::StrCat("ops channel: receive: ", ErrnoText(errno)));
+  }
+  for (int i = 0; i < n; ++i) {
+    // A zero-length datagram is the end of a SOCK_SEQPACKET connection (every ops datagram
+    // has a header): what came before it is returned now, and the next call finds the end
+    // again (it stays).
+    if (msgs[i].msg_len == 0) {
+      closed_ = true;
+      if (i == 0) return absl::UnavailableError("ops channel: the peer closed the connection");
+      return i;
+    }
+    if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0 || msgs[i].msg_len > kMaxDatagramBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("ops channel: a datagram of ", msgs[i].msg_len,
+                                                     " bytes exceeds the limit of ", kMaxDatagramBytes, " bytes"));
+    }
+    sizes_[static_cast<size_t>(i)] = msgs[i].msg_len;
+  }
+  if (n == 0) {  // not seen from recvmmsg; treated as the end
+    closed_ = true;
+    return absl::UnavailableError("ops channel: the peer closed the connection");
+  }
+  return n;
 }
 
 absl::StatusOr<bool> Reassembler::Add(const char* datagram, size_t bytes) {

@@ -53,6 +53,42 @@ absl::StatusOr<std::vector<std::string>> Fragment(absl::string_view message);
 // DEADLINE_EXCEEDED. Callers serialize their sends on one socket.
 absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time deadline);
 
+// Sends `messages` in order on `sock`, as SendOpsMessage would one by one, with several
+// datagrams per system call (sendmmsg(2)); what `messages` hold is not copied. Waits at
+// most until `deadline` for room. INVALID_ARGUMENT if one is longer than
+// kMaxOpsMessageBytes (then nothing is sent), UNAVAILABLE (the connection broke: the
+// messages before the failure may have been sent), DEADLINE_EXCEEDED. Callers serialize
+// their sends on one socket.
+absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline);
+
+// Receives the datagrams queued on a connection, up to a batch per system call
+// (recvmmsg(2)), into buffers of its own (batch * kMaxDatagramBytes bytes), which the next
+// Receive reuses. Keeps no state of a connection between calls: one reader may use it for
+// several. Not thread-safe.
+class BatchReceiver {
+ public:
+  // `batch` in [1, 64]: the most datagrams one Receive returns.
+  explicit BatchReceiver(int batch);
+  // Receives up to the batch: with `wait`, blocks until at least one datagram came (then
+  // takes what else is queued, without waiting); without, returns 0 at once if none is
+  // queued. Returns how many datagrams were received (1 or more), or 0 (nothing queued,
+  // without `wait`). UNAVAILABLE when the peer closed the connection (closed() is then
+  // true; datagrams received before the end are returned first, and the next call finds
+  // the end) or receiving failed; INVALID_ARGUMENT for a datagram longer than
+  // kMaxDatagramBytes (the connection must then be closed).
+  absl::StatusOr<int> Receive(int sock, bool wait);
+  // Datagram `i` (< the last Receive's count) of the last Receive.
+  const char* data(int i) const { return buffers_.data() + static_cast<size_t>(i) * kMaxDatagramBytes; }
+  size_t size(int i) const { return sizes_[static_cast<size_t>(i)]; }
+  // Whether the last Receive found the end of the connection.
+  bool closed() const { return closed_; }
+
+ private:
+  std::vector<char> buffers_;
+  std::vector<size_t> sizes_;
+  bool closed_ = false;
+};
+
 // Rebuilds messages from datagrams, one connection's worth.
 class Reassembler {
  public:

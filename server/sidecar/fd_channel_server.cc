@@ -449,39 +449,36 @@ bool FdChannelServer::ServeOpsMode(Connection& conn, absl::Time deadline) {
 
 bool FdChannelServer::ServeOps(Connection& conn) {
   // At most this many datagrams per wake-up, so that one busy session cannot starve others.
-  constexpr int kBatch = 64;
-  alignas(8) char buf[opschannel::kMaxDatagramBytes];
-  for (int i = 0; i < kBatch; ++i) {
-    // MSG_TRUNC: the datagram's real size, to refuse one longer than the buffer. Descriptors
-    // sent along are discarded by the kernel (no control buffer).
-    const ssize_t n = recv(conn.fd, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      conn.why_closed = absl::UnavailableError(absl::StrCat("ops channel: receive: ", ErrnoText(errno)));
+  constexpr int kMaxDatagramsPerWake = 64;
+  for (int taken = 0; taken < kMaxDatagramsPerWake;) {
+    // Several datagrams per system call (descriptors sent along are discarded by the kernel:
+    // no control buffer).
+    absl::StatusOr<int> got = ops_receiver_.Receive(conn.fd, /*wait=*/false);
+    if (!got.ok()) {
+      if (!ops_receiver_.closed()) conn.why_closed = got.status();  // else the client closed it
       return false;
     }
-    if (n == 0) return false;  // the client closed it
-    if (static_cast<size_t>(n) > sizeof(buf)) {
-      conn.why_closed = absl::InvalidArgumentError(absl::StrCat(
-          "ops channel: a datagram of ", n, " bytes exceeds the limit of ", sizeof(buf), " bytes"));
-      return false;
+    for (int i = 0; i < *got; ++i) {
+      absl::StatusOr<bool> complete = conn.reassembler->Add(ops_receiver_.data(i), ops_receiver_.size(i));
+      if (!complete.ok()) {
+        conn.why_closed = complete.status();
+        return false;
+      }
+      if (!*complete) continue;
+      std::shared_ptr<OpsHandler> handler = conn.handler.lock();
+      if (handler == nullptr) {
+        conn.why_closed = absl::FailedPreconditionError("the session has ended");
+        return false;
+      }
+      if (absl::Status s = handler->OnOpsMessage(conn.reassembler->Take()); !s.ok()) {
+        conn.why_closed = s;
+        return false;
+      }
     }
-    absl::StatusOr<bool> complete = conn.reassembler->Add(buf, static_cast<size_t>(n));
-    if (!complete.ok()) {
-      conn.why_closed = complete.status();
-      return false;
-    }
-    if (!*complete) continue;
-    std::shared_ptr<OpsHandler> handler = conn.handler.lock();
-    if (handler == nullptr) {
-      conn.why_closed = absl::FailedPreconditionError("the session has ended");
-      return false;
-    }
-    if (absl::Status s = handler->OnOpsMessage(conn.reassembler->Take()); !s.ok()) {
-      conn.why_closed = s;
-      return false;
-    }
+    // Fewer than a batch: the socket had no more just now (poll says when it has), which
+    // spares the system call that would find it empty.
+    if (*got < kOpsReceiveBatch) return true;
+    taken += *got;
   }
   return true;
 }

@@ -151,6 +151,8 @@ class FdChannelServer {
   bool ServeOpsMode(Connection& conn, absl::Time deadline);
   // Reads an ops connection's datagrams (those waiting); false if it must be closed.
   bool ServeOps(Connection& conn);
+  // The datagrams ServeOps takes per system call.
+  static constexpr int kOpsReceiveBatch = 16;
   // Closes `conn` (telling its session's OpsHandler, in ops mode).
   static void CloseConnection(Connection& conn);
 
@@ -163,6 +165,8 @@ class FdChannelServer {
   absl::Mutex mu_;
   std::map<std::string, Binding> tokens_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // The channel thread's buffers for ServeOps (kOpsReceiveBatch datagrams, 512 KiB).
+  opschannel::BatchReceiver ops_receiver_{kOpsReceiveBatch};
 
   std::thread thread_;  // last: starts after every member it uses
 };
