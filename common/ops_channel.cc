@@ -100,17 +100,19 @@ absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages,
 
 BatchReceiver::BatchReceiver(int batch)
     : buffers_(static_cast<size_t>(std::clamp(batch, 1, 64)) * kMaxDatagramBytes),
-      sizes_(static_cast<size_t>(std::clamp(batch, 1, 64))) {}
+      sizes_(static_cast<size_t>(std::clamp(batch, 1, 64))),
+      iov_(sizes_.size()),
+      msgs_(sizes_.size()) {
+  for (size_t i = 0; i < sizes_.size(); ++i) iov_[i] = {buffers_.data() + i * kMaxDatagramBytes, kMaxDatagramBytes};
+}
 
 absl::StatusOr<int> BatchReceiver::Receive(int sock, bool wait) {
   closed_ = false;
   const size_t batch = sizes_.size();
-  std::vector<iovec> iov(batch);
-  std::vector<mmsghdr> msgs(batch);
+  std::vector<mmsghdr>& msgs = msgs_;
   for (size_t i = 0; i < batch; ++i) {
-    iov[i] = {buffers_.data() + i * kMaxDatagramBytes, kMaxDatagramBytes};
-    msgs[i] = {};
-    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i] = {};  // recvmmsg writes the lengths and flags
+    msgs[i].msg_hdr.msg_iov = &iov_[i];
     msgs[i].msg_hdr.msg_iovlen = 1;
   }
   int n;

@@ -17,6 +17,9 @@
 #ifndef COLLSERVE_COMMON_OPS_CHANNEL_H_
 #define COLLSERVE_COMMON_OPS_CHANNEL_H_
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -86,6 +89,8 @@ class BatchReceiver {
  private:
   std::vector<char> buffers_;
   std::vector<size_t> sizes_;
+  std::vector<iovec> iov_;     // one per buffer
+  std::vector<mmsghdr> msgs_;  // recvmmsg's, one per buffer
   bool closed_ = false;
 };
 
