@@ -483,6 +483,7 @@ void SessionProcessGroup::OpsReadLoop() {
       }
       Dispatch(resp);
     }
+    if (receiver.closed()) break;  // the sidecar closed the channel after these
   }
   ops_done_.Notify();
 }

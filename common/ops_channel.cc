@@ -127,8 +127,8 @@ absl::StatusOr<int> BatchReceiver::Receive(int sock, bool wait) {
   }
   for (int i = 0; i < n; ++i) {
     // A zero-length datagram is the end of a SOCK_SEQPACKET connection (every ops datagram
-    // has a header): what came before it is returned now, and the next call finds the end
-    // again (it stays).
+    // has a header, so a peer that sends an empty one ends it too): what came before it is
+    // returned, with closed() set.
     if (msgs[i].msg_len == 0) {
       closed_ = true;
       if (i == 0) return absl::UnavailableError("ops channel: the peer closed the connection");

@@ -75,15 +75,17 @@ class BatchReceiver {
   // Receives up to the batch: with `wait`, blocks until at least one datagram came (then
   // takes what else is queued, without waiting); without, returns 0 at once if none is
   // queued. Returns how many datagrams were received (1 or more), or 0 (nothing queued,
-  // without `wait`). UNAVAILABLE when the peer closed the connection (closed() is then
-  // true; datagrams received before the end are returned first, and the next call finds
-  // the end) or receiving failed; INVALID_ARGUMENT for a datagram longer than
-  // kMaxDatagramBytes (the connection must then be closed).
+  // without `wait`). When the connection ended after some datagrams, those are returned and
+  // closed() is true: the caller handles them, then ends the connection (the end is a
+  // zero-length datagram, which a peer can also send on purpose: what it sent after one is
+  // not read). UNAVAILABLE when it ended before any (closed() true) or receiving failed;
+  // INVALID_ARGUMENT for a datagram longer than kMaxDatagramBytes (the connection must then
+  // be closed; what came with it in this call is dropped).
   absl::StatusOr<int> Receive(int sock, bool wait);
   // Datagram `i` (< the last Receive's count) of the last Receive.
   const char* data(int i) const { return buffers_.data() + static_cast<size_t>(i) * kMaxDatagramBytes; }
   size_t size(int i) const { return sizes_[static_cast<size_t>(i)]; }
-  // Whether the last Receive found the end of the connection.
+  // Whether the last Receive found the end of the connection (a zero-length datagram).
   bool closed() const { return closed_; }
 
  private:

@@ -475,6 +475,7 @@ bool FdChannelServer::ServeOps(Connection& conn) {
         return false;
       }
     }
+    if (ops_receiver_.closed()) return false;  // the client closed it after these
     // Fewer than a batch: the socket had no more just now (poll says when it has), which
     // spares the system call that would find it empty.
     if (*got < kOpsReceiveBatch) return true;

@@ -1422,6 +1422,10 @@ TEST(AttackTest, OpsChannelFramingFaultsEndTheSessionNamingTheLimit) {
        "not a collserve.v1.SessionRequest"},
       {"big-datagram", {more + std::string(opschannel::kMaxFragmentPayload + 1, 'a')},
        grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("exceeds the limit of ", opschannel::kMaxDatagramBytes)},
+      // An empty datagram reads as the end (the sidecar takes up to 16 datagrams per call:
+      // the end must not be lost among them, nor what follows it taken as more).
+      {"empty-datagram", {more + "a", "", header(0x12345678, 0) + "x"}, grpc::StatusCode::UNAVAILABLE,
+       "closed its ops channel"},
   };
   // A message just over kMaxOpsMessageBytes, in full fragments, all flagged "more".
   Case big{"big-message", {}, grpc::StatusCode::INVALID_ARGUMENT,

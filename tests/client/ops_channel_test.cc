@@ -137,6 +137,20 @@ TEST(OpsChannelTest, OneReceiverServesSeveralConnections) {
   EXPECT_EQ(std::string(receiver.data(0) + sizeof(FragmentHeader), receiver.size(0) - sizeof(FragmentHeader)), "from b");
 }
 
+// An empty datagram reads as the end of the connection (a peer may send one on purpose):
+// what came before it is returned with closed(), and nothing after it is taken as more.
+TEST(OpsChannelTest, AnEmptyDatagramEndsTheConnectionAfterWhatCameBefore) {
+  SocketPair p;
+  ASSERT_TRUE(SendOpsMessages(p.fd[0], {"before"}, absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_EQ(send(p.fd[0], "", 0, 0), 0);
+  ASSERT_TRUE(SendOpsMessages(p.fd[0], {"after"}, absl::Now() + absl::Seconds(10)).ok());
+  BatchReceiver receiver(4);
+  absl::StatusOr<int> got = receiver.Receive(p.fd[1], /*wait=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, 1);
+  EXPECT_TRUE(receiver.closed());
+}
+
 TEST(OpsChannelTest, AnOversizedDatagramIsRefusedNamingItsSize) {
   SocketPair p;
   const std::string big(kMaxDatagramBytes + 1, 'z');
