@@ -15,11 +15,19 @@
 
 namespace collserve::opschannel {
 
+namespace {
+
+// INVALID_ARGUMENT naming the limit for a message longer than kMaxOpsMessageBytes.
+absl::Status CheckMessageSize(size_t bytes) {
+  if (bytes <= kMaxOpsMessageBytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("an ops channel message of ", bytes, " bytes exceeds the limit of ", kMaxOpsMessageBytes, " bytes"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> Fragment(absl::string_view message) {
-  if (message.size() > kMaxOpsMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("an ops channel message of ", message.size(),
-                                                   " bytes exceeds the limit of ", kMaxOpsMessageBytes, " bytes"));
-  }
+  COLLSERVE_RETURN_IF_ERROR(CheckMessageSize(message.size()));
   std::vector<std::string> out;
   size_t off = 0;
   do {
@@ -44,21 +52,16 @@ absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time dead
     if (!message.empty()) std::memcpy(buf + sizeof(h), message.data(), message.size());
     return fdchannel::SendMessage(sock, buf, sizeof(h) + message.size(), -1, deadline);
   }
-  COLLSERVE_ASSIGN_OR_RETURN(std::vector<std::string> fragments, Fragment(message));
-  for (const std::string& d : fragments) {
-    COLLSERVE_RETURN_IF_ERROR(fdchannel::SendMessage(sock, d.data(), d.size(), -1, deadline));
-  }
-  return absl::OkStatus();
+  // Several fragments: SendOpsMessages cuts them (one copy of the message, as Fragment made).
+  COLLSERVE_RETURN_IF_ERROR(CheckMessageSize(message.size()));
+  return SendOpsMessages(sock, {std::string(message)}, deadline);
 }
 
 absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline) {
   // Every datagram as two pieces, its header and its slice of the message (no copies).
   size_t datagrams = 0;
   for (const std::string& m : messages) {
-    if (m.size() > kMaxOpsMessageBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("an ops channel message of ", m.size(),
-                                                     " bytes exceeds the limit of ", kMaxOpsMessageBytes, " bytes"));
-    }
+    COLLSERVE_RETURN_IF_ERROR(CheckMessageSize(m.size()));
     datagrams += m.empty() ? 1 : (m.size() + kMaxFragmentPayload - 1) / kMaxFragmentPayload;
   }
   std::vector<FragmentHeader> headers(datagrams);
