@@ -57,48 +57,81 @@ absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time dead
   return SendOpsMessages(sock, {std::string(message)}, deadline);
 }
 
-absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline) {
-  // Every datagram as two pieces, its header and its slice of the message (no copies).
+namespace {
+
+// Every datagram of some messages as two pieces, its header and its slice of the message
+// (no copies), ready for sendmmsg.
+struct Datagrams {
+  std::vector<FragmentHeader> headers;
+  std::vector<iovec> iov;
+  std::vector<mmsghdr> msgs;
+};
+
+absl::Status BuildDatagrams(const std::vector<std::string>& messages, Datagrams* out) {
   size_t datagrams = 0;
   for (const std::string& m : messages) {
     COLLSERVE_RETURN_IF_ERROR(CheckMessageSize(m.size()));
     datagrams += m.empty() ? 1 : (m.size() + kMaxFragmentPayload - 1) / kMaxFragmentPayload;
   }
-  std::vector<FragmentHeader> headers(datagrams);
-  std::vector<iovec> iov(2 * datagrams);
-  std::vector<mmsghdr> msgs(datagrams);
+  out->headers.assign(datagrams, FragmentHeader{});
+  out->iov.resize(2 * datagrams);
+  out->msgs.assign(datagrams, mmsghdr{});
   size_t d = 0;
   for (const std::string& m : messages) {
     size_t off = 0;
     do {
       const size_t n = std::min(kMaxFragmentPayload, m.size() - off);
-      headers[d].flags = off + n < m.size() ? kMore : 0;
-      iov[2 * d] = {&headers[d], sizeof(FragmentHeader)};
-      iov[2 * d + 1] = {const_cast<char*>(m.data()) + off, n};
-      msgs[d] = {};
-      msgs[d].msg_hdr.msg_iov = &iov[2 * d];
-      msgs[d].msg_hdr.msg_iovlen = n > 0 ? 2 : 1;
+      out->headers[d].flags = off + n < m.size() ? kMore : 0;
+      out->iov[2 * d] = {&out->headers[d], sizeof(FragmentHeader)};
+      out->iov[2 * d + 1] = {const_cast<char*>(m.data()) + off, n};
+      out->msgs[d].msg_hdr.msg_iov = &out->iov[2 * d];
+      out->msgs[d].msg_hdr.msg_iovlen = n > 0 ? 2 : 1;
       off += n;
       ++d;
     } while (off < m.size());
   }
-  // sendmmsg takes at most UIO_MAXIOV (1024) messages a call.
-  for (size_t sent = 0; sent < datagrams;) {
-    const unsigned int batch = static_cast<unsigned int>(std::min<size_t>(datagrams - sent, 1024));
-    const int n = sendmmsg(sock, &msgs[sent], batch, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return absl::OkStatus();
+}
+
+// Sends the datagrams from *sent on while the socket takes them, without waiting; advances
+// *sent. OK when all went or the socket is full (EAGAIN), else UNAVAILABLE.
+absl::Status SendSome(int sock, Datagrams& d, size_t* sent) {
+  while (*sent < d.msgs.size()) {
+    // sendmmsg takes at most UIO_MAXIOV (1024) messages a call.
+    const unsigned int batch = static_cast<unsigned int>(std::min<size_t>(d.msgs.size() - *sent, 1024));
+    const int n = sendmmsg(sock, &d.msgs[*sent], batch, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       // A datagram goes whole or not at all on a SOCK_SEQPACKET socket.
-      sent += static_cast<size_t>(n);
+      *sent += static_cast<size_t>(n);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n == 0 || errno != EAGAIN) {
-      return absl::UnavailableError(
-          absl::StrCat("shared-memory channel: send: ", n == 0 ? "no datagram sent" : ErrnoText(errno)));
-    }
-    COLLSERVE_RETURN_IF_ERROR(fdchannel::WaitFor(sock, POLLOUT, deadline, "room to send"));
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("shared-memory channel: send: ", n == 0 ? "no datagram sent" : ErrnoText(errno)));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline) {
+  Datagrams d;
+  COLLSERVE_RETURN_IF_ERROR(BuildDatagrams(messages, &d));
+  size_t sent = 0;
+  for (;;) {
+    COLLSERVE_RETURN_IF_ERROR(SendSome(sock, d, &sent));
+    if (sent == d.msgs.size()) return absl::OkStatus();
+    COLLSERVE_RETURN_IF_ERROR(fdchannel::WaitFor(sock, POLLOUT, deadline, "room to send"));
+  }
+}
+
+absl::StatusOr<size_t> TrySendOpsMessages(int sock, const std::vector<std::string>& messages) {
+  Datagrams d;
+  COLLSERVE_RETURN_IF_ERROR(BuildDatagrams(messages, &d));
+  size_t sent = 0;
+  COLLSERVE_RETURN_IF_ERROR(SendSome(sock, d, &sent));
+  return sent;
 }
 
 BatchReceiver::BatchReceiver(int batch)

@@ -64,6 +64,14 @@ absl::Status SendOpsMessage(int sock, absl::string_view message, absl::Time dead
 // their sends on one socket.
 absl::Status SendOpsMessages(int sock, const std::vector<std::string>& messages, absl::Time deadline);
 
+// Sends the datagrams of `messages` (as SendOpsMessages cuts them) that `sock` has room for
+// now, in order, without waiting; what the caller does with the rest is its own (the
+// sidecar queues it: Fragment(message) gives the same datagrams). Returns how many
+// datagrams went, of all of them (a message of n bytes is max(1, ceil(n /
+// kMaxFragmentPayload)) datagrams). INVALID_ARGUMENT if one message is longer than
+// kMaxOpsMessageBytes (then nothing is sent), UNAVAILABLE (the connection broke).
+absl::StatusOr<size_t> TrySendOpsMessages(int sock, const std::vector<std::string>& messages);
+
 // Receives the datagrams queued on a connection, up to a batch per system call
 // (recvmmsg(2)), into buffers of its own (batch * kMaxDatagramBytes bytes), which the next
 // Receive reuses. Keeps no state of a connection between calls: one reader may use it for

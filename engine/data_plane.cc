@@ -39,8 +39,10 @@ void Group::RunCollective(int64_t seq, std::map<int, Submission>& subs, const st
   };
   // Between hosts: better classes' collectives go first on this host's link
   // (LinkScheduler), from the argument exchange to the end of the data step.
+  // A record whose arguments were prefetched sends nothing between hosts: no turn to wait for.
+  const bool sends_nothing = args.in_rank && !prefetched_.empty() && !NeedsSplits(args.op);
   LinkScheduler::Active on_link;
-  if (env_.link != nullptr && topology_.num_hosts > 1) on_link = env_.link->Begin(params_.priority);
+  if (env_.link != nullptr && topology_.num_hosts > 1 && !sends_nothing) on_link = env_.link->Begin(params_.priority);
   if (AgreeStage(run, absent, ahead)) {
     lap(Stage::kAgree);
     const char* algorithm = "local";

@@ -160,6 +160,11 @@ void Group::ExecutorMain() {
         subs.emplace(rank, std::move(local.queue.front()));
         local.queue.pop_front();
       }
+      // Records answered without waiting for anything: their answers wait for the next ones'.
+      holding_records_ = absent.empty() && !subs.empty() && subs.size() == locals_.size() &&
+                         std::all_of(subs.begin(), subs.end(), [this](const auto& s) {
+                           return RecordWaitsForNothing(s.second, topology_.num_hosts, !prefetched_.empty());
+                         });
       // The arguments of what every local rank queued next ride with this exchange (not
       // needed when this collective has none: its own arguments were prefetched).
       if (topology_.num_hosts > 1 && prefetched_.empty() && absent.empty()) {
@@ -179,6 +184,7 @@ void Group::ExecutorMain() {
     running_since_ = absl::InfiniteFuture();
     running_.clear();
     running_answered_ = false;
+    next_prefetched_ = !prefetched_.empty();
     if (state_ == State::kFailed) break;
   }
   p2p_->Stop();

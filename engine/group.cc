@@ -17,7 +17,7 @@
 
 namespace collserve::engine {
 
-void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer) {
+Completion TakeCompletion(const Submission& sub, const absl::Status& status) {
   Completion c;
   c.seq = sub.args.seq;
   c.status = status;
@@ -32,12 +32,20 @@ void Complete(const Submission& sub, const absl::Status& status, EngineObserver*
   }
   if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
   sub.inline_charge.Release();
+  return c;
+}
+
+void ObserveCompleted(const Submission& sub, const absl::Status& status, EngineObserver* observer) {
+  if (observer == nullptr) return;
+  observer->OnCompleted(sub.args.op, status,
+                        sub.submitted == absl::Time() ? absl::ZeroDuration() : absl::Now() - sub.submitted,
+                        std::max(sub.in_bytes, sub.out_bytes), status.ok() ? sub.algorithm : "");
+}
+
+void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer) {
+  Completion c = TakeCompletion(sub, status);
   if (sub.session != nullptr) sub.session->OnCompletion(std::move(c));
-  if (observer != nullptr) {
-    observer->OnCompleted(sub.args.op, status,
-                          sub.submitted == absl::Time() ? absl::ZeroDuration() : absl::Now() - sub.submitted,
-                          std::max(sub.in_bytes, sub.out_bytes), status.ok() ? sub.algorithm : "");
-  }
+  ObserveCompleted(sub, status, observer);
 }
 
 Group::AnswerLock::AnswerLock(Group* group) : group_(group) { group_->mu_.Lock(); }
@@ -47,17 +55,55 @@ Group::AnswerLock::~AnswerLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   std::vector<Answer> batch;
   {
     absl::MutexLock lock(&g.answers_mu_);
-    g.TakeSendableLocked(&batch);
+    if (!g.HoldAnswersLocked()) g.TakeSendableLocked(&batch);
   }
   g.mu_.Unlock();
   while (!batch.empty()) {
-    for (const Answer& a : batch) Complete(a.sub, a.status, g.env_.observer);
+    g.SendAnswers(batch);
     absl::MutexLock lock(&g.answers_mu_);
     for (const Answer& a : batch) g.sending_.erase(a.sub.rank);
     batch.clear();  // the submissions' mappings are let go outside mu_ too
     // Answers queued meanwhile for the ranks this thread sent were left to it.
     g.TakeSendableLocked(&batch);
   }
+}
+
+void Group::SendAnswers(const std::vector<Answer>& batch) {
+  if (batch.size() == 1) {
+    Complete(batch[0].sub, batch[0].status, env_.observer);
+    return;
+  }
+  // Each session's answers together, in their order (a session is one rank's).
+  std::vector<std::pair<Session*, std::vector<Completion>>> per_session;
+  for (const Answer& a : batch) {
+    Session* session = a.sub.session.get();
+    Completion c = TakeCompletion(a.sub, a.status);
+    if (session == nullptr) continue;
+    auto it = std::find_if(per_session.begin(), per_session.end(), [&](const auto& p) { return p.first == session; });
+    if (it == per_session.end()) {
+      per_session.emplace_back(session, std::vector<Completion>());
+      it = per_session.end() - 1;
+    }
+    it->second.push_back(std::move(c));
+  }
+  for (auto& [session, completions] : per_session) {
+    if (completions.size() == 1) {
+      session->OnCompletion(std::move(completions[0]));
+    } else {
+      session->OnCompletions(std::move(completions));
+    }
+  }
+  for (const Answer& a : batch) ObserveCompleted(a.sub, a.status, env_.observer);
+}
+
+bool Group::HoldAnswersLocked() const {
+  if (!holding_records_ || answers_.empty()) return false;  // the common case
+  std::vector<const Submission*> fronts;
+  if (running_.empty()) {
+    for (const auto& [rank, local] : locals_) fronts.push_back(local.queue.empty() ? nullptr : &local.queue.front());
+  }
+  return HoldRecordAnswers(holding_records_, !stop_ && state_ != State::kFailed && departed_.empty(), answers_.size(),
+                           locals_.size(), !running_.empty(), fronts, topology_.num_hosts, next_prefetched_);
 }
 
 void Group::TakeSendableLocked(std::vector<Answer>* batch) {

@@ -432,6 +432,12 @@ class Group : public std::enable_shared_from_this<Group> {
   // Moves the queued answers of ranks no thread is sending to `batch` (in order) and marks
   // those ranks as being sent.
   void TakeSendableLocked(std::vector<Answer>* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(answers_mu_);
+  // Whether the queued answers wait for those of the records the executor checks next
+  // (HoldRecordAnswers, stages.h).
+  bool HoldAnswersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, answers_mu_);
+  // Sends `batch` (taken by TakeSendableLocked; no lock held): each session's answers with
+  // one Session::OnCompletions, then tells the observer.
+  void SendAnswers(const std::vector<Answer>& batch) ABSL_LOCKS_EXCLUDED(mu_, answers_mu_);
   absl::Mutex answers_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<Answer> answers_ ABSL_GUARDED_BY(answers_mu_);
   std::set<int> sending_ ABSL_GUARDED_BY(answers_mu_);
@@ -464,6 +470,12 @@ class Group : public std::enable_shared_from_this<Group> {
   std::vector<RunningRank> running_ ABSL_GUARDED_BY(mu_);
   // Its ranks were answered early: the stages answer none of them again.
   bool running_answered_ ABSL_GUARDED_BY(mu_) = false;
+  // Answers to records of collectives the ranks run themselves (Request::in_rank) are held
+  // back while the executor checks more of them (HoldRecordAnswers, stages.h):
+  // holding_records_ is set while the executor runs records that wait for nothing, and
+  // next_prefetched_ says whether the next seq's arguments were prefetched.
+  bool holding_records_ ABSL_GUARDED_BY(mu_) = false;
+  bool next_prefetched_ ABSL_GUARDED_BY(mu_) = false;
   // When OnWatched shut the connections to a peer down (the generation is over).
   absl::Time peers_shut_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool formed_ ABSL_GUARDED_BY(mu_) = false;  // topology_ is set (written once, then read freely)

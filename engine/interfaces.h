@@ -29,6 +29,11 @@ class Session {
   virtual void OnAttached(const AttachedInfo& info) = 0;
   // One request's answer; completions of one session are queued in the order given.
   virtual void OnCompletion(Completion completion) = 0;
+  // Several answers at once, in order, as OnCompletion one by one (which the default does);
+  // a session may send them together (the sidecar's ops channel: one system call).
+  virtual void OnCompletions(std::vector<Completion> completions) {
+    for (Completion& c : completions) OnCompletion(std::move(c));
+  }
   // Ends the session with `status` once queued messages are out. Idempotent.
   virtual void Close(const absl::Status& status) = 0;
   // Something happened to the group that the rank may need to hear without a request of its

@@ -145,4 +145,21 @@ std::vector<JobStageTable::Usage> JobStageTable::Snapshot() const {
   return out;
 }
 
+bool RecordWaitsForNothing(const Submission& sub, int num_hosts, bool prefetched) {
+  if (!sub.args.in_rank || !sub.error.ok()) return false;
+  return num_hosts <= 1 || (prefetched && !NeedsSplits(sub.args.op));
+}
+
+bool HoldRecordAnswers(bool holding, bool group_ok, size_t queued, size_t local_ranks, bool running,
+                       const std::vector<const Submission*>& fronts, int num_hosts, bool next_prefetched) {
+  if (!holding || !group_ok || queued == 0 || local_ranks == 0) return false;
+  if (queued >= kMaxHeldAnswersPerRank * local_ranks) return false;
+  if (running) return true;
+  if (fronts.size() != local_ranks) return false;
+  for (const Submission* f : fronts) {
+    if (f == nullptr || !RecordWaitsForNothing(*f, num_hosts, next_prefetched)) return false;
+  }
+  return true;
+}
+
 }  // namespace collserve::engine

@@ -14,7 +14,8 @@
 //             (backends::ThreadPool, scheduled between jobs by class and fair share), the
 //             backend between hosts (Hierarchical), or the GPU (device_step.cc);
 //   complete  each rank answered (PlanCompletion: a peer-read result's owner waits for its
-//             readers), the ledger and the flight recorder written.
+//             readers; HoldRecordAnswers: the answers of records checked back to back go
+//             together), the ledger and the flight recorder written.
 //
 // This file holds each stage's decisions as pure functions (no lock, no I/O, no clock):
 // tests/engine/stages_test.cc tests each on its own. StageTimes and JobStageTable measure
@@ -119,6 +120,25 @@ struct CompletionPlan {
 // reads nothing). Pure (given `attached`).
 CompletionPlan PlanCompletion(const std::map<int, Submission>& subs, bool ok,
                               const std::function<bool(int)>& attached);
+
+// complete: a record of a collective the rank runs itself (Request::in_rank) that the
+// executor checks without waiting for anything: a valid one on one host, or one whose
+// arguments an earlier exchange prefetched and that has no splits to exchange. Pure.
+bool RecordWaitsForNothing(const Submission& sub, int num_hosts, bool prefetched);
+
+// complete: whether the answers queued so far wait for those of the records the executor
+// checks next, so that a session's answers of records checked back to back go with one
+// system call (Session::OnCompletions), as their records came. They wait while the executor
+// runs records that wait for nothing (`holding`, which it sets when it takes such records of
+// every local rank), the group is usable (`group_ok`: not failed or stopping, no local rank
+// left), fewer than kMaxHeldAnswersPerRank per local rank are queued (`queued` answers of
+// `local_ranks` ranks), and it runs one now (`running`) or every local rank's next request
+// (`fronts`, one per local rank, null when none is queued; their arguments prefetched:
+// `next_prefetched`) is such a record, which it takes at once. Anything else (an empty queue,
+// another request, a failure) lets them go. Pure.
+inline constexpr size_t kMaxHeldAnswersPerRank = 16;
+bool HoldRecordAnswers(bool holding, bool group_ok, size_t queued, size_t local_ranks, bool running,
+                       const std::vector<const Submission*>& fronts, int num_hosts, bool next_prefetched);
 
 // Per-job counters of one host's collectives and their stage times. Thread-safe (atomics).
 struct JobStageCounters {

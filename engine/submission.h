@@ -67,6 +67,12 @@ struct Submission {
 // `observer` (may be null). Thread-safe for distinct submissions; never blocks.
 void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer);
 
+// Complete's parts, for a caller that answers several at once: the answer of `sub` with
+// `status` (giving back its inline bytes, as Complete), and telling `observer` (may be null)
+// once it went to the session.
+Completion TakeCompletion(const Submission& sub, const absl::Status& status);
+void ObserveCompleted(const Submission& sub, const absl::Status& status, EngineObserver* observer);
+
 }  // namespace collserve::engine
 
 #endif  // COLLSERVE_ENGINE_SUBMISSION_H_

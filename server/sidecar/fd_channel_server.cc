@@ -134,8 +134,39 @@ absl::Status OpsLink::Send(absl::string_view message) {
   }
   absl::StatusOr<std::vector<std::string>> fragments = opschannel::Fragment(message);
   if (!fragments.ok()) return fragments.status();
+  return QueueLocked(std::move(*fragments));
+}
+
+absl::Status OpsLink::SendBatch(const std::vector<std::string>& messages) {
+  absl::MutexLock lock(&mu_);
+  if (fd_ < 0) return absl::UnavailableError("the session's ops channel is closed");
+  size_t sent = 0;
+  if (queue_.empty()) {
+    // The common case: every datagram straight into the socket with one system call.
+    absl::StatusOr<size_t> n = opschannel::TrySendOpsMessages(fd_, messages);
+    if (!n.ok()) {
+      if (absl::IsUnavailable(n.status())) shutdown(fd_, SHUT_RDWR);
+      return n.status();
+    }
+    sent = *n;
+  }
+  // What the socket had no room for waits in the queue, as Send's.
+  std::vector<std::string> rest;
+  size_t d = 0;
+  for (const std::string& m : messages) {
+    absl::StatusOr<std::vector<std::string>> fragments = opschannel::Fragment(m);
+    if (!fragments.ok()) return fragments.status();
+    for (std::string& f : *fragments) {
+      if (d++ >= sent) rest.push_back(std::move(f));
+    }
+  }
+  if (rest.empty()) return absl::OkStatus();
+  return QueueLocked(std::move(rest));
+}
+
+absl::Status OpsLink::QueueLocked(std::vector<std::string> datagrams) {
   size_t bytes = 0;
-  for (const std::string& d : *fragments) bytes += d.size();
+  for (const std::string& d : datagrams) bytes += d.size();
   if (bytes > kMaxQueuedBytes - queued_bytes_) {
     shutdown(fd_, SHUT_RDWR);
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -143,7 +174,7 @@ absl::Status OpsLink::Send(absl::string_view message) {
         " bytes of them waited for room in the ops channel (the limit)"));
   }
   const bool was_empty = queue_.empty();
-  for (std::string& d : *fragments) queue_.push_back(std::move(d));
+  for (std::string& d : datagrams) queue_.push_back(std::move(d));
   queued_bytes_ += bytes;
   if (absl::Status s = SendQueuedLocked(); !s.ok()) {
     shutdown(fd_, SHUT_RDWR);

@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -45,12 +46,17 @@ class OpsLink {
   // RESOURCE_EXHAUSTED (the queue would pass kMaxQueuedBytes: the link is shut down),
   // UNAVAILABLE (the link is closed or broke).
   absl::Status Send(absl::string_view message) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sends `messages` in order, as Send would one by one, with several datagrams per system
+  // call (opschannel::TrySendOpsMessages) while the socket has room. The same errors; after
+  // an error the messages before the failing one may have been sent.
+  absl::Status SendBatch(const std::vector<std::string>& messages) ABSL_LOCKS_EXCLUDED(mu_);
   // Ends the connection; the channel's thread then closes it and tells the session's
   // OpsHandler (OnOpsClosed).
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   friend class FdChannelServer;
+  friend class OpsLinkTestPeer;  // tests/server/ops_link_test.cc: stands in for the channel thread
   // Channel thread: whether queued messages wait for POLLOUT.
   bool WantsWrite() ABSL_LOCKS_EXCLUDED(mu_);
   // Channel thread: sends what the socket takes; false if the connection broke.
@@ -59,6 +65,9 @@ class OpsLink {
   void Detach() ABSL_LOCKS_EXCLUDED(mu_);
   // Sends the queue's front datagrams until the socket is full: OK, or the send's error.
   absl::Status SendQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `datagrams` after what waits (RESOURCE_EXHAUSTED past kMaxQueuedBytes: the link
+  // is shut down), sends what the socket takes, and has the channel's thread poll for room.
+  absl::Status QueueLocked(std::vector<std::string> datagrams) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   int fd_ ABSL_GUARDED_BY(mu_);

@@ -103,6 +103,9 @@ class SessionHandle : public engine::Session, public OpsHandler {
     if (!record) ReleaseInFlight(1);
     Send(ToProto(std::move(completion)));
   }
+  // Several answers (records of collectives the rank runs itself, checked back to back): over
+  // the ops channel with one system call.
+  void OnCompletions(std::vector<engine::Completion> completions) override;
   void Send(pb::SessionResponse response);
   void Close(const absl::Status& status) override;
   void OnGroupEvent(int left_rank, const absl::Status& why) override {
@@ -341,6 +344,29 @@ void SessionHandle::SendAttachedLocked(const engine::AttachedInfo& info) {
   }
   attached_sent_ = true;
   if (reactor_ != nullptr) reactor_->Enqueue(std::move(response));
+}
+
+void SessionHandle::OnCompletions(std::vector<engine::Completion> completions) {
+  int released = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const engine::Completion& c : completions) {
+      if (requests_ > 0) --requests_;
+      if (records_.erase(c.seq) == 0) ++released;
+    }
+  }
+  if (released > 0) ReleaseInFlight(released);
+  absl::MutexLock lock(&mu_);
+  if (ops_link_ != nullptr) {
+    std::vector<std::string> messages;
+    messages.reserve(completions.size());
+    for (engine::Completion& c : completions) messages.push_back(ToProto(std::move(c)).SerializeAsString());
+    // As Send: a failed send ends the session.
+    if (absl::Status s = ops_link_->SendBatch(messages); !s.ok() && reactor_ != nullptr) reactor_->RequestFinish(s);
+    return;
+  }
+  if (reactor_ == nullptr) return;
+  for (engine::Completion& c : completions) reactor_->Enqueue(ToProto(std::move(c)));
 }
 
 void SessionHandle::Send(pb::SessionResponse response) {

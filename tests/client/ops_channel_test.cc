@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/fd_channel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -58,6 +59,50 @@ std::vector<std::string> ReceiveAll(int sock, int batch, int* calls) {
       if (complete.ok() && *complete) out.push_back(reassembler.Take());
     }
   }
+}
+
+// TrySendOpsMessages sends what the socket has room for and says how many datagrams went;
+// the rest, as Fragment cuts the same messages, sent afterwards, completes the stream.
+TEST(OpsChannelTest, TrySendStopsWhereTheSocketIsFullAndFragmentGivesTheRest) {
+  int fd[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fd), 0);
+  // More than the default send buffer (a few hundred KiB) holds.
+  std::vector<std::string> messages;
+  for (int i = 0; i < 1000; ++i) messages.push_back(absl::StrCat("record ", i, std::string(2000, 'r')));
+  messages.push_back(std::string(kMaxFragmentPayload + 3, 'z'));  // two datagrams
+  absl::StatusOr<size_t> sent = TrySendOpsMessages(fd[0], messages);
+  ASSERT_TRUE(sent.ok()) << sent.status();
+  EXPECT_GT(*sent, 0u);
+  EXPECT_LT(*sent, 1002u);  // the socket could not take them all
+  std::vector<std::string> rest;
+  size_t d = 0;
+  for (const std::string& m : messages) {
+    absl::StatusOr<std::vector<std::string>> fragments = Fragment(m);
+    ASSERT_TRUE(fragments.ok());
+    for (std::string& f : *fragments) {
+      if (d++ >= *sent) rest.push_back(std::move(f));
+    }
+  }
+  EXPECT_EQ(d, 1002u);
+  std::thread writer([&] {
+    for (const std::string& datagram : rest) {
+      const absl::Status s =
+          fdchannel::SendMessage(fd[0], datagram.data(), datagram.size(), -1, absl::Now() + absl::Seconds(10));
+      EXPECT_TRUE(s.ok()) << s;
+      if (!s.ok()) break;
+    }
+    shutdown(fd[0], SHUT_WR);  // the end: the reader stops here whatever came
+  });
+  int calls = 0;
+  const std::vector<std::string> got = ReceiveAll(fd[1], 8, &calls);
+  writer.join();
+  ASSERT_EQ(got.size(), messages.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i] == messages[i]) << "message " << i;
+  EXPECT_EQ(TrySendOpsMessages(fd[0], {std::string(kMaxOpsMessageBytes + 1, 'x')}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  close(fd[1]);
+  EXPECT_EQ(TrySendOpsMessages(fd[0], {"after the end"}).status().code(), absl::StatusCode::kUnavailable);
+  close(fd[0]);
 }
 
 TEST(OpsChannelTest, BatchedMessagesArriveWholeAndInOrderThenTheEnd) {

@@ -164,6 +164,42 @@ TEST(AgreeStageTest, InRankRecordsAreCheckedAsTheirOpAndNameNoMemory) {
       << d;
 }
 
+// The answers of records (in_rank) checked back to back wait for the next ones' while the
+// executor runs records that wait for nothing, and go at anything else.
+TEST(CompleteStageTest, RecordAnswersWaitOnlyForRecordsTheExecutorTakesAtOnce) {
+  Submission record, host_op, bad_record, splits_record;
+  record.args.in_rank = true;
+  record.args.op = CollectiveOp::kAllReduce;
+  host_op.args.op = CollectiveOp::kAllReduce;
+  bad_record.args = record.args;
+  bad_record.error = absl::InvalidArgumentError("dtype 99");
+  splits_record.args = record.args;
+  splits_record.args.op = CollectiveOp::kAllToAll;
+  EXPECT_TRUE(RecordWaitsForNothing(record, 1, false));
+  EXPECT_FALSE(RecordWaitsForNothing(record, 2, false));  // its arguments cross hosts first
+  EXPECT_TRUE(RecordWaitsForNothing(record, 2, true));    // prefetched
+  EXPECT_FALSE(RecordWaitsForNothing(splits_record, 2, true));  // the splits are exchanged
+  EXPECT_TRUE(RecordWaitsForNothing(splits_record, 1, false));
+  EXPECT_FALSE(RecordWaitsForNothing(host_op, 1, false));
+  EXPECT_FALSE(RecordWaitsForNothing(bad_record, 1, false));
+
+  const std::vector<const Submission*> next = {&record, &record};
+  // Two local ranks, 3 answers queued, nothing running, both ranks' next is a record.
+  EXPECT_TRUE(HoldRecordAnswers(true, true, 3, 2, false, next, 1, false));
+  EXPECT_FALSE(HoldRecordAnswers(false, true, 3, 2, false, next, 1, false));  // not running records
+  EXPECT_FALSE(HoldRecordAnswers(true, false, 3, 2, false, next, 1, false));  // failed, or a rank left
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 0, 2, false, next, 1, false));   // nothing to hold
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 2 * kMaxHeldAnswersPerRank, 2, false, next, 1, false));
+  EXPECT_TRUE(HoldRecordAnswers(true, true, 2 * kMaxHeldAnswersPerRank - 1, 2, false, next, 1, false));
+  EXPECT_TRUE(HoldRecordAnswers(true, true, 3, 2, true, {}, 1, false));  // the executor runs one now
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 3, 2, false, {&record, nullptr}, 1, false));  // rank 1: none queued
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 3, 2, false, {&record, &host_op}, 1, false));
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 3, 2, false, {&record, &bad_record}, 1, false));
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 3, 2, false, {&record}, 1, false));  // not every rank's
+  EXPECT_FALSE(HoldRecordAnswers(true, true, 3, 2, false, next, 2, false));  // two hosts, not prefetched
+  EXPECT_TRUE(HoldRecordAnswers(true, true, 3, 2, false, next, 2, true));
+}
+
 TEST(CompleteStageTest, APeerReadResultsOwnerWaitsForItsAttachedReaders) {
   std::map<int, Submission> subs;
   for (int r = 0; r < 4; ++r) {
