@@ -402,3 +402,44 @@ def test_one_process_per_gpu_runs_nccl_in_the_ranks(monkeypatch):
                                                                      device_count=lambda g=gpus: g))
         monkeypatch.setitem(sys.modules, "torch", fake_torch)
         assert launch_mod._nproc_per_node(parser, value) == want, (gpus, value)
+
+
+def test_a_later_node_starts_its_ranks_only_after_node_0_reset_the_torch_store(start_daemons, daemon_dir, monkeypatch):
+    """Several nodes: node 0's launcher deletes what torch's ranks of earlier runs left on the
+    coordinator's store and then sets this run's marker; every other node's launcher waits
+    for that marker (up to the init timeout) before it starts its ranks, and fails naming it
+    when it never comes. Called on Launcher.reset_torch_keys directly: two launchers on
+    loopback always find node 0 done first, so only a node 0 that never gets there shows the
+    wait."""
+    import argparse
+    from collserve import launch as launch_mod
+    port = start_daemons.coordinator(daemon_dir, "--allow_unauthenticated").port
+    coordinator = f"127.0.0.1:{port}"
+    monkeypatch.setenv("COLLSERVE_INIT_TIMEOUT_S", "1")
+    launchers = []
+
+    def launcher(node_rank, run_id):
+        args = argparse.Namespace(nnodes=2, min_nodes=2, node_rank=node_rank, job="resetjob", log_dir=daemon_dir,
+                                  rdzv_conf={})
+        lr = launch_mod.Launcher(args)
+        lr.run_id = run_id
+        launchers.append(lr)
+        return lr
+
+    try:
+        store = collserve.Store(address=coordinator, job="resetjob", timeout=5)
+        marker = "collserve/launch/torch_store_reset/"
+        # Node 0 has not reset this run's keys: node 1 waits, then fails naming the marker.
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="torch_store_reset/run2"):
+            launcher(1, "run2").reset_torch_keys(coordinator)
+        assert time.monotonic() - start >= 0.9
+        # Node 0 resets: the earlier runs' keys and markers go, this run's marker is set, and node 1 goes on.
+        store.multi_set(["/default_pg/0/rank_0", marker + "run1", "/mine"], ["x", "0", "y"])
+        launcher(0, "run2").reset_torch_keys(coordinator)
+        assert not store.check(["/default_pg/0/rank_0"]) and not store.check([marker + "run1"])
+        assert store.check(["/mine"]) and store.get(marker + "run2") == b"1"
+        launcher(1, "run2").reset_torch_keys(coordinator)
+    finally:
+        for lr in launchers:
+            shutil.rmtree(lr.run_dir, ignore_errors=True)
