@@ -166,12 +166,13 @@ absl::Status OpsLink::SendBatch(const std::vector<std::string>& messages) {
 
 absl::Status OpsLink::QueueLocked(std::vector<std::string> datagrams) {
   size_t bytes = 0;
-  for (const std::string& d : datagrams) bytes += d.size();
+  for (const std::string& d : datagrams) bytes += d.size() + kQueuedDatagramOverhead;
   if (bytes > kMaxQueuedBytes - queued_bytes_) {
     shutdown(fd_, SHUT_RDWR);
     return absl::ResourceExhaustedError(absl::StrCat(
         "the client did not read its completions: more than ", kMaxQueuedBytes,
-        " bytes of them waited for room in the ops channel (the limit)"));
+        " bytes of them (counting ", kQueuedDatagramOverhead,
+        " bytes of bookkeeping per datagram) waited for room in the ops channel (the limit)"));
   }
   const bool was_empty = queue_.empty();
   for (std::string& d : datagrams) queue_.push_back(std::move(d));
@@ -196,7 +197,7 @@ absl::Status OpsLink::SendQueuedLocked() {
     if (n != static_cast<ssize_t>(d.size())) {
       return absl::UnavailableError(absl::StrCat("ops channel: send: ", n >= 0 ? "short send" : ErrnoText(errno)));
     }
-    queued_bytes_ -= d.size();
+    queued_bytes_ -= d.size() + kQueuedDatagramOverhead;
     queue_.pop_front();
   }
   return absl::OkStatus();

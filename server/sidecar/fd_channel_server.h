@@ -37,8 +37,13 @@ namespace collserve::server {
 class OpsLink {
  public:
   // Most bytes of messages waiting for room in the socket; past it the link is shut down
-  // (a client that stopped reading its completions).
+  // (a client that stopped reading its completions). Each waiting datagram counts its bytes
+  // and kQueuedDatagramOverhead: what holding it in the queue costs beyond them (its slot
+  // and its string's heap block: 54 bytes for a 28-byte answer, 58 for a 40-byte one,
+  // measured with glibc's malloc), so that the limit bounds the memory a session's queue
+  // takes, whatever the answers' sizes.
   static constexpr size_t kMaxQueuedBytes = 64u << 20;
+  static constexpr size_t kQueuedDatagramOverhead = 64;
 
   OpsLink(int fd, int wake_fd) : fd_(fd), wake_fd_(wake_fd) {}
   // Sends one message without blocking: what the socket has no room for now waits in a

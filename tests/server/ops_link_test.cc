@@ -128,5 +128,25 @@ TEST(OpsLinkTest, AClientThatStopsReadingEndsItsLinkAtTheQueueLimitNamed) {
   EXPECT_TRUE(fresh.Send("still open").ok());
 }
 
+// Small answers count what holding them costs, not only their bytes: a client that reads
+// none makes the link hold at most kMaxQueuedBytes / (bytes + kQueuedDatagramOverhead) of
+// them (one-byte answers: about 920,000, not 7.4 million in 64 MiB of payload).
+TEST(OpsLinkTest, SmallAnswersCountTheirBookkeepingAgainstTheLimit) {
+  Channel c;
+  OpsLink link(c.fd[0], c.wake);
+  const std::vector<std::string> batch(4096, "x");  // datagrams of 9 bytes
+  const size_t datagram = sizeof(opschannel::FragmentHeader) + 1;
+  const size_t bound = OpsLink::kMaxQueuedBytes / (datagram + OpsLink::kQueuedDatagramOverhead);
+  size_t sent = 0;
+  absl::Status s;
+  // Past twice the bound the limit did not hold: stop there (a count, not a timer).
+  while (sent < 2 * bound && (s = link.SendBatch(batch)).ok()) sent += batch.size();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << "sent " << sent << " answers: " << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("bytes of bookkeeping per datagram"));
+  // What went into the socket before the queue started (a few hundred datagrams) plus the queue.
+  EXPECT_LE(sent, bound + 20000) << "bound " << bound;
+  EXPECT_GE(sent + batch.size(), bound) << "bound " << bound;
+}
+
 }  // namespace
 }  // namespace collserve::server
