@@ -150,6 +150,11 @@ absl::Status OpsLink::SendBatch(const std::vector<std::string>& messages) {
     }
     sent = *n;
   }
+  size_t datagrams = 0;
+  for (const std::string& m : messages) {
+    datagrams += m.empty() ? 1 : (m.size() + opschannel::kMaxFragmentPayload - 1) / opschannel::kMaxFragmentPayload;
+  }
+  if (sent == datagrams) return absl::OkStatus();  // the common case: no copies
   // What the socket had no room for waits in the queue, as Send's.
   std::vector<std::string> rest;
   size_t d = 0;

@@ -94,13 +94,7 @@ class SessionHandle : public engine::Session, public OpsHandler {
     pending_attached_.reset();
   }
   void OnCompletion(engine::Completion completion) override {
-    bool record = false;
-    {
-      absl::MutexLock lock(&mu_);
-      if (requests_ > 0) --requests_;
-      record = records_.erase(completion.seq) > 0;
-    }
-    if (!record) ReleaseInFlight(1);
+    if (Answered(completion.seq)) ReleaseInFlight(1);
     Send(ToProto(std::move(completion)));
   }
   // Several answers (records of collectives the rank runs itself, checked back to back): over
@@ -222,6 +216,13 @@ class SessionHandle : public engine::Session, public OpsHandler {
   void SendAttachedLocked(const engine::AttachedInfo& info) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops counting `n` of this session's requests in flight (none once the session ended:
   // End released them all).
+  // Request `seq` was answered: one fewer in flight on the session; whether it counted in the
+  // job's collective quota (records do not).
+  bool Answered(int64_t seq) {
+    absl::MutexLock lock(&mu_);
+    if (requests_ > 0) --requests_;
+    return records_.erase(seq) == 0;
+  }
   void ReleaseInFlight(int n) {
     JobQuotas* quotas = nullptr;
     std::string job;
@@ -348,13 +349,7 @@ void SessionHandle::SendAttachedLocked(const engine::AttachedInfo& info) {
 
 void SessionHandle::OnCompletions(std::vector<engine::Completion> completions) {
   int released = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const engine::Completion& c : completions) {
-      if (requests_ > 0) --requests_;
-      if (records_.erase(c.seq) == 0) ++released;
-    }
-  }
+  for (const engine::Completion& c : completions) released += Answered(c.seq) ? 1 : 0;
   if (released > 0) ReleaseInFlight(released);
   absl::MutexLock lock(&mu_);
   if (ops_link_ != nullptr) {
