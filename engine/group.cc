@@ -31,7 +31,10 @@ Completion TakeCompletion(const Submission& sub, const absl::Status& status) {
     c.peer_fill_offset = sub.peer_fill_offset;
   }
   if (status.ok() && sub.inline_mode) c.inline_data = IsInPlace(sub.args.op) ? *sub.inline_in : *sub.inline_out;
-  sub.inline_charge.Release();
+  // The input's bytes (and a failed request's all) come back now, the result's once the
+  // answer is written to the client.
+  InlineCharge result = sub.inline_charge.Keep(static_cast<int64_t>(c.inline_data.size()));
+  if (result.bytes() > 0) c.inline_charge = std::make_shared<const InlineCharge>(std::move(result));
   return c;
 }
 

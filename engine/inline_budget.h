@@ -3,6 +3,7 @@
 #ifndef COLLSERVE_ENGINE_INLINE_BUDGET_H_
 #define COLLSERVE_ENGINE_INLINE_BUDGET_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -115,7 +116,8 @@ class JobInlineBudgets {
 };
 
 // Bytes counted in an InlineBudget until Release() or destruction (a Submission holds one
-// until its completion is handed to its session). Move-only; empty by default. Not
+// until its completion is handed to its session; the completion then holds its result's
+// share until the answer is written to the client). Move-only; empty by default. Not
 // thread-safe (its owner's thread).
 class InlineCharge {
  public:
@@ -133,6 +135,17 @@ class InlineCharge {
   }
   ~InlineCharge() { Release(); }
   int64_t bytes() const { return budget_ == nullptr ? 0 : bytes_; }
+  // Keeps `bytes` of the charge (at most what it holds) in a new charge and gives the rest
+  // back now; this one is empty afterwards. For a completed request whose result still
+  // waits to be written to its client: the input's bytes are freed, the result's are not.
+  InlineCharge Keep(int64_t bytes) {
+    if (budget_ == nullptr) return InlineCharge();
+    const int64_t kept = std::clamp<int64_t>(bytes, 0, bytes_);
+    if (bytes_ > kept) budget_->Release(bytes_ - kept);
+    InlineCharge out(kept > 0 ? budget_ : nullptr, kept);
+    budget_ = nullptr;
+    return out;
+  }
   // Gives the bytes back now (once; later calls do nothing).
   void Release() {
     if (budget_ != nullptr) budget_->Release(bytes_);

@@ -27,7 +27,10 @@ class Session {
   virtual ~Session() = default;
   // The group is ready: sent once, before any completion.
   virtual void OnAttached(const AttachedInfo& info) = 0;
-  // One request's answer; completions of one session are queued in the order given.
+  // One request's answer; completions of one session are queued in the order given. An
+  // inline result's bytes stay counted in the inline budgets while the session holds
+  // `completion.inline_charge`: keep it until the answer is written to the client (a client
+  // that reads nothing then holds its budget), or drop it once the bytes are copied out.
   virtual void OnCompletion(Completion completion) = 0;
   // Several answers at once, in order, as OnCompletion one by one (which the default does);
   // a session may send them together (the sidecar's ops channel: one system call).

@@ -63,12 +63,13 @@ struct Submission {
 };
 
 // Answers `sub` on its session with `status` (and, for a successful inline request, the
-// result bytes), first giving back its inline bytes (sub.inline_charge), and tells
+// result bytes), first giving back its inline bytes (sub.inline_charge) but the result's,
+// which the completion holds until its session wrote or dropped it, and tells
 // `observer` (may be null). Thread-safe for distinct submissions; never blocks.
 void Complete(const Submission& sub, const absl::Status& status, EngineObserver* observer);
 
 // Complete's parts, for a caller that answers several at once: the answer of `sub` with
-// `status` (giving back its inline bytes, as Complete), and telling `observer` (may be null)
+// `status` (giving back its inline bytes but the result's, as Complete), and telling `observer` (may be null)
 // once it went to the session.
 Completion TakeCompletion(const Submission& sub, const absl::Status& status);
 void ObserveCompleted(const Submission& sub, const absl::Status& status, EngineObserver* observer);

@@ -11,12 +11,14 @@
 #define COLLSERVE_ENGINE_TYPES_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/flight_record.h"
+#include "engine/inline_budget.h"
 
 namespace collserve::engine {
 
@@ -107,6 +109,11 @@ struct Completion {
   int64_t peer_offset = 0;
   int64_t peer_bytes = 0;
   int64_t peer_fill_offset = 0;  // > 0: the owner is still writing them (PeerSource.fill_offset)
+  // `inline_data`'s bytes, still counted in the sidecar's inline budgets (--max_inline_bytes,
+  // the job's max_inline_bytes) until the answer is written to the client or dropped (the
+  // last copy of this pointer goes): a client that reads none of its answers holds its
+  // budget, not the host's memory beyond it. Null when there are none.
+  std::shared_ptr<const InlineCharge> inline_charge;
 };
 
 // Sent once per session when its group is ready (collserve.v1.Attached).

@@ -95,12 +95,16 @@ class SessionHandle : public engine::Session, public OpsHandler {
   }
   void OnCompletion(engine::Completion completion) override {
     if (Answered(completion.seq)) ReleaseInFlight(1);
-    Send(ToProto(std::move(completion)));
+    std::shared_ptr<const engine::InlineCharge> charge = std::move(completion.inline_charge);
+    Send(ToProto(std::move(completion)), std::move(charge));
   }
   // Several answers (records of collectives the rank runs itself, checked back to back): over
   // the ops channel with one system call.
   void OnCompletions(std::vector<engine::Completion> completions) override;
-  void Send(pb::SessionResponse response);
+  // Sends `response` over the ops channel (the `charge` of its inline bytes is released once
+  // it is copied there; the channel's queue has its own bound) or queues it on the stream,
+  // holding `charge` until it is written.
+  void Send(pb::SessionResponse response, std::shared_ptr<const engine::InlineCharge> charge = nullptr);
   void Close(const absl::Status& status) override;
   void OnGroupEvent(int left_rank, const absl::Status& why) override {
     {
@@ -264,26 +268,51 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
     StartRead(&request_);
   }
 
+  // The bytes of answers a session's stream may hold unwritten (their serialized size plus
+  // kQueuedAnswerOverhead each) before the sidecar stops reading the session's requests,
+  // until its client has read them down to kResumeReadingBytes. Without it a client that
+  // sends requests and reads none of their answers (a TCP session, or COLLSERVE_OPS_CHANNEL=0)
+  // grew the shared sidecar's memory without bound; now it only stalls itself (its writes
+  // block on HTTP/2 flow control). The inline results among them also stay counted in the
+  // inline budgets until written (engine::Completion::inline_charge). The ops channel has
+  // its own bound (OpsLink::kMaxQueuedBytes).
+  static constexpr size_t kMaxQueuedBytes = size_t{64} << 20;
+  static constexpr size_t kResumeReadingBytes = size_t{32} << 20;
+  // What a queued answer costs beyond its serialized bytes: the deque slot, the message
+  // objects and their heap blocks (measured with glibc's malloc: 185 bytes of heap for an
+  // answer of 13 serialized bytes).
+  static constexpr size_t kQueuedAnswerOverhead = 256;
+
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override {
     const pb::SessionResponse* next = nullptr;
     bool finish = false;
+    bool resume_reading = false;
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
-      writing_.pop_front();
+      queued_bytes_ -= writing_.front().bytes;
+      writing_.pop_front();  // (its inline charge comes back)
       if (!ok) {
         writing_.clear();
+        queued_bytes_ = 0;
         broken_ = true;
       }
+      // Reads resume once the client read its answers down (or the stream broke, or the
+      // session ends: the pending read then sees the end).
+      if (reading_paused_ && (queued_bytes_ <= kResumeReadingBytes || broken_ || finish_requested_)) {
+        reading_paused_ = false;
+        resume_reading = true;
+      }
       if (!writing_.empty()) {
-        next = &writing_.front();
+        next = &writing_.front().response;
       } else if (finish_requested_ && !finished_) {
         finished_ = true;
         finish = true;
         status = finish_status_;
       }
     }
+    if (resume_reading) StartRead(&request_);
     if (next != nullptr) StartWrite(next);
     if (finish) Finish(status);
   }
@@ -292,19 +321,23 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   // forgets its shared-memory token, once.
   void EndSession();
 
-  // Queues a message (called through the handle, under its lock: the reactor is alive).
-  void Enqueue(pb::SessionResponse response) {
+  // Queues a message, holding `charge` (its inline bytes in the inline budgets) until it is
+  // written (called through the handle, under its lock: the reactor is alive).
+  void Enqueue(pb::SessionResponse response, std::shared_ptr<const engine::InlineCharge> charge = nullptr) {
     const pb::SessionResponse* start = nullptr;
     {
       absl::MutexLock lock(&mu_);
       if (finish_requested_ || broken_) return;
-      writing_.push_back(std::move(response));
-      if (writing_.size() == 1) start = &writing_.front();
+      const size_t bytes = response.ByteSizeLong() + kQueuedAnswerOverhead;
+      writing_.push_back(Outgoing{std::move(response), std::move(charge), bytes});
+      queued_bytes_ += bytes;
+      if (writing_.size() == 1) start = &writing_.front().response;
     }
     if (start != nullptr) StartWrite(start);
   }
   void RequestFinish(const absl::Status& status) {
     bool finish = false;
+    bool resume_reading = false;
     {
       absl::MutexLock lock(&mu_);
       if (finish_requested_) return;
@@ -314,8 +347,31 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
         finished_ = true;
         finish = true;
       }
+      // A read pending again notices the client's end (reads are paused only while answers
+      // wait, so a session that cannot finish yet keeps one).
+      resume_reading = std::exchange(reading_paused_, false);
     }
+    if (resume_reading) StartRead(&request_);
     if (finish) Finish(finish_status_);
+  }
+  // After a request was read: whether to read the next one now (false: the answers waiting
+  // passed kMaxQueuedBytes; OnWriteDone reads on once the client read them down).
+  bool ReadOn() {
+    size_t queued = 0, answers = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (queued_bytes_ <= kMaxQueuedBytes || broken_ || finish_requested_) return true;
+      reading_paused_ = true;
+      if (std::exchange(pause_logged_, true)) return false;
+      queued = queued_bytes_;
+      answers = writing_.size();
+    }
+    SessionHandle::Attachment a = handle_->Attached();
+    LOG(WARNING) << "the session of rank " << a.rank << " of job \"" << a.job << "\" (" << peer_ << ") has "
+                 << answers << " answers (" << queued << " bytes) its client has not read, past the limit of "
+                 << kMaxQueuedBytes << " bytes: the sidecar reads its next request once the client reads them "
+                 << "(logged once per session)";
+    return false;
   }
 
  private:
@@ -327,8 +383,18 @@ class SessionReactor : public grpc::ServerBidiReactor<pb::SessionRequest, pb::Se
   pb::SessionRequest request_;
   bool attach_started_ = false;  // reactions only (they never run concurrently)
 
+  // An answer waiting to be written, with the charge of its inline bytes and what it counts
+  // in queued_bytes_.
+  struct Outgoing {
+    pb::SessionResponse response;
+    std::shared_ptr<const engine::InlineCharge> charge;
+    size_t bytes = 0;
+  };
   absl::Mutex mu_;
-  std::deque<pb::SessionResponse> writing_ ABSL_GUARDED_BY(mu_);  // front = in flight
+  std::deque<Outgoing> writing_ ABSL_GUARDED_BY(mu_);  // front = in flight
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;        // writing_'s Outgoing::bytes summed
+  bool reading_paused_ ABSL_GUARDED_BY(mu_) = false;    // no read pending: see ReadOn
+  bool pause_logged_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
@@ -361,10 +427,13 @@ void SessionHandle::OnCompletions(std::vector<engine::Completion> completions) {
     return;
   }
   if (reactor_ == nullptr) return;
-  for (engine::Completion& c : completions) reactor_->Enqueue(ToProto(std::move(c)));
+  for (engine::Completion& c : completions) {
+    std::shared_ptr<const engine::InlineCharge> charge = std::move(c.inline_charge);
+    reactor_->Enqueue(ToProto(std::move(c)), std::move(charge));
+  }
 }
 
-void SessionHandle::Send(pb::SessionResponse response) {
+void SessionHandle::Send(pb::SessionResponse response, std::shared_ptr<const engine::InlineCharge> charge) {
   absl::MutexLock lock(&mu_);
   if (ops_link_ != nullptr) {
     // A failed send shuts the link down; its closing ends the session (OnOpsClosed), and a
@@ -374,7 +443,7 @@ void SessionHandle::Send(pb::SessionResponse response) {
     }
     return;
   }
-  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response));
+  if (reactor_ != nullptr) reactor_->Enqueue(std::move(response), std::move(charge));
 }
 
 absl::Status SessionHandle::OnOpsMessage(std::string message) {
@@ -619,7 +688,8 @@ class SidecarImpl : public Sidecar {
         {"collserve_staging_bytes", "Bytes of shared memory local ranks have registered with the sidecar and it "
          "holds mapped (their arenas and staging segments).", static_cast<double>(s.mapped_bytes)},
         {"collserve_inline_bytes", "Bytes of inline requests (remote ranks' tensors carried in the messages, input "
-         "and result) the sidecar holds, every job together; at --max_inline_bytes more are refused.",
+         "and result; results until their answers are written to the client) the sidecar holds, every job "
+         "together; at --max_inline_bytes more are refused.",
          static_cast<double>(s.inline_bytes)},
     };
     for (GaugeValue& p : ProcessMetrics()) g.push_back(std::move(p));
@@ -1050,7 +1120,7 @@ void SessionReactor::OnReadDone(bool ok) {
     return;
   }
   request_.Clear();
-  StartRead(&request_);
+  if (ReadOn()) StartRead(&request_);
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx, const pb::DrainRequest* req,

@@ -15,11 +15,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -295,7 +297,10 @@ std::pair<std::unique_ptr<RawSession>, std::unique_ptr<RawSession>> AttachInline
 // before anything is allocated, the requests already held complete with the right bytes, and
 // the budget comes back as they complete.
 TEST(AttackTest, InlineResultsAreBoundedByTheSidecarsInlineBudget) {
-  auto cluster = Cluster::Start(1, {"--allow_unauthenticated"}, {"--max_inline_bytes=67108864"});
+  const int metrics_port = UnusedPort();
+  ASSERT_GT(metrics_port, 0);
+  auto cluster = Cluster::Start(1, {"--allow_unauthenticated"},
+                                {"--max_inline_bytes=67108864", absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->sidecar_tcp_address(0);
   auto [rank0, rank1_session] = AttachInlinePair(address, "inline-budget");
@@ -320,8 +325,9 @@ TEST(AttackTest, InlineResultsAreBoundedByTheSidecarsInlineBudget) {
     ASSERT_EQ(got.code(), 0) << got.message();
     EXPECT_EQ(got.inline_data(), std::string(static_cast<size_t>(kCount) * 4, static_cast<char>('a' + i)));
   }
-  // A whole budget's worth fits again: a request's bytes come back before its completion is
-  // sent.
+  // A whole budget's worth fits again once the answers are read (a result's bytes come back
+  // when its answer is written to the client; the input's when the request completes).
+  ASSERT_TRUE(WaitFor([&] { return MetricValue(metrics_port, "collserve_inline_bytes") == 0; }, absl::Seconds(10)));
   ASSERT_TRUE(rank0->Send(InlineP2P(pb::RECV, 1, 2 * kCount)));
   pb::Completion sent = rank1.Call(InlineP2P(pb::SEND, 0, 2 * kCount, std::string(static_cast<size_t>(kCount) * 8, 'z')));
   EXPECT_EQ(sent.code(), 0) << sent.message();
@@ -393,6 +399,61 @@ TEST(AttackTest, ASessionPastItsRequestsInFlightIsEndedNamingTheLimit) {
   RawSession fresh(address, "after-flood");
   ASSERT_TRUE(fresh.attached());
   EXPECT_EQ(fresh.Call(InlineAllReduce(1, one)).code(), 0);
+}
+
+// A client on the session's stream (a TCP session here; COLLSERVE_OPS_CHANNEL=0 too) that
+// sends requests and reads none of their answers made the sidecar queue every answer: with
+// inline all_reduces its memory grew by each result, for every job on the host. Now a
+// session's unwritten answers past 64 MiB stop the sidecar reading its requests (the client
+// stalls itself on flow control), and the inline results among them stay counted in
+// --max_inline_bytes until written. Once the client reads, every answer arrives, in order,
+// with its bytes, the requests it could not send go on, and the budget comes back.
+TEST(AttackTest, AClientThatReadsNoneOfItsAnswersStallsItselfNotTheSidecar) {
+  const int metrics_port = UnusedPort();
+  ASSERT_GT(metrics_port, 0);
+  auto cluster = Cluster::Start(1, {"--allow_unauthenticated"},
+                                {absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto inline_bytes = [&] { return MetricValue(metrics_port, "collserve_inline_bytes"); };
+  ASSERT_TRUE(WaitFor([&] { return inline_bytes() == 0; }, absl::Seconds(10))) << (*cluster)->Logs();
+  RawSession session((*cluster)->sidecar_tcp_address(0), "unread-answers");
+  ASSERT_TRUE(session.attached());
+  // 256 KiB all_reduces (world_size 1: each is answered at once), 512 of them (128 MiB).
+  constexpr int64_t kCount = 64 << 10;
+  constexpr int kRequests = 512;
+  auto payload = [](int i) { return std::string(static_cast<size_t>(kCount) * 4, static_cast<char>('a' + i % 23)); };
+  std::atomic<int> sent{0};
+  std::thread writer([&] {
+    for (int i = 0; i < kRequests; ++i) {
+      if (!session.Send(InlineAllReduce(kCount, payload(i)))) return;
+      sent.fetch_add(1);
+    }
+  });
+  // The sidecar stops reading the session's requests (and says so) with 64 MiB unwritten...
+  ASSERT_TRUE((*cluster)->sidecar(0).WaitForOutput("its client has not read", absl::Seconds(60)))
+      << "sent " << sent.load() << "\n" << (*cluster)->Logs();
+  EXPECT_THAT((*cluster)->sidecar(0).Output(), HasSubstr("past the limit of 67108864 bytes"));
+  // ... holding about that: the answers, and the requests it had read and not yet run (each
+  // counted with its input and result; measured 1.5 to 10 MiB of them here), far from the
+  // 128 MiB the client tried to queue. The results' bytes count in the inline budget while
+  // they wait.
+  const double held = inline_bytes();
+  std::cerr << "paused with " << held << " inline bytes held, " << sent.load() << " requests sent\n";
+  EXPECT_GE(held, 32.0 * (1 << 20)) << "the waiting results are not counted in --max_inline_bytes";
+  EXPECT_LE(held, 96.0 * (1 << 20)) << "sent " << sent.load();
+  EXPECT_LT(sent.load(), kRequests) << "the client's writes were never held back";
+  // The client reads: every answer comes, in order, with its bytes; the writer finishes.
+  for (int i = 0; i < kRequests; ++i) {
+    pb::Completion c = session.Next();
+    ASSERT_EQ(c.code(), 0) << "answer " << i << ": " << c.message();
+    ASSERT_EQ(c.seq(), i);
+    ASSERT_TRUE(c.inline_data() == payload(i)) << "answer " << i << " holds other bytes";
+  }
+  writer.join();
+  EXPECT_EQ(sent.load(), kRequests);
+  EXPECT_TRUE(WaitFor([&] { return inline_bytes() == 0; }, absl::Seconds(10))) << inline_bytes();
+  EXPECT_EQ(session.Call(InlineAllReduce(1, std::string(4, '\0'))).code(), 0);
+  EXPECT_FALSE((*cluster)->sidecar(0).Wait(absl::ZeroDuration()).ok()) << "the sidecar exited";
 }
 
 // Finding 3: one Join with world_size 2^31-1 made the coordinator allocate ~23 GB.

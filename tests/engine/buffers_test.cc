@@ -71,6 +71,19 @@ TEST(InlineBudgetTest, CountsUpToItsLimitAndChargesGiveTheirBytesBack) {
     InlineCharge c;
     c = std::move(b);
     EXPECT_EQ(budget.in_use(), 30);
+    // Keep: what is kept stays counted, the rest comes back now, and the source is empty.
+    InlineCharge kept = c.Keep(12);
+    EXPECT_EQ(kept.bytes(), 12);
+    EXPECT_EQ(c.bytes(), 0);
+    EXPECT_EQ(budget.in_use(), 12);
+    EXPECT_EQ(kept.Keep(100).bytes(), 12);  // at most what it holds (released at once here)
+    EXPECT_EQ(kept.bytes(), 0);
+    EXPECT_EQ(budget.in_use(), 0);
+    ASSERT_TRUE(budget.TryReserve(5));
+    InlineCharge d(&budget, 5);
+    EXPECT_EQ(d.Keep(0).bytes(), 0);
+    EXPECT_EQ(budget.in_use(), 0);
+    EXPECT_EQ(InlineCharge().Keep(3).bytes(), 0);
   }
   EXPECT_EQ(budget.in_use(), 0);
   InlineBudget unlimited(0);
@@ -108,7 +121,9 @@ TEST(InlineBudgetTest, ConcurrentReservationsNeverPassTheLimit) {
 
 // A RECV asking for a 1 GiB inline result (a few bytes on the wire) past a 64 MiB budget is
 // refused before anything is allocated; one within it is counted (input and result) until
-// its completion is handed over, which happens with the bytes already given back.
+// its completion is handed over, which comes with the input's bytes given back and the
+// result's still counted, until the session drops the completion's charge (the sidecar: once
+// the answer is written to the client).
 TEST(ResolveBuffersTest, InlineResultsAreCountedBeforeTheyAreAllocated) {
   InlineBudget budget(int64_t{64} << 20);
   SegmentTable segments;
@@ -135,7 +150,21 @@ TEST(ResolveBuffersTest, InlineResultsAreCountedBeforeTheyAreAllocated) {
   Complete(gather, absl::OkStatus(), nullptr);
   ASSERT_EQ(session->completions.size(), 1u);
   EXPECT_EQ(session->completions[0].inline_data.size(), size_t{4} << 20);
-  EXPECT_EQ(session->in_use_at_completion[0], 0);
+  EXPECT_EQ(session->in_use_at_completion[0], 4 << 20);
+  ASSERT_NE(session->completions[0].inline_charge, nullptr);
+  EXPECT_EQ(session->completions[0].inline_charge->bytes(), 4 << 20);
+  Submission past = InlineRequest(CollectiveOp::kRecv, (15 << 20) + 1, 0, 0);  // 60 MiB + 4 bytes
+  EXPECT_EQ(ResolveBuffers(segments, past, nullptr, &budget).code(), absl::StatusCode::kResourceExhausted);
+  session->completions[0].inline_charge.reset();
+  EXPECT_EQ(budget.in_use(), 0);
+  // A failed request's completion holds nothing.
+  Submission failed = InlineRequest(CollectiveOp::kAllGather, 1 << 18, 1 << 20, 1 << 20);
+  failed.session = session;
+  ASSERT_TRUE(ResolveBuffers(segments, failed, nullptr, &budget).ok());
+  Complete(failed, absl::InternalError("test"), nullptr);
+  ASSERT_EQ(session->completions.size(), 2u);
+  EXPECT_EQ(session->completions[1].inline_charge, nullptr);
+  EXPECT_EQ(budget.in_use(), 0);
   Submission now_fits = InlineRequest(CollectiveOp::kRecv, 15 << 20, 0, 0);
   EXPECT_TRUE(ResolveBuffers(segments, now_fits, nullptr, &budget).ok());
   EXPECT_EQ(budget.in_use(), 60 << 20);
