@@ -418,9 +418,9 @@ TEST(AttackTest, AClientThatReadsNoneOfItsAnswersStallsItselfNotTheSidecar) {
   ASSERT_TRUE(WaitFor([&] { return inline_bytes() == 0; }, absl::Seconds(10))) << (*cluster)->Logs();
   RawSession session((*cluster)->sidecar_tcp_address(0), "unread-answers");
   ASSERT_TRUE(session.attached());
-  // 256 KiB all_reduces (world_size 1: each is answered at once), 512 of them (128 MiB).
+  // 256 KiB all_reduces (world_size 1: each is answered at once), 768 of them (192 MiB).
   constexpr int64_t kCount = 64 << 10;
-  constexpr int kRequests = 512;
+  constexpr int kRequests = 768;
   auto payload = [](int i) { return std::string(static_cast<size_t>(kCount) * 4, static_cast<char>('a' + i % 23)); };
   std::atomic<int> sent{0};
   std::thread writer([&] {
@@ -434,13 +434,13 @@ TEST(AttackTest, AClientThatReadsNoneOfItsAnswersStallsItselfNotTheSidecar) {
       << "sent " << sent.load() << "\n" << (*cluster)->Logs();
   EXPECT_THAT((*cluster)->sidecar(0).Output(), HasSubstr("past the limit of 67108864 bytes"));
   // ... holding about that: the answers, and the requests it had read and not yet run (each
-  // counted with its input and result; measured 1.5 to 10 MiB of them here), far from the
-  // 128 MiB the client tried to queue. The results' bytes count in the inline budget while
-  // they wait.
+  // counted with its input and result; measured 1.5 to 10 MiB of them in Release, up to 19
+  // MiB under TSan), far from the 192 MiB the client tried to queue. The results' bytes count
+  // in the inline budget while they wait.
   const double held = inline_bytes();
   std::cerr << "paused with " << held << " inline bytes held, " << sent.load() << " requests sent\n";
   EXPECT_GE(held, 32.0 * (1 << 20)) << "the waiting results are not counted in --max_inline_bytes";
-  EXPECT_LE(held, 96.0 * (1 << 20)) << "sent " << sent.load();
+  EXPECT_LE(held, 128.0 * (1 << 20)) << "sent " << sent.load();
   EXPECT_LT(sent.load(), kRequests) << "the client's writes were never held back";
   // The client reads: every answer comes, in order, with its bytes; the writer finishes.
   for (int i = 0; i < kRequests; ++i) {
