@@ -95,6 +95,8 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   if (!staging.ok()) return staging.status();
   absl::StatusOr<int64_t> window = BytesFromEnv("COLLSERVE_STAGING_WINDOW_BYTES", staging_window_bytes);
   if (!window.ok()) return window.status();
+  absl::StatusOr<absl::Duration> keepalive = EnvSeconds("COLLSERVE_KEEPALIVE_TIMEOUT_S", keepalive_timeout);
+  if (!keepalive.ok()) return keepalive.status();
   absl::StatusOr<TlsOptions> tls_env = TlsOptions::FromEnv();
   if (!tls_env.ok()) return tls_env.status();
   absl::StatusOr<std::string> token_env = JobTokenFromEnv();
@@ -120,6 +122,7 @@ absl::Status InitOptions::ReadTuningFromEnv() {
   pipelined_broadcast = SwitchFromEnv("COLLSERVE_PIPELINED_BROADCAST", pipelined_broadcast);
   max_staging_bytes = *staging;
   staging_window_bytes = *window;
+  keepalive_timeout = *keepalive;
   if (!tls_env->ca_file.empty() || !tls_env->cert_file.empty() || !tls_env->key_file.empty() ||
       !tls_env->server_name.empty()) {
     tls = std::move(*tls_env);

@@ -29,6 +29,8 @@ absl::Status SessionProcessGroup::SetOpTimeout(absl::Duration timeout) {
                                                    ": must be positive and finite"));
   }
   op_timeout_ms_.store(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)), std::memory_order_relaxed);
+  absl::MutexLock lock(&watch_mu_);
+  watch_wake_ = true;  // the write watch takes the new timeout now
   return absl::OkStatus();
 }
 

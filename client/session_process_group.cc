@@ -23,10 +23,19 @@ namespace pb = ::collserve::v1;
 
 namespace {
 
-grpc::ChannelArguments ChannelArgs() {
+grpc::ChannelArguments ChannelArgs(absl::Duration keepalive_timeout) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
+  // gRPC keepalive (InitOptions::keepalive_timeout): a sidecar that answers no ping closes
+  // the connection, which fails a write its full buffers held (cancelling the call alone
+  // does not: the bytes wait in the socket). Pings while nothing else is sent too (a write
+  // that cannot go out sends nothing else).
+  const int64_t timeout_ms =
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(keepalive_timeout), 1000, int64_t{1} << 30);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(std::max<int64_t>(1000, timeout_ms / 2)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(timeout_ms));
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Every session gets its own connection so one busy stream does not delay another.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   return args;
@@ -69,12 +78,18 @@ SessionProcessGroup::~SessionProcessGroup() {
   {
     absl::MutexLock send(&send_mu_);
     absl::MutexLock lock(&write_mu_);
-    if (stream_ != nullptr && !closed_) stream_->WritesDone();
+    if (stream_ != nullptr && !closed_) WatchedWrite([this] { return stream_->WritesDone(); });
     closed_ = true;
   }
   // The sidecar ends the stream after WritesDone; cancel if it does not promptly.
   if (!reader_done_.WaitForNotificationWithTimeout(absl::Seconds(5))) ctx_.TryCancel();
   if (reader_.joinable()) reader_.join();
+  {
+    absl::MutexLock lock(&watch_mu_);
+    watch_stop_ = true;
+    watch_wake_ = true;
+  }
+  if (write_watch_.joinable()) write_watch_.join();
   FailAll(absl::CancelledError("process group destroyed"));
   AbortRankComm(absl::CancelledError("process group destroyed"));
   collective_lane_.reset();  // finishes what it holds, then joins
@@ -86,7 +101,7 @@ absl::Status SessionProcessGroup::Init() {
   const std::string address = options_.sidecar_address.empty()
                                   ? std::string(kDefaultSidecarAddress)
                                   : options_.sidecar_address;
-  auto channel = CreateChannel(address, options_.tls, ChannelArgs());
+  auto channel = CreateChannel(address, options_.tls, ChannelArgs(options_.keepalive_timeout));
   if (!channel.ok()) return channel.status();
   channel_ = std::move(*channel);
   const absl::Time init_deadline = absl::Now() + options_.init_timeout;
@@ -163,7 +178,50 @@ absl::Status SessionProcessGroup::Init() {
   collective_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
   p2p_lane_ = std::make_unique<Lane>([this](Done& d) { Finish(d); });
   reader_ = std::thread([this] { ReadLoop(); });
+  write_watch_ = std::thread([this] { WriteWatchLoop(); });
   return absl::OkStatus();
+}
+
+bool SessionProcessGroup::WatchedWrite(const std::function<bool()>& write) {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    write_started_ = absl::Now();
+  }
+  const bool ok = write();
+  absl::MutexLock lock(&watch_mu_);
+  write_started_ = absl::InfiniteFuture();
+  return ok;
+}
+
+void SessionProcessGroup::WriteWatchLoop() {
+  {
+    absl::MutexLock lock(&watch_mu_);
+    while (!watch_stop_) {
+      watch_wake_ = false;
+      const absl::Duration timeout = OpTimeout();
+      const absl::Time now = absl::Now();
+      if (write_started_ != absl::InfiniteFuture() && now - write_started_ >= timeout) {
+        write_timed_out_ = true;
+        timed_out_after_ = timeout;
+        break;
+      }
+      // Looks again when the write in progress would pass the op timeout (none: a timeout
+      // from now, the soonest a write starting now could), or when woken.
+      const absl::Time next = (write_started_ == absl::InfiniteFuture() ? now : write_started_) + timeout;
+      watch_mu_.AwaitWithDeadline(absl::Condition(&watch_wake_), next);
+    }
+    if (!write_timed_out_) return;
+  }
+  // The write in progress then fails, and the reader sees the stream end.
+  ctx_.TryCancel();
+}
+
+absl::Status SessionProcessGroup::WriteTimeoutError() const {
+  absl::MutexLock lock(&watch_mu_);
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the session with the sidecar was ended: a request could not be written to it within the op timeout (",
+      absl::FormatDuration(timed_out_after_),
+      "); the sidecar is not reading this session (stopped, hung, or this process did not read its answers)"));
 }
 
 void SessionProcessGroup::SetCallSite(pb::Collective* c) {
@@ -398,8 +456,14 @@ void SessionProcessGroup::WriteFailedLocked(const absl::Status& why) {
 
 absl::Status SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
   if (ops_sock_ < 0) {
-    if (stream_->Write(req)) return absl::OkStatus();
-    return absl::UnavailableError("the session with the sidecar broke: its stream took no more requests");
+    if (WatchedWrite([&] { return stream_->Write(req); })) return absl::OkStatus();
+    {
+      absl::MutexLock lock(&watch_mu_);
+      if (!write_timed_out_) {
+        return absl::UnavailableError("the session with the sidecar broke: its stream took no more requests");
+      }
+    }
+    return WriteTimeoutError();
   }
   // The sidecar's channel thread reads continuously: waiting the op timeout for room means
   // it is stuck.
@@ -512,6 +576,12 @@ void SessionProcessGroup::ReadLoop() {
   if (final_status.error_code() == grpc::StatusCode::CANCELLED) {
     why = absl::UnavailableError(absl::StrCat("session with the sidecar was cancelled: ",
                                               final_status.error_message()));
+    bool timed_out = false;
+    {
+      absl::MutexLock lock(&watch_mu_);
+      timed_out = write_timed_out_;
+    }
+    if (timed_out) why = WriteTimeoutError();  // the write watch cancelled it
   }
   {
     absl::MutexLock lock(&write_mu_);

@@ -349,6 +349,18 @@ class SessionProcessGroup : public ProcessGroup {
   // Completes every pending Work with `why` (its segment released).
   void FailAll(const absl::Status& why);
 
+  // Runs `write` (a blocking write on the session's stream: Write, WritesDone) under the
+  // write watch, and returns what it returned. A stream write has no deadline of its own in
+  // gRPC's synchronous API, and one the sidecar never takes (a sidecar that is stopped or
+  // hung, with the connection's flow-control window full) blocked the issuing thread, and
+  // every later call behind its lock, for good.
+  bool WatchedWrite(const std::function<bool()>& write);
+  // The write watch's thread: cancels the session's stream once a write has been in progress
+  // for the op timeout (the write then fails, and the session ends with WriteTimeoutError).
+  void WriteWatchLoop();
+  // DEADLINE_EXCEEDED: no request could be written within the op timeout.
+  absl::Status WriteTimeoutError() const;
+
   absl::Duration OpTimeout() const { return absl::Milliseconds(op_timeout_ms_.load(std::memory_order_relaxed)); }
 
   InitOptions options_;
@@ -430,6 +442,17 @@ class SessionProcessGroup : public ProcessGroup {
   std::unique_ptr<Lane> p2p_lane_;
   std::thread reader_;
   absl::Notification reader_done_;
+
+  // The write watch (WatchedWrite, WriteWatchLoop): when the write in progress started
+  // (InfiniteFuture: none), whether the watch cancelled the stream for it, and its thread
+  // (started with reader_, joined after it).
+  mutable absl::Mutex watch_mu_;
+  absl::Time write_started_ ABSL_GUARDED_BY(watch_mu_) = absl::InfiniteFuture();
+  bool write_timed_out_ ABSL_GUARDED_BY(watch_mu_) = false;
+  absl::Duration timed_out_after_ ABSL_GUARDED_BY(watch_mu_);
+  bool watch_wake_ ABSL_GUARDED_BY(watch_mu_) = false;  // stop, or the op timeout changed
+  bool watch_stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::thread write_watch_;
 };
 
 }  // namespace collserve::client

@@ -137,6 +137,14 @@ struct InitOptions {
   // Default deadline of each collective, enforced by the sidecar (and by Work::Wait as a
   // safety net). Env: COLLSERVE_OP_TIMEOUT_S. Default 300 s.
   absl::Duration op_timeout = absl::Seconds(300);
+  // How long the sidecar may leave an HTTP/2 ping of the session's connection unanswered
+  // before the session is taken as lost (gRPC keepalive: a ping every half of it, at least
+  // 1 s apart; the sidecar accepts pings 1 s apart). A sidecar that is stopped or hung, with
+  // the connection's buffers full, otherwise left a call writing a request blocked for good:
+  // the session now ends with UNAVAILABLE within about 1.5 times this, and a write the
+  // sidecar does not take within the op timeout ends it too (DEADLINE_EXCEEDED). Env:
+  // COLLSERVE_KEEPALIVE_TIMEOUT_S. Default 20 s.
+  absl::Duration keepalive_timeout = absl::Seconds(20);
   // Bytes of staging segments (the shared-memory copies of tensors outside the arena) that
   // this group's collectives may hold at once, in bytes; 0 = no limit. A collective that
   // needs staging beyond it waits, inside the call that issues it, until this group's
@@ -181,7 +189,8 @@ struct InitOptions {
   // object: COLLSERVE_SHARED_MEMORY, COLLSERVE_PEER_READS, COLLSERVE_OPS_CHANNEL,
   // COLLSERVE_PIPELINED_BROADCAST, COLLSERVE_NCCL_RECORDS ("0" or
   // "false" turn one off; anything else on), COLLSERVE_CUDA_PATH, COLLSERVE_BACKEND, COLLSERVE_MAX_STAGING_BYTES,
-  // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
+  // COLLSERVE_STAGING_WINDOW_BYTES, COLLSERVE_KEEPALIVE_TIMEOUT_S (a positive number of
+  // seconds), COLLSERVE_TLS_* and COLLSERVE_TOKEN(_FILE); a variable
   // that is unset or empty leaves its field as it is. For bindings that take the rank,
   // group and timeouts from their caller (the Python SDK, the c10d backend); FromEnv calls
   // it. INVALID_ARGUMENT as FromEnv for these variables; on an error nothing is changed.

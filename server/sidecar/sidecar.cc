@@ -619,6 +619,9 @@ class SidecarImpl : public Sidecar {
     }
     builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
     builder.SetMaxSendMessageSize(kMaxMessageBytes);
+    // The SDK's keepalive pings (InitOptions::keepalive_timeout: at least 1 s apart) are
+    // welcome; a client pinging faster still gets gRPC's strikes and GOAWAY.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
     builder.RegisterService(service_.get());
     info_service_ = std::make_unique<InfoService>("sidecar", options_.host_id);
     builder.RegisterService(info_service_.get());

@@ -300,7 +300,8 @@ TEST(AttackTest, InlineResultsAreBoundedByTheSidecarsInlineBudget) {
   const int metrics_port = UnusedPort();
   ASSERT_GT(metrics_port, 0);
   auto cluster = Cluster::Start(1, {"--allow_unauthenticated"},
-                                {"--max_inline_bytes=67108864", absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)});
+                                {"--max_inline_bytes=67108864",
+                                 absl::StrCat("--metrics_address=127.0.0.1:", metrics_port)});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->sidecar_tcp_address(0);
   auto [rank0, rank1_session] = AttachInlinePair(address, "inline-budget");

@@ -17,7 +17,8 @@ class EnvTest : public ::testing::Test {
                           "COLLSERVE_SHARED_MEMORY", "COLLSERVE_PEER_READS", "COLLSERVE_OPS_CHANNEL",
                           "COLLSERVE_PIPELINED_BROADCAST", "COLLSERVE_MAX_STAGING_BYTES",
                           "COLLSERVE_STAGING_WINDOW_BYTES", "COLLSERVE_TOKEN", "COLLSERVE_TOKEN_FILE", "COLLSERVE_TLS_CA", "COLLSERVE_TLS_CERT", "COLLSERVE_TLS_KEY",
-                          "COLLSERVE_TLS_SERVER_NAME", "COLLSERVE_CUDA_PATH", "COLLSERVE_NCCL_RECORDS"}) {
+                          "COLLSERVE_TLS_SERVER_NAME", "COLLSERVE_CUDA_PATH", "COLLSERVE_NCCL_RECORDS",
+                          "COLLSERVE_KEEPALIVE_TIMEOUT_S"}) {
       unsetenv(v);
     }
   }
@@ -35,8 +36,20 @@ TEST_F(EnvTest, ReadsTorchVariablesAndOurs) {
   setenv("COLLSERVE_SHARED_MEMORY", "0", 1);
   setenv("COLLSERVE_PEER_READS", "false", 1);
   setenv("COLLSERVE_OPS_CHANNEL", "0", 1);
+  auto defaults = InitOptions::FromEnv();
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->keepalive_timeout, absl::Seconds(20));
+  setenv("COLLSERVE_KEEPALIVE_TIMEOUT_S", "1.5", 1);
   auto o = InitOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->keepalive_timeout, absl::Milliseconds(1500));
+  // The Python SDK and the c10d backend read it too (they take the timeouts from their caller).
+  InitOptions tuned;
+  ASSERT_TRUE(tuned.ReadTuningFromEnv().ok());
+  EXPECT_EQ(tuned.keepalive_timeout, absl::Milliseconds(1500));
+  setenv("COLLSERVE_KEEPALIVE_TIMEOUT_S", "0", 1);
+  EXPECT_EQ(InitOptions::FromEnv().status().code(), absl::StatusCode::kInvalidArgument);
+  setenv("COLLSERVE_KEEPALIVE_TIMEOUT_S", "1.5", 1);
   EXPECT_EQ(o->rank, 3);
   EXPECT_EQ(o->world_size, 8);
   EXPECT_EQ(o->local_rank, 1);

@@ -377,6 +377,43 @@ TEST(ErrorsTest, SidecarKilledMidCollectiveFailsSurvivorsAndOthersStayHealthy) {
 // for one 1.5 MiB tensor, issuing the second all_reduce returns only once the first has
 // completed, while a send in between goes over the limit without waiting (its receive may
 // depend on this rank's later calls). With no limit the second returns at once.
+// A sidecar that stops (SIGSTOP, a hung daemon) while a remote rank writes a 64 MiB inline
+// request: the connection's buffers fill, and the rank's call blocked inside the stream's
+// write for good (Work deadlines never ran: the call had not returned a Work), however long
+// its op timeout (cancelling the call does not free it: the bytes wait in the socket). The
+// session's connection now fails after COLLSERVE_KEEPALIVE_TIMEOUT_S (2 s here: gRPC's
+// keepalive, and the TCP_USER_TIMEOUT gRPC sets from it, since a ping cannot go out either),
+// the call returns UNAVAILABLE long before its 120 s op timeout, and the sidecar, continued,
+// serves on. About 3 s.
+TEST(ErrorsTest, ACallWritingToAStoppedSidecarFailsInsteadOfBlocking) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  const std::map<std::string, std::string> env = {{"COLLSERVE_OP_TIMEOUT_S", "120"},
+                                                  {"COLLSERVE_KEEPALIVE_TIMEOUT_S", "2"},
+                                                  {"COLLSERVE_SIDECAR", cluster->sidecar_tcp_address(0)}};
+  auto rank = cluster->StartRank(0, 1, 0, {"--mode=loop", "--count=16777216"}, env);
+  ASSERT_TRUE(rank.ok()) << rank.status();
+  ASSERT_TRUE((*rank)->WaitForOutput("iter 0 ok", UnderTsan(absl::Seconds(60), absl::Seconds(180))))
+      << (*rank)->Output() << cluster->Logs();
+  cluster->sidecar(0).Kill(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  const bool failed = (*rank)->WaitForOutput("error after", absl::Seconds(60));
+  const absl::Duration took = absl::Now() - stopped;
+  cluster->sidecar(0).Kill(SIGCONT);
+  ASSERT_TRUE(failed) << "the call still blocks " << absl::FormatDuration(took) << " after the sidecar stopped\n"
+                      << (*rank)->Output();
+  EXPECT_THAT((*rank)->Output(), HasSubstr(": UNAVAILABLE: ")) << (*rank)->Output();
+  EXPECT_LT(took, absl::Seconds(60));
+  auto [code, out] = Finish(**rank);
+  EXPECT_EQ(code, 3) << out;
+  // The sidecar, continued, serves a new rank.
+  auto after = cluster->StartRank(0, 1, 0, {"--mode=single", "--count=4"},
+                                  {{"COLLSERVE_SIDECAR", cluster->sidecar_tcp_address(0)}});
+  ASSERT_TRUE(after.ok());
+  auto [after_code, after_out] = Finish(**after);
+  EXPECT_EQ(after_code, 0) << after_out;
+}
+
 TEST(StagingTest, CollectivesWaitForRoomSendsDoNot) {
   for (const char* limit : {"2097152", "0"}) {
     SCOPED_TRACE(absl::StrCat("COLLSERVE_MAX_STAGING_BYTES=", limit));
