@@ -195,6 +195,12 @@ std::vector<std::string> Cluster::credential_flags() const {
 }
 
 namespace {
+// The daemons a Cluster starts itself exit with the test process (--parent_pid: the kernel's
+// parent-death signal), so that a test binary killed before its destructors ran (ctest's
+// timeout, a crash, a developer's ^C) leaves none of them running. Not for sidecars under
+// mpirun (their parent is mpirun).
+std::string ParentPidFlag() { return absl::StrCat("--parent_pid=", getpid()); }
+
 // How long a daemon of a Cluster may take to serve (a daemon that exits ends the wait at
 // once). A TSan sidecar on a CI machine loaded by the other test steps and builds took more
 // than 20 s to write its port file.
@@ -215,7 +221,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::ve
   c->admin_token_ = *admin_token;
   std::vector<std::string> argv = {CoordinatorBinary(), "--listen_address=127.0.0.1:0",
                                    absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
-                                   "--metrics_address=", "--log_level=warning", kLeaseGraceFlag};
+                                   "--metrics_address=", "--log_level=warning", kLeaseGraceFlag, ParentPidFlag()};
   for (const std::string& f : c->credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
@@ -247,6 +253,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::Start(int num_sidecars,
   std::unique_ptr<Cluster> c = std::move(*started);
   for (int i = 0; i < num_sidecars; ++i) {
     std::vector<std::string> argv = c->SidecarArgv(i);
+    argv.push_back(ParentPidFlag());
     argv.insert(argv.end(), sidecar_flags.begin(), sidecar_flags.end());
     if (static_cast<size_t>(i) < each_sidecar_flags.size()) {
       argv.insert(argv.end(), each_sidecar_flags[i].begin(), each_sidecar_flags[i].end());
@@ -334,7 +341,7 @@ absl::Status Cluster::RestartCoordinator(const std::vector<std::string>& extra_f
   std::remove(pf.c_str());
   std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", coordinator_port_),
                                    absl::StrCat("--port_file=", pf), "--metrics_address=", "--log_level=warning",
-                                   kLeaseGraceFlag};
+                                   kLeaseGraceFlag, ParentPidFlag()};
   for (const std::string& f : credential_flags()) argv.push_back(f);
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   auto coord = Process::Start(argv, {}, absl::StrCat(dir_, "/coordinator-", next_log_++, ".log"));
