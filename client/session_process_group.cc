@@ -216,8 +216,9 @@ void SessionProcessGroup::WriteWatchLoop() {
   ctx_.TryCancel();
 }
 
-absl::Status SessionProcessGroup::WriteTimeoutError() const {
+absl::Status SessionProcessGroup::WriteTimeout() const {
   absl::MutexLock lock(&watch_mu_);
+  if (!write_timed_out_) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat(
       "the session with the sidecar was ended: a request could not be written to it within the op timeout (",
       absl::FormatDuration(timed_out_after_),
@@ -457,13 +458,8 @@ void SessionProcessGroup::WriteFailedLocked(const absl::Status& why) {
 absl::Status SessionProcessGroup::WriteRaw(const pb::SessionRequest& req) {
   if (ops_sock_ < 0) {
     if (WatchedWrite([&] { return stream_->Write(req); })) return absl::OkStatus();
-    {
-      absl::MutexLock lock(&watch_mu_);
-      if (!write_timed_out_) {
-        return absl::UnavailableError("the session with the sidecar broke: its stream took no more requests");
-      }
-    }
-    return WriteTimeoutError();
+    if (absl::Status timed_out = WriteTimeout(); !timed_out.ok()) return timed_out;
+    return absl::UnavailableError("the session with the sidecar broke: its stream took no more requests");
   }
   // The sidecar's channel thread reads continuously: waiting the op timeout for room means
   // it is stuck.
@@ -576,12 +572,7 @@ void SessionProcessGroup::ReadLoop() {
   if (final_status.error_code() == grpc::StatusCode::CANCELLED) {
     why = absl::UnavailableError(absl::StrCat("session with the sidecar was cancelled: ",
                                               final_status.error_message()));
-    bool timed_out = false;
-    {
-      absl::MutexLock lock(&watch_mu_);
-      timed_out = write_timed_out_;
-    }
-    if (timed_out) why = WriteTimeoutError();  // the write watch cancelled it
+    if (absl::Status timed_out = WriteTimeout(); !timed_out.ok()) why = timed_out;  // the write watch cancelled it
   }
   {
     absl::MutexLock lock(&write_mu_);

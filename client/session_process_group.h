@@ -356,10 +356,11 @@ class SessionProcessGroup : public ProcessGroup {
   // every later call behind its lock, for good.
   bool WatchedWrite(const std::function<bool()>& write);
   // The write watch's thread: cancels the session's stream once a write has been in progress
-  // for the op timeout (the write then fails, and the session ends with WriteTimeoutError).
+  // for the op timeout (the write then fails, and the session ends with WriteTimeout()).
   void WriteWatchLoop();
-  // DEADLINE_EXCEEDED: no request could be written within the op timeout.
-  absl::Status WriteTimeoutError() const;
+  // DEADLINE_EXCEEDED if the write watch ended the session (a request could not be written
+  // within the op timeout), else OK. Thread-safe.
+  absl::Status WriteTimeout() const;
 
   absl::Duration OpTimeout() const { return absl::Milliseconds(op_timeout_ms_.load(std::memory_order_relaxed)); }
 
