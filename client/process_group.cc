@@ -939,7 +939,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> InitProcessGroup(const InitOptions
     return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " is out of range for world_size ",
                                                    options.world_size));
   }
-  if (options.group.empty()) return absl::InvalidArgumentError("empty group name");
+  if (absl::Status s = ValidateGroupName(options.group); !s.ok()) return s;
   // Abseil's lock-order tracking off, as in its release builds (common/mutex_mode.h).
   if (absl::Status s = ApplyMutexDeadlockDetectionMode(); !s.ok()) return s;
   auto pg = std::make_unique<SessionProcessGroup>(options);

@@ -13,7 +13,10 @@
 //   sidecar -> client  Reply    {magic, code, message}               code: absl::StatusCode;
 //                      an Open answered OK carries the segment's read-only descriptor
 // A wrong magic, an unknown op, a Register before a good Hello or without exactly one
-// descriptor is answered with an error and the connection is closed. An OpsMode answered OK
+// descriptor is answered with an error and the connection is closed. The sidecar never
+// waits to send a Reply: a client must read each before its next request (one whose socket
+// has no room for a Reply is closed). One session's token says Hello on at most 4
+// connections (RESOURCE_EXHAUSTED), and they are closed when the session ends. An OpsMode answered OK
 // switches the connection to the session's ops channel (common/ops_channel.h): from then on
 // it carries that framing only, and closing it ends the session.
 #ifndef COLLSERVE_COMMON_FD_CHANNEL_H_

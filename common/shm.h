@@ -17,9 +17,11 @@ namespace collserve {
 
 // How ShmSegment::FromFd maps a descriptor.
 struct ShmMapOptions {
-  // Also keep a read-only descriptor of the segment (reopened through /proc/self/fd, so
-  // whoever is handed it can map it only for reading) as fd(), for a peer of the owner to
-  // map (the sidecar's peer reads). Kept only while the process holds fewer than
+  // Also keep a read-only descriptor of the segment (reopened through /proc/self/fd) as
+  // fd(), for a peer of the owner to map (the sidecar's peer reads). Read-only only against
+  // mistakes: a memfd's inode is mode 0777, so whoever holds the descriptor can reopen it
+  // writable through its own /proc/self/fd (the peers are ranks of the owner's group, one
+  // job's code). Kept only while the process holds fewer than
   // kMaxSharedDescriptors of them (and at most half its RLIMIT_NOFILE); else fd() is -1.
   bool share = false;
   // Map it for reading only (a peer's segment).
@@ -41,14 +43,26 @@ class ShmSegment {
 
   // Maps a segment received as descriptor `fd` (taken over: closed on every path) under the
   // client's `name`. The whole file is mapped. PERMISSION_DENIED unless `fd` is a regular
-  // file sealed against shrinking (a memfd from Create): a file that can shrink under the
-  // mapping would make the receiver fault (SIGBUS) when it touches the lost pages.
-  // INVALID_ARGUMENT if it holds fewer than `min_bytes` bytes or none; RESOURCE_EXHAUSTED if
-  // mmap fails.
+  // tmpfs file sealed against shrinking (a memfd from Create): a file that can shrink under
+  // the mapping would make the receiver fault (SIGBUS) when it touches the lost pages, and
+  // so would a hugetlbfs memfd (MFD_HUGETLB) whose owner punched a hole and used up the
+  // huge-page pool (a hole in tmpfs is refilled with zeros). INVALID_ARGUMENT if it holds
+  // fewer than `min_bytes` bytes or none; RESOURCE_EXHAUSTED if mmap fails or the process
+  // already holds MaxReceivedMappings() mappings made here.
   //
   // `options`: ShmMapOptions.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> FromFd(std::string name, int fd, size_t min_bytes,
                                                            ShmMapOptions options = {});
+
+  // Most mappings made by FromFd that the process holds at once (each is one of the kernel's
+  // vm.max_map_count mappings per process; past that limit mmap, thread creation and large
+  // mallocs fail, which a daemon does not survive). Set by SetMaxReceivedMappings, else half
+  // of vm.max_map_count (read from /proc/sys/vm/max_map_count; 32765 by default). Thread-safe.
+  static int64_t MaxReceivedMappings();
+  // Sets MaxReceivedMappings (> 0; 0 restores the default). Thread-safe.
+  static void SetMaxReceivedMappings(int64_t limit);
+  // Mappings made by FromFd held now, process-wide. Thread-safe.
+  static int64_t ReceivedMappings();
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;
@@ -62,13 +76,14 @@ class ShmSegment {
   int fd() const { return fd_; }
 
  private:
-  ShmSegment(std::string name, char* data, size_t size, int fd, bool shared = false)
-      : name_(std::move(name)), data_(data), size_(size), fd_(fd), shared_(shared) {}
+  ShmSegment(std::string name, char* data, size_t size, int fd, bool shared = false, bool received = false)
+      : name_(std::move(name)), data_(data), size_(size), fd_(fd), shared_(shared), received_(received) {}
   std::string name_;
   char* data_;
   size_t size_;
   int fd_;
-  bool shared_;  // fd_ counts against the process's shared descriptors
+  bool shared_;    // fd_ counts against the process's shared descriptors
+  bool received_;  // made by FromFd: counts against MaxReceivedMappings
 };
 
 }  // namespace collserve

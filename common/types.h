@@ -6,10 +6,37 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "collserve/types.h"
 
 namespace collserve {
+
+// Longest group name the SDK, the sidecar and the coordinator accept, in bytes: a nested
+// subgroup's name is its parent's, '/' and an index, so this leaves room for deep nesting.
+// Bounded because a group's name is stored with the group and is a label of its metric
+// series (a name of megabytes once made every scrape of a sidecar megabytes per series).
+inline constexpr size_t kMaxGroupNameBytes = 1024;
+
+// OK for a group name: 1 to kMaxGroupNameBytes bytes, none of them an ASCII control
+// character (names are printed in logs, errors and collservectl's tables); else
+// INVALID_ARGUMENT naming the rule.
+inline absl::Status ValidateGroupName(absl::string_view group) {
+  if (group.empty()) return absl::InvalidArgumentError("empty group name");
+  if (group.size() > kMaxGroupNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("group name of ", group.size(), " bytes is longer than the limit (",
+                                                   kMaxGroupNameBytes, " bytes)"));
+  }
+  for (char c : group) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat("group name \"", absl::CHexEscape(group),
+                                                     "\" holds a control character"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // torch-style name of a collserve.v1.CollectiveOp value ("all_reduce", "reduce_scatter",
 // ...); "op#<n>" for an unknown one. Shared by the engine's errors and the coordinator's

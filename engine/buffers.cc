@@ -1,5 +1,7 @@
 #include "engine/buffers.h"
 
+#include <algorithm>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -8,14 +10,44 @@
 
 namespace collserve::engine {
 
+size_t SegmentTable::mapped() {
+  retired_.erase(std::remove_if(retired_.begin(), retired_.end(),
+                                [](const std::weak_ptr<ShmSegment>& s) { return s.expired(); }),
+                 retired_.end());
+  return segments_.size() + retired_.size();
+}
+
+void SegmentTable::Retire(std::shared_ptr<ShmSegment> segment) {
+  // Only the table held it: unmapped here. Else the requests that hold it unmap it.
+  if (segment.use_count() > 1) retired_.push_back(segment);
+}
+
 absl::Status SegmentTable::Add(std::shared_ptr<ShmSegment> segment) {
-  if (segments_.count(segment->name()) == 0 && segments_.size() >= kMaxMappedSegments) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rank holds ", segments_.size(), " shared-memory segments, the limit (", kMaxMappedSegments, ")"));
+  auto same = segments_.find(segment->name());
+  // A replaced segment stays mapped while requests hold it.
+  const bool replaced_stays = same != segments_.end() && same->second.use_count() > 1;
+  const size_t after = mapped() + (same == segments_.end() || replaced_stays ? 1 : 0);
+  if (after > kMaxMappedSegments) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rank holds ", after - 1, " shared-memory segments (", segments_.size(),
+        " registered, the rest released or replaced but still used by its requests), the limit (",
+        kMaxMappedSegments, ")"));
   }
-  const std::string name = segment->name();
-  segments_.insert_or_assign(name, std::move(segment));
+  if (same != segments_.end()) {
+    Retire(std::move(same->second));
+    same->second = std::move(segment);
+  } else {
+    const std::string name = segment->name();
+    segments_.emplace(name, std::move(segment));
+  }
   return absl::OkStatus();
+}
+
+void SegmentTable::Release(const std::string& name) {
+  auto it = segments_.find(name);
+  if (it == segments_.end()) return;
+  Retire(std::move(it->second));
+  segments_.erase(it);
 }
 
 absl::StatusOr<char*> SegmentTable::Map(const BufferRef& b, size_t bytes, Submission& sub) {

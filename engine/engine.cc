@@ -119,7 +119,7 @@ std::vector<std::shared_ptr<Group>> Engine::AllGroups() {
 }
 
 absl::StatusOr<std::shared_ptr<Group>> Engine::Attach(const AttachRequest& request, std::shared_ptr<Session> session) {
-  if (request.group.empty()) return absl::InvalidArgumentError("empty group name");
+  if (absl::Status s = ValidateGroupName(request.group); !s.ok()) return s;
   if (request.world_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("world_size ", request.world_size, " must be > 0"));
   }

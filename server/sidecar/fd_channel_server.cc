@@ -23,10 +23,11 @@
 namespace collserve::server {
 namespace {
 
-
-// Replies and waits at most this long for room to do so: a client that does not read its
-// answers is closed rather than allowed to stall the channel.
-constexpr absl::Duration kReplyTimeout = absl::Milliseconds(200);
+// One thread serves every connection, so it never waits for one: a reply the client's socket
+// has no room for closes the connection. The SDK waits for each answer before it asks again,
+// so its socket always has room; a client that sends requests without reading the answers
+// (which once held this thread 200 ms per answer, every job's channel with it) is closed.
+constexpr absl::Time kNoWait = absl::InfinitePast();
 
 }  // namespace
 
@@ -106,8 +107,11 @@ void FdChannelServer::Forget(const std::string& token) {
     if (it == tokens_.end()) return;
     link = it->second.ops_link.lock();
     tokens_.erase(it);
+    forgotten_.push_back(token);
   }
   if (link != nullptr) link->Shutdown();
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));  // the thread closes the session's connections
 }
 
 absl::Status OpsLink::Send(absl::string_view message) {
@@ -232,6 +236,10 @@ void OpsLink::Detach() {
 }
 
 void FdChannelServer::CloseConnection(Connection& conn) {
+  if (!conn.token.empty()) {
+    auto it = connections_of_.find(conn.token);
+    if (it != connections_of_.end() && --it->second <= 0) connections_of_.erase(it);
+  }
   if (conn.ops != nullptr) conn.ops->Detach();
   close(conn.fd);
   conn.fd = -1;
@@ -246,16 +254,21 @@ void FdChannelServer::CloseConnection(Connection& conn) {
 void FdChannelServer::Loop() {
   std::vector<Connection> conns;
   std::vector<pollfd> fds;
+  std::vector<std::string> forgotten;
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
       if (stop_) break;
+      forgotten.swap(forgotten_);
     }
-    // Connections that never said a good Hello go after hello_timeout.
+    // Connections that never said a good Hello go after hello_timeout; those of ended
+    // sessions (an ops connection ends through its link's shutdown) at once.
     const absl::Time now = absl::Now();
     absl::Time next_expiry = absl::InfiniteFuture();
     for (size_t i = 0; i < conns.size();) {
-      if (conns[i].token.empty() && now - conns[i].accepted >= options_.hello_timeout) {
+      const bool ended = !forgotten.empty() && conns[i].ops == nullptr && !conns[i].token.empty() &&
+                         std::find(forgotten.begin(), forgotten.end(), conns[i].token) != forgotten.end();
+      if (ended || (conns[i].token.empty() && now - conns[i].accepted >= options_.hello_timeout)) {
         CloseConnection(conns[i]);
         if (i + 1 != conns.size()) conns[i] = std::move(conns.back());
         conns.pop_back();
@@ -264,6 +277,7 @@ void FdChannelServer::Loop() {
       if (conns[i].token.empty()) next_expiry = std::min(next_expiry, conns[i].accepted + options_.hello_timeout);
       ++i;
     }
+    forgotten.clear();
     fds.clear();
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
@@ -312,8 +326,24 @@ void FdChannelServer::Loop() {
       const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd >= 0) {
         if (static_cast<int>(conns.size()) >= options_.max_connections) {
-          LOG(WARNING) << "shared-memory channel: refusing a connection: " << options_.max_connections
-                       << " are open (the limit)";
+          // The oldest connection still without a good Hello makes room (a session's client
+          // says Hello at once).
+          auto oldest = conns.end();
+          for (auto it = conns.begin(); it != conns.end(); ++it) {
+            if (it->token.empty() && (oldest == conns.end() || it->accepted < oldest->accepted)) oldest = it;
+          }
+          if (oldest != conns.end()) {
+            LOG_EVERY_T(WARNING, 10) << "shared-memory channel: " << options_.max_connections
+                                         << " connections are open (the limit): closing the oldest that has not "
+                                            "said Hello to take a new one";
+            CloseConnection(*oldest);
+            if (oldest + 1 != conns.end()) *oldest = std::move(conns.back());
+            conns.pop_back();
+          }
+        }
+        if (static_cast<int>(conns.size()) >= options_.max_connections) {
+          LOG_EVERY_T(WARNING, 10) << "shared-memory channel: refusing a connection: " << options_.max_connections
+                                       << " sessions' connections are open (the limit)";
           close(fd);
         } else {
           Connection c;
@@ -336,7 +366,7 @@ void FdChannelServer::Loop() {
 bool FdChannelServer::Serve(Connection& conn) {
   alignas(8) char buf[fdchannel::kMaxMessageBytes];
   int fd = -1;
-  const absl::Time deadline = absl::Now() + kReplyTimeout;
+  const absl::Time deadline = kNoWait;
   absl::StatusOr<size_t> got = fdchannel::ReceiveMessage(conn.fd, buf, sizeof(buf), &fd, deadline);
   // Whatever happens below, a descriptor not handed to a segment is closed.
   struct CloseFd {
@@ -368,10 +398,17 @@ bool FdChannelServer::Serve(Connection& conn) {
     {
       absl::MutexLock lock(&mu_);
       if (tokens_.count(token) == 0) {
-        LOG(WARNING) << "shared-memory channel: a connection offered an unknown session token";
+        LOG_EVERY_T(WARNING, 10) << "shared-memory channel: a connection offered an unknown session token";
         return reply(absl::PermissionDeniedError("unknown session token"));
       }
     }
+    int& held = connections_of_[token];
+    if (held >= options_.max_connections_per_session) {
+      return reply(absl::ResourceExhaustedError(absl::StrCat(
+          "the session has ", held, " connections on the shared-memory channel, the limit (",
+          options_.max_connections_per_session, " per session)")));
+    }
+    ++held;
     conn.token = token;
     return reply(absl::OkStatus());
   }

@@ -95,8 +95,14 @@ class OpsHandler {
 };
 
 struct FdChannelOptions {
-  // Most connections open at once; more are closed at accept.
+  // Most connections open at once. When they are all open, a new one takes the place of the
+  // oldest that has not said a good Hello yet (so that connections that never authenticate
+  // cannot keep sessions out); with none of those it is closed at accept.
   int max_connections = 1024;
+  // Most connections one session (its token) may have said Hello on at once: the SDK opens
+  // two (descriptors, ops channel). A further Hello is answered RESOURCE_EXHAUSTED and its
+  // connection closed.
+  int max_connections_per_session = 4;
   // A connection that has not said a good Hello by then is closed.
   absl::Duration hello_timeout = absl::Seconds(10);
 };
@@ -126,8 +132,8 @@ class FdChannelServer {
   // none is offered).
   void Bind(const std::string& token, std::weak_ptr<engine::Group> group, int rank,
             std::weak_ptr<OpsHandler> ops = {}, SegmentAdmission admit = nullptr);
-  // The session ended: its token is refused from now on (and a connection that uses it
-  // again is closed); its ops channel is shut down.
+  // The session ended: its token is refused from now on, its connections are closed (soon,
+  // by the server's thread) and its ops channel is shut down.
   void Forget(const std::string& token);
 
  private:
@@ -167,8 +173,8 @@ class FdChannelServer {
   bool ServeOps(Connection& conn);
   // The datagrams ServeOps takes per system call.
   static constexpr int kOpsReceiveBatch = 16;
-  // Closes `conn` (telling its session's OpsHandler, in ops mode).
-  static void CloseConnection(Connection& conn);
+  // Closes `conn` (telling its session's OpsHandler, in ops mode). Server's thread.
+  void CloseConnection(Connection& conn);
 
   const std::string path_;
   const int listen_fd_;
@@ -179,6 +185,10 @@ class FdChannelServer {
   absl::Mutex mu_;
   std::map<std::string, Binding> tokens_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Tokens Forget took since the server's thread last looked: it closes their connections.
+  std::vector<std::string> forgotten_ ABSL_GUARDED_BY(mu_);
+  // Server's thread only: the connections that said a good Hello, per token.
+  std::map<std::string, int> connections_of_;
   // The channel thread's buffers for ServeOps (kOpsReceiveBatch datagrams, 512 KiB).
   opschannel::BatchReceiver ops_receiver_{kOpsReceiveBatch};
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/registry.h"
 #include "common/mutex_mode.h"
+#include "common/shm.h"
 #include "server/common/daemon.h"
 #include "server/common/tls.h"
 #include "server/sidecar/sidecar.h"
@@ -101,6 +102,11 @@ ABSL_FLAG(int, max_session_requests, 65536,
           "Requests (collectives and send/recv) one rank's session may have in flight on the sidecar (received, not "
           "yet answered); one more ends the session with RESOURCE_EXHAUSTED naming the limit, and the rank leaves "
           "its group. Bounds what one rank can make the sidecar hold. 0 = no limit.");
+ABSL_FLAG(int64_t, max_mapped_segments, 0,
+          "Shared-memory segments received from clients that the sidecar maps at once, all sessions together "
+          "(each is one of the kernel's vm.max_map_count mappings per process, which threads and memory need "
+          "too); a Register past it is answered RESOURCE_EXHAUSTED naming this flag. 0 = half of "
+          "vm.max_map_count (32765 by default).");
 ABSL_FLAG(std::string, port_file, "", "If set, the bound TCP port is written here once serving.");
 ABSL_FLAG(bool, mpi, false,
           "Join the MPI world this sidecar was started in (mpirun or srun, one sidecar per host; with mpirun add "
@@ -191,6 +197,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_session_requests = absl::GetFlag(FLAGS_max_session_requests);
+  if (absl::GetFlag(FLAGS_max_mapped_segments) < 0) {
+    std::cerr << "--max_mapped_segments must be >= 0 (0 = half of vm.max_map_count)\n";
+    return 2;
+  }
+  collserve::ShmSegment::SetMaxReceivedMappings(absl::GetFlag(FLAGS_max_mapped_segments));
   if (absl::GetFlag(FLAGS_bulk_nice) < 0 || absl::GetFlag(FLAGS_bulk_nice) > 19) {
     std::cerr << "--bulk_nice must be in [0, 19]\n";
     return 2;

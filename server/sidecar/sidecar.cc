@@ -179,6 +179,10 @@ class SessionHandle : public engine::Session, public OpsHandler {
       }
     }
     if (held >= 0) {
+      // The rank leaves its group before the client hears why (the group forgets it once:
+      // the session's end does this again, as a no-op), so that no peer's later call still
+      // matches this rank's queued requests.
+      a.group->OnSessionClosed(a.rank);
       Close(absl::ResourceExhaustedError(absl::StrCat(
           "rank ", a.rank, " has ", held, " requests in flight on this sidecar, its limit (--max_session_requests ",
           a.max_requests, "); request seq ", request.seq(), " ends the session (wait for some before issuing more)")));
@@ -454,6 +458,17 @@ absl::Status SessionHandle::OnOpsMessage(std::string message) {
   Attachment a = Attached();
   if (a.group == nullptr) return absl::FailedPreconditionError("ops channel: the session is not attached");
   if (request.has_collective()) {
+    const pb::Collective& c = request.collective();
+    // Tensors go in shared memory here (the SDK never sends inline ones over this channel):
+    // an inline result (up to 1 GiB) would be allocated and zeroed on the one thread that
+    // reads every session's ops channel, and could not come back over it
+    // (kMaxOpsMessageBytes).
+    if (!c.in_rank() && c.buffer().segment().empty() && c.buffer().cuda_ipc_handle().empty() &&
+        (c.count() > 0 || c.output_count() > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ops channel: request seq ", c.seq(),
+          " has inline tensors; they go over the session's stream, not its ops channel"));
+    }
     Submit(a, std::move(*request.mutable_collective()));
   } else if (request.has_read_done()) {
     a.group->OnReadDone(a.rank, request.read_done().seq());

@@ -10,11 +10,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -458,6 +460,24 @@ TEST(AttackTest, AClientThatReadsNoneOfItsAnswersStallsItselfNotTheSidecar) {
 }
 
 // Finding 3: one Join with world_size 2^31-1 made the coordinator allocate ~23 GB.
+// A group's name is a label of the sidecar's metric series and is stored with the group: a
+// name of megabytes made every scrape megabytes per series. Names are bounded (1024 bytes)
+// and hold no control characters; the sidecar refuses the attach naming the rule.
+TEST(AttackTest, AGroupNamePastItsLimitIsRefusedAtAttach) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  for (const std::string& name : {std::string(1 << 20, 'g'), std::string("tab\tin-name")}) {
+    RawSession session(cluster->sidecar_address(0), name);
+    EXPECT_FALSE(session.attached());
+    grpc::Status end = session.End();
+    EXPECT_EQ(end.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << end.error_message();
+    EXPECT_THAT(end.error_message(), ::testing::AnyOf(HasSubstr("longer than the limit (1024 bytes)"),
+                                                      HasSubstr("control character")));
+  }
+  RawSession fine(cluster->sidecar_address(0), std::string(1024, 'g'));
+  EXPECT_TRUE(fine.attached());
+}
+
 TEST(AttackTest, JoinWithAHugeWorldSizeIsRefusedNamingTheLimit) {
   auto cluster = StartCluster(0, {"--max_world_size=4096"});
   ASSERT_NE(cluster, nullptr);
@@ -1400,6 +1420,139 @@ TEST(AttackTest, ADescriptorFloodDoesNotTurnIntoRefusedTokens) {
   EXPECT_TRUE(WaitFor([&] { return set("after-the-flood").ok(); }, absl::Seconds(10), absl::Milliseconds(100)));
 }
 
+// A raw connection to the descriptor channel at `path` (no Hello); -1 on failure.
+int RawChannelConnection(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+// Whether the sidecar closed connection `fd` within `wait` (its answers, if any, read and
+// dropped on the way).
+bool ClosedBySidecar(int fd, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  char buf[fdchannel::kMaxMessageBytes];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (left <= 0 || poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    const ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
+}
+
+// The descriptor channel's one thread never waits for a client: a connection that sends
+// requests without reading the answers (here Opens before Hello, which need no token) is
+// closed once its socket has no room, instead of holding the thread 200 ms per answer and
+// every session's registrations and ops channels with it.
+TEST(AttackTest, AChannelClientThatReadsNoAnswersIsClosedWithoutStallingOthers) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  RawSession session(cluster->sidecar_address(0), "fd-flood", /*shared_memory=*/true);
+  ASSERT_TRUE(session.attached());
+  const std::string path = session.info().fd_socket();
+  fdchannel::Open open;
+  std::strncpy(open.name, "nothing", sizeof(open.name) - 1);
+  // 40 flooders, one after the other: each sends Opens (answered before Hello, no token
+  // needed) and reads nothing, until the sidecar closes it. A sidecar that waited 200 ms for
+  // room to answer each one once full took at least 8 s for them, its thread held all along.
+  constexpr int kFlooders = 40;
+  const absl::Time start = absl::Now();
+  int closed = 0;
+  for (int i = 0; i < kFlooders; ++i) {
+    Fd f{RawChannelConnection(path)};
+    ASSERT_GE(f.fd, 0);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < give_up) {
+      pollfd p{f.fd, POLLOUT, 0};
+      if (poll(&p, 1, 100) <= 0) continue;
+      if (send(f.fd, &open, sizeof(open), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno != EAGAIN && errno != EINTR) {
+        ++closed;  // EPIPE, ECONNRESET: the sidecar closed it
+        break;
+      }
+    }
+  }
+  const absl::Duration took = absl::Now() - start;
+  std::printf("%d flooding connections were closed in %s\n", closed, absl::FormatDuration(took).c_str());
+  EXPECT_EQ(closed, kFlooders);
+  EXPECT_LT(took, absl::Seconds(4)) << "the channel's thread waited on clients that read nothing";
+  // The channel serves a session as before.
+  auto sock = fdchannel::Connect(path, session.info().session_token(), absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(sock.ok()) << sock.status();
+  Fd sock_fd{*sock};
+  auto seg = ShmSegment::Create(4096);
+  ASSERT_TRUE(seg.ok());
+  EXPECT_TRUE(fdchannel::RegisterSegment(sock_fd.fd, (*seg)->name(), 4096, (*seg)->fd(),
+                                         absl::Now() + absl::Seconds(10))
+                  .ok());
+}
+
+// One session's token says Hello on at most 4 connections at once (the SDK opens 2), so one
+// job cannot hold the channel's connection slots; when the session ends, the sidecar closes
+// its connections; connections that never say Hello make room for ones that do.
+TEST(AttackTest, ChannelConnectionsAreBoundedPerSessionAndNeverOutliveIt) {
+  auto cluster = StartCluster(1);
+  ASSERT_NE(cluster, nullptr);
+  auto session = std::make_unique<RawSession>(cluster->sidecar_address(0), "fd-slots", /*shared_memory=*/true);
+  ASSERT_TRUE(session->attached());
+  const std::string path = session->info().fd_socket();
+  const std::string token = session->info().session_token();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  std::vector<Fd> conns(4);
+  for (Fd& c : conns) {
+    auto fd = fdchannel::Connect(path, token, deadline);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    c.fd = *fd;
+  }
+  auto fifth = fdchannel::Connect(path, token, deadline);
+  EXPECT_EQ(fifth.status().code(), absl::StatusCode::kResourceExhausted) << fifth.status();
+  EXPECT_THAT(std::string(fifth.status().message()), HasSubstr("the limit (4 per session)"));
+  if (fifth.ok()) close(*fifth);
+  // One closed makes room for another.
+  close(conns[3].fd);
+  conns[3].fd = -1;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        auto again = fdchannel::Connect(path, token, absl::Now() + absl::Seconds(5));
+        if (!again.ok()) return false;
+        conns[3].fd = *again;
+        return true;
+      },
+      absl::Seconds(10), absl::Milliseconds(50)));
+  // The session ends: every connection of its token is closed by the sidecar.
+  session.reset();
+  for (Fd& c : conns) EXPECT_TRUE(ClosedBySidecar(c.fd, absl::Seconds(10))) << "a connection outlived its session";
+
+  // All 1024 slots held by connections that never say Hello: a session's Connect takes the
+  // place of the oldest of them.
+  rlimit nofile{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &nofile), 0);
+  const rlimit before = nofile;
+  nofile.rlim_cur = std::min<rlim_t>(nofile.rlim_max, 2048);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &nofile), 0);
+  struct RestoreLimit {
+    rlimit limit;
+    ~RestoreLimit() { setrlimit(RLIMIT_NOFILE, &limit); }
+  } restore{before};
+  if (nofile.rlim_cur < 1100) GTEST_SKIP() << "this process may open only " << nofile.rlim_cur << " descriptors";
+  RawSession later(cluster->sidecar_address(0), "fd-slots-later", /*shared_memory=*/true);
+  ASSERT_TRUE(later.attached());
+  std::vector<Fd> silent(1024);
+  for (Fd& c : silent) {
+    c.fd = RawChannelConnection(path);
+    ASSERT_GE(c.fd, 0);
+  }
+  auto admitted = fdchannel::Connect(path, later.info().session_token(), absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(admitted.ok()) << admitted.status();
+  if (admitted.ok()) close(*admitted);
+  EXPECT_TRUE(ClosedBySidecar(silent[0].fd, absl::Seconds(10))) << "the oldest silent connection was kept";
+  silent.clear();
+}
+
 // The ops channel (a session's requests and completions over its descriptor channel,
 // common/ops_channel.h) opens only with the session's token, once, after Hello; a session
 // with one takes no requests on its stream (one path keeps their order).
@@ -1437,7 +1590,7 @@ TEST(AttackTest, OpsChannelOpensOnlyForItsSessionOnceAndKeepsOnePath) {
   if (second.ok()) close(*second);
   // A request over the channel is answered over it.
   pb::SessionRequest req;
-  *req.mutable_collective() = InlineAllReduce(2, std::string(8, '\0'));
+  req.mutable_collective()->set_op(pb::BARRIER);
   req.mutable_collective()->set_seq(0);
   ASSERT_TRUE(OpsSend(ops_fd.fd, req).ok());
   auto resp = OpsReceive(ops_fd.fd);
@@ -1457,7 +1610,7 @@ TEST(AttackTest, OpsChannelOpensOnlyForItsSessionOnceAndKeepsOnePath) {
 }
 
 // Malformed framing on the ops channel (a bad magic, unknown flags, a datagram or a message
-// over its limit, bytes that are not a SessionRequest) ends that session with an error that
+// over its limit, bytes that are not a SessionRequest, a request with inline tensors) ends that session with an error that
 // names the fault or the limit, without holding the bytes; the sidecar serves on.
 TEST(AttackTest, OpsChannelFramingFaultsEndTheSessionNamingTheLimit) {
   auto cluster = StartCluster(1);
@@ -1489,6 +1642,14 @@ TEST(AttackTest, OpsChannelFramingFaultsEndTheSessionNamingTheLimit) {
       {"empty-datagram", {more + "a", "", header(0x12345678, 0) + "x"}, grpc::StatusCode::UNAVAILABLE,
        "closed its ops channel"},
   };
+  // Inline tensors (an all_gather's 1 GiB result would be zeroed on the channel's thread).
+  pb::SessionRequest inline_request;
+  pb::Collective* gather = inline_request.mutable_collective();
+  gather->set_op(pb::ALL_GATHER);
+  gather->set_dtype(pb::FLOAT32);
+  gather->set_output_count(int64_t{1} << 28);
+  cases.push_back({"inline", {good + inline_request.SerializeAsString()}, grpc::StatusCode::INVALID_ARGUMENT,
+                   "has inline tensors; they go over the session's stream"});
   // A message just over kMaxOpsMessageBytes, in full fragments, all flagged "more".
   Case big{"big-message", {}, grpc::StatusCode::INVALID_ARGUMENT,
            absl::StrCat("over the limit of ", opschannel::kMaxOpsMessageBytes, " bytes")};

@@ -6,11 +6,18 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/inline_budget.h"
 #include "engine/submission.h"
 
@@ -230,6 +237,95 @@ TEST(ResolveBuffersTest, SharedMemoryRequestsAreNotCounted) {
   ASSERT_TRUE(ResolveBuffers(segments, sub, nullptr, &budget).ok());
   EXPECT_EQ(sub.in_bytes, 4096u);
   EXPECT_EQ(budget.in_use(), 0);
+}
+
+// A segment of `bytes` received as the sidecar receives one (FromFd of a memfd from Create).
+std::shared_ptr<ShmSegment> Received(const std::string& name, size_t bytes = 4096) {
+  auto made = ShmSegment::Create(bytes);
+  if (!made.ok()) return nullptr;
+  auto mapped = ShmSegment::FromFd(name, dup((*made)->fd()), bytes);
+  return mapped.ok() ? std::shared_ptr<ShmSegment>(std::move(*mapped)) : nullptr;
+}
+
+// A request that names `segment` and holds its mapping (as a queued request does).
+Submission HoldingRequest(SegmentTable& segments, const std::string& segment) {
+  Submission sub = InlineRequest(CollectiveOp::kAllReduce, 4, 0, 0);
+  sub.args.buffer.inline_data.clear();
+  sub.args.buffer.segment = segment;
+  EXPECT_TRUE(ResolveBuffers(segments, sub, nullptr).ok());
+  return sub;
+}
+
+// A rank's mappings count the segments it released or replaced while requests still hold
+// them: re-registering one name under requests that never complete (which once let one
+// session map until the process ran out of vm.max_map_count, and then could not start a
+// thread) stops at kMaxMappedSegments, and frees up as those requests end.
+TEST(SegmentTableTest, ReplacedAndReleasedSegmentsCountWhileRequestsHoldThem) {
+  SegmentTable segments;
+  std::vector<Submission> held;
+  for (size_t i = 0; i + 1 < kMaxMappedSegments; ++i) {
+    std::shared_ptr<ShmSegment> seg = Received("a");
+    ASSERT_NE(seg, nullptr);
+    ASSERT_TRUE(segments.Add(seg).ok()) << i;
+    held.push_back(HoldingRequest(segments, "a"));
+  }
+  EXPECT_EQ(segments.mapped(), kMaxMappedSegments - 1);
+  // Released while a request holds it: still counted.
+  ASSERT_TRUE(segments.Add(Received("b")).ok());
+  held.push_back(HoldingRequest(segments, "b"));
+  segments.Release("b");
+  EXPECT_EQ(segments.mapped(), kMaxMappedSegments);
+  absl::Status refused = segments.Add(Received("a"));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("the limit (1024)"));
+  EXPECT_EQ(segments.Add(Received("c")).code(), absl::StatusCode::kResourceExhausted);
+  // The requests end: their mappings go, and the rank registers again.
+  held.clear();
+  EXPECT_EQ(segments.mapped(), 1u);  // "a", registered
+  EXPECT_TRUE(segments.Add(Received("a")).ok());
+  EXPECT_TRUE(segments.Add(Received("c")).ok());
+  EXPECT_EQ(segments.mapped(), 2u);
+  // A replaced segment no request holds is unmapped at once.
+  EXPECT_TRUE(segments.Add(Received("c")).ok());
+  EXPECT_EQ(segments.mapped(), 2u);
+}
+
+// The process holds at most MaxReceivedMappings() received segments at once (each is one of
+// the kernel's vm.max_map_count mappings), refused past it naming the limit.
+TEST(ShmSegmentTest, ReceivedMappingsAreBoundedProcessWide) {
+  const int64_t before = ShmSegment::ReceivedMappings();
+  ShmSegment::SetMaxReceivedMappings(before + 3);
+  std::vector<std::shared_ptr<ShmSegment>> kept;
+  for (int i = 0; i < 3; ++i) {
+    kept.push_back(Received(absl::StrCat("m", i)));
+    ASSERT_NE(kept.back(), nullptr) << i;
+  }
+  auto made = ShmSegment::Create(4096);
+  ASSERT_TRUE(made.ok());
+  auto refused = ShmSegment::FromFd("m3", dup((*made)->fd()), 4096);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("--max_mapped_segments"));
+  kept.pop_back();
+  EXPECT_EQ(ShmSegment::ReceivedMappings(), before + 2);
+  EXPECT_NE(Received("m3"), nullptr);
+  ShmSegment::SetMaxReceivedMappings(0);
+  EXPECT_GE(ShmSegment::MaxReceivedMappings(), 1);
+}
+
+// A huge-page memfd is refused even when sealed against shrinking: a hole punched in it
+// (which the seal allows) is not refilled once the huge-page pool is used up, and the
+// receiver would fault (SIGBUS) on those pages.
+TEST(ShmSegmentTest, AHugePageMemfdIsRefused) {
+  const int fd = memfd_create("huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd < 0) GTEST_SKIP() << "no MFD_HUGETLB here: " << std::strerror(errno);
+  const size_t huge_page = size_t{2} << 20;
+  if (ftruncate(fd, static_cast<off_t>(huge_page)) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+    close(fd);
+    GTEST_SKIP() << "cannot size or seal a huge-page memfd here: " << std::strerror(errno);
+  }
+  auto refused = ShmSegment::FromFd("huge", fd, huge_page);  // takes fd
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("huge-page memfd"));
 }
 
 }  // namespace
