@@ -108,6 +108,7 @@ absl::Status MemoryStore::ValidateKey(absl::string_view key) const {
 }
 
 absl::Status MemoryStore::ValidateKeys(const std::vector<std::string>& keys) const {
+  COLLSERVE_RETURN_IF_ERROR(CheckKeyCount(keys.size(), "a request"));
   for (const std::string& key : keys) COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
   return absl::OkStatus();
 }
@@ -772,14 +773,25 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::MultiGet(const std::vector
   for (;;) {
     {
       absl::ReaderMutexLock lock(&mu_);
-      std::vector<std::string> values;
-      values.reserve(keys.size());
+      // Summed before anything is copied (at most kMaxKeysPerRequest values of at most
+      // 2 GiB each: no overflow).
+      uint64_t bytes = 0;
+      bool all = true;
       for (const std::string& key : keys) {
         auto it = data_.find(key);
-        if (it == data_.end()) break;
-        values.push_back(it->second);
+        if (it == data_.end()) {
+          all = false;
+          break;
+        }
+        bytes += it->second.size();
       }
-      if (values.size() == keys.size()) return values;
+      if (all && bytes > kMaxMultiGetBytes) return MultiGetTooLarge(keys.size(), bytes);
+      if (all) {
+        std::vector<std::string> values;
+        values.reserve(keys.size());
+        for (const std::string& key : keys) values.push_back(data_.find(key)->second);
+        return values;
+      }
     }
     // Loops only if a key was deleted again between the wake-up and the read.
     COLLSERVE_RETURN_IF_ERROR(BlockingWait(keys, start, deadline));
@@ -792,6 +804,7 @@ absl::Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
     return absl::InvalidArgumentError(
         absl::StrCat("multi_set got ", keys.size(), " keys and ", values.size(), " values"));
   }
+  COLLSERVE_RETURN_IF_ERROR(CheckKeyCount(keys.size(), "multi_set"));
   for (size_t i = 0; i < keys.size(); ++i) {
     COLLSERVE_RETURN_IF_ERROR(ValidateKey(keys[i]));
     COLLSERVE_RETURN_IF_ERROR(ValidateValue(keys[i], values[i].size()));

@@ -24,10 +24,38 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace collserve::store {
+
+// Most keys one request names (Check, Wait, MultiGet, MultiSet): torch 2.x's libuv TCPStore
+// server's limit. More get INVALID_ARGUMENT naming it (each key costs the store a waiter's
+// entry and time under its lock: 11 million keys of one Wait once held it 52 s).
+inline constexpr int64_t kMaxKeysPerRequest = 128 * 1024;
+
+// Most bytes of values one MultiGet returns: what one answer can carry (the coordinator
+// sends messages of at most 256 MiB), less room for framing. The values are summed before
+// any is copied, so a request naming one large key many times (a few bytes a name, the
+// value's size each) is refused, RESOURCE_EXHAUSTED naming the limit, instead of building
+// an answer of terabytes.
+inline constexpr uint64_t kMaxMultiGetBytes = uint64_t{255} << 20;
+
+// INVALID_ARGUMENT past kMaxKeysPerRequest (`what`: the request's name), else OK.
+inline absl::Status CheckKeyCount(size_t keys, absl::string_view what) {
+  if (keys <= static_cast<size_t>(kMaxKeysPerRequest)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " of ", keys, " keys: the limit is ", kMaxKeysPerRequest,
+                                                 " keys per request"));
+}
+
+// The RESOURCE_EXHAUSTED of a MultiGet of `keys` keys whose values hold `bytes` bytes, over
+// kMaxMultiGetBytes.
+inline absl::Status MultiGetTooLarge(size_t keys, uint64_t bytes) {
+  return absl::ResourceExhaustedError(absl::StrCat("multi_get of ", keys, " keys would return ", bytes,
+                                                   " bytes of values, over the limit of one answer (",
+                                                   kMaxMultiGetBytes, " bytes); ask for fewer keys at once"));
+}
 
 struct StoreOptions {
   // Largest key accepted, in bytes. Longer keys get INVALID_ARGUMENT.
@@ -118,6 +146,7 @@ class Store {
   virtual absl::StatusOr<int64_t> NumKeys(absl::string_view prefix) = 0;
 
   // Values of `keys`, in order, waiting up to `timeout` for all of them to exist.
+  // RESOURCE_EXHAUSTED (MultiGetTooLarge) when they would hold more than kMaxMultiGetBytes.
   virtual absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
                                                             absl::Duration timeout) = 0;
 
@@ -165,6 +194,11 @@ class Store {
   // Cancels a pending WaitAsync(): its callback runs with CANCELLED (inline, before this
   // returns) unless it already ran. Unknown or finished ids are ignored.
   virtual void CancelWait(WaitId id) = 0;
+
+  // Whether reads (Get, MultiGet, Check) make network calls that can take seconds (the
+  // etcd store): a WaitCallback must then not make them itself (it runs on a thread that
+  // wakes every other waiter), but hand them to a thread of its own. Default: false.
+  virtual bool ReadsMayBlock() const { return false; }
 
   // Up to `limit` keys that start with `prefix`, in byte order, each after `start_after`
   // ("" = from the first); `*more` is set when further keys match (ask again with the last

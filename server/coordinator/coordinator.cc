@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <climits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -67,6 +68,14 @@ class CoordinatorImpl : public Coordinator {
     }
     const int64_t max_value_bytes =
         etcd ? std::min(options.store.max_value_bytes, options.etcd.max_value_bytes) : options.store.max_value_bytes;
+    // gRPC takes its message limit as an int: a larger value once wrapped to a negative one,
+    // which gRPC ignores for its 4 MiB default (every Set over 4 MiB refused).
+    constexpr int64_t kMaxValueBytesLimit = int64_t{INT_MAX} - (1 << 20);
+    if (options.store.max_value_bytes < 1 || options.store.max_value_bytes > kMaxValueBytesLimit) {
+      return absl::InvalidArgumentError(absl::StrCat("max_value_bytes ", options.store.max_value_bytes,
+                                                     " is not 1 - ", kMaxValueBytesLimit,
+                                                     " (one gRPC message holds at most 2 GiB)"));
+    }
     if (options.rpc_memory_bytes <= options.store.max_value_bytes + (1 << 20)) {
       return absl::InvalidArgumentError(absl::StrCat("rpc_memory_bytes (", options.rpc_memory_bytes,
                                                      ") must exceed max_value_bytes (", options.store.max_value_bytes,

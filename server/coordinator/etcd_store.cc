@@ -88,6 +88,8 @@ struct Outcome {
 
 class EtcdStore final : public store::Store {
  public:
+  bool ReadsMayBlock() const override { return true; }
+
   EtcdStore(const EtcdStoreOptions& options, std::shared_ptr<grpc::Channel> channel)
       : options_(options),
         target_(absl::StrJoin(options.endpoints, ",")),
@@ -258,6 +260,7 @@ class EtcdStore final : public store::Store {
       COLLSERVE_RETURN_IF_ERROR(WaitUntil(keys, deadline));
       // One Txn per kMaxTxnOps keys, each a consistent read.
       std::vector<std::string> values;
+      uint64_t bytes = 0;
       bool all = true;
       for (size_t first = 0; first < keys.size() && all; first += kMaxTxnOps) {
         epb::TxnRequest req;
@@ -272,6 +275,8 @@ class EtcdStore final : public store::Store {
             all = false;  // deleted since the wait: wait again
             break;
           }
+          bytes += op.response_range().kvs(0).value().size();
+          if (bytes > store::kMaxMultiGetBytes) return store::MultiGetTooLarge(keys.size(), bytes);
           values.push_back(op.response_range().kvs(0).value());
         }
       }
@@ -446,6 +451,7 @@ class EtcdStore final : public store::Store {
     return absl::OkStatus();
   }
   absl::Status ValidateKeys(const std::vector<std::string>& keys) const {
+    COLLSERVE_RETURN_IF_ERROR(store::CheckKeyCount(keys.size(), "a request"));
     for (const std::string& key : keys) COLLSERVE_RETURN_IF_ERROR(ValidateKey(key));
     return absl::OkStatus();
   }

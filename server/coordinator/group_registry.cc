@@ -1,10 +1,12 @@
 #include "server/coordinator/group_registry.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/types.h"
 
 namespace collserve::server {
 
@@ -76,7 +78,7 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
     std::move(done)(std::move(s));
     return uint64_t{0};
   };
-  if (group.empty()) return fail(absl::InvalidArgumentError("empty group name"));
+  if (absl::Status s = ValidateGroupName(group); !s.ok()) return fail(std::move(s));
   if (world_size <= 0) {
     return fail(absl::InvalidArgumentError(absl::StrCat("world_size ", world_size, " must be > 0")));
   }
@@ -88,8 +90,9 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
     return fail(absl::InvalidArgumentError(absl::StrCat(
         "rank ", member.rank, " is out of range for group \"", group, "\" of world_size ", world_size)));
   }
-  if (generation < 0) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("generation ", generation, " must be >= 0")));
+  if (generation < 0 || generation == INT64_MAX) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("generation ", generation, " must be >= 0 and < ", INT64_MAX, " (the next one must exist)")));
   }
   std::vector<Completion> completions;
   std::vector<WatchCompletion> watches;
@@ -137,7 +140,7 @@ uint64_t GroupRegistry::JoinWithId(const std::string& job, const std::string& gr
       Group g;
       g.name = group;
       g.world_size = world_size;
-      g.generation = std::max(last_generation_[key] + 1, generation);
+      g.generation = std::max(last_formed + 1, generation);
       g.started = absl::Now();
       it = groups_.emplace(key, std::move(g)).first;
     }
@@ -283,7 +286,7 @@ void GroupRegistry::SupersedeLocked(std::map<Key, Group>::iterator it, int64_t g
   if (g.state != "FORMING") JournalEndedLocked(it->first, g);
   g.state = "SUPERSEDED";
   AnswerWatchesLocked(g, /*all=*/true, absl::Now(), watches);
-  last_generation_[it->first] = g.generation;
+  RememberGenerationLocked(it->first, g.generation);
   groups_.erase(it);
 }
 
@@ -357,7 +360,7 @@ absl::Status GroupRegistry::Leave(const std::string& job, const std::string& gro
       AnswerWatchesLocked(g, /*all=*/true, absl::Now(), &watches);
       if (g.members.empty()) {
         JournalEndedLocked(key, g);
-        last_generation_[key] = g.generation;
+        RememberGenerationLocked(key, g.generation);
         groups_.erase(it);
         if (!held_.empty()) ++changes_;  // the timer: a held join may go on
       }
@@ -479,13 +482,13 @@ std::map<GroupRegistry::Key, GroupRegistry::Group>::iterator GroupRegistry::Adop
     return groups_.end();
   };
   const std::string what = absl::StrCat("generation ", generation, " of group \"", group, "\" in job \"", job, "\"");
-  if (group.empty() || generation <= 0 || world == 0 || world > limits_.max_world_size) {
+  if (!ValidateGroupName(group).ok() || generation <= 0 || generation == INT64_MAX || world == 0 ||
+      world > limits_.max_world_size) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(what, ": ", world, " members (at most ",
                                                           limits_.max_world_size, ") or a bad name or generation")));
   }
-  if (generation <= last_generation_[key]) {
-    return refuse(absl::AlreadyExistsError(
-        absl::StrCat(what, ": generation ", last_generation_[key], " already formed here")));
+  if (auto last = last_generation_.find(key); last != last_generation_.end() && generation <= last->second) {
+    return refuse(absl::AlreadyExistsError(absl::StrCat(what, ": generation ", last->second, " already formed here")));
   }
   if (groups_.size() >= static_cast<size_t>(std::max(limits_.max_groups, 0))) {
     return refuse(absl::ResourceExhaustedError(
@@ -574,7 +577,7 @@ void GroupRegistry::LoseRestartedHostLocked(const std::string& host_id, uint64_t
       if (g.members.empty()) {
         if (g.state != "FORMING") {
           JournalEndedLocked(it->first, g);
-          last_generation_[it->first] = g.generation;
+          RememberGenerationLocked(it->first, g.generation);
         }
         it = groups_.erase(it);
       } else {
@@ -648,7 +651,7 @@ void GroupRegistry::ExpireLeasesLocked(absl::Time now, absl::Time* next, std::ve
     if (g.state != "FORMING" && g.members.empty()) {
       AnswerWatchesLocked(g, /*all=*/true, now, out);
       JournalEndedLocked(it->first, g);
-      last_generation_[it->first] = g.generation;
+      RememberGenerationLocked(it->first, g.generation);
       it = groups_.erase(it);
     } else {
       ++it;
@@ -679,7 +682,7 @@ absl::StatusOr<GroupView> GroupRegistry::Delete(const std::string& job, const st
     g.waiters.clear();
     if (g.state != "FORMING") {
       JournalEndedLocked(key, g);
-      last_generation_[key] = g.generation;
+      RememberGenerationLocked(key, g.generation);
     }
     g.state = "DELETED";
     AnswerWatchesLocked(g, /*all=*/true, absl::Now(), &watches);
@@ -903,6 +906,24 @@ void GroupRegistry::TimerLoop() {
       return stopping_ || changes_ != seen;
     };
     mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+  }
+}
+
+void GroupRegistry::RememberGenerationLocked(const Key& key, int64_t generation) {
+  auto [it, inserted] = last_generation_.insert_or_assign(key, generation);
+  if (!inserted) return;
+  remembered_order_.push_back(key);
+  // The oldest names go first, past the bound; a group still held keeps its entry (it goes
+  // to the back of the line).
+  for (size_t scanned = 0; last_generation_.size() > std::max<size_t>(limits_.max_remembered_groups, 1) && scanned < remembered_order_.size();
+       ++scanned) {
+    Key oldest = std::move(remembered_order_.front());
+    remembered_order_.pop_front();
+    if (groups_.count(oldest) != 0) {
+      remembered_order_.push_back(std::move(oldest));
+    } else {
+      last_generation_.erase(oldest);
+    }
   }
 }
 

@@ -17,6 +17,7 @@
 #define COLLSERVE_SERVER_COORDINATOR_GROUP_REGISTRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <set>
@@ -141,6 +142,11 @@ struct GroupRegistryLimits {
   // the rendezvous is lost too): their sidecars watch within about a second of formation,
   // and retry about every second while the coordinator does not know the generation.
   absl::Duration adoption_lease = absl::Seconds(10);
+  // Group names whose last formed generation the registry remembers after they end (so
+  // that a late join of an ended generation is refused): the names that formed last, every
+  // job together. Bounded, because a job forming groups of ever new names once grew it (and
+  // every name's bytes) without end.
+  size_t max_remembered_groups = size_t{1} << 17;
 };
 
 // How many missing ranks a rendezvous timeout names; the rest are counted.
@@ -390,7 +396,13 @@ class GroupRegistry {
   absl::Mutex mu_;
   std::map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
   int64_t generations_formed_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last generation formed of each group (a join of an older one is refused), for the
+  // limits_.max_remembered_groups names that formed last; remembered_order_ holds the names
+  // in the order first remembered.
   std::map<Key, int64_t> last_generation_ ABSL_GUARDED_BY(mu_);
+  std::deque<Key> remembered_order_ ABSL_GUARDED_BY(mu_);
+  // Sets the last generation formed of `key`, forgetting the oldest names past the bound.
+  void RememberGenerationLocked(const Key& key, int64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::map<uint64_t, std::pair<Key, int>> waiter_index_ ABSL_GUARDED_BY(mu_);  // id -> (group, rank)
   std::map<uint64_t, Key> watch_index_ ABSL_GUARDED_BY(mu_);  // waiting watches: id -> group
   std::map<uint64_t, HeldJoin> held_ ABSL_GUARDED_BY(mu_);    // id -> a join held (JoinAsync)

@@ -4,9 +4,12 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <map>
+#include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/common/ledger_proto.h"
@@ -124,10 +127,19 @@ grpc::ServerUnaryReactor* StoreService::WaitThen(grpc::CallbackServerContext* ct
   store::WaitId id = store_.WaitAsync(
       keys, WaitDeadline(ctx, timeout_ms),
       [this, reactor, method, start, job, then = std::move(then)](absl::Status s) mutable {
+        auto finish = [this, reactor, method, start, job](absl::Status s) {
+          s = StripJob(s, job);
+          metrics_.Record(method, s, absl::Now() - start);
+          reactor->Finish(ToGrpcStatus(s));
+        };
+        if (s.ok() && store_.ReadsMayBlock() && writes_ != nullptr) {
+          // The etcd store's reads are etcd calls (seconds, at worst): not on the one thread
+          // that wakes every job's waiters, which this callback runs on.
+          writes_->Run([then = std::move(then), finish]() mutable { finish(then()); });
+          return;
+        }
         if (s.ok()) s = then();
-        s = StripJob(s, job);
-        metrics_.Record(method, s, absl::Now() - start);
-        reactor->Finish(ToGrpcStatus(s));
+        finish(std::move(s));
       });
   store::Store* store = &store_;
   reactor->SetCancel([store, id] { store->CancelWait(id); });
@@ -192,6 +204,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* ctx, 
                                               pb::CheckResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) s = store::CheckKeyCount(static_cast<size_t>(req->keys_size()), "check");
   if (s.ok()) {
     absl::StatusOr<bool> v = store_.Check(NsKeys(req->job(), req->keys()));
     if (v.ok()) resp->set_ready(*v);
@@ -204,6 +217,7 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* ctx, c
                                              pb::WaitResponse*) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) s = store::CheckKeyCount(static_cast<size_t>(req->keys_size()), "wait");
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -263,6 +277,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* ct
                                                  pb::MultiGetResponse* resp) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) s = store::CheckKeyCount(static_cast<size_t>(req->keys_size()), "multi_get");
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -280,6 +295,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* ct
                                                  const pb::MultiSetRequest* req, pb::MultiSetResponse*) {
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) s = store::CheckKeyCount(static_cast<size_t>(req->keys_size()), "multi_set");
   for (const auto& k : req->keys()) {
     if (s.ok()) s = CheckKey(k);
   }
@@ -317,6 +333,29 @@ void ToProto(const MemberInfo& m, pb::Member* out) {
   out->set_incarnation(m.incarnation);
   out->set_backend(m.backend);
   out->set_rendezvous_ids(m.rendezvous_ids);
+}
+
+// Longest host_id and host_address a member may name, in bytes: each is stored with every
+// rank and copied into every joiner's answer.
+constexpr size_t kMaxMemberFieldBytes = 256;
+
+// OK, or INVALID_ARGUMENT naming the field of `m` longer than kMaxMemberFieldBytes or
+// holding an ASCII control character (they are printed in collservectl's tables).
+absl::Status ValidateMember(const pb::Member& m) {
+  for (const auto& [field, value] : {std::pair<const char*, const std::string*>{"host_id", &m.host_id()},
+                                     {"host_address", &m.host_address()}}) {
+    if (value->size() > kMaxMemberFieldBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("member's ", field, " of ", value->size(),
+                                                     " bytes is longer than the limit (", kMaxMemberFieldBytes,
+                                                     " bytes)"));
+    }
+    if (std::any_of(value->begin(), value->end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("member's ", field, " \"", absl::CHexEscape(*value), "\" holds a control character"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 MemberInfo MemberOf(const pb::Member& m) {
@@ -381,6 +420,7 @@ grpc::ServerUnaryReactor* RegistryService::Join(grpc::CallbackServerContext* ctx
   if (auto* forwarded = Forwarded(ctx, "Join", req, resp, &RegistryAsync::Join)) return forwarded;
   const absl::Time start = absl::Now();
   absl::Status s = AuthorizeJob(*ctx, credentials_, req->job());
+  if (s.ok()) s = ValidateMember(req->member());
   if (!s.ok()) return FinishNow(ctx, metrics_, "Join", start, s);
   const MemberInfo member = MemberOf(req->member());
   auto* reactor = new WaitingReactor();
@@ -423,7 +463,9 @@ grpc::ServerUnaryReactor* RegistryService::WatchGroup(grpc::CallbackServerContex
   if (!s.ok()) return FinishNow(ctx, metrics_, "WatchGroup", start, s);
   // The membership a restarted coordinator may adopt the generation from (bounded first).
   std::vector<MemberInfo> members;
-  if (req->members_size() == req->world_size() && req->world_size() <= registry_.limits().max_world_size) {
+  if (req->members_size() == req->world_size() && req->world_size() <= registry_.limits().max_world_size &&
+      std::all_of(req->members().begin(), req->members().end(),
+                  [](const pb::Member& m) { return ValidateMember(m).ok(); })) {
     for (const pb::Member& m : req->members()) members.push_back(MemberOf(m));
   }
   auto* reactor = new WaitingReactor();

@@ -69,6 +69,8 @@ class StoreService final : public collserve::v1::Store::CallbackService {
 
  private:
   // Waits (without a thread) for `keys` of `job`, then runs `then` and finishes with its status.
+  // `then` runs on writes_ when the store's reads may block (Store::ReadsMayBlock: etcd), else
+  // on the thread that completed the wait.
   grpc::ServerUnaryReactor* WaitThen(grpc::CallbackServerContext* ctx, const char* method,
                                      const std::string& job, const std::vector<std::string>& keys,
                                      int64_t timeout_ms, std::function<absl::Status()> then);

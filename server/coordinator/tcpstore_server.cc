@@ -51,6 +51,13 @@ using tcpstore::Op;
 // How long accepting pauses after running out of descriptors.
 constexpr absl::Duration kAcceptBackoff = absl::Milliseconds(100);
 constexpr size_t kReadChunk = 64 << 10;
+// A connection's requests are not decoded while this many bytes of its replies wait to be
+// sent: a client that pipelines GETs of a large value and reads none of the answers once
+// made the server hold every answer (a few bytes of request each, the value's size each).
+constexpr size_t kMaxPendingReplyBytes = 64 << 20;
+// Keys of the WAITs one connection may have pending (torch's client has one WAIT pending at
+// a time): a WAIT past it closes the connection.
+constexpr size_t kMaxWaitedKeysPerConnection = store::kMaxKeysPerRequest;
 
 // Replies waiting to be sent: appended by the loop and by the store's WAIT callbacks,
 // sent by the loop. Shared with those callbacks, which may outlive the connection.
@@ -59,6 +66,7 @@ struct Outbox {
   std::string bytes ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
   std::set<store::WaitId> waits ABSL_GUARDED_BY(mu);  // pending WAITs
+  size_t waited_keys ABSL_GUARDED_BY(mu) = 0;          // keys of the pending WAITs
   // A write of this connection runs on the write pool (TcpStoreOptions::write_threads): the
   // connection's later requests wait in `in` until it ends, which sets `resumed` (and
   // `error`, why the connection must close, if it failed).
@@ -270,14 +278,20 @@ class TcpStoreServerImpl : public TcpStoreServer {
       fds.push_back({wake_, POLLIN, 0});
       fds.push_back({accept_paused_until > now ? -1 : fd_, POLLIN, 0});
       const bool may_read = buffered < options_.max_buffered_bytes;
+      // Requests received while their connection was held (Held) are decoded once it is not:
+      // no event on the socket says so, so poll does not wait then.
+      bool decodable = false;
       for (auto it = conns.begin(); it != conns.end(); ++it) {
         short events = 0;
-        if ((may_read || it->in.empty()) && !Busy(*it)) events |= POLLIN;
+        const bool held = Held(*it);
+        if ((may_read || it->in.empty()) && !held) events |= POLLIN;
+        if (!held && Decodable(*it)) decodable = true;
         if (PendingOut(*it)) events |= POLLOUT;
         fds.push_back({it->fd, events, 0});
         polled.push_back(it);
       }
-      const int timeout_ms = wake_at == absl::InfiniteFuture()
+      const int timeout_ms = decodable ? 0
+                             : wake_at == absl::InfiniteFuture()
                                  ? -1
                                  : static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(wake_at - now) + 1, 0, 1 << 30));
       if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
@@ -296,7 +310,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
         std::string why;
         bool eof = false;
         const bool resumed = TakeResumed(*it, &why);
-        if (why.empty() && (resumed || (re & (POLLIN | POLLHUP | POLLERR)))) {
+        if (why.empty() && (resumed || (re & (POLLIN | POLLHUP | POLLERR)) || Decodable(*it))) {
           if (re & (POLLIN | POLLHUP | POLLERR)) {
             const size_t before = it->in.size();
             eof = !ReadInto(*it, &why);
@@ -432,7 +446,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
   std::string Decode(Connection& c) {
     size_t pos = 0;
     std::string why;
-    while (c.in.size() - pos >= c.need && why.empty() && !Busy(c)) {
+    while (c.in.size() - pos >= c.need && why.empty() && !Held(c)) {
       tcpstore::Request request;
       const tcpstore::ParseResult r =
           tcpstore::ParseRequest(absl::string_view(c.in).substr(pos), limits_, &c.dialect, &request);
@@ -470,6 +484,16 @@ class TcpStoreServerImpl : public TcpStoreServer {
   bool Busy(Connection& c) {
     absl::MutexLock lock(&c.out->mu);
     return c.out->busy;
+  }
+
+  // Whether `c.in` holds enough for Decode to go on (requests left while it was held).
+  static bool Decodable(const Connection& c) { return !c.in.empty() && c.in.size() >= c.need; }
+
+  // Whether the connection's next request must wait: a pooled write runs, or
+  // kMaxPendingReplyBytes of replies wait to be sent.
+  bool Held(Connection& c) {
+    absl::MutexLock lock(&c.out->mu);
+    return c.out->busy || c.out->bytes.size() >= kMaxPendingReplyBytes;
   }
 
   // True once after a pooled write of `c` ended; `*why` = its error, if it failed.
@@ -550,6 +574,7 @@ class TcpStoreServerImpl : public TcpStoreServer {
       absl::MutexLock lock(&c.out->mu);
       c.out->closed = true;
       waits.swap(c.out->waits);
+      c.out->waited_keys = 0;
     }
     for (store::WaitId w : waits) store_.CancelWait(w);
     close(c.fd);
@@ -610,13 +635,13 @@ class TcpStoreServerImpl : public TcpStoreServer {
         return "";
       }
       case Op::kWait:
-        StartWait(q.keys, c);
-        return "";
+        return StartWait(q.keys, c);
       case Op::kCancelWait: {
         std::set<store::WaitId> waits;
         {
           absl::MutexLock lock(&c.out->mu);
           waits.swap(c.out->waits);
+          c.out->waited_keys = 0;
         }
         for (store::WaitId w : waits) store_.CancelWait(w);
         Queue(c, std::string(1, '\1'));  // WAIT_CANCELED
@@ -638,7 +663,13 @@ class TcpStoreServerImpl : public TcpStoreServer {
         return "";
       case Op::kMultiGet: {
         std::string reply;
-        for (const std::string& k : q.keys) reply += EncodeBytes(GetOrEmpty(k));
+        uint64_t values = 0;
+        for (const std::string& k : q.keys) {
+          const std::string v = GetOrEmpty(k);
+          values += v.size();
+          if (values > store::kMaxMultiGetBytes) return failed("MULTI_GET", store::MultiGetTooLarge(q.keys.size(), values));
+          reply += EncodeBytes(v);
+        }
         Queue(c, reply);
         return "";
       }
@@ -654,35 +685,53 @@ class TcpStoreServerImpl : public TcpStoreServer {
 
   // WAIT: STOP_WAITING is queued by the store's callback once every key exists (inline if
   // they already do) and sent by the loop. No server-side deadline (torch's timeouts are
-  // the client's); it ends with the connection or a CANCEL_WAIT.
-  void StartWait(const std::vector<std::string>& keys, Connection& c) {
+  // the client's); it ends with the connection or a CANCEL_WAIT. Returns "" or why the
+  // connection must close (its pending WAITs would name more than
+  // kMaxWaitedKeysPerConnection keys).
+  std::string StartWait(const std::vector<std::string>& keys, Connection& c) {
     if (keys.empty()) {
       Queue(c, std::string(1, '\0'));
-      return;
+      return "";
+    }
+    {
+      absl::MutexLock lock(&c.out->mu);
+      if (c.out->waited_keys + keys.size() > kMaxWaitedKeysPerConnection) {
+        return absl::StrCat("WAIT of ", keys.size(), " keys with ", c.out->waited_keys,
+                            " keys waited on already: the limit is ", kMaxWaitedKeysPerConnection,
+                            " keys of pending WAITs per connection");
+      }
     }
     struct State {
       absl::Mutex mu;
       bool done = false;
+      store::WaitId id = 0;  // once counted in the outbox (guarded by the outbox's mu)
+      bool counted = false;  // guarded by the outbox's mu
     };
     auto state = std::make_shared<State>();
     std::shared_ptr<Outbox> out = c.out;
-    const store::WaitId id = store_.WaitAsync(Ns(keys), absl::InfiniteFuture(), [this, out, state](absl::Status s) {
-      {
-        absl::MutexLock lock(&state->mu);
-        state->done = true;
-      }
-      if (!s.ok()) return;
-      // Under the lock: once the loop has closed the connection (it does so for every
-      // connection before Shutdown returns), no callback touches the server any more.
-      absl::MutexLock lock(&out->mu);
-      if (out->closed) return;
-      out->bytes.push_back('\0');  // STOP_WAITING
-      Wake();
-    });
+    const size_t count = keys.size();
+    const store::WaitId id =
+        store_.WaitAsync(Ns(keys), absl::InfiniteFuture(), [this, out, state, count](absl::Status s) {
+          {
+            absl::MutexLock lock(&state->mu);
+            state->done = true;
+          }
+          // Under the lock: once the loop has closed the connection (it does so for every
+          // connection before Shutdown returns), no callback touches the server any more.
+          absl::MutexLock lock(&out->mu);
+          if (state->counted && out->waits.erase(state->id) > 0) out->waited_keys -= count;
+          if (!s.ok() || out->closed) return;
+          out->bytes.push_back('\0');  // STOP_WAITING
+          Wake();
+        });
     absl::MutexLock lock(&state->mu);
-    if (state->done) return;
+    if (state->done) return "";
     absl::MutexLock out_lock(&out->mu);
     out->waits.insert(id);
+    out->waited_keys += count;
+    state->id = id;
+    state->counted = true;
+    return "";
   }
 
   store::Store& store_;

@@ -294,6 +294,18 @@ TEST(CoordinatorRegistryTest, ErrorCases) {
   EXPECT_EQ(Join(group, 4, 4, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Join(group, 0, 0, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Join("", 2, 0, "h", 100).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // Names and host fields are bounded: each is stored with the group, copied into answers and
+  // (the group's name) a label of the sidecars' metric series.
+  JoinResult long_name = Join(std::string(1025, 'g'), 1, 0, "h", 100);
+  EXPECT_EQ(long_name.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(long_name.status.error_message(), HasSubstr("longer than the limit (1024 bytes)"));
+  EXPECT_TRUE(Join(std::string(1024, 'g') + "", 1, 0, "h", 1000).status.ok());
+  JoinResult control = Join(group + "\x1b[2J", 1, 0, "h", 100);
+  EXPECT_EQ(control.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(control.status.error_message(), HasSubstr("control character"));
+  JoinResult long_host = Join(group, 1, 0, std::string(257, 'h'), 100);
+  EXPECT_EQ(long_host.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(long_host.status.error_message(), HasSubstr("host_id of 257 bytes"));
   // Rank 0 waits; a duplicate rank 0 and a disagreeing world_size are refused at once.
   JoinResult first;
   std::thread t([&] { first = Join(group, 2, 0, "h1", 3000); });
@@ -402,6 +414,48 @@ TEST(GroupRegistryLimitsTest, GroupCountIsCappedAndFreedWhenGroupsEnd) {
   b.join();
   // The timed-out groups are gone: there is room again.
   EXPECT_TRUE(JoinNow(registry, "c", 1, 0, absl::Seconds(5)).ok());
+}
+
+// The last generation of each ended group is remembered (a late join of it is refused) for
+// the max_remembered_groups names that formed last; joins that never formed a group leave
+// nothing behind; the largest generation is refused (the next one could not exist).
+TEST(GroupRegistryLimitsTest, RememberedGenerationsAreBoundedAndTheLastGenerationIsRefused) {
+  server::GroupRegistryLimits limits;
+  limits.max_remembered_groups = 2;
+  server::GroupRegistry registry(limits);
+  auto join = [&](const std::string& group, int64_t generation) {
+    absl::Notification done;
+    absl::Status status;
+    server::MemberInfo m;
+    m.rank = 0;
+    m.host_id = "h";
+    registry.JoinAsync(
+        "job", group, 1, m, absl::Now() + absl::Seconds(5),
+        [&](absl::StatusOr<std::shared_ptr<const server::GroupView>> v) {
+          status = v.status();
+          done.Notify();
+        },
+        generation);
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return status;
+  };
+  auto leave = [&](const std::string& group, int64_t generation) {
+    EXPECT_TRUE(registry.Leave("job", group, 0, generation).ok());
+  };
+  ASSERT_TRUE(join("a", 1).ok());
+  leave("a", 1);
+  EXPECT_EQ(join("a", 1).code(), absl::StatusCode::kFailedPrecondition);  // remembered: over
+  ASSERT_TRUE(join("b", 1).ok());
+  leave("b", 1);
+  ASSERT_TRUE(join("c", 1).ok());
+  leave("c", 1);
+  // "a" was the oldest of three: forgotten; "b" and "c" are not.
+  absl::Status again = join("a", 1);
+  EXPECT_TRUE(again.ok()) << again;
+  leave("a", 1);
+  EXPECT_EQ(join("c", 1).code(), absl::StatusCode::kFailedPrecondition);
+  absl::Status last = join("d", INT64_MAX);
+  EXPECT_EQ(last.code(), absl::StatusCode::kInvalidArgument) << last;
 }
 
 TEST(GroupRegistryLimitsTest, TimeoutNamesTheFirstMissingRanksAndCountsTheRest) {

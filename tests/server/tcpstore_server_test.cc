@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/common/networks.h"
 #include "store/store.h"
@@ -330,6 +332,50 @@ TEST_P(TcpStoreServerTest, PipelinedRequestsOfOneConnectionAreServedInOrder) {
     EXPECT_EQ(c.Read(8 + v.size()), Str(v));
     EXPECT_EQ(c.Read(8), I64(i + 1));
   }
+}
+
+// A connection's requests wait while 64 MiB of its replies are unsent: a client that
+// pipelines GETs of a large value and reads nothing no longer makes the server hold every
+// answer. Here the ADD behind 100 GETs of 1 MiB is not applied until the client reads; then
+// every reply arrives in order.
+TEST_P(TcpStoreServerTest, RequestsWaitWhileTheirConnectionsRepliesAreUnread) {
+  const std::string big(1 << 20, 'x');
+  ASSERT_TRUE(store_->Set("jobA//big", big).ok());
+  Client c(server_->port());
+  std::string burst;
+  for (int i = 0; i < 100; ++i) burst += U8(2) + Str("/big");  // GET: 100 MiB of replies
+  burst += U8(3) + Str("/n") + I64(1);                         // ADD
+  c.Send(burst);
+  EXPECT_TRUE(WaitFor([&] { return c.Queued() >= (64 << 10); }, absl::Seconds(10))) << c.Queued();
+  // Nothing happens here for a while: the ADD waits behind the unread replies.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_FALSE(store_->Check({"jobA//n"}).value_or(true)) << "the ADD ran behind 64 MiB of unread replies";
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(c.Read(8 + big.size()), Str(big)) << "reply " << i;
+  EXPECT_EQ(c.Read(8), I64(1));
+  EXPECT_EQ(server_->protocol_errors(), 0);
+}
+
+// The keys of one connection's pending WAITs are bounded (torch's client has one WAIT at a
+// time): a WAIT past kMaxKeysPerRequest of them closes the connection; a WAIT that completed
+// counts no more.
+TEST_P(TcpStoreServerTest, PendingWaitsOfAConnectionAreBoundedAndCompletedOnesFreeTheirShare) {
+  constexpr int kKeys = 70000;  // two of them pass 131072
+  std::vector<std::string> first, second, stored;
+  for (int i = 0; i < kKeys; ++i) {
+    first.push_back(absl::StrCat("/a", i));
+    second.push_back(absl::StrCat("/b", i));
+    stored.push_back(absl::StrCat("jobA//a", i));
+  }
+  Client c(server_->port());
+  c.Send(U8(5) + Keys(first));  // WAIT
+  EXPECT_TRUE(c.Silent(50));
+  ASSERT_TRUE(store_->MultiSet(stored, std::vector<std::string>(stored.size(), "v")).ok());
+  EXPECT_EQ(c.Read(1), U8(0));  // STOP_WAITING: this WAIT's keys count no more
+  c.Send(U8(5) + Keys(second));
+  EXPECT_TRUE(c.Silent(200)) << "a WAIT within the bound was refused";
+  c.Send(U8(5) + Keys(second));  // 140000 keys pending: closed
+  EXPECT_TRUE(c.Closed());
+  EXPECT_EQ(server_->protocol_errors(), 1);
 }
 
 TEST_P(TcpStoreServerTest, ShutdownClosesConnectionsWithPendingWaits) {

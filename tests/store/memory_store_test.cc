@@ -510,6 +510,35 @@ TEST(MemoryStoreTest, ValueOverTheLimitIsInvalidArgument) {
   EXPECT_THAT(store->NumKeys(""), IsOkAndHolds(1));
 }
 
+// A MultiGet's answer is summed before any value is copied: one large key named many times
+// (a few bytes a name, the value's size each) is refused naming the limit of one answer,
+// instead of building it. Requests name at most kMaxKeysPerRequest keys.
+TEST(MemoryStoreTest, AMultiGetPastOneAnswerAndRequestsPastTheKeyLimitAreRefused) {
+  auto store = OpenStore(StoreOptions{});
+  ASSERT_NE(store, nullptr);
+  ASSERT_THAT(store->Set("big", std::string(1 << 20, 'v')), IsOk());
+  const std::vector<std::string> many(256, "big");  // 256 MiB
+  const absl::StatusOr<std::vector<std::string>> refused = store->MultiGet(many, kShortTimeout);
+  EXPECT_THAT(refused.status(), StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("multi_get of 256 keys would return 268435456 bytes"));
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr(absl::StrCat(kMaxMultiGetBytes)));
+  const absl::StatusOr<std::vector<std::string>> fits = store->MultiGet({"big", "big"}, kShortTimeout);
+  ASSERT_THAT(fits.status(), IsOk());
+  EXPECT_EQ(fits->size(), 2u);
+
+  std::vector<std::string> keys(static_cast<size_t>(kMaxKeysPerRequest) + 1);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = absl::StrCat("k", i);
+  const absl::Status wait = store->Wait(keys, kShortTimeout);
+  EXPECT_THAT(wait, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(wait.message()), ::testing::HasSubstr("131072 keys per request"));
+  EXPECT_THAT(store->Check(keys).status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->MultiGet(keys, kShortTimeout).status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(store->MultiSet(keys, std::vector<std::string>(keys.size())), StatusIs(StatusCode::kInvalidArgument));
+  keys.pop_back();
+  EXPECT_THAT(store->Check(keys), IsOkAndHolds(false));
+}
+
 TEST(MemoryStoreTest, CreatingKeysPastMaxKeysIsResourceExhausted) {
   StoreOptions options;
   options.max_keys = 3;
