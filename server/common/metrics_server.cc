@@ -114,6 +114,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Option
   if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY) {
     max_connections = std::min(max_connections, std::max<rlim_t>(nofile.rlim_cur / 4, 8));
   }
+  if (options.max_connections_per_ip < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics endpoint: max_connections_per_ip ",
+                                                   options.max_connections_per_ip, " is negative"));
+  }
+  const rlim_t per_ip = options.max_connections_per_ip > 0
+                            ? std::min<rlim_t>(static_cast<rlim_t>(options.max_connections_per_ip), max_connections)
+                            : std::max<rlim_t>(max_connections / 8, 2);
 
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -133,6 +140,7 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Option
     server->daemon_ = MHD_start_daemon(
         flags, 0, nullptr, nullptr, &MetricsServerCallbacks::Handle, server.get(), MHD_OPTION_EXTERNAL_LOGGER, &LogFromMhd, nullptr, MHD_OPTION_SOCK_ADDR, a->ai_addr,
         MHD_OPTION_CONNECTION_LIMIT, static_cast<unsigned int>(max_connections),
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, static_cast<unsigned int>(per_ip),
         MHD_OPTION_CONNECTION_TIMEOUT, static_cast<unsigned int>(idle_s), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         options.max_request_bytes, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
     if (server->daemon_ == nullptr) why = std::strerror(errno);

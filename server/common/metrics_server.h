@@ -49,6 +49,11 @@ class MetricsServer {
     // Connections served at once; more are closed at accept. Each holds a descriptor; at
     // most a quarter of RLIMIT_NOFILE's soft limit are used (see above).
     int max_connections = 256;
+    // Connections from one IP address served at once (libmicrohttpd's per-IP limit); more
+    // are closed at accept. 0: an eighth of the connections actually allowed (above), at
+    // least 2, so that one client holding connections open (a header trickled a byte before
+    // each idle timeout) cannot keep every scrape out.
+    int max_connections_per_ip = 0;
     // A connection with no traffic for this long is closed (whole seconds, at least 1).
     absl::Duration idle_timeout = absl::Seconds(10);
     // Bytes of one connection's request line and headers (libmicrohttpd's connection memory

@@ -34,6 +34,7 @@
 // Exit codes: 0 success, 1 the call failed (its status on standard error), 2 bad usage.
 #include <grpcpp/grpcpp.h>
 #include <openssl/crypto.h>
+#include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
@@ -154,6 +155,19 @@ class Ctl {
 };
 
 bool Json() { return absl::GetFlag(FLAGS_json); }
+
+// `s` as a JSON string, quoted and escaped by protobuf's JSON printer (names and error texts
+// come from the daemons and the job's members: quotes, backslashes and control characters
+// in them once made `health --json` print invalid JSON). Not UTF-8: hex escapes, quoted.
+std::string JsonQuote(absl::string_view s) {
+  google::protobuf::Value v;
+  v.set_string_value(std::string(s));
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(v, &out).ok()) {
+    out = absl::StrCat("\"", absl::CHexEscape(s), "\"");
+  }
+  return out;
+}
 
 void PrintJson(const google::protobuf::Message& m) {
   std::string out;
@@ -540,25 +554,27 @@ absl::Status Health(const Ctl& c) {
       unhealthy.empty() ? absl::OkStatus()
                         : absl::UnavailableError(absl::StrCat("not healthy: ", absl::StrJoin(unhealthy, "; ")));
   if (Json()) {
-    std::cout << "{\"healthy\":" << (unhealthy.empty() ? "true" : "false") << ",\"coordinator\":\"" << c.address()
-              << "\",\"sidecars\":[";
+    std::cout << "{\"healthy\":" << (unhealthy.empty() ? "true" : "false") << ",\"coordinator\":" << JsonQuote(c.address())
+              << ",\"sidecars\":[";
     for (size_t i = 0; i < sidecars.size(); ++i) {
-      std::cout << (i ? "," : "") << "{\"host_id\":\"" << sidecars[i][0] << "\",\"address\":\""
-                << sidecars[i][1] << "\",\"readiness\":\"" << absl::CEscape(sidecars[i][2])
-                << "\",\"liveness\":\"" << sidecars[i][3] << "\"}";
+      std::cout << (i ? "," : "") << "{\"host_id\":" << JsonQuote(sidecars[i][0]) << ",\"address\":"
+                << JsonQuote(sidecars[i][1]) << ",\"readiness\":" << JsonQuote(sidecars[i][2])
+                << ",\"liveness\":" << JsonQuote(sidecars[i][3]) << "}";
     }
     std::cout << "],\"services\":{";
     bool first = true;
     for (const auto& [name, state] : services) {
-      std::cout << (first ? "" : ",") << "\"" << name << "\":\"" << state << "\"";
+      std::cout << (first ? "" : ",") << JsonQuote(name) << ":" << JsonQuote(state);
       first = false;
     }
     std::cout << "},\"hosts\":[";
     first = true;
     for (const auto& [host, info] : hosts) {
-      std::cout << (first ? "" : ",") << "{\"host_id\":\"" << host << "\",\"ledger_age_ms\":" << info.age_ms
-                << ",\"draining_since_unix_ms\":" << info.draining_since_unix_ms << ",\"groups\":[\""
-                << absl::StrJoin(info.groups, "\",\"") << "\"]}";
+      std::vector<std::string> groups;
+      for (const std::string& g : info.groups) groups.push_back(JsonQuote(g));
+      std::cout << (first ? "" : ",") << "{\"host_id\":" << JsonQuote(host) << ",\"ledger_age_ms\":" << info.age_ms
+                << ",\"draining_since_unix_ms\":" << info.draining_since_unix_ms << ",\"groups\":["
+                << absl::StrJoin(groups, ",") << "]}";
       first = false;
     }
     std::cout << "]" << (list.ok() ? "" : ",\"hosts_error\":\"cannot list groups\"") << "}\n";
@@ -610,16 +626,16 @@ absl::Status Version(const Ctl& c) {
   auto add = [&](const std::string& address, const absl::StatusOr<pb::GetInfoResponse>& info) {
     if (!info.ok()) {
       rows.push_back({"?", address, std::string(info.status().message()), "", ""});
-      json.push_back(absl::StrCat("{\"address\":\"", address, "\",\"error\":\"",
-                                  absl::CEscape(info.status().message()), "\"}"));
+      json.push_back(absl::StrCat("{\"address\":", JsonQuote(address), ",\"error\":",
+                                  JsonQuote(info.status().message()), "}"));
       return;
     }
     rows.push_back({info->daemon(), address, info->version(), info->host_id().empty() ? "-" : info->host_id(),
                     absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::FromUnixSeconds(info->started_unix_s()),
                                      absl::UTCTimeZone())});
-    json.push_back(absl::StrCat("{\"address\":\"", address, "\",\"daemon\":\"", info->daemon(),
-                                "\",\"version\":\"", info->version(), "\",\"host_id\":\"", info->host_id(),
-                                "\",\"started_unix_s\":", info->started_unix_s(), "}"));
+    json.push_back(absl::StrCat("{\"address\":", JsonQuote(address), ",\"daemon\":", JsonQuote(info->daemon()),
+                                ",\"version\":", JsonQuote(info->version()), ",\"host_id\":",
+                                JsonQuote(info->host_id()), ",\"started_unix_s\":", info->started_unix_s(), "}"));
   };
   add(c.address(), InfoOf(c.info()));
   for (const auto& [host, address] : KnownSidecars(c, ListCall(c))) {

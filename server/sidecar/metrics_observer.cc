@@ -157,7 +157,18 @@ void PrometheusObserver::OnGroupEnded(const std::string& job, const std::string&
 }
 
 void PrometheusObserver::OnBackendError(const std::string& peer_host) {
-  backend_errors_.Add({{"peer_host", peer_host}}).Increment();
+  std::string label = peer_host;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    if (backend_error_peers_.count(peer_host) == 0) {
+      if (backend_error_peers_.size() < kMaxBackendErrorPeers) {
+        backend_error_peers_.insert(peer_host);
+      } else {
+        label = "other";
+      }
+    }
+  }
+  backend_errors_.Add({{"peer_host", label}}).Increment();
 }
 
 void PrometheusObserver::OnCollectiveBytes(engine::CollectiveOp op, uint64_t bytes, double bus_bytes) {

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -79,6 +80,12 @@ class PrometheusObserver : public engine::EngineObserver {
   std::map<std::pair<std::string, std::string>, GroupSeries> series_ ABSL_GUARDED_BY(series_mu_);
   prometheus::Counter* segments_;
   prometheus::Counter* segment_bytes_;
+  // The peer hosts with a series of their own in backend_errors_ (at most
+  // kMaxBackendErrorPeers; later ones count under "other"): a peer's default host id holds
+  // its sidecar's pid, so every restart of a failing peer was a new series, for good.
+  static constexpr size_t kMaxBackendErrorPeers = 256;
+  absl::Mutex peers_mu_;
+  std::set<std::string> backend_error_peers_ ABSL_GUARDED_BY(peers_mu_);
 };
 
 }  // namespace collserve::server

@@ -373,6 +373,50 @@ TEST_F(HttpEndpoints, SlowAndHalfOpenClientsDoNotBlockAScrape) {
   ExpectBothServe("slow and half-open clients");
 }
 
+// Whether `port` on 127.0.0.1 answers a scrape from a connection whose source address is
+// `source` (another address of the loopback network: 127.0.0.0/8 is all local).
+bool ServesFrom(int port, const char* source) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(static_cast<uint16_t>(port));
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0 &&
+            ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0 && SendAll(fd, kGet);
+  if (ok) {
+    std::string data;
+    const Response r = ReadResponse(fd, false, data);
+    ok = r.status == 200 && r.body.find("# TYPE ") != std::string::npos;
+  }
+  ::close(fd);
+  return ok;
+}
+
+// One address holding connections open (each a request begun and never finished, which
+// could last as long as it trickles a byte per idle timeout) takes at most an eighth of the
+// endpoint's connections: a scrape from another address is served meanwhile.
+TEST_F(HttpEndpoints, OneAddressHoldingConnectionsCannotKeepScrapesFromOthersOut) {
+  for (int port : ports()) {
+    std::vector<int> held;
+    for (int i = 0; i < 300; ++i) {  // more than the endpoint's 256 connections
+      const int fd = ConnectTcp(port);
+      if (fd < 0) continue;
+      SendAll(fd, "GET /metr");
+      held.push_back(fd);
+    }
+    EXPECT_TRUE(WaitFor([&] { return ServesFrom(port, "127.0.0.2"); }, absl::Seconds(5), absl::Milliseconds(100)))
+        << "port " << port << ": a scrape from another address was kept out by " << held.size() << " connections";
+    for (int fd : held) ::close(fd);
+  }
+  ExpectBothServe("one address holding connections");
+}
+
 // How many descriptors process `pid` holds (the entries of /proc/<pid>/fd); -1 if unknown.
 int OpenDescriptors(pid_t pid) {
   DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());

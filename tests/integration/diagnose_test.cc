@@ -3,6 +3,8 @@
 // `collservectl diagnose` within 5 s of the others arriving, while every process is alive;
 // the ranks that time out get the same diagnosis in their error; collservectl's other
 // commands answer in tables and JSON.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/grpcpp.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -374,7 +376,8 @@ TEST(DiagnoseTest, CollservectlListsKeysGetsValuesAndShowsVersionsAndSidecarHeal
 // health is usable as a probe: exit 0 only when everything it checked serves, 1 when the
 // coordinator or a sidecar is unreachable (naming it), 2 for a usage error.
 TEST(DiagnoseTest, HealthExitsOneWhenTheCoordinatorOrASidecarIsUnreachable) {
-  auto started = Cluster::Start(1);
+  // A host id with a quote and a backslash: the JSON output escapes it.
+  auto started = Cluster::Start(1, {}, {}, {{"--host_id=host\"0\\x"}});
   ASSERT_TRUE(started.ok()) << started.status();
   Cluster& cluster = **started;
   const std::string sidecar = absl::StrCat("--sidecar=", cluster.sidecar_address(0));
@@ -383,6 +386,9 @@ TEST(DiagnoseTest, HealthExitsOneWhenTheCoordinatorOrASidecarIsUnreachable) {
   auto [json_code, json] = Ctl(cluster, {sidecar, "--json", "health"});
   EXPECT_EQ(json_code, 0) << json;
   EXPECT_THAT(json, HasSubstr("{\"healthy\":true,"));
+  auto [version_code, version] = Ctl(cluster, {sidecar, "--json", "version"});
+  EXPECT_EQ(version_code, 0) << version;
+  EXPECT_THAT(version, HasSubstr(R"("host_id":"host\"0\\x")"));
 
   auto [down_code, down] = Ctl(cluster, {"--coordinator=127.0.0.1:1", "--timeout=2s", "health"});
   EXPECT_EQ(down_code, 1) << down;
@@ -393,6 +399,13 @@ TEST(DiagnoseTest, HealthExitsOneWhenTheCoordinatorOrASidecarIsUnreachable) {
   auto [njson_code, njson] = Ctl(cluster, {"--sidecar=unix:/nope.sock", "--timeout=2s", "--json", "health"});
   EXPECT_EQ(njson_code, 1) << njson;
   EXPECT_THAT(njson, HasSubstr("{\"healthy\":false,"));
+  // Both first lines are JSON objects (names and error texts are escaped by protobuf's JSON
+  // printer; they were once pasted in raw); the verdict follows on stderr.
+  for (const std::string& text : {json, version, njson}) {
+    google::protobuf::Struct parsed;
+    const auto parsed_status = google::protobuf::util::JsonStringToMessage(text.substr(0, text.find('\n')), &parsed);
+    EXPECT_TRUE(parsed_status.ok()) << parsed_status << "\n" << text;
+  }
 
   // A sidecar that was serving and died.
   cluster.sidecar(0).Kill(SIGKILL);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/common/metrics.h"
 
 namespace collserve::server {
@@ -69,6 +70,21 @@ TEST(PrometheusObserverTest, StragglerAndSkewSeriesArePerGroupAndGoWhenTheGroupE
   observer.OnStraggler("a", "g1");  // a later group of the same name starts afresh
   EXPECT_NE(Scrape(registry).find("collserve_straggler_collectives_total{collserve_job=\"a\",group=\"g1\"} 1"),
             std::string::npos);
+}
+
+// Backend errors are counted per peer host for the first 256 peers seen; later peers (a
+// failing peer restarted again and again: its default host id holds its pid) count under
+// "other" instead of adding series for good.
+TEST(PrometheusObserverTest, BackendErrorSeriesAreBoundedInPeers) {
+  prometheus::Registry registry;
+  PrometheusObserver observer(registry);
+  for (int i = 0; i < 300; ++i) observer.OnBackendError(absl::StrCat("host/", i));
+  observer.OnBackendError("host/0");
+  const std::string text = Scrape(registry);
+  EXPECT_NE(text.find("collserve_backend_errors_total{peer_host=\"host/0\"} 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("collserve_backend_errors_total{peer_host=\"host/255\"} 1"), std::string::npos);
+  EXPECT_EQ(text.find("peer_host=\"host/256\""), std::string::npos);
+  EXPECT_NE(text.find("collserve_backend_errors_total{peer_host=\"other\"} 44"), std::string::npos) << text;
 }
 
 }  // namespace
