@@ -1127,7 +1127,7 @@ TEST(EngineTest, TheNextGenerationOfAGroupRetiresTheEarlierOneOnEachHost) {
   OnEveryRank(*formed, [](TestRank& r) {
     EXPECT_TRUE(r.Call(FloatRequest(CollectiveOp::kAllReduce, {1})).status.ok());
   });
-  WaitFor([&] { return cluster.coordinator().watches_started("reform") >= 2; }, absl::Seconds(10));
+  ASSERT_TRUE(WaitFor([&] { return cluster.coordinator().watches_started("reform") >= 2; }, absl::Seconds(10)));
   cluster.coordinator().Supersede("reform");
   for (TestRank& r : *formed) {
     Completion c = r.Call(FloatRequest(CollectiveOp::kAllReduce, {1}), absl::Seconds(10));

@@ -628,7 +628,7 @@ TEST(ErrorsTest, KilledRankFailsItsPeersAndLeavesNoSharedMemory) {
     ASSERT_TRUE(p.ok());
     ranks.push_back(std::move(*p));
   }
-  ranks[1]->WaitForOutput("iter 2 ok", absl::Seconds(30));
+  ASSERT_TRUE(ranks[1]->WaitForOutput("iter 2 ok", absl::Seconds(30))) << ranks[1]->Output();
   const pid_t victim = ranks[1]->pid();
   ranks[1]->Kill(SIGKILL);
   ASSERT_TRUE(ranks[1]->Wait(absl::Seconds(5)).ok());

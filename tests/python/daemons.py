@@ -7,6 +7,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 BUILD = os.environ.get("COLLSERVE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
@@ -32,6 +33,21 @@ def wait_for(condition, timeout, what="the condition", poll=0.02):
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} did not hold within {timeout} s")
         time.sleep(max(0.0, min(poll, deadline - time.monotonic() + 0.001)))
+
+
+def readline(stream, timeout, what="a line"):
+    """One line of a child's text stream (stdout=PIPE), waiting at most `timeout` seconds
+    (""at its end). Raises TimeoutError naming `what` when none came: a child that hangs
+    without writing or exiting must not hold the test until ctest's limit kills it (its
+    cleanup then never runs). The read runs on a thread of its own (a line may already sit in
+    the stream's buffer, where select cannot see it); left blocked, it ends with the child."""
+    got = []
+    reader = threading.Thread(target=lambda: got.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not got:
+        raise TimeoutError(f"no {what} within {timeout} s")
+    return got[0]
 
 
 def free_port():

@@ -18,11 +18,29 @@ import pytest
 
 import collserve
 
+from daemons import readline
 from test_sdk import Cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 WORKER = os.path.join(HERE, "launch_worker.py")
+
+
+_made_dirs = []
+
+
+def new_log_dir():
+    """A fresh --log_dir for one launcher run, removed when this module's tests are done."""
+    d = tempfile.mkdtemp(prefix="collserve-launch-test-")
+    _made_dirs.append(d)
+    return d
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_log_dirs():
+    yield
+    for d in _made_dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def launcher_env(log_dir, **extra):
@@ -37,7 +55,7 @@ def launcher_env(log_dir, **extra):
 def launch(*args, timeout=300, log_dir=None, expect=0):
     """Runs `python -m collserve.launch args`; returns (stdout, stderr). Checks the exit code
     and that no process the launcher started (they all use log_dir) is left."""
-    log_dir = log_dir or tempfile.mkdtemp(prefix="collserve-launch-test-")
+    log_dir = log_dir or new_log_dir()
     proc = subprocess.run([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=launcher_env(log_dir))
     assert proc.returncode == expect, (proc.returncode, proc.stdout, proc.stderr)
@@ -138,12 +156,12 @@ def test_exit_code_is_the_first_failing_ranks():
 
 
 def test_signals_are_forwarded_and_everything_stops():
-    log_dir = tempfile.mkdtemp(prefix="collserve-launch-test-")
+    log_dir = new_log_dir()
     proc = subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", log_dir, "--nproc_per_node", "2",
                              WORKER, "sigterm"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=launcher_env(log_dir))
     try:
-        ready = [proc.stdout.readline() for _ in range(2)]
+        ready = [readline(proc.stdout, 120, "ready line") for _ in range(2)]
         assert sorted(ready) == ["[rank0]: ready\n", "[rank1]: ready\n"], ready
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -186,7 +204,7 @@ def test_two_nodes_against_one_coordinator():
             common = ["--nnodes", "2", "--nproc_per_node", "2", "--coordinator", f"127.0.0.1:{cluster.port}",
                       "--tcpstore_port", str(cluster.tcpstore_port), "--gloo_hostname", "127.0.0.1", "--job",
                       "twonodes"]
-            logs = [tempfile.mkdtemp(prefix="collserve-launch-test-") for _ in range(2)]
+            logs = [new_log_dir() for _ in range(2)]
             procs = [subprocess.Popen([sys.executable, "-m", "collserve.launch", "--log_dir", logs[n], *common,
                                        "--node_rank", str(n), WORKER, mode], cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True,

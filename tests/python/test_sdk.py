@@ -4,13 +4,14 @@ Run by ctest (tests/CMakeLists.txt) with COLLSERVE_BUILD_DIR set and PYTHONPATH=
 Every test bounds its time and stops the processes it started.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 
 import pytest
 
-from daemons import bound, credentials, start_coordinator, start_sidecar
+from daemons import bound, credentials, readline, start_coordinator, start_sidecar
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
 
@@ -24,17 +25,19 @@ class Cluster:
         """tcpstore: the coordinator also serves its TCPStore endpoint for the first job, on
         an ephemeral port (self.tcpstore_port)."""
         self.dir = tempfile.mkdtemp(prefix="collserve-py-")
-        flags, self.tokens = credentials(self.dir, jobs)
-        self.token = self.tokens[jobs[0]]
-        if tcpstore:
-            flags = ["--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={self.dir}/tcpstore.port",
-                     f"--tcpstore_job={jobs[0]}", *flags]
-        self.daemons = [start_coordinator(self.dir, *flags, extra_port_files=("tcpstore.port",) if tcpstore else ())]
-        self.tcpstore_port = self.daemons[0].ports.get("tcpstore.port")
-        self.port = self.daemons[0].port
-        self.coordinator = self.daemons[0].proc
-        self.socket = f"{self.dir}/sidecar.sock"
+        self.daemons = []
         try:
+            flags, self.tokens = credentials(self.dir, jobs)
+            self.token = self.tokens[jobs[0]]
+            if tcpstore:
+                flags = ["--tcpstore_address=127.0.0.1:0", f"--tcpstore_port_file={self.dir}/tcpstore.port",
+                         f"--tcpstore_job={jobs[0]}", *flags]
+            self.daemons.append(
+                start_coordinator(self.dir, *flags, extra_port_files=("tcpstore.port",) if tcpstore else ()))
+            self.tcpstore_port = self.daemons[0].ports.get("tcpstore.port")
+            self.port = self.daemons[0].port
+            self.coordinator = self.daemons[0].proc
+            self.socket = f"{self.dir}/sidecar.sock"
             self.daemons.append(start_sidecar(self.dir, self.port, f"--unix_socket={self.socket}", "--host_id=host0"))
         except BaseException:
             self.stop()
@@ -55,8 +58,11 @@ class Cluster:
                 for r in range(world)]
 
     def stop(self):
+        """Stops the daemons and removes the temporary directory (their logs are read before)."""
         for d in reversed(self.daemons):
             d.stop()
+        self.daemons = []
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -162,7 +168,7 @@ def test_bad_rank_is_argument_error(cluster):
 def test_stopped_sidecar_is_network_error(cluster):
     procs = cluster.ranks("sidecar_gone", 2, stdin=subprocess.PIPE)
     for p in procs:
-        assert p.stdout.readline().strip() == "ready"
+        assert readline(p.stdout, bound(60), "ready line").strip() == "ready"
     cluster.sidecar.terminate()
     cluster.sidecar.wait(timeout=20)
     for p in procs:

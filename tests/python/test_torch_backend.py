@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import forkserver  # noqa: E402
-from daemons import BUILD, credentials, free_port, wait_for  # noqa: E402
+from daemons import BUILD, credentials, free_port, readline, wait_for  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -352,7 +352,7 @@ def test_embedded_services_end_with_the_rank_that_started_them():
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         for rank, p in enumerate(procs):
-            assert p.stdout.readline().strip() == f"rank {rank}: ready"
+            assert readline(p.stdout, 120, "ready line").strip() == f"rank {rank}: ready"
         servers = servers_started_by({str(procs[0].pid)})
         assert len(servers) == 2, servers  # coordinator and sidecar, children of rank 0
         for p in procs:

@@ -289,7 +289,9 @@ FailoverTrial RegistryReplicasTest::RunFailoverTrial(int world_size) {
   });
   t.rendezvous = JoinAll({all, parts[1]}, world_size, absl::Seconds(60), [&] {
     // Until every rank but the last is parked at the leader.
-    WaitFor([&] { return JoinedRanks(parts[0]) == world_size - 1; }, absl::Seconds(20), absl::Milliseconds(20));
+    EXPECT_TRUE(
+        WaitFor([&] { return JoinedRanks(parts[0]) == world_size - 1; }, absl::Seconds(20), absl::Milliseconds(20)))
+        << "the ranks were not parked at the leader before it was killed";
     replicas_[leader]->Kill(SIGKILL);
     (void)replicas_[leader]->Wait(absl::Seconds(10));
   });
