@@ -292,6 +292,21 @@ void PointToPoint::DeliverLocked(Submission& recv, int src, int64_t dtype, int64
     jobs_.push_back(std::move(job));
     if (!mover_.joinable()) mover_ = std::thread([this] { MoveMain(); });
     return;
+  } else if (recv.out_bytes >= kMoverHostBytes && (send != nullptr || owned != nullptr)) {
+    // Matched by a Submit: the copy goes to the mover, off the submitting thread.
+    recv.source = src;
+    DeviceJob job;
+    job.host = true;
+    job.recv = std::move(recv);
+    if (send != nullptr) {
+      job.has_send = true;
+      job.send = std::move(*send);
+    } else {
+      job.bytes = std::move(*owned);
+    }
+    jobs_.push_back(std::move(job));
+    if (!mover_.joinable()) mover_ = std::thread([this] { MoveMain(); });
+    return;
   } else {
     if (recv.out_bytes > 0) std::memcpy(recv.out, bytes, recv.out_bytes);
     recv.source = src;
@@ -330,7 +345,12 @@ void PointToPoint::MoveMain() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    absl::Status s = MoveOnDevice(job);
+    absl::Status s = absl::OkStatus();
+    if (job.host) {
+      std::memcpy(job.recv.out, job.has_send ? job.send.in : job.bytes.data(), job.recv.out_bytes);
+    } else {
+      s = MoveOnDevice(job);
+    }
     // Both sides share the outcome, as a local CPU pair does.
     Complete(job.recv, s, observer_);
     if (job.has_send) Complete(job.send, s, observer_);

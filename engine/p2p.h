@@ -19,8 +19,11 @@
 // pair on one host must be on one GPU (INVALID_ARGUMENT otherwise: a request error, the
 // group stays usable); a failed or timed-out GPU copy fails the group.
 //
-// Threads: a timer (deadlines), with several hosts a sender and a receiver, and for CUDA
-// tensors a mover (started at the first pair that needs the GPU). Thread-safe.
+// Threads: a timer (deadlines), with several hosts a sender and a receiver, and a mover
+// (started at the first pair that needs it): the copies of CUDA tensors, and host copies of
+// at least kMoverHostBytes matched when a request arrives (a local pair, or a recv of a
+// message already received from another host), which would otherwise run on the thread
+// that submits, in the sidecar the one that reads every session's ops channel. Thread-safe.
 #ifndef COLLSERVE_ENGINE_P2P_H_
 #define COLLSERVE_ENGINE_P2P_H_
 
@@ -89,6 +92,9 @@ class PointToPoint {
   // would take it as a failure (and keep announcing their own departures to it).
   void Stop();
   static constexpr absl::Duration kAnnounceFlush = absl::Seconds(2);
+  // Host copies of at least this many bytes that a Submit matches go to the mover (a copy of
+  // 1 GiB takes a core a few hundred milliseconds); smaller ones are made at once.
+  static constexpr size_t kMoverHostBytes = size_t{1} << 20;
 
  private:
   struct PendingSend {  // a local rank's send, not yet received (or not yet sent across hosts)
@@ -117,6 +123,7 @@ class PointToPoint {
     bool has_send = false;
     Submission send;    // a local sender's submission (has_send)
     std::string bytes;  // else the message's bytes, from another host
+    bool host = false;  // both tensors in host memory: a memcpy (kMoverHostBytes or more)
   };
   // Delivers a message to `recv`; completes it (and `send`, for a local send), or hands the
   // pair to the mover when either tensor is on the GPU. `owned`, when not null, holds
