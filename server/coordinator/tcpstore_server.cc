@@ -759,6 +759,21 @@ class TcpStoreServerImpl : public TcpStoreServer {
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(store::Store& store,
                                                                       const TcpStoreOptions& options) {
   if (options.job.empty()) return absl::InvalidArgumentError("the tcpstore job name is empty");
+  // A frame timeout of 0 closed every connection with a request in progress; a limit below 1
+  // admitted no connection (or, negative, every one).
+  if (options.frame_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("tcpstore frame timeout ", absl::FormatDuration(options.frame_timeout),
+                                                   " must be positive"));
+  }
+  if (options.idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("tcpstore idle timeout ", absl::FormatDuration(options.idle_timeout),
+                                                   " is negative (0: none)"));
+  }
+  if (options.max_connections < 1 || options.max_connections_per_peer < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tcpstore max_connections ", options.max_connections,
+                                                   " and max_connections_per_peer ", options.max_connections_per_peer,
+                                                   " must be >= 1"));
+  }
   if (absl::Status s = ValidateJob(options.job); !s.ok()) return s;
   auto allowed = NetworkList::Parse(options.allowed_networks);
   if (!allowed.ok()) {

@@ -85,7 +85,8 @@ struct TcpStoreOptions {
 class TcpStoreServer {
  public:
   // Binds and starts serving `store` (not owned; must outlive the server).
-  // Errors: INVALID_ARGUMENT (bad address, job, allowed_networks or local_uids; a listen
+  // Errors: INVALID_ARGUMENT (bad address, job, allowed_networks or local_uids; a frame
+  // timeout not positive, a negative idle timeout, a connection limit below 1; a listen
   // address other hosts can reach, i.e. not loopback, with no allowed_networks: the protocol
   // carries no credentials, so the networks must be named, "0.0.0.0/0,::/0" for anyone),
   // UNAVAILABLE (cannot bind).

@@ -411,6 +411,18 @@ TEST(TcpStoreServerStartTest, RejectsBadAddressesAndJobs) {
   o.listen_address = "127.0.0.1:0";
   o.job = "a/b";
   EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  // Limits out of range.
+  o.job = "ok";
+  o.frame_timeout = absl::ZeroDuration();
+  EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.frame_timeout = absl::Seconds(30);
+  o.idle_timeout = absl::Seconds(-1);
+  EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.idle_timeout = absl::ZeroDuration();
+  o.max_connections_per_peer = 0;
+  EXPECT_EQ(TcpStoreServer::Start(**store, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.max_connections_per_peer = 256;
+  EXPECT_TRUE(TcpStoreServer::Start(**store, o).ok());
 }
 
 TEST(TcpStoreServerStartTest, AllowListAdmitsOnlyItsNetworks) {
