@@ -219,18 +219,29 @@ absl::StatusOr<std::unique_ptr<Cluster>> Cluster::StartCoordinator(const std::ve
   auto admin_token = WriteRandomToken(absl::StrCat(c->dir_, "/admin.token"));
   if (!admin_token.ok()) return admin_token.status();
   c->admin_token_ = *admin_token;
-  std::vector<std::string> argv = {CoordinatorBinary(), "--listen_address=127.0.0.1:0",
-                                   absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
-                                   "--metrics_address=", "--log_level=warning", kLeaseGraceFlag, ParentPidFlag()};
-  for (const std::string& f : c->credential_flags()) argv.push_back(f);
-  argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
-  auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
-  if (!coord.ok()) return coord.status();
-  c->coordinator_ = std::move(*coord);
-  auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, kDaemonStartTimeout);
-  if (!port.ok()) return port.status();
-  c->coordinator_port_ = *port;
-  return c;
+  // A port below the kernel's ephemeral range (UnusedPort), not port 0: RestartCoordinator
+  // binds the same port again, and a port from the ephemeral range may meanwhile be the source
+  // port of some other test's connection (a restart failed with "Address already in use" once,
+  // beside tests that open hundreds of connections). Another test may draw the same port
+  // between UnusedPort's check and the bind: then another port is tried.
+  for (int attempt = 0;; ++attempt) {
+    const int chosen = UnusedPort();
+    std::vector<std::string> argv = {CoordinatorBinary(), absl::StrCat("--listen_address=127.0.0.1:", chosen),
+                                     absl::StrCat("--port_file=", c->dir_, "/coordinator.port"),
+                                     "--metrics_address=", "--log_level=warning", kLeaseGraceFlag, ParentPidFlag()};
+    for (const std::string& f : c->credential_flags()) argv.push_back(f);
+    argv.insert(argv.end(), coordinator_flags.begin(), coordinator_flags.end());
+    auto coord = Process::Start(argv, {}, absl::StrCat(c->dir_, "/coordinator.log"));
+    if (!coord.ok()) return coord.status();
+    c->coordinator_ = std::move(*coord);
+    auto port = ReadPortFile(absl::StrCat(c->dir_, "/coordinator.port"), *c->coordinator_, kDaemonStartTimeout);
+    if (port.ok()) {
+      c->coordinator_port_ = *port;
+      return c;
+    }
+    if (attempt >= 2 || !absl::StrContains(c->coordinator_->Output(), "Address already in use")) return port.status();
+    c->coordinator_.reset();
+  }
 }
 
 std::vector<std::string> Cluster::SidecarArgv(int i) const {
